@@ -1,0 +1,113 @@
+"""nox sessions for the StaleFlow workspace.
+
+Every session installs the locked environment (`uv sync --locked`) into its own venv, so what
+runs here is what CI runs. Engine sessions fail loudly when their engine cannot start: a test
+that needs a missing engine errors, it is never skipped.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+nox.options.default_venv_backend = "uv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["lint", "typecheck", "tests", "build"]
+
+ROOT = Path(__file__).parent
+PACKAGES = {
+    "staleness-protocol": "staleness_protocol",
+    "engine-adapters": "engine_adapters",
+    "trajectory-server": "trajectory_server",
+    "param-server": "param_server",
+    "rollout-coordinator": "rollout_coordinator",
+}
+APPS = {"staleflow-trainer": "apps/trainer"}
+BACKENDS = ["sim", "vllm", "sglang"]
+ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+}
+
+
+def _sync(session: nox.Session, *args: str) -> None:
+    session.run_install(
+        "uv", "sync", "--locked", "--active", *args,
+        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
+    )
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    _sync(session, "--all-packages", "--only-dev")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", "packages/staleness-protocol")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    _sync(session, "--package", "staleness-protocol")
+    session.run("mypy", "--strict", "packages/staleness-protocol/src")
+
+
+@nox.session
+@nox.parametrize("package", list(PACKAGES))
+def tests(session: nox.Session, package: str) -> None:
+    """Unit tests of one package in an environment holding only it and its declared deps."""
+    extras = ["--all-extras"] if package in ("engine-adapters", "param-server") else []
+    _sync(session, "--package", package, *extras)
+    session.run("pytest", f"packages/{package}/tests", env=ENV)
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    session.install("uv")
+    out = ROOT / "dist"
+    for dist in [*PACKAGES, *APPS]:
+        session.run("uv", "build", "--no-sources", "--package", dist, "--out-dir", str(out))
+
+
+@nox.session
+@nox.parametrize("backend", BACKENDS)
+def engine(session: nox.Session, backend: str) -> None:
+    """The engine-adapter conformance suite against one backend."""
+    _sync(session, "--package", "engine-adapters", "--all-extras")
+    session.run("pytest", "packages/engine-adapters/tests", "-k", f"conformance and {backend}",
+                env={**ENV, "STALEFLOW_REQUIRE_BACKEND": backend})
+
+
+@nox.session
+@nox.parametrize("backend", BACKENDS)
+def integration(session: nox.Session, backend: str) -> None:
+    """The composed-system suite with one engine backend."""
+    _sync(session, "--all-packages")
+    session.run("pytest", "integration_tests", "-m", backend,
+                env={**ENV, "STALEFLOW_REQUIRE_BACKEND": backend})
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks: each writes bench-results/<name>.json and prints side-by-side ratios."""
+    _sync(session, "--all-packages")
+    os.makedirs(ROOT / "bench-results", exist_ok=True)
+    for script in sorted((ROOT / "benchmarks").glob("bench_*.py")):
+        session.run("python", str(script), env=ENV)
+
+
+@nox.session(name="bench-sim")
+def bench_sim(session: nox.Session) -> None:
+    _sync(session, "--all-packages")
+    session.run("staleflow", "compare", "examples/sim-paper-30b-a3b.yaml", *session.posargs, env=ENV)
+
+
+@nox.session
+def convergence(session: nox.Session) -> None:
+    """The convergence study (not part of CI)."""
+    _sync(session, "--all-packages")
+    session.run("python", "benchmarks/convergence_study.py", *session.posargs, env=ENV)

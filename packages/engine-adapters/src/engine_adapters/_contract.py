@@ -1,0 +1,221 @@
+"""The engine contract: what every rollout backend (sim, vLLM, SGLang) must do.
+
+Theory of operation
+-------------------
+One adapter drives one rollout *instance*. The coordinator talks to it with four verbs:
+
+* ``generate(request)`` — token ids in (a fresh prompt, or prompt + already generated tokens
+  when resuming a partial trajectory), a :class:`GenerateResult` out. The coroutine returns when
+  the trajectory stops for any reason: ``stop`` / ``length`` (finished) or ``interrupted``
+  (someone called :meth:`EngineAdapter.interrupt`, or a weight load aborted it).
+* ``interrupt(ids | None)`` — stop those trajectories (``None`` = all, including ones still
+  waiting inside the engine) and return their partial outputs. Each interrupted trajectory's
+  ``generate`` coroutine also resolves with the same partial result, so callers may use either
+  path; the pair never yields the same tokens twice.
+* ``load_weights(version, named_tensors)`` — replace the weights in place; the prefix cache is
+  reset (or salted by version) and no request is ever served by half-loaded weights.
+* ``snapshot()`` — the five fields the coordinator needs (version, running trajectories with
+  token counts, waiting count, KV usage, generation throughput).
+
+Records are frozen attrs classes; every field is validated at construction so that bad input
+fails at the edge with the field named.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from engine_adapters.errors import InvalidRequest
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"  # a stop token / EOS was produced
+    LENGTH = "length"  # max_new_tokens (or the model context) reached
+    INTERRUPTED = "interrupted"  # interrupted / aborted; partial output returned
+
+
+def _non_negative(name: str):
+    def check(_inst: Any, _attr: Any, value: int | float) -> None:
+        if value < 0:
+            raise InvalidRequest(f"{name} must be >= 0, got {value!r}", field=name)
+
+    return check
+
+
+def _tuple_of_ints(value: Sequence[int]) -> tuple[int, ...]:
+    return tuple(int(v) for v in value)
+
+
+def _tuple_of_floats(value: Sequence[float]) -> tuple[float, ...]:
+    return tuple(float(v) for v in value)
+
+
+@attrs.frozen(kw_only=True)
+class SamplingParams:
+    temperature: float = attrs.field(default=1.0, validator=_non_negative("temperature"))
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_tuple_of_ints)
+    seed: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p!r}", field="top_p")
+        if self.max_new_tokens < 1:
+            raise InvalidRequest(
+                f"max_new_tokens must be >= 1, got {self.max_new_tokens!r}", field="max_new_tokens"
+            )
+
+
+@attrs.frozen(kw_only=True)
+class GenerateRequest:
+    """One trajectory (segment) to generate.
+
+    ``generated_*`` carry what earlier segments produced when resuming a partial trajectory;
+    the engine continues after them (prefix = prompt + generated) and the result it returns
+    covers the *whole* trajectory so far (earlier tokens first).
+    ``max_new_tokens`` in ``sampling`` counts the whole response, earlier segments included.
+    """
+
+    trajectory_id: str
+    prompt_token_ids: tuple[int, ...] = attrs.field(converter=_tuple_of_ints)
+    sampling: SamplingParams = attrs.field(factory=SamplingParams)
+    generated_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_tuple_of_ints)
+    generated_logprobs: tuple[float, ...] = attrs.field(default=(), converter=_tuple_of_floats)
+    generated_versions: tuple[int, ...] = attrs.field(default=(), converter=_tuple_of_ints)
+    # Opaque workload hint used only by the sim backend: the response length this trajectory
+    # would reach if never stopped. Real engines ignore it.
+    target_length: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if not self.trajectory_id:
+            raise InvalidRequest("trajectory_id must be a non-empty string", field="trajectory_id")
+        if not self.prompt_token_ids:
+            raise InvalidRequest(
+                f"prompt_token_ids of {self.trajectory_id!r} is empty; a prompt needs >= 1 token",
+                field="prompt_token_ids",
+            )
+        n = len(self.generated_token_ids)
+        if len(self.generated_logprobs) != n or len(self.generated_versions) != n:
+            raise InvalidRequest(
+                "generated_token_ids, generated_logprobs and generated_versions must have equal "
+                f"lengths, got {n}, {len(self.generated_logprobs)}, {len(self.generated_versions)}",
+                field="generated_logprobs",
+            )
+        if n >= self.sampling.max_new_tokens:
+            raise InvalidRequest(
+                f"trajectory {self.trajectory_id!r} already has {n} generated tokens, "
+                f">= max_new_tokens={self.sampling.max_new_tokens}",
+                field="generated_token_ids",
+            )
+
+
+@attrs.frozen(kw_only=True)
+class GenerateResult:
+    """The whole trajectory so far (resumed prefix included)."""
+
+    trajectory_id: str
+    token_ids: tuple[int, ...] = attrs.field(converter=_tuple_of_ints)
+    logprobs: tuple[float, ...] = attrs.field(converter=_tuple_of_floats)
+    versions: tuple[int, ...] = attrs.field(converter=_tuple_of_ints)
+    finish_reason: FinishReason
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not FinishReason.INTERRUPTED
+
+
+@attrs.frozen(kw_only=True)
+class RunningTrajectory:
+    trajectory_id: str
+    prompt_tokens: int
+    generated_tokens: int
+
+
+@attrs.frozen(kw_only=True)
+class EngineSnapshot:
+    """The five fields the coordinator reads (DESIGN §5), plus a monotone sequence number."""
+
+    instance_id: str
+    seq: int  # increases with every snapshot an adapter takes; lets consumers drop stale ones
+    time_s: float  # the adapter's clock when taken (virtual for sim)
+    version: int
+    running: tuple[RunningTrajectory, ...]
+    waiting: int
+    kv_used_tokens: int
+    kv_capacity_tokens: int
+    throughput_tokens_per_s: float
+
+    @property
+    def kv_usage(self) -> float:
+        if self.kv_capacity_tokens <= 0:
+            return 0.0
+        return self.kv_used_tokens / self.kv_capacity_tokens
+
+
+@attrs.frozen(kw_only=True)
+class ProfilePoint:
+    """One profiling measurement: per-decode-step latency at (running, kv_tokens)."""
+
+    running: int
+    kv_tokens: int
+    step_latency_s: float
+    backend: str
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+class EngineAdapter(abc.ABC):
+    """Async adapter for one rollout instance. See the module docstring for the semantics."""
+
+    backend: str = "abstract"
+
+    @property
+    @abc.abstractmethod
+    def instance_id(self) -> str: ...
+
+    @property
+    @abc.abstractmethod
+    def version(self) -> int:
+        """The model version currently served."""
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Bring the engine up (idempotent)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Shut the engine down; in-flight generate calls resolve as interrupted."""
+
+    @abc.abstractmethod
+    async def generate(self, request: GenerateRequest) -> GenerateResult: ...
+
+    @abc.abstractmethod
+    async def interrupt(self, trajectory_ids: Sequence[str] | None = None) -> list[GenerateResult]:
+        """Stop the given trajectories (None = all) and return their partial outputs.
+
+        Unknown ids raise :class:`engine_adapters.errors.UnknownTrajectory` and stop nothing.
+        """
+
+    @abc.abstractmethod
+    async def load_weights(self, version: int, named_tensors: Mapping[str, Any]) -> int:
+        """Load ``version`` in place; returns the version now served.
+
+        Tensors are validated (names, shapes) before anything is touched; on error the engine
+        keeps serving what it had.
+        """
+
+    @abc.abstractmethod
+    async def snapshot(self) -> EngineSnapshot: ...
+
+    async def profile(
+        self, points: Sequence[tuple[int, int]], *, steps: int = 8
+    ) -> list[ProfilePoint]:
+        """Measure per-step decode latency at (running trajectories, KV tokens) points."""
+        raise NotImplementedError(f"{type(self).__name__} does not support profiling")
