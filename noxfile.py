@@ -37,10 +37,17 @@ ENV = {
 
 
 def _sync(session: nox.Session, *args: str) -> None:
-    session.run_install(
-        "uv", "sync", "--locked", "--active", *args,
-        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
-    )
+    """Install the locked environment (only what ``args`` select) plus the dev tools."""
+    env = {"UV_PROJECT_ENVIRONMENT": session.virtualenv.location}
+    session.run_install("uv", "sync", "--locked", "--active", *args, env=env)
+    if "--package" in args:
+        # `uv sync --package X` leaves out the root's dev group: add the locked dev tools.
+        req = Path(session.create_tmp()) / "dev-requirements.txt"
+        session.run_install(
+            "uv", "export", "--locked", "--only-dev", "--no-hashes", "--no-emit-project",
+            "--no-emit-workspace", "--quiet", "-o", str(req), env=env,
+        )
+        session.run_install("uv", "pip", "install", "--quiet", "-r", str(req), env=env)
 
 
 @nox.session
