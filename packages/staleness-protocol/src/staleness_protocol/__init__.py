@@ -1,3 +1,87 @@
-"""Per-trajectory staleness bound: Reserve / Occupy / Consume over per-version buffers (sans-IO)."""
+"""Per-trajectory staleness bound: Reserve / Occupy / Consume over per-version buffers (sans-IO).
+
+    from staleness_protocol import StalenessProtocol, ProtocolConfig, NotAdmissible
+    p = StalenessProtocol(ProtocolConfig(batch_size=B, group_size=n, eta=eta))
+
+See the package README for the rules and the full API.
+"""
+
+from ._config import ProtocolConfig
+from ._protocol import FORMAT, StalenessProtocol
+from ._records import (
+    Abort,
+    AbortReason,
+    Batch,
+    BufferFill,
+    GroupMove,
+    GroupRecord,
+    GroupState,
+    ProtocolStats,
+    ReplacementRequest,
+    SlotState,
+    StuckResolution,
+    TrajectoryRecord,
+    TrajectoryState,
+)
+from .errors import (
+    BadInput,
+    BelowAbortFloor,
+    ConfigError,
+    CorruptState,
+    DuplicateTrajectory,
+    GroupClosed,
+    GroupFull,
+    InvalidId,
+    InvalidVersion,
+    MechanismDisabled,
+    NoFreeSlot,
+    NotAdmissible,
+    NotReady,
+    ProtocolError,
+    ProtocolMisuse,
+    SiblingTooStale,
+    TrajectoryNotInFlight,
+    UnknownGroup,
+    UnknownTrajectory,
+)
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "FORMAT",
+    "Abort",
+    "AbortReason",
+    "BadInput",
+    "Batch",
+    "BelowAbortFloor",
+    "BufferFill",
+    "ConfigError",
+    "CorruptState",
+    "DuplicateTrajectory",
+    "GroupClosed",
+    "GroupFull",
+    "GroupMove",
+    "GroupRecord",
+    "GroupState",
+    "InvalidId",
+    "InvalidVersion",
+    "MechanismDisabled",
+    "NoFreeSlot",
+    "NotAdmissible",
+    "NotReady",
+    "ProtocolConfig",
+    "ProtocolError",
+    "ProtocolMisuse",
+    "ProtocolStats",
+    "ReplacementRequest",
+    "SiblingTooStale",
+    "SlotState",
+    "StalenessProtocol",
+    "StuckResolution",
+    "TrajectoryNotInFlight",
+    "TrajectoryRecord",
+    "TrajectoryState",
+    "UnknownGroup",
+    "UnknownTrajectory",
+    "__version__",
+]
