@@ -1,3 +1,61 @@
 """Snapshot-command cycle: cost-model routing, per-instance sync, migration, baselines."""
 
+from rollout_coordinator._commands import (
+    Command,
+    Interrupt,
+    InterruptReason,
+    PendingRoutes,
+    Route,
+    Sync,
+)
+from rollout_coordinator._config import MIGRATION_INDICATORS, CoordinatorConfig
+from rollout_coordinator._records import InstanceSnapshot, QueuedTrajectory, QueueView, RunningEntry
+from rollout_coordinator._speculative import InstanceState, SpeculativeState
+from rollout_coordinator.cost_model import PRESETS, CostModel
+from rollout_coordinator.errors import (
+    ConfigError,
+    CoordinatorError,
+    CostModelError,
+    FitError,
+    FutureSnapshot,
+    InconsistentSnapshot,
+    InvalidSnapshot,
+    SnapshotRejected,
+    StaleSnapshot,
+    SyncInProgress,
+    UnknownInstance,
+    UnknownPolicy,
+)
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "MIGRATION_INDICATORS",
+    "PRESETS",
+    "Command",
+    "ConfigError",
+    "CoordinatorConfig",
+    "CoordinatorError",
+    "CostModel",
+    "CostModelError",
+    "FitError",
+    "FutureSnapshot",
+    "InconsistentSnapshot",
+    "InstanceSnapshot",
+    "InstanceState",
+    "Interrupt",
+    "InterruptReason",
+    "InvalidSnapshot",
+    "PendingRoutes",
+    "QueueView",
+    "QueuedTrajectory",
+    "Route",
+    "RunningEntry",
+    "SnapshotRejected",
+    "SpeculativeState",
+    "StaleSnapshot",
+    "Sync",
+    "SyncInProgress",
+    "UnknownInstance",
+    "UnknownPolicy",
+]

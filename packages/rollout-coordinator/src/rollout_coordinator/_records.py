@@ -1,0 +1,208 @@
+"""Coordinator-side input records: instance snapshots and the trajectory-server queue view.
+
+These mirror the engine contract (``engine_adapters.EngineSnapshot``) without importing it, so
+the coordinator depends on nothing but the protocol. :meth:`InstanceSnapshot.from_engine`
+converts any object with the engine snapshot's attributes.
+
+Validation is done once, at construction, with a plain loop (snapshots arrive 128 at a time,
+every 100 ms), and raises :class:`InvalidSnapshot` naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import attrs
+
+from rollout_coordinator.errors import InvalidSnapshot
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class RunningEntry:
+    """One trajectory running on an instance.
+
+    ``v_traj`` is optional: the app may fill it from the trajectory server; when absent the
+    coordinator uses the version it bound when it routed the trajectory.
+    """
+
+    trajectory_id: str
+    prompt_tokens: int
+    generated_tokens: int
+    v_traj: int | None = None
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.generated_tokens
+
+
+def _running_tuple(value: Iterable[RunningEntry]) -> tuple[RunningEntry, ...]:
+    return value if isinstance(value, tuple) else tuple(value)
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class InstanceSnapshot:
+    """The five fields of DESIGN §5 (version, running, waiting, KV, throughput) + seq + time."""
+
+    instance_id: str
+    seq: int
+    time_s: float
+    version: int
+    running: tuple[RunningEntry, ...] = attrs.field(default=(), converter=_running_tuple)
+    waiting: int = 0
+    kv_used_tokens: int = 0
+    kv_capacity_tokens: int
+    throughput_tokens_per_s: float = 0.0
+
+    def __attrs_post_init__(self) -> None:
+        iid = self.instance_id
+        if not isinstance(iid, str) or not iid:
+            raise InvalidSnapshot(
+                "instance_id must be a non-empty string", instance_id=str(iid), field="instance_id"
+            )
+        for name in ("seq", "version", "waiting", "kv_used_tokens"):
+            value = getattr(self, name)
+            if value < 0:
+                raise InvalidSnapshot(
+                    f"{name} must be >= 0, got {value!r}", instance_id=iid, field=name
+                )
+        if self.kv_capacity_tokens <= 0:
+            raise InvalidSnapshot(
+                f"kv_capacity_tokens must be > 0, got {self.kv_capacity_tokens!r}",
+                instance_id=iid,
+                field="kv_capacity_tokens",
+            )
+        if self.kv_used_tokens > self.kv_capacity_tokens:
+            raise InvalidSnapshot(
+                f"kv_used_tokens={self.kv_used_tokens} exceeds kv_capacity_tokens="
+                f"{self.kv_capacity_tokens}",
+                instance_id=iid,
+                field="kv_used_tokens",
+            )
+        if not self.throughput_tokens_per_s >= 0.0:  # also rejects NaN
+            raise InvalidSnapshot(
+                f"throughput_tokens_per_s must be >= 0, got {self.throughput_tokens_per_s!r}",
+                instance_id=iid,
+                field="throughput_tokens_per_s",
+            )
+        if not self.time_s >= 0.0:
+            raise InvalidSnapshot(
+                f"time_s must be >= 0, got {self.time_s!r}", instance_id=iid, field="time_s"
+            )
+        seen: set[str] = set()
+        for entry in self.running:
+            if entry.prompt_tokens < 0 or entry.generated_tokens < 0:
+                raise InvalidSnapshot(
+                    f"running trajectory {entry.trajectory_id!r} has negative token counts "
+                    f"({entry.prompt_tokens}, {entry.generated_tokens})",
+                    instance_id=iid,
+                    field="running",
+                )
+            seen.add(entry.trajectory_id)
+        if len(seen) != len(self.running):
+            raise InvalidSnapshot(
+                "running lists a trajectory id more than once", instance_id=iid, field="running"
+            )
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_used_tokens / self.kv_capacity_tokens
+
+    @classmethod
+    def from_engine(cls, snap: Any) -> InstanceSnapshot:
+        """Convert an ``engine_adapters.EngineSnapshot`` (or anything shaped like one)."""
+        if isinstance(snap, InstanceSnapshot):
+            return snap
+        running = tuple(
+            RunningEntry(
+                trajectory_id=r.trajectory_id,
+                prompt_tokens=r.prompt_tokens,
+                generated_tokens=r.generated_tokens,
+                v_traj=getattr(r, "v_traj", None),
+            )
+            for r in snap.running
+        )
+        return cls(
+            instance_id=snap.instance_id,
+            seq=snap.seq,
+            time_s=snap.time_s,
+            version=snap.version,
+            running=running,
+            waiting=snap.waiting,
+            kv_used_tokens=snap.kv_used_tokens,
+            kv_capacity_tokens=snap.kv_capacity_tokens,
+            throughput_tokens_per_s=snap.throughput_tokens_per_s,
+        )
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class QueuedTrajectory:
+    """A trajectory waiting in the trajectory server: a new prompt (``v_traj`` None) or a partial."""
+
+    trajectory_id: str
+    group_id: str
+    v_traj: int | None
+    prompt_len: int
+    generated_len: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_len + self.generated_len
+
+    @property
+    def is_new(self) -> bool:
+        return self.v_traj is None
+
+
+def _queue_key(item: QueuedTrajectory) -> tuple[int, int, int]:
+    # Multi-level queue (DESIGN §4): oldest V_traj first, new prompts last, longer partials first.
+    if item.v_traj is None:
+        return (1, 0, 0)
+    return (0, item.v_traj, -item.generated_len)
+
+
+class QueueView:
+    """Read-only view of the trajectory server's multi-level queue, in its serving order.
+
+    The trajectory server keeps the queue ordered (oldest V_traj first, unversioned new prompts
+    last), so the coordinator never sorts it on the hot path; :meth:`from_unordered` sorts for
+    callers that cannot promise the order and :meth:`check_order` verifies it (O(n), for tests).
+    """
+
+    __slots__ = ("items",)
+
+    def __init__(self, items: Sequence[QueuedTrajectory] = ()) -> None:
+        self.items: Sequence[QueuedTrajectory] = items
+
+    @classmethod
+    def from_unordered(cls, items: Iterable[QueuedTrajectory]) -> QueueView:
+        return cls(sorted(items, key=_queue_key))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.items)
+
+    @property
+    def has_new(self) -> bool:
+        return bool(self.items) and self.items[-1].v_traj is None
+
+    def min_partial_version(self, above: int | None = None) -> int | None:
+        """Smallest V_traj among queued partials that is > ``above`` (None: any)."""
+        for item in self.items:
+            v = item.v_traj
+            if v is None:
+                return None
+            if above is None or v > above:
+                return v
+        return None
+
+    def check_order(self) -> None:
+        keys = [_queue_key(i)[:2] for i in self.items]
+        if keys != sorted(keys):
+            raise InvalidSnapshot(
+                "queue view is not in multi-level order (oldest V_traj first, new prompts last)",
+                instance_id="<trajectory-server>",
+                field="queue",
+            )
