@@ -1,3 +1,51 @@
-"""One async contract for rollout engines (sim, vLLM, SGLang), loaded lazily."""
+"""One async contract for rollout engines (sim, vLLM, SGLang), loaded lazily.
+
+Importing this package imports no engine: backends load on demand through
+:func:`create_engine` / :func:`load_backend`.
+"""
+
+from engine_adapters._contract import (
+    EngineAdapter,
+    EngineSnapshot,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    ProfilePoint,
+    RunningTrajectory,
+    SamplingParams,
+    write_profile_jsonl,
+)
+from engine_adapters._registry import BACKENDS, create_engine, load_backend
+from engine_adapters.errors import (
+    BackendNotInstalled,
+    EngineError,
+    EngineUnavailable,
+    InvalidRequest,
+    InvalidWeights,
+    PromptTooLong,
+    UnknownTrajectory,
+)
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "BACKENDS",
+    "BackendNotInstalled",
+    "EngineAdapter",
+    "EngineError",
+    "EngineSnapshot",
+    "EngineUnavailable",
+    "FinishReason",
+    "GenerateRequest",
+    "GenerateResult",
+    "InvalidRequest",
+    "InvalidWeights",
+    "ProfilePoint",
+    "PromptTooLong",
+    "RunningTrajectory",
+    "SamplingParams",
+    "UnknownTrajectory",
+    "create_engine",
+    "load_backend",
+    "write_profile_jsonl",
+]

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import abc
 import enum
+import json
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -219,3 +221,14 @@ class EngineAdapter(abc.ABC):
     ) -> list[ProfilePoint]:
         """Measure per-step decode latency at (running trajectories, KV tokens) points."""
         raise NotImplementedError(f"{type(self).__name__} does not support profiling")
+
+
+def write_profile_jsonl(points: Sequence[ProfilePoint], path: str | os.PathLike[str]) -> int:
+    """Append ``points`` to a JSONL file (one object per line); returns the count written.
+
+    This is the input format of the coordinator's cost-model fit.
+    """
+    with open(path, "a", encoding="utf-8") as f:
+        for p in points:
+            f.write(json.dumps(p.to_json(), sort_keys=True) + "\n")
+    return len(points)

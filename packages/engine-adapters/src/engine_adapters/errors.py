@@ -45,9 +45,9 @@ class EngineUnavailable(EngineError, RuntimeError):
 
 class BackendNotInstalled(EngineError, ImportError):
     def __init__(self, backend: str, extra: str, cause: BaseException | None = None) -> None:
+        fix = f"pip install 'engine-adapters[{extra}]'" if extra else "reinstall engine-adapters"
         super().__init__(
-            f"engine backend {backend!r} is not installed: "
-            f"pip install 'engine-adapters[{extra}]' (import failed: {cause})"
+            f"engine backend {backend!r} is not installed: {fix} (import failed: {cause})"
         )
         self.backend = backend
         self.extra = extra

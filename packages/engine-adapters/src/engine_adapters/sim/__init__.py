@@ -1,0 +1,55 @@
+"""The sim backend: a cost-model rollout engine that advances in closed form between events.
+
+* :class:`SimEngineCore` — sans-IO synchronous core driven in (virtual) time.
+* :class:`SimAdapter` — the async :class:`~engine_adapters.EngineAdapter` over the core.
+* :class:`CostModel` / :data:`PRESETS` — ``τ(n, kv)`` step-latency fits (also for the
+  coordinator).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine_adapters.sim._adapter import SimAdapter, weights_nbytes
+from engine_adapters.sim._clock import Clock, RealClock, VirtualClock
+from engine_adapters.sim._config import SimConfig
+from engine_adapters.sim._core import SimCompletion, SimEngineCore, make_core
+from engine_adapters.sim.cost import PRESETS, CostModel, preset
+
+__all__ = [
+    "PRESETS",
+    "Clock",
+    "CostModel",
+    "RealClock",
+    "SimAdapter",
+    "SimCompletion",
+    "SimConfig",
+    "SimEngineCore",
+    "VirtualClock",
+    "from_config",
+    "make_core",
+    "preset",
+    "weights_nbytes",
+]
+
+_ADAPTER_KEYS = ("instance_id", "clock", "speed", "version", "profile_noise")
+
+
+def from_config(**kwargs: Any) -> SimAdapter:
+    """Build a :class:`SimAdapter` from flat keyword arguments.
+
+    Adapter arguments (``instance_id``, ``clock``, ``speed``, ``version``, ``profile_noise``)
+    are taken out; ``config=`` may pass a :class:`SimConfig` or mapping, otherwise the rest are
+    :class:`SimConfig` fields (``cost`` may be a preset name).
+    """
+    adapter_kwargs = {k: kwargs.pop(k) for k in _ADAPTER_KEYS if k in kwargs}
+    config = kwargs.pop("config", None)
+    if config is None:
+        config = SimConfig.from_mapping(kwargs)
+    elif kwargs:
+        raise TypeError(
+            f"pass SimConfig fields either in config= or flat, not both: {sorted(kwargs)}"
+        )
+    elif not isinstance(config, SimConfig):
+        config = SimConfig.from_mapping(config)
+    return SimAdapter(config, **adapter_kwargs)
