@@ -1,3 +1,45 @@
-"""Trajectory payload store with a multi-level queue: Route, Interrupt, nothing lost."""
+"""Trajectory payload store with a multi-level queue: Route, Interrupt, nothing lost.
+
+The synchronous core is :class:`TrajectoryStore`; the service, clients and wire format live in
+:mod:`trajectory_server.service`, :mod:`trajectory_server.client` and
+:mod:`trajectory_server.wire`. See the package README for a worked example.
+"""
+
+from trajectory_server._core import ALL_LEVELS, TrajectoryStore
+from trajectory_server._packed import FloatArray, IntArray
+from trajectory_server._records import (
+    Completion,
+    EventKind,
+    FinishedTrajectory,
+    FinishReason,
+    LedgerEvent,
+    Location,
+    LocationState,
+    QueueEntry,
+    SamplingParams,
+    Segment,
+    StoreStats,
+    Trajectory,
+)
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "ALL_LEVELS",
+    "Completion",
+    "EventKind",
+    "FinishReason",
+    "FinishedTrajectory",
+    "FloatArray",
+    "IntArray",
+    "LedgerEvent",
+    "Location",
+    "LocationState",
+    "QueueEntry",
+    "SamplingParams",
+    "Segment",
+    "StoreStats",
+    "Trajectory",
+    "TrajectoryStore",
+    "__version__",
+]

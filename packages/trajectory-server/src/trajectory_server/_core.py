@@ -1,0 +1,785 @@
+"""The trajectory store: payloads, the multi-level queue and ownership (sans-IO).
+
+Theory of operation
+-------------------
+Every trajectory ever submitted is, at every moment, in exactly one place:
+
+* **queued** — in the multi-level queue, at level ``v_traj`` (``None`` for a prompt that has
+  never run). Levels are served oldest version first, unversioned prompts last; within a level
+  longer partials come first (they are closest to done and hold the most KV), then FIFO.
+* **running** on exactly one named instance, which owns it until it returns (``return_partial``,
+  the Interrupt path), finishes (``finish``), or is lost (``instance_lost``).
+* **finished** — the payload is kept until the caller ``release``s it (after reward), so a
+  checkpoint taken in between loses nothing.
+* **dropped**, with a reason; the payload is freed.
+
+``route`` binds ``v_traj`` to the instance's version at the first route and never changes it;
+a trajectory can only run at a version >= its ``v_traj``. Output comes back as a
+:class:`Segment` covering tokens ``[start, end)`` of the response; it must not leave a gap and
+any overlap with what the store holds must match exactly, so a duplicated or reordered message
+is rejected rather than silently doubling tokens.
+
+Every operation validates all of its inputs before it changes anything: an error leaves the
+store exactly as it was. No clocks, I/O, threads or logging here; the service shell adds those.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from trajectory_server import _plain
+from trajectory_server._records import (
+    FINISHED,
+    QUEUED,
+    Completion,
+    EventKind,
+    FinishedTrajectory,
+    FinishReason,
+    LedgerEvent,
+    Location,
+    LocationState,
+    QueueEntry,
+    SamplingParams,
+    Segment,
+    StoreStats,
+    Trajectory,
+    check_id,
+    is_int,
+)
+from trajectory_server.errors import (
+    CheckpointCorrupt,
+    DuplicateTrajectory,
+    InvalidRecord,
+    NotQueued,
+    SegmentMismatch,
+    StaleVersion,
+    TrajectoryServerError,
+    UnknownGroup,
+    UnknownTrajectory,
+    WrongOwner,
+    WrongState,
+)
+
+STATE_FORMAT = "staleflow.trajectory-store/1"
+
+ALL_LEVELS: Any = object()
+"""Sentinel for :meth:`TrajectoryStore.queue_view`: every level."""
+
+_QueueKey = tuple[int, int, str]  # (-generated_len, enqueue seq, trajectory_id)
+
+
+class _Queue:
+    """Multi-level queue: one sorted list of keys per level, levels in service order."""
+
+    def __init__(self) -> None:
+        self.levels: dict[int | None, list[_QueueKey]] = {}
+        self.versions: list[int] = []  # sorted int levels that exist
+        self.key_of: dict[str, tuple[int | None, _QueueKey]] = {}
+
+    def __len__(self) -> int:
+        return len(self.key_of)
+
+    def __contains__(self, tid: str) -> bool:
+        return tid in self.key_of
+
+    def push(self, tid: str, level: int | None, generated_len: int, seq: int) -> None:
+        key = (-generated_len, seq, tid)
+        bucket = self.levels.get(level)
+        if bucket is None:
+            bucket = self.levels[level] = []
+            if level is not None:
+                bisect.insort(self.versions, level)
+        if not bucket or bucket[-1] < key:
+            bucket.append(key)
+        else:
+            bisect.insort(bucket, key)
+        self.key_of[tid] = (level, key)
+
+    def remove(self, tid: str) -> None:
+        level, key = self.key_of.pop(tid)
+        bucket = self.levels[level]
+        i = bisect.bisect_left(bucket, key)
+        del bucket[i]
+        if not bucket:
+            del self.levels[level]
+            if level is not None:
+                self.versions.remove(level)
+
+    def order(self) -> list[int | None]:
+        out: list[int | None] = list(self.versions)
+        if None in self.levels:
+            out.append(None)
+        return out
+
+    def iter(self, level: Any = ALL_LEVELS) -> Iterator[str]:
+        levels = self.order() if level is ALL_LEVELS else [level]
+        for lv in levels:
+            for key in self.levels.get(lv, ()):
+                yield key[2]
+
+
+class TrajectoryStore:
+    """Synchronous store of trajectory payloads; see the module docstring for the rules."""
+
+    def __init__(self) -> None:
+        self._payload: dict[str, Trajectory] = {}  # queued, running and unreleased finished
+        self._where: dict[str, Location] = {}  # every trajectory ever submitted
+        self._queue = _Queue()
+        self._running: dict[str, dict[str, None]] = {}  # instance -> ordered set of ids
+        self._finished: dict[str, FinishReason] = {}  # unreleased finished ids
+        self._finished_by: dict[str, str] = {}
+        self._released: set[str] = set()
+        self._groups: dict[str, list[str]] = {}
+        self._history: dict[str, list[LedgerEvent]] = {}
+        self._event_seq = 0
+        self._enqueue_seq = 0
+
+    # -- submission ------------------------------------------------------------------------------
+
+    def submit(self, trajectories: Sequence[Trajectory]) -> tuple[str, ...]:
+        """Queue new trajectories (never-routed: ``v_traj`` None, nothing generated)."""
+        trajectories = list(trajectories)
+        seen: set[str] = set()
+        for t in trajectories:
+            if not isinstance(t, Trajectory):
+                raise InvalidRecord(
+                    f"submit takes Trajectory records, got {type(t).__name__}", field="trajectories"
+                )
+            tid = t.trajectory_id
+            if tid in self._where or tid in seen:
+                raise DuplicateTrajectory(
+                    f"trajectory {tid!r} was already submitted", trajectory_id=tid
+                )
+            if t.v_traj is not None or t.generated_len or t.interruptions:
+                raise InvalidRecord(
+                    f"submit takes fresh prompts; {tid!r} has v_traj={t.v_traj}, "
+                    f"{t.generated_len} generated tokens, {t.interruptions} interruptions",
+                    field="v_traj",
+                    trajectory_id=tid,
+                )
+            seen.add(tid)
+        for t in trajectories:
+            tid = t.trajectory_id
+            self._payload[tid] = t
+            self._where[tid] = QUEUED
+            self._groups.setdefault(t.group_id, []).append(tid)
+            self._enqueue(t)
+            self._log(tid, EventKind.SUBMITTED)
+        return tuple(t.trajectory_id for t in trajectories)
+
+    def submit_group(
+        self,
+        group_id: str,
+        prompt_token_ids: Iterable[int],
+        n: int,
+        *,
+        sampling: SamplingParams | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        target_lengths: Sequence[int] | None = None,
+    ) -> tuple[str, ...]:
+        """Expand one prompt into ``n`` trajectories ``{group_id}/{i}`` (pass n' for group-level
+        redundancy). With a sampling ``seed``, member ``i`` gets ``seed + i`` so members differ."""
+        check_id("group_id", group_id)
+        if not is_int(n) or n < 1:
+            raise InvalidRecord(f"n must be an int >= 1, got {n!r}", field="n", value=n)
+        if target_lengths is not None and len(target_lengths) != n:
+            raise InvalidRecord(
+                f"target_lengths must have n={n} entries, got {len(target_lengths)}",
+                field="target_lengths",
+            )
+        sampling = sampling if sampling is not None else SamplingParams()
+        first = Trajectory(
+            trajectory_id=f"{group_id}/0",
+            group_id=group_id,
+            prompt_token_ids=prompt_token_ids,
+            sampling=sampling,
+            metadata=metadata,
+            target_length=None if target_lengths is None else target_lengths[0],
+        )
+        members = [first]
+        for i in range(1, n):
+            s = (
+                sampling
+                if sampling.seed is None
+                else attrs.evolve(sampling, seed=sampling.seed + i)
+            )
+            members.append(
+                attrs.evolve(
+                    first,
+                    trajectory_id=f"{group_id}/{i}",
+                    sampling=s,
+                    target_length=None if target_lengths is None else target_lengths[i],
+                )
+            )
+        return self.submit(members)
+
+    # -- route / interrupt / finish ----------------------------------------------------------------
+
+    def route(
+        self, instance_id: str, trajectory_ids: Sequence[str], version: int
+    ) -> tuple[Trajectory, ...]:
+        """Hand queued trajectories to ``instance_id`` serving ``version``; returns their payloads
+        (with ``v_traj`` bound). All or nothing."""
+        check_id("instance_id", instance_id)
+        if not is_int(version) or version < 0:
+            raise InvalidRecord(f"version must be an int >= 0, got {version!r}", field="version")
+        ids = self._unique_ids(trajectory_ids)
+        for tid in ids:
+            where = self._location(tid)
+            if where.state is not LocationState.QUEUED:
+                raise NotQueued(
+                    f"trajectory {tid!r} is {where.state.value}"
+                    + (f" on {where.instance_id!r}" if where.instance_id else "")
+                    + ", not queued",
+                    trajectory_id=tid,
+                    state=where.state.value,
+                    owner=where.instance_id,
+                )
+            v_traj = self._payload[tid].v_traj
+            if v_traj is not None and version < v_traj:
+                raise StaleVersion(
+                    f"trajectory {tid!r} has v_traj={v_traj}; it cannot run at version {version}",
+                    trajectory_id=tid,
+                    v_traj=v_traj,
+                    version=version,
+                )
+        where = Location(state=LocationState.RUNNING, instance_id=instance_id)
+        held = self._running.setdefault(instance_id, {})
+        out = []
+        for tid in ids:
+            t = self._payload[tid]
+            if t.v_traj is None:
+                t = attrs.evolve(t, v_traj=version)
+                self._payload[tid] = t
+            self._queue.remove(tid)
+            self._where[tid] = where
+            held[tid] = None
+            self._log(tid, EventKind.ROUTED, instance_id=instance_id, version=version)
+            out.append(t)
+        return tuple(out)
+
+    def return_partial(
+        self, instance_id: str, segments: Sequence[Segment]
+    ) -> tuple[Trajectory, ...]:
+        """Interrupt/Return: take back partial output from ``instance_id``; the trajectories go
+        back to the queue at their ``v_traj`` level with one more interruption. All or nothing."""
+        planned = self._plan_output(instance_id, segments, final=False)
+        out = []
+        for seg, t in planned:
+            t = attrs.evolve(t, interruptions=t.interruptions + 1)
+            self._take_from_instance(instance_id, seg.trajectory_id)
+            self._payload[seg.trajectory_id] = t
+            self._where[seg.trajectory_id] = QUEUED
+            self._enqueue(t)
+            self._log(
+                seg.trajectory_id,
+                EventKind.RETURNED,
+                instance_id=instance_id,
+                generated_len=t.generated_len,
+            )
+            out.append(t)
+        return tuple(out)
+
+    def finish(
+        self, instance_id: str, completions: Sequence[Completion]
+    ) -> tuple[FinishedTrajectory, ...]:
+        """Record finished trajectories from ``instance_id``. All or nothing."""
+        planned = self._plan_output(instance_id, completions, final=True)
+        out = []
+        for seg, t in planned:
+            tid = seg.trajectory_id
+            assert isinstance(seg, Completion)
+            self._take_from_instance(instance_id, tid)
+            self._payload[tid] = t
+            self._where[tid] = FINISHED
+            self._finished[tid] = seg.finish_reason
+            self._finished_by[tid] = instance_id
+            self._log(
+                tid,
+                EventKind.FINISHED,
+                instance_id=instance_id,
+                generated_len=t.generated_len,
+                reason=seg.finish_reason.value,
+            )
+            out.append(
+                FinishedTrajectory(
+                    trajectory=t, finish_reason=seg.finish_reason, instance_id=instance_id
+                )
+            )
+        return tuple(out)
+
+    def _plan_output(
+        self, instance_id: str, segments: Sequence[Segment], *, final: bool
+    ) -> list[tuple[Segment, Trajectory]]:
+        check_id("instance_id", instance_id)
+        segments = list(segments)
+        kind = Completion if final else Segment
+        seen: set[str] = set()
+        planned = []
+        for seg in segments:
+            if not isinstance(seg, kind) or (not final and isinstance(seg, Completion)):
+                raise InvalidRecord(
+                    f"expected {kind.__name__} records, got {type(seg).__name__}",
+                    field="segments",
+                )
+            tid = seg.trajectory_id
+            if tid in seen:
+                raise InvalidRecord(
+                    f"trajectory {tid!r} appears twice in one message",
+                    field="trajectory_id",
+                    trajectory_id=tid,
+                )
+            seen.add(tid)
+            where = self._location(tid)
+            if where.state is not LocationState.RUNNING or where.instance_id != instance_id:
+                raise WrongOwner(
+                    f"instance {instance_id!r} sent output for {tid!r}, which is "
+                    f"{where.state.value}"
+                    + (f" on {where.instance_id!r}" if where.instance_id else ""),
+                    trajectory_id=tid,
+                    instance_id=instance_id,
+                    owner=where.instance_id,
+                    state=where.state.value,
+                )
+            planned.append((seg, self._extend(self._payload[tid], seg, final=final)))
+        return planned
+
+    @staticmethod
+    def _extend(t: Trajectory, seg: Segment, *, final: bool) -> Trajectory:
+        tid = t.trajectory_id
+        held = t.generated_len
+        if seg.start > held:
+            raise SegmentMismatch(
+                f"output for {tid!r} starts at token {seg.start} but the store holds {held}; "
+                "a segment is missing",
+                trajectory_id=tid,
+                start=seg.start,
+                held=held,
+            )
+        overlap = min(held, seg.end) - seg.start
+        if overlap > 0 and (
+            seg.token_ids[:overlap] != t.generated_token_ids[seg.start : seg.start + overlap]
+            or seg.logprobs[:overlap] != t.generated_logprobs[seg.start : seg.start + overlap]
+            or seg.versions[:overlap] != t.generated_versions[seg.start : seg.start + overlap]
+        ):
+            raise SegmentMismatch(
+                f"output for {tid!r} overlaps tokens [{seg.start}, {seg.start + overlap}) the "
+                "store holds, with different values",
+                trajectory_id=tid,
+                start=seg.start,
+                held=held,
+            )
+        if seg.end < held:
+            raise SegmentMismatch(
+                f"output for {tid!r} ends at token {seg.end} but the store already holds {held}; "
+                "an engine reports everything generated so far",
+                trajectory_id=tid,
+                start=seg.start,
+                held=held,
+            )
+        new = held - seg.start
+        new_versions = seg.versions[new:]
+        assert t.v_traj is not None  # running implies routed
+        low = new_versions.min()
+        if low is not None and low < t.v_traj:
+            raise StaleVersion(
+                f"output for {tid!r} has a token at version {low} < v_traj={t.v_traj}",
+                trajectory_id=tid,
+                v_traj=t.v_traj,
+                version=low,
+            )
+        total = seg.end
+        limit = t.sampling.max_new_tokens
+        if total > limit or (not final and total == limit):
+            raise InvalidRecord(
+                f"output for {tid!r} brings it to {total} generated tokens; max_new_tokens is "
+                f"{limit}"
+                + ("" if total > limit else ": report it with finish(), reason 'length'"),
+                field="token_ids",
+                trajectory_id=tid,
+            )
+        if not new_versions:
+            return t
+        return attrs.evolve(
+            t,
+            generated_token_ids=t.generated_token_ids + seg.token_ids[new:],
+            generated_logprobs=t.generated_logprobs + seg.logprobs[new:],
+            generated_versions=t.generated_versions + new_versions,
+        )
+
+    # -- drop / lost / release -------------------------------------------------------------------
+
+    def drop(self, trajectory_ids: Sequence[str], reason: str) -> None:
+        """Drop trajectories wherever they are (queued, running, finished), recording why."""
+        check_id("reason", reason)
+        ids = self._unique_ids(trajectory_ids)
+        for tid in ids:
+            if self._location(tid).state is LocationState.DROPPED:
+                raise WrongState(
+                    f"trajectory {tid!r} is already dropped ({self._where[tid].reason})",
+                    trajectory_id=tid,
+                    state="dropped",
+                    owner=None,
+                )
+        where = Location(state=LocationState.DROPPED, reason=reason)
+        for tid in ids:
+            before = self._where[tid]
+            if before.state is LocationState.QUEUED:
+                self._queue.remove(tid)
+            elif before.state is LocationState.RUNNING:
+                assert before.instance_id is not None
+                self._take_from_instance(before.instance_id, tid)
+            elif tid in self._finished:
+                del self._finished[tid]
+                del self._finished_by[tid]
+            self._released.discard(tid)
+            self._payload.pop(tid, None)
+            self._where[tid] = where
+            self._log(tid, EventKind.DROPPED, instance_id=before.instance_id, reason=reason)
+
+    def drop_group(self, group_id: str, reason: str) -> tuple[str, ...]:
+        """Drop every member of ``group_id`` not already dropped; returns their ids."""
+        if group_id not in self._groups:
+            raise UnknownGroup(f"no group {group_id!r:.80}", group_id=group_id)
+        ids = [
+            t for t in self._groups[group_id] if self._where[t].state is not LocationState.DROPPED
+        ]
+        self.drop(ids, reason)
+        return tuple(ids)
+
+    def instance_lost(self, instance_id: str) -> tuple[str, ...]:
+        """Everything ``instance_id`` held goes back to the queue with the payload the store
+        held (output since the last return is gone with the instance). Idempotent."""
+        check_id("instance_id", instance_id)
+        held = self._running.pop(instance_id, {})
+        for tid in held:
+            t = self._payload[tid]
+            self._where[tid] = QUEUED
+            self._enqueue(t)
+            self._log(tid, EventKind.LOST, instance_id=instance_id, generated_len=t.generated_len)
+        return tuple(held)
+
+    def release(self, trajectory_ids: Sequence[str]) -> tuple[FinishedTrajectory, ...]:
+        """Hand out finished payloads and free them (they stay ``finished`` in the ledger)."""
+        ids = self._unique_ids(trajectory_ids)
+        for tid in ids:
+            if tid not in self._finished:
+                where = self._location(tid)
+                raise WrongState(
+                    f"trajectory {tid!r} is {where.state.value}"
+                    + (", already released" if tid in self._released else "")
+                    + "; only unreleased finished trajectories can be released",
+                    trajectory_id=tid,
+                    state=where.state.value,
+                    owner=where.instance_id,
+                )
+        out = tuple(self._finished_record(tid) for tid in ids)
+        for tid in ids:
+            del self._finished[tid]
+            del self._finished_by[tid]
+            del self._payload[tid]
+            self._released.add(tid)
+            self._log(tid, EventKind.RELEASED)
+        return out
+
+    # -- queries ---------------------------------------------------------------------------------
+
+    def location(self, trajectory_id: str) -> Location:
+        return self._location(trajectory_id)
+
+    def get(self, trajectory_id: str) -> Trajectory:
+        """The payload the store holds (queued, running or unreleased finished)."""
+        self._location(trajectory_id)
+        if trajectory_id not in self._payload:
+            raise UnknownTrajectory(
+                f"trajectory {trajectory_id!r} holds no payload any more "
+                f"({self._where[trajectory_id].state.value})",
+                trajectory_id=trajectory_id,
+            )
+        return self._payload[trajectory_id]
+
+    def finished(
+        self, trajectory_ids: Sequence[str] | None = None
+    ) -> tuple[FinishedTrajectory, ...]:
+        """Unreleased finished trajectories (all, or the given ones), without freeing them."""
+        ids = list(self._finished) if trajectory_ids is None else self._unique_ids(trajectory_ids)
+        for tid in ids:
+            if tid not in self._finished:
+                raise WrongState(
+                    f"trajectory {tid!r} is not an unreleased finished trajectory",
+                    trajectory_id=tid,
+                    state=self._location(tid).state.value,
+                    owner=self._where[tid].instance_id,
+                )
+        return tuple(self._finished_record(tid) for tid in ids)
+
+    def held_by(self, instance_id: str) -> tuple[str, ...]:
+        return tuple(self._running.get(instance_id, ()))
+
+    def instances(self) -> tuple[str, ...]:
+        return tuple(i for i, held in self._running.items() if held)
+
+    def group(self, group_id: str) -> tuple[str, ...]:
+        if group_id not in self._groups:
+            raise UnknownGroup(f"no group {group_id!r:.80}", group_id=group_id)
+        return tuple(self._groups[group_id])
+
+    def queue_view(
+        self, limit: int | None = None, *, level: Any = ALL_LEVELS
+    ) -> tuple[QueueEntry, ...]:
+        """Queued trajectories in service order (light records), optionally one level only."""
+        if limit is not None and (not is_int(limit) or limit < 0):
+            raise InvalidRecord(f"limit must be an int >= 0 or None, got {limit!r}", field="limit")
+        out = []
+        for tid in self._queue.iter(level):
+            if limit is not None and len(out) >= limit:
+                break
+            t = self._payload[tid]
+            out.append(
+                QueueEntry(
+                    trajectory_id=tid,
+                    group_id=t.group_id,
+                    v_traj=t.v_traj,
+                    prompt_len=t.prompt_len,
+                    generated_len=t.generated_len,
+                    interruptions=t.interruptions,
+                )
+            )
+        return tuple(out)
+
+    def level_counts(self) -> dict[int | None, int]:
+        """Queue depth per level, in service order (``None`` = unversioned, last)."""
+        return {lv: len(self._queue.levels[lv]) for lv in self._queue.order()}
+
+    def history(self, trajectory_id: str) -> tuple[LedgerEvent, ...]:
+        self._location(trajectory_id)
+        return tuple(self._history[trajectory_id])
+
+    def ledger(self) -> dict[str, Location]:
+        """Where every trajectory ever submitted is now."""
+        return dict(self._where)
+
+    def stats(self) -> StoreStats:
+        counts = dict.fromkeys(LocationState, 0)
+        for where in self._where.values():
+            counts[where.state] += 1
+        return StoreStats(
+            queued_by_level=self.level_counts(),
+            queued=counts[LocationState.QUEUED],
+            running=counts[LocationState.RUNNING],
+            finished=counts[LocationState.FINISHED],
+            dropped=counts[LocationState.DROPPED],
+            released=len(self._released),
+            running_by_instance={i: len(h) for i, h in self._running.items() if h},
+            tokens_held=sum(t.prompt_len + t.generated_len for t in self._payload.values()),
+        )
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError unless every trajectory is in exactly one consistent place."""
+        places: dict[str, str] = {}
+
+        def put(tid: str, place: str) -> None:
+            assert tid not in places, f"{tid} is both {places[tid]} and {place}"
+            places[tid] = place
+
+        for tid in self._queue.key_of:
+            put(tid, "queued")
+        for inst, held in self._running.items():
+            for tid in held:
+                put(tid, f"running:{inst}")
+        for tid in self._finished:
+            put(tid, "finished")
+        for tid in self._released:
+            put(tid, "released")
+        for tid, where in self._where.items():
+            if where.state is LocationState.DROPPED:
+                put(tid, "dropped")
+        assert set(places) == set(self._where), "a trajectory vanished or appeared"
+        for tid, place in places.items():
+            where = self._where[tid]
+            expect = {
+                "queued": LocationState.QUEUED,
+                "finished": LocationState.FINISHED,
+                "released": LocationState.FINISHED,
+                "dropped": LocationState.DROPPED,
+            }.get(place, LocationState.RUNNING)
+            assert where.state is expect, f"{tid}: ledger {where.state} but held as {place}"
+            if place.startswith("running:"):
+                assert where.instance_id == place.split(":", 1)[1]
+            has_payload = place in ("queued", "finished") or place.startswith("running:")
+            assert (tid in self._payload) == has_payload, f"{tid}: payload presence wrong"
+        for tid, (level, key) in self._queue.key_of.items():
+            t = self._payload[tid]
+            assert level == t.v_traj and key[0] == -t.generated_len, f"{tid}: stale queue key"
+        order = self._queue.order()
+        assert order == sorted(v for v in order if v is not None) + (
+            [None] if None in order else []
+        )
+        for bucket in self._queue.levels.values():
+            assert bucket and bucket == sorted(bucket)
+        members = [tid for ids in self._groups.values() for tid in ids]
+        assert sorted(members) == sorted(self._where), "group membership out of sync"
+
+    # -- checkpoint state ------------------------------------------------------------------------
+
+    def to_dict(self, *, binary: bool = False) -> dict[str, Any]:
+        """The whole store as plain data; JSON-able unless ``binary`` (arrays as raw bytes)."""
+        queued = {tid: key[1] for tid, (_lv, key) in self._queue.key_of.items()}
+        return {
+            "format": STATE_FORMAT,
+            "event_seq": self._event_seq,
+            "enqueue_seq": self._enqueue_seq,
+            "payloads": [_plain.trajectory_to_plain(t, binary) for t in self._payload.values()],
+            "locations": {tid: _plain.location_to_plain(w) for tid, w in self._where.items()},
+            "queue": [[tid, queued[tid]] for tid in self._queue.iter()],
+            "running": {inst: list(held) for inst, held in self._running.items() if held},
+            "finished": [
+                [tid, reason.value, self._finished_by[tid]]
+                for tid, reason in self._finished.items()
+            ],
+            "released": sorted(self._released),
+            "groups": {g: list(ids) for g, ids in self._groups.items()},
+            "history": {
+                tid: [_plain.event_to_plain(e) for e in events]
+                for tid, events in self._history.items()
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any]) -> TrajectoryStore:
+        """Rebuild a store from :meth:`to_dict` output; inconsistent state raises
+        :class:`~trajectory_server.errors.CheckpointCorrupt` naming the field."""
+        try:
+            store = cls._from_dict(state)
+            store.check_invariants()
+        except TrajectoryServerError as exc:
+            raise CheckpointCorrupt(
+                f"store state is invalid: {exc}", path=None, field=exc.context.get("field")
+            ) from exc
+        except (AssertionError, KeyError, TypeError, ValueError) as exc:
+            raise CheckpointCorrupt(f"store state is inconsistent: {exc!r}", path=None) from exc
+        return store
+
+    @classmethod
+    def _from_dict(cls, state: Mapping[str, Any]) -> TrajectoryStore:
+        r = _plain.Reader(dict(state), "state", CheckpointCorrupt)
+        fmt = r.str("format")
+        if fmt != STATE_FORMAT:
+            r.fail("state.format", f"must be {STATE_FORMAT!r}, got {fmt!r:.60}")
+        store = cls()
+        store._event_seq = r.int("event_seq")
+        store._enqueue_seq = r.int("enqueue_seq")
+        for i, p in enumerate(r.list("payloads")):
+            t = _plain.trajectory_from_plain(_plain.Reader(p, f"state.payloads[{i}]", r.error))
+            store._payload[t.trajectory_id] = t
+        for tid, loc in r.dict("locations").items():
+            store._where[tid] = _plain.location_from_plain(
+                _plain.Reader(loc, f"state.locations.{tid}", r.error)
+            )
+        for tid, seq in r.list("queue"):
+            t = store._payload[tid]
+            store._queue.push(tid, t.v_traj, t.generated_len, seq)
+        for inst, ids in r.dict("running").items():
+            store._running[inst] = dict.fromkeys(ids)
+        for tid, reason, inst in r.list("finished"):
+            store._finished[tid] = FinishReason(reason)
+            store._finished_by[tid] = inst
+        store._released = set(r.str_list("released"))
+        store._groups = {g: list(ids) for g, ids in r.dict("groups").items()}
+        for tid, events in r.dict("history").items():
+            store._history[tid] = [
+                _plain.event_from_plain(_plain.Reader(e, f"state.history.{tid}", r.error))
+                for e in events
+            ]
+        r.done()
+        return store
+
+    def save_checkpoint(self, path: str | os.PathLike[str]) -> Path:
+        """Write the store atomically with a checksum (see :mod:`trajectory_server.checkpoint`)."""
+        from trajectory_server.checkpoint import save_checkpoint
+
+        return save_checkpoint(self, path)
+
+    @classmethod
+    def load_checkpoint(cls, path: str | os.PathLike[str]) -> TrajectoryStore:
+        """Read and verify a checkpoint; a damaged file raises ``CheckpointCorrupt``."""
+        from trajectory_server.checkpoint import load_checkpoint
+
+        return load_checkpoint(path)
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _finished_record(self, tid: str) -> FinishedTrajectory:
+        return FinishedTrajectory(
+            trajectory=self._payload[tid],
+            finish_reason=self._finished[tid],
+            instance_id=self._finished_by[tid],
+        )
+
+    def _location(self, tid: str) -> Location:
+        where = self._where.get(tid) if isinstance(tid, str) else None
+        if where is None:
+            raise UnknownTrajectory(f"no trajectory {tid!r:.80}", trajectory_id=tid)
+        return where
+
+    def _unique_ids(self, trajectory_ids: Sequence[str]) -> list[str]:
+        if isinstance(trajectory_ids, str):
+            raise InvalidRecord(
+                "trajectory_ids must be a sequence of ids, not one string", field="trajectory_ids"
+            )
+        ids = list(trajectory_ids)
+        if len(set(ids)) != len(ids):
+            dup = next(t for t in ids if ids.count(t) > 1)
+            raise InvalidRecord(
+                f"trajectory {dup!r} appears twice in one request",
+                field="trajectory_ids",
+                trajectory_id=dup,
+            )
+        for tid in ids:
+            self._location(tid)
+        return ids
+
+    def _enqueue(self, t: Trajectory) -> None:
+        self._enqueue_seq += 1
+        self._queue.push(t.trajectory_id, t.v_traj, t.generated_len, self._enqueue_seq)
+
+    def _take_from_instance(self, instance_id: str, tid: str) -> None:
+        held = self._running[instance_id]
+        del held[tid]
+        if not held:
+            del self._running[instance_id]
+
+    def _log(
+        self,
+        tid: str,
+        kind: EventKind,
+        *,
+        instance_id: str | None = None,
+        version: int | None = None,
+        generated_len: int | None = None,
+        reason: str | None = None,
+    ) -> None:
+        self._event_seq += 1
+        if generated_len is None:
+            t = self._payload.get(tid)
+            generated_len = t.generated_len if t is not None else 0
+        self._history.setdefault(tid, []).append(
+            LedgerEvent(
+                seq=self._event_seq,
+                trajectory_id=tid,
+                kind=kind,
+                instance_id=instance_id,
+                version=version,
+                generated_len=generated_len,
+                reason=reason,
+            )
+        )
