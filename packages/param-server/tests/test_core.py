@@ -56,7 +56,9 @@ def test_tensor_spec_validation() -> None:
 
 
 def test_slicing_and_replication_layout() -> None:
-    core = ParamServerCore(CoreConfig(workers=("w0", "w1", "w2"), replication=2, max_slice_bytes=40))
+    core = ParamServerCore(
+        CoreConfig(workers=("w0", "w1", "w2"), replication=2, max_slice_bytes=40)
+    )
     t = core.begin_push(version=1, rank=0, world_size=1, tensors=[spec("a", 25)])  # 100 bytes
     assert [(s.byte_start, s.byte_end) for s in t.slices] == [(0, 40), (40, 80), (80, 100)]
     for s in t.slices:
@@ -186,7 +188,9 @@ class CoreMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.core = ParamServerCore(
-            CoreConfig(workers=("w0", "w1", "w2"), replication=2, keep_versions=2, max_slice_bytes=24)
+            CoreConfig(
+                workers=("w0", "w1", "w2"), replication=2, keep_versions=2, max_slice_bytes=24
+            )
         )
         self.next_version = 1
         self.staged: dict[int, object] = {}  # rank -> uncommitted ticket

@@ -64,7 +64,9 @@ def test_best_link_class_wins_even_when_loaded() -> None:
 def test_restricted_holders_respected() -> None:
     reqs = [
         PlanRequest(receiver="r", slice=SliceRef(name="a", index=0, nbytes=10), holders=["w1"]),
-        PlanRequest(receiver="r", slice=SliceRef(name="b", index=0, nbytes=10), holders=["w0", "w1"]),
+        PlanRequest(
+            receiver="r", slice=SliceRef(name="b", index=0, nbytes=10), holders=["w0", "w1"]
+        ),
     ]
     plan = plan_transfers(reqs, uniform_link(SHM))
     got = {a.slice.name: a.holder for a in plan.assignments}
@@ -122,7 +124,9 @@ def test_greedy_within_factor_of_brute_force(seed: int) -> None:
 def test_greedy_is_not_trivially_optimal_detector() -> None:
     # The classic LPT worst case for 2 machines: 3,3,2,2,2 -> greedy 7, optimum 6.
     reqs = [
-        PlanRequest(receiver="r", slice=SliceRef(name=f"t{i}", index=0, nbytes=b), holders=["a", "b"])
+        PlanRequest(
+            receiver="r", slice=SliceRef(name=f"t{i}", index=0, nbytes=b), holders=["a", "b"]
+        )
         for i, b in enumerate([3, 3, 2, 2, 2])
     ]
     link = uniform_link(LinkClass(name="u", rank=0, bandwidth_bytes_per_s=1, latency_s=0))

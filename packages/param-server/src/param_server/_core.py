@@ -104,7 +104,9 @@ class TensorSpec:
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
-            raise UsageError(f"tensor name must be a non-empty str, got {self.name!r}", field="name")
+            raise UsageError(
+                f"tensor name must be a non-empty str, got {self.name!r}", field="name"
+            )
         if self.dtype not in DTYPE_SIZES:
             raise UsageError(
                 f"tensor {self.name!r}: dtype {self.dtype!r} not supported; allowed: "
@@ -300,9 +302,13 @@ class ParamServerCore:
         if not isinstance(version, int) or version < 0:
             raise UsageError(f"version must be an int >= 0, got {version!r}", field="version")
         if not isinstance(world_size, int) or world_size < 1:
-            raise UsageError(f"world_size must be an int >= 1, got {world_size!r}", field="world_size")
+            raise UsageError(
+                f"world_size must be an int >= 1, got {world_size!r}", field="world_size"
+            )
         if not isinstance(rank, int) or not 0 <= rank < world_size:
-            raise UsageError(f"rank must be an int in [0, {world_size}), got {rank!r}", field="rank")
+            raise UsageError(
+                f"rank must be an int in [0, {world_size}), got {rank!r}", field="rank"
+            )
         names = [t.name for t in tensors]
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})
@@ -341,7 +347,9 @@ class ParamServerCore:
                     )
                 if rank in st.ranks:
                     raise PushConflict(
-                        f"rank {rank} already began pushing this version", version=version, rank=rank
+                        f"rank {rank} already began pushing this version",
+                        version=version,
+                        rank=rank,
                     )
                 taken = {t.name for rp in st.ranks.values() for t in rp.tensors}
                 clash = sorted(taken.intersection(names))
@@ -464,7 +472,9 @@ class ParamServerCore:
             )
         for key, crc in checksums.items():
             if not isinstance(crc, int) or not 0 <= crc < 2**32:
-                raise UsageError(f"checksum of {key} must be a uint32, got {crc!r}", field="checksums")
+                raise UsageError(
+                    f"checksum of {key} must be a uint32, got {crc!r}", field="checksums"
+                )
         rp.checksums = dict(checksums)
         version = st.version
         if len(st.ranks) < st.world_size or any(r.checksums is None for r in st.ranks.values()):
@@ -626,7 +636,8 @@ class ParamServerCore:
     def _check_worker(self, worker: str) -> None:
         if worker not in self._alive:
             raise UsageError(
-                f"unknown worker {worker!r}; configured: {list(self.config.workers)}", field="worker"
+                f"unknown worker {worker!r}; configured: {list(self.config.workers)}",
+                field="worker",
             )
 
     def worker_lost(self, worker: str) -> LossReport:
@@ -636,7 +647,9 @@ class ParamServerCore:
         if not self._alive[worker]:
             return LossReport(worker=worker, aborted_version=None, free_regions=(), unavailable=())
         st = self._staging
-        if st is not None and any(r.worker == worker for rp in st.ranks.values() for r in rp.regions):
+        if st is not None and any(
+            r.worker == worker for rp in st.ranks.values() for r in rp.regions
+        ):
             aborted = st.version
             self._alive[worker] = False
             freed = self._drop_staging()

@@ -67,7 +67,9 @@ class PlanRequest:
     holders: tuple[str, ...] = attrs.field(converter=tuple)
 
     @holders.validator
-    def _check_holders(self, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]) -> None:
+    def _check_holders(
+        self, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]
+    ) -> None:
         if not value:
             raise UsageError(
                 f"slice {self.slice.name!r}[{self.slice.index}] has no holder", field="holders"
@@ -125,7 +127,12 @@ def plan_transfers(
     # Largest first; ties in a stable, deterministic order.
     order = sorted(
         range(len(reqs)),
-        key=lambda i: (-reqs[i].slice.nbytes, reqs[i].receiver, reqs[i].slice.name, reqs[i].slice.index),
+        key=lambda i: (
+            -reqs[i].slice.nbytes,
+            reqs[i].receiver,
+            reqs[i].slice.name,
+            reqs[i].slice.index,
+        ),
     )
     placed: list[Assignment | None] = [None] * len(reqs)
     for i in order:

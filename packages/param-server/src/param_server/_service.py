@@ -1,0 +1,561 @@
+"""The parameter-server service: owns the core, its storage worker processes and the control
+endpoint clients talk to.
+
+Threads, not asyncio: each control connection gets a thread (requests on one connection are
+served in order); a single lock guards the core; each worker link has its own lock so region
+allocation and checksum verification run on all workers in parallel. A monitor thread pings
+workers and notices dead processes, so a worker's death is reported even when nobody is
+pushing or pulling.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import attrs
+import structlog
+
+from ._core import CoreConfig, ParamServerCore, RegionAlloc, TensorSpec
+from ._plan import LinkFn
+from ._wire import Channel, check_bind
+from ._worker import ENV_ADDR, ENV_FAULTS, ENV_TOKEN
+from .errors import (
+    ChecksumMismatch,
+    ConfigError,
+    ParamServerError,
+    ProtocolError,
+    PushFailed,
+    WorkerLost,
+)
+
+log = structlog.get_logger("param_server.service")
+
+
+@attrs.frozen(kw_only=True)
+class ParamServerConfig:
+    """How to run the service.
+
+    ``host``/``port``: control endpoint (loopback by default; anything else needs ``token``).
+    ``token``: shared secret checked on every message, client and worker channels alike.
+    ``verify_on_push``: workers recompute each slice checksum before a version is published.
+    ``fault_injection``: lets tests corrupt worker memory; never enable in production.
+    """
+
+    num_workers: int = 2
+    replication: int = 1
+    keep_versions: int = 2
+    max_slice_bytes: int = 64 << 20
+    host: str = "127.0.0.1"
+    port: int = 0
+    token: str | None = None
+    verify_on_push: bool = True
+    worker_start_timeout_s: float = 60.0
+    monitor_interval_s: float = 0.5
+    fault_injection: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.num_workers, int) or self.num_workers < 1:
+            raise ConfigError("num_workers", self.num_workers, "an int >= 1")
+        if not isinstance(self.port, int) or not 0 <= self.port < 65536:
+            raise ConfigError("port", self.port, "an int in [0, 65535]")
+        check_bind(self.host, self.token)
+
+    def worker_names(self) -> tuple[str, ...]:
+        return tuple(f"w{i}" for i in range(self.num_workers))
+
+
+class _WorkerLink:
+    def __init__(self, name: str, chan: Channel, agent: str, metadata: bytes, pid: int) -> None:
+        self.name = name
+        self.chan = chan
+        self.agent = agent
+        self.metadata = metadata
+        self.pid = pid
+        self.lock = threading.Lock()
+        self.addrs: dict[int, int] = {}
+
+    def call(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            try:
+                rkind, rbody = self.chan.call(kind, body)
+            except (OSError, ConnectionError, ProtocolError) as exc:
+                raise WorkerLost(self.name, str(exc)) from exc
+        if rkind == "error":
+            raise WorkerLost(self.name, f"refused {kind}: {rbody['message']}")
+        return rbody
+
+
+class ParamServer:
+    """Versioned weights on storage worker processes; see the package README.
+
+    ``ParamServer(config)`` starts the control endpoint and ``num_workers`` worker processes and
+    returns when all of them said hello. ``address`` is what clients connect to.
+    """
+
+    def __init__(self, config: ParamServerConfig | None = None, link: LinkFn | None = None) -> None:
+        self.config = config or ParamServerConfig()
+        cfg = self.config
+        self.core = ParamServerCore(
+            CoreConfig(
+                workers=cfg.worker_names(),
+                replication=cfg.replication,
+                keep_versions=cfg.keep_versions,
+                max_slice_bytes=cfg.max_slice_bytes,
+            ),
+            link,
+        )
+        self._lock = threading.RLock()
+        self._links: dict[str, _WorkerLink] = {}
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._joined = threading.Condition(self._lock)
+        self._closed = threading.Event()
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(2, cfg.num_workers), thread_name_prefix="ps-w"
+        )
+        self._listener = socket.create_server((cfg.host, cfg.port), backlog=64)
+        self.address: tuple[str, int] = self._listener.getsockname()[:2]
+        self._threads = [
+            threading.Thread(target=self._accept_loop, name="ps-accept", daemon=True),
+            threading.Thread(target=self._monitor_loop, name="ps-monitor", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+        try:
+            for w in cfg.worker_names():
+                self._spawn(w)
+            self._wait_joined(cfg.worker_names(), cfg.worker_start_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+        log.info("param_server_started", address=self.address, workers=cfg.num_workers)
+
+    # ------------------------------------------------------------------ lifecycle
+    def _spawn(self, worker: str) -> None:
+        env = dict(os.environ)
+        env[ENV_ADDR] = f"{self.address[0]}:{self.address[1]}"
+        if self.config.token:
+            env[ENV_TOKEN] = self.config.token
+        else:
+            env.pop(ENV_TOKEN, None)
+        env[ENV_FAULTS] = "1" if self.config.fault_injection else "0"
+        self._procs[worker] = subprocess.Popen(
+            [sys.executable, "-m", "param_server._worker", worker], env=env
+        )
+
+    def _wait_joined(self, workers: Sequence[str], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        with self._joined:
+            while not all(w in self._links and w in self.core.alive_workers() for w in workers):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = [w for w in workers if w not in self._links]
+                    raise WorkerLost(",".join(missing), f"did not start within {timeout_s}s")
+                self._joined.wait(min(left, 0.5))
+
+    def restart_worker(self, worker: str, timeout_s: float | None = None) -> None:
+        """Start a fresh process for ``worker`` (after it died) and wait until it rejoined."""
+        if worker not in self.config.worker_names():
+            raise ConfigError("worker", worker, f"one of {list(self.config.worker_names())}")
+        proc = self._procs.get(worker)
+        if proc is not None and proc.poll() is None:
+            self.kill_worker(worker)
+        with self._lock:
+            self._mark_lost(worker, "restarting")
+        self._spawn(worker)
+        self._wait_joined([worker], timeout_s or self.config.worker_start_timeout_s)
+
+    def kill_worker(self, worker: str) -> None:
+        """Kill a worker process (fault tests, operators); its death is handled as a loss."""
+        proc = self._procs.get(worker)
+        if proc is None:
+            raise ConfigError("worker", worker, f"one of {list(self._procs)}")
+        proc.kill()
+        proc.wait(timeout=30)
+        with self._lock:
+            self._mark_lost(worker, "killed")
+
+    def worker_pids(self) -> dict[str, int]:
+        return {w: p.pid for w, p in self._procs.items() if p.poll() is None}
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        try:
+            self._listener.close()
+        except OSError:
+            pass
+        for w, link in list(self._links.items()):
+            try:
+                link.call("shutdown", {})
+            except ParamServerError:
+                log.debug("worker_shutdown_failed", worker=w)
+            link.chan.close()
+        for proc in self._procs.values():
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        self._pool.shutdown(wait=False)
+
+    def __enter__(self) -> ParamServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ status
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "latest": self.core.latest,
+                "versions": list(self.core.versions()),
+                "staged": self.core.staged_version,
+                "alive": list(self.core.alive_workers()),
+                "dead": list(self.core.dead_workers()),
+                "unavailable": [list(u) for u in self.core.unavailable_slices()],
+                "active_pulls": len(self.core.active_pulls()),
+            }
+
+    def corrupt(self, version: int, name: str, slice_index: int = 0, offset: int = 0) -> None:
+        """Flip a byte of a stored slice on every holder (tests of checksum detection only)."""
+        if not self.config.fault_injection:
+            raise ConfigError("fault_injection", False, "True to corrupt stored bytes")
+        with self._lock:
+            s = self.core.slice_map(version)[name][slice_index]
+            for loc in s.locations:
+                self._links[loc.worker].call(
+                    "corrupt", {"region": loc.region, "offset": loc.offset + offset}
+                )
+
+    # ------------------------------------------------------------------ workers
+    def _mark_lost(self, worker: str, why: str) -> None:
+        """Caller holds the lock."""
+        link = self._links.pop(worker, None)
+        if link is not None:
+            link.chan.close()
+        if worker in self.core.alive_workers():
+            report = self.core.worker_lost(worker)
+            log.warning(
+                "worker_lost",
+                worker=worker,
+                why=why,
+                aborted_version=report.aborted_version,
+                unavailable=len(report.unavailable),
+            )
+            self._free(report.free_regions)
+
+    def _free(self, regions: Sequence[RegionAlloc]) -> None:
+        for r in regions:
+            link = self._links.get(r.worker)
+            if link is None:
+                continue
+            link.addrs.pop(r.region, None)
+            try:
+                link.call("free", {"region": r.region})
+            except WorkerLost:
+                log.warning("free_failed", worker=r.worker, region=r.region)
+
+    def _monitor_loop(self) -> None:
+        while not self._closed.wait(self.config.monitor_interval_s):
+            for w in self.config.worker_names():
+                proc = self._procs.get(w)
+                link = self._links.get(w)
+                dead = proc is not None and proc.poll() is not None and link is not None
+                if not dead and link is not None and not link.lock.locked():
+                    try:
+                        link.call("ping", {})
+                    except WorkerLost:
+                        dead = True
+                if dead:
+                    with self._lock:
+                        if self._links.get(w) is link:
+                            self._mark_lost(w, "process exited or channel broken")
+
+    def _worker_joined(self, chan: Channel, body: dict[str, Any]) -> None:
+        w = body["worker"]
+        if w not in self.config.worker_names():
+            chan.send(
+                "error", {"kind": "ConfigError", "message": f"unknown worker {w!r}", "context": {}}
+            )
+            chan.close()
+            return
+        with self._joined:
+            if w in self._links:
+                self._mark_lost(w, "replaced by a new incarnation")
+            self._links[w] = _WorkerLink(w, chan, body["agent"], body["metadata"], body["pid"])
+            self.core.worker_joined(w)
+            self._joined.notify_all()
+        log.info("worker_joined", worker=w, agent=body["agent"], pid=body["pid"])
+
+    # ------------------------------------------------------------------ control endpoint
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(sock,), name="ps-conn", daemon=True).start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        chan = Channel(sock, self.config.token)
+        handlers: dict[str, Callable[[dict[str, Any]], tuple[str, dict[str, Any]]]] = {
+            "push_begin": self._push_begin,
+            "push_commit": self._push_commit,
+            "push_abort": self._push_abort,
+            "pull_begin": self._pull_begin,
+            "pull_end": self._pull_end,
+            "status": lambda _b: ("status_reply", {"status": self.status()}),
+        }
+        while not self._closed.is_set():
+            try:
+                kind, body = chan.recv()
+            except ProtocolError as exc:
+                log.warning("bad_message", error=str(exc), field=exc.field)
+                try:
+                    chan.send(
+                        "error",
+                        {
+                            "kind": "ProtocolError",
+                            "message": str(exc),
+                            "context": {"field": exc.field},
+                        },
+                    )
+                finally:
+                    chan.close()
+                return
+            except (ConnectionError, OSError):
+                chan.close()
+                return
+            if kind == "worker_hello":
+                self._worker_joined(chan, body)
+                return  # the channel now belongs to the worker link
+            handler = handlers.get(kind)
+            try:
+                if handler is None:
+                    raise ProtocolError(f"server does not serve {kind!r}", field="kind")
+                rkind, rbody = handler(body)
+            except ParamServerError as exc:
+                rkind, rbody = "error", _error_body(exc)
+            try:
+                chan.send(rkind, rbody)
+            except (ConnectionError, OSError):
+                chan.close()
+                return
+
+    # ------------------------------------------------------------------ push
+    def _push_begin(self, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        specs = [
+            TensorSpec(name=n, dtype=d, shape=tuple(s), nbytes=b) for n, d, s, b in body["tensors"]
+        ]
+        with self._lock:
+            ticket = self.core.begin_push(
+                version=body["version"],
+                rank=body["rank"],
+                world_size=body["world_size"],
+                tensors=specs,
+            )
+            links = {r.worker: self._links[r.worker] for r in ticket.regions}
+
+        def alloc(r: RegionAlloc) -> tuple[RegionAlloc, dict[str, Any]]:
+            return r, links[r.worker].call("alloc", {"region": r.region, "nbytes": r.nbytes})
+
+        try:
+            results = list(self._pool.map(alloc, ticket.regions))
+        except WorkerLost as exc:
+            with self._lock:
+                self._mark_lost(exc.worker, "allocation failed")
+            raise PushFailed(
+                str(exc), version=ticket.version, rank=ticket.rank, workers=[exc.worker]
+            ) from exc
+        with self._lock:
+            for r, res in results:
+                link = links[r.worker]
+                link.addrs[r.region] = res["addr"]
+                link.metadata = res["metadata"]
+        writes = []
+        for s in ticket.slices:
+            for loc in s.locations:
+                link = links[loc.worker]
+                writes.append(
+                    [
+                        s.name,
+                        s.index,
+                        s.byte_start,
+                        s.byte_end,
+                        link.agent,
+                        link.addrs[loc.region] + loc.offset,
+                        0,
+                        None,
+                    ]
+                )
+        agents = {links[w].agent: links[w].metadata for w in links}
+        log.info("push_begin", version=ticket.version, rank=ticket.rank, slices=len(ticket.slices))
+        return "push_ticket", {
+            "push_id": ticket.push_id,
+            "version": ticket.version,
+            "writes": writes,
+            "agents": agents,
+        }
+
+    def _push_commit(self, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        checksums = {(n, i): c for n, i, c in body["checksums"]}
+        with self._lock:
+            ticket = self.core.push_ticket(body["push_id"])
+            links = {r.worker: self._links.get(r.worker) for r in ticket.regions}
+        lost = [w for w, link in links.items() if link is None]
+        if lost:
+            raise PushFailed(
+                "storage worker died during the push",
+                version=ticket.version,
+                rank=ticket.rank,
+                workers=lost,
+            )
+        if self.config.verify_on_push:
+            checks: dict[tuple[str, int], list[list[int]]] = {}
+            owner: dict[tuple[int, int], tuple[str, int]] = {}
+            for s in ticket.slices:
+                crc = checksums.get((s.name, s.index))
+                if crc is None:
+                    continue  # the core rejects incomplete checksum sets below
+                for loc in s.locations:
+                    if s.nbytes:
+                        checks.setdefault((loc.worker, loc.region), []).append(
+                            [loc.offset, s.nbytes, crc]
+                        )
+                        owner[(loc.region, loc.offset)] = (s.name, s.index)
+
+            def verify(key: tuple[str, int]) -> tuple[str, int, list[list[int]]]:
+                w, region = key
+                link = links[w]
+                assert link is not None
+                return (
+                    w,
+                    region,
+                    link.call("verify", {"region": region, "checks": checks[key]})["bad"],
+                )
+
+            try:
+                results = list(self._pool.map(verify, list(checks)))
+            except WorkerLost as exc:
+                with self._lock:
+                    self._mark_lost(exc.worker, "verification failed")
+                raise PushFailed(
+                    str(exc), version=ticket.version, rank=ticket.rank, workers=[exc.worker]
+                ) from exc
+            for w, region, bad in results:
+                if bad:
+                    off, actual = bad[0]
+                    name, index = owner[(region, off)]
+                    with self._lock:
+                        self._free(self.core.abort_push(ticket.version))
+                    raise ChecksumMismatch(
+                        name=name,
+                        slice_index=index,
+                        version=ticket.version,
+                        expected=checksums[(name, index)],
+                        actual=actual,
+                        where=f"worker {w} on push",
+                    )
+        with self._lock:
+            res = self.core.commit_push(body["push_id"], checksums)
+            self._free(res.free_regions)
+        if res.complete:
+            log.info("version_published", version=res.version)
+        return "push_done", {"version": res.version, "complete": res.complete}
+
+    def _push_abort(self, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        with self._lock:
+            self._free(self.core.abort_push(body["version"]))
+        return "ok", {}
+
+    # ------------------------------------------------------------------ pull
+    def _pull_begin(self, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        with self._lock:
+            t = self.core.begin_pull(
+                receiver=body["receiver"], names=body["names"], version=body["version"]
+            )
+            try:
+                reads = []
+                agents: dict[str, bytes] = {}
+                for r in t.reads:
+                    link = self._links[r.worker]
+                    agents[link.agent] = link.metadata
+                    reads.append(
+                        [
+                            r.name,
+                            r.index,
+                            r.byte_start,
+                            r.byte_end,
+                            link.agent,
+                            link.addrs[r.region] + r.offset,
+                            0,
+                            r.checksum,
+                        ]
+                    )
+            except KeyError:
+                self.core.end_pull(t.pull_id)
+                raise
+        tensors = [[s.name, s.dtype, list(s.shape), s.nbytes] for s in t.tensors]
+        return "pull_ticket", {
+            "pull_id": t.pull_id,
+            "version": t.version,
+            "tensors": tensors,
+            "reads": reads,
+            "agents": agents,
+        }
+
+    def _pull_end(self, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        failed = body["failed_worker"]
+        with self._lock:
+            self._free(self.core.end_pull(body["pull_id"]))
+        if failed is not None:
+            # The client saw a transfer error from this worker's agent: check it now.
+            w = next((n for n, link in self._links.items() if link.agent == failed), None)
+            if w is not None:
+                try:
+                    self._links[w].call("ping", {})
+                except (WorkerLost, KeyError):
+                    with self._lock:
+                        self._mark_lost(w, "client transfer failed and ping failed")
+        return "ok", {}
+
+
+def _error_body(exc: ParamServerError) -> dict[str, Any]:
+    context: dict[str, Any] = {}
+    for key in (
+        "version",
+        "rank",
+        "workers",
+        "field",
+        "worker",
+        "names",
+        "slices",
+        "dead_workers",
+        "name",
+        "slice_index",
+        "expected",
+        "actual",
+        "where",
+    ):
+        if hasattr(exc, key):
+            val = getattr(exc, key)
+            if isinstance(val, tuple):
+                val = [list(v) if isinstance(v, tuple) else v for v in val]
+            context[key] = val
+    return {"kind": type(exc).__name__, "message": str(exc), "context": context}
+
+
+def new_token() -> str:
+    """A random shared token for non-loopback deployments."""
+    return secrets.token_urlsafe(32)

@@ -1,0 +1,324 @@
+"""Clients of the parameter server: ``push`` on trainer ranks, ``pull`` on rollout instances.
+
+Both directions are client-initiated one-sided NIXL transfers: a push WRITEs the trainer's
+tensors straight into the storage workers' regions (the client registers its tensors, no staging
+copy); a pull READs slices from the workers the server's plan picked into one client-side
+registered buffer. Workers never spend CPU on a pull.
+
+Checksums: the pushing client computes a CRC-32 per slice while its WRITE is in flight; the
+workers recompute it before the version is published (``verify_on_push``); the pulling client
+recomputes it after its READ (``verify=True``) and raises ``ChecksumMismatch`` instead of
+returning bytes that differ from what was pushed.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+import zlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+import structlog
+import torch
+
+from . import errors as _errors
+from ._core import DTYPE_SIZES
+from ._nixl import Pending, Transport, tensor_mem
+from ._wire import Channel
+from .errors import (
+    ChecksumMismatch,
+    ParamServerError,
+    ProtocolError,
+    RemoteError,
+    TransferFailed,
+    UsageError,
+)
+
+log = structlog.get_logger("param_server.client")
+
+_ALIGN = 64
+
+
+@attrs.frozen(kw_only=True)
+class PushResult:
+    version: int
+    #: True once every rank committed and the version is visible to pulls
+    complete: bool
+    nbytes: int
+
+
+def _dtype_name(t: torch.Tensor) -> str:
+    name = str(t.dtype).removeprefix("torch.")
+    if name not in DTYPE_SIZES:
+        raise UsageError(
+            f"dtype {t.dtype} not supported; allowed: {sorted(DTYPE_SIZES)}", field="dtype"
+        )
+    return name
+
+
+def _raise_remote(body: dict[str, Any]) -> None:
+    kind, message, ctx = body["kind"], body["message"], body["context"]
+    cls = getattr(_errors, kind, None)
+    if not (isinstance(cls, type) and issubclass(cls, ParamServerError)):
+        raise RemoteError(kind, message)
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, message)
+    for key, val in ctx.items():
+        setattr(
+            exc,
+            key,
+            tuple(tuple(v) if isinstance(v, list) else v for v in val)
+            if isinstance(val, list)
+            else val,
+        )
+    raise exc
+
+
+class ParamServerClient:
+    """A connection to a ``ParamServer``; one per process (trainer rank or rollout instance).
+
+    Thread-safe: calls are serialized. ``pull`` returns tensors that are views of a buffer the
+    client reuses: they stay valid until the next ``pull`` (``clone()`` them to keep them).
+    """
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        *,
+        token: str | None = None,
+        name: str | None = None,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.name = name or f"ps-client-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.device = torch.device(device)
+        self._chan = Channel.connect(tuple(address), token)  # type: ignore[arg-type]
+        self._lock = threading.Lock()
+        self._transport: Transport | None = None
+        self._buf: torch.Tensor | None = None
+        self._buf_reg: Any = None
+
+    # ------------------------------------------------------------------ plumbing
+    def _call(self, kind: str, body: Mapping[str, Any], expect: str) -> dict[str, Any]:
+        try:
+            rkind, rbody = self._chan.call(kind, body)
+        except (ConnectionError, OSError) as exc:
+            raise _errors.WorkerLost("server", f"control channel broken: {exc}") from exc
+        if rkind == "error":
+            _raise_remote(rbody)
+        if rkind != expect:
+            raise ProtocolError(
+                f"expected {expect!r} reply to {kind!r}, got {rkind!r}", field="kind"
+            )
+        return rbody
+
+    def _nixl(self) -> Transport:
+        if self._transport is None:
+            self._transport = Transport(self.name)
+        return self._transport
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            return dict(self._call("status", {}, "status_reply")["status"])
+
+    def close(self) -> None:
+        with self._lock:
+            if self._buf_reg is not None and self._transport is not None:
+                self._transport.deregister(self._buf_reg)
+                self._buf_reg = None
+            self._buf = None
+            self._chan.close()
+
+    def __enter__(self) -> ParamServerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ push
+    def push(
+        self,
+        version: int,
+        named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> PushResult:
+        """Write this rank's tensors as part of ``version``; see the README for the rules."""
+        items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        tensors: dict[str, torch.Tensor] = {}
+        for name, t in items:
+            if not isinstance(t, torch.Tensor):
+                raise UsageError(f"{name!r} is not a tensor", field="named_tensors")
+            t = t.detach()
+            if not t.is_contiguous():
+                t = t.contiguous()
+            tensors[name] = t
+        specs = [
+            [n, _dtype_name(t), list(t.shape), t.numel() * t.element_size()]
+            for n, t in tensors.items()
+        ]
+        with self._lock:
+            ticket = self._call(
+                "push_begin",
+                {"version": version, "rank": rank, "world_size": world_size, "tensors": specs},
+                "push_ticket",
+            )
+            try:
+                checksums = self._write(ticket, tensors)
+            except BaseException:
+                try:
+                    self._call("push_abort", {"version": ticket["version"]}, "ok")
+                except ParamServerError:
+                    log.warning("push_abort_failed", version=ticket["version"])
+                raise
+            done = self._call(
+                "push_commit", {"push_id": ticket["push_id"], "checksums": checksums}, "push_done"
+            )
+        nbytes = sum(s[3] for s in specs)
+        log.info(
+            "pushed", version=done["version"], rank=rank, complete=done["complete"], nbytes=nbytes
+        )
+        return PushResult(version=done["version"], complete=done["complete"], nbytes=nbytes)
+
+    def _write(self, ticket: dict[str, Any], tensors: dict[str, torch.Tensor]) -> list[list[Any]]:
+        nx = self._nixl()
+        for agent, md in ticket["agents"].items():
+            nx.ensure_remote(agent, md)
+        regs = [t for t in tensors.values() if t.numel()]
+        by_mem: dict[str, list[torch.Tensor]] = {}
+        for t in regs:
+            by_mem.setdefault(tensor_mem(t)[0], []).append(t)
+        handles = [nx.register_tensors(ts) for ts in by_mem.values()]
+        try:
+            per_agent: dict[
+                tuple[str, str], tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]
+            ] = {}
+            slices: dict[tuple[str, int], tuple[int, int]] = {}
+            for name, index, start, end, agent, addr, dev, _ in ticket["writes"]:
+                slices[(name, index)] = (start, end)
+                if end == start:
+                    continue
+                t = tensors[name]
+                mem, tdev = tensor_mem(t)
+                local, remote = per_agent.setdefault((agent, mem), ([], []))
+                local.append((t.data_ptr() + start, end - start, tdev))
+                remote.append((addr, end - start, dev))
+            pending: list[Pending] = [
+                nx.post("WRITE", local, mem, remote, agent)
+                for (agent, mem), (local, remote) in per_agent.items()
+            ]
+            # Checksum while the WRITE is in flight (zlib releases the GIL on large buffers).
+            checksums = []
+            for (name, index), (start, end) in slices.items():
+                checksums.append([name, index, _crc(tensors[name], start, end)])
+            nx.wait(pending)
+        finally:
+            for h in handles:
+                nx.deregister(h)
+        return checksums
+
+    # ------------------------------------------------------------------ pull
+    def pull(
+        self,
+        names: Iterable[str] | None = None,
+        *,
+        version: int | None = None,
+        verify: bool = True,
+        retries: int = 1,
+    ) -> tuple[int, dict[str, torch.Tensor]]:
+        """Fetch the latest complete version (or ``version``); returns ``(version, tensors)``.
+
+        The result is one whole version or an exception: never a half-received or mixed one.
+        A transfer that fails because a worker died is retried ``retries`` times on a fresh plan
+        (replicas elsewhere, when ``replication`` > 1).
+        """
+        name_list = None if names is None else list(names)
+        with self._lock:
+            attempt = 0
+            while True:
+                try:
+                    return self._pull_once(name_list, version, verify)
+                except TransferFailed as exc:
+                    if attempt >= retries:
+                        raise
+                    attempt += 1
+                    log.warning("pull_retry", worker=exc.worker, attempt=attempt)
+
+    def _pull_once(
+        self, names: list[str] | None, version: int | None, verify: bool
+    ) -> tuple[int, dict[str, torch.Tensor]]:
+        ticket = self._call(
+            "pull_begin", {"receiver": self.name, "names": names, "version": version}, "pull_ticket"
+        )
+        failed: str | None = None
+        try:
+            nx = self._nixl()
+            for agent, md in ticket["agents"].items():
+                nx.ensure_remote(agent, md)
+            offsets: dict[str, int] = {}
+            total = 0
+            for name, _dtype, _shape, nbytes in ticket["tensors"]:
+                offsets[name] = total
+                total += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+            buf = self._buffer(total)
+            mem, dev = tensor_mem(buf)
+            base = buf.data_ptr()
+            per_agent: dict[str, tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]] = {}
+            for name, _index, start, end, agent, addr, rdev, _crc_ in ticket["reads"]:
+                if end == start:
+                    continue
+                local, remote = per_agent.setdefault(agent, ([], []))
+                local.append((base + offsets[name] + start, end - start, dev))
+                remote.append((addr, end - start, rdev))
+            pending = []
+            try:
+                for agent, (local, remote) in per_agent.items():
+                    pending.append(nx.post("READ", local, mem, remote, agent))
+                nx.wait(pending)
+            except TransferFailed as exc:
+                failed = exc.worker
+                raise
+            if verify:
+                for name, index, start, end, _agent, _addr, _dev, crc in ticket["reads"]:
+                    actual = _crc(buf, offsets[name] + start, offsets[name] + end)
+                    if actual != crc:
+                        raise ChecksumMismatch(
+                            name=name,
+                            slice_index=index,
+                            version=ticket["version"],
+                            expected=crc,
+                            actual=actual,
+                            where=f"client {self.name} on pull",
+                        )
+            out: dict[str, torch.Tensor] = {}
+            for name, dtype, shape, nbytes in ticket["tensors"]:
+                off = offsets[name]
+                out[name] = buf[off : off + nbytes].view(getattr(torch, dtype)).view(tuple(shape))
+        finally:
+            self._call("pull_end", {"pull_id": ticket["pull_id"], "failed_worker": failed}, "ok")
+        return ticket["version"], out
+
+    def _buffer(self, nbytes: int) -> torch.Tensor:
+        nbytes = max(nbytes, _ALIGN)
+        if self._buf is None or self._buf.numel() < nbytes:
+            nx = self._nixl()
+            if self._buf_reg is not None:
+                nx.deregister(self._buf_reg)
+                self._buf_reg = None
+            self._buf = None
+            buf = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            self._buf_reg = nx.register_tensors([buf])
+            self._buf = buf
+        return self._buf
+
+
+def _crc(t: torch.Tensor, start: int, end: int) -> int:
+    if end == start:
+        return 0
+    if t.device.type != "cpu":
+        t = t.cpu()  # GPU tensors: checksum on host (a device-side hash is future work)
+    flat = t.view(-1).view(torch.uint8) if t.dim() else t.reshape(1).view(torch.uint8)
+    return zlib.crc32(flat[start:end].numpy())
