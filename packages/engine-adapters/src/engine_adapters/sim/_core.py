@@ -58,6 +58,9 @@ from engine_adapters.sim import _tokens
 from engine_adapters.sim._config import SimConfig
 
 _SCAN_CHUNK = 4096
+# Times within this many seconds of a step boundary count as on it, so callers that add up
+# step latencies themselves (in another order than the closed form) land where they meant.
+_EPS = 1e-9
 
 
 @attrs.frozen(kw_only=True)
@@ -97,8 +100,9 @@ class SimCompletion:
             toks[self.eos_position - start] = self.eos_token_id
         positions = np.arange(start, self.num_tokens, dtype=np.int64)
         versions = np.empty(len(positions), dtype=np.int64)
-        bounds = [p for p, _ in self.version_segments[1:]] + [self.num_tokens]
-        for (first, version), end in zip(self.version_segments, bounds, strict=True):
+        segments = self.version_segments
+        bounds = [p for p, _ in segments[1:]] + ([self.num_tokens] if segments else [])
+        for (first, version), end in zip(segments, bounds, strict=True):
             versions[first - start : end - start] = version
         lps = _tokens.logprobs(self.stream_key, positions, versions)
         return GenerateResult(
@@ -375,6 +379,7 @@ class SimEngineCore:
 
     def _steps_by(self, st: _Stretch, delta: float) -> int:
         """Largest j <= m_end with S(j) <= delta (closed form, then exact fix-up)."""
+        delta += _EPS
         if delta < self._elapsed(st, 1):
             return 0
         k1 = self.config.cost.k1
@@ -398,7 +403,7 @@ class SimEngineCore:
         if st is None:
             return self._steps, True
         j = self._steps_by(st, now - st.t0)
-        return self._steps + j, st.t0 + self._elapsed(st, j) == now
+        return self._steps + j, abs(st.t0 + self._elapsed(st, j) - now) <= _EPS
 
     def _cap(self, m: int) -> None:
         st = self._stretch
@@ -424,7 +429,7 @@ class SimEngineCore:
             )
         while True:
             te = self.next_event_time()
-            if te > t:
+            if te > t + _EPS:
                 break
             self.events += 1
             if self._loading is not None:
