@@ -509,9 +509,10 @@ class StalenessProtocol:
     def drop_group(self, group_id: Id, reason: str) -> tuple[Abort, ...]:
         """Filter a group out (e.g. all rewards equal): release its reservation or slot.
 
-        Works on RESERVED and OCCUPIED (not yet consumed) groups. Running members are aborted
-        (their Abort records are queued in ``take_aborts`` and returned); finished members are
-        marked DROPPED with ``reason``. With ``filtering`` on, a replacement prompt is requested.
+        Works on RESERVED and OCCUPIED (not yet consumed) groups. Every live member becomes
+        DROPPED with ``reason``; one Abort record per member is queued in ``take_aborts`` and
+        returned (``was_running`` tells an engine-held trajectory from a finished one whose
+        stored result is discarded). With ``filtering`` on, a replacement prompt is requested.
         """
         g = self._group(group_id)
         if not isinstance(reason, str) or not reason:
@@ -529,7 +530,7 @@ class StalenessProtocol:
         aborts = self._close_group(g, GroupState.DROPPED, reason, TrajectoryState.DROPPED)
         if self._config.filtering:
             self._request_replacement(group_id, reason)
-        return tuple(a for a in aborts if a.was_running)
+        return tuple(aborts)
 
     # ------------------------------------------------------------------ consume
 
