@@ -1,8 +1,8 @@
 """Trajectory payload store with a multi-level queue: Route, Interrupt, nothing lost.
 
 The synchronous core is :class:`TrajectoryStore`; the service, clients and wire format live in
-:mod:`trajectory_server.service`, :mod:`trajectory_server.client` and
-:mod:`trajectory_server.wire`. See the package README for a worked example.
+:mod:`trajectory_server.service`, :mod:`trajectory_server.client`,
+:mod:`trajectory_server.actor` and :mod:`trajectory_server.wire`. See the package README for a worked example.
 """
 
 from trajectory_server._core import ALL_LEVELS, TrajectoryStore
@@ -21,8 +21,7 @@ from trajectory_server._records import (
     StoreStats,
     Trajectory,
 )
-
-__version__ = "0.1.0"
+from trajectory_server._version import __version__
 
 __all__ = [
     "ALL_LEVELS",

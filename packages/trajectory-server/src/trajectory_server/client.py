@@ -1,0 +1,335 @@
+"""Async clients: :class:`TrajectoryClient` over TCP and :class:`InProcessTrajectoryClient`.
+
+Both have the same methods, mirroring :class:`~trajectory_server.TrajectoryStore`, and raise the
+same exception classes (a server-side ``WrongOwner`` is raised as ``WrongOwner`` here, with its
+context attributes). The in-process client wraps a store directly for tests and single-process
+runs; by default it still encodes and decodes every message, so it accepts exactly what the TCP
+client accepts.
+
+The TCP client pipelines: many coroutines may call it at once; each request carries an id and
+responses are matched to their callers.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from trajectory_server import _wire
+from trajectory_server._core import ALL_LEVELS, TrajectoryStore
+from trajectory_server._dispatch import Dispatcher
+from trajectory_server._packed import as_int_array
+from trajectory_server._records import (
+    Completion,
+    FinishedTrajectory,
+    LedgerEvent,
+    Location,
+    QueueEntry,
+    SamplingParams,
+    Segment,
+    StoreStats,
+    Trajectory,
+    json_value,
+)
+from trajectory_server._service import LENGTH
+from trajectory_server.errors import (
+    ConfigError,
+    MessageTooLarge,
+    ServiceClosed,
+    TrajectoryServerError,
+    TransportError,
+)
+
+
+class _Client(abc.ABC):
+    """The shared API; subclasses implement :meth:`_call`."""
+
+    @abc.abstractmethod
+    async def _call(self, req: Any) -> Any: ...
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        pass
+
+    async def __aenter__(self) -> Any:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def ping(self) -> dict[str, Any]:
+        return await self._call(_wire.Ping())  # type: ignore[no-any-return]
+
+    async def submit(self, trajectories: Sequence[Trajectory]) -> tuple[str, ...]:
+        return await self._call(_wire.Submit(trajectories=tuple(trajectories)))  # type: ignore[no-any-return]
+
+    async def submit_group(
+        self,
+        group_id: str,
+        prompt_token_ids: Iterable[int],
+        n: int,
+        *,
+        sampling: SamplingParams | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        target_lengths: Sequence[int] | None = None,
+    ) -> tuple[str, ...]:
+        req = _wire.SubmitGroup(
+            group_id=group_id,
+            prompt_token_ids=as_int_array(prompt_token_ids),
+            n=n,
+            sampling=sampling if sampling is not None else SamplingParams(),
+            metadata=json_value(dict(metadata or {})),
+            target_lengths=None if target_lengths is None else tuple(target_lengths),
+        )
+        return await self._call(req)  # type: ignore[no-any-return]
+
+    async def route(
+        self, instance_id: str, trajectory_ids: Sequence[str], version: int
+    ) -> tuple[Trajectory, ...]:
+        req = _wire.Route(
+            instance_id=instance_id, trajectory_ids=tuple(trajectory_ids), version=version
+        )
+        return await self._call(req)  # type: ignore[no-any-return]
+
+    async def return_partial(
+        self, instance_id: str, segments: Sequence[Segment]
+    ) -> tuple[Trajectory, ...]:
+        req = _wire.ReturnPartial(instance_id=instance_id, segments=tuple(segments))
+        return await self._call(req)  # type: ignore[no-any-return]
+
+    async def finish(
+        self, instance_id: str, completions: Sequence[Completion]
+    ) -> tuple[FinishedTrajectory, ...]:
+        req = _wire.Finish(instance_id=instance_id, completions=tuple(completions))
+        return await self._call(req)  # type: ignore[no-any-return]
+
+    async def drop(self, trajectory_ids: Sequence[str], reason: str) -> None:
+        await self._call(_wire.Drop(trajectory_ids=tuple(trajectory_ids), reason=reason))
+
+    async def drop_group(self, group_id: str, reason: str) -> tuple[str, ...]:
+        return await self._call(_wire.DropGroup(group_id=group_id, reason=reason))  # type: ignore[no-any-return]
+
+    async def instance_lost(self, instance_id: str) -> tuple[str, ...]:
+        return await self._call(_wire.InstanceLost(instance_id=instance_id))  # type: ignore[no-any-return]
+
+    async def release(self, trajectory_ids: Sequence[str]) -> tuple[FinishedTrajectory, ...]:
+        return await self._call(_wire.Release(trajectory_ids=tuple(trajectory_ids)))  # type: ignore[no-any-return]
+
+    async def finished(
+        self, trajectory_ids: Sequence[str] | None = None
+    ) -> tuple[FinishedTrajectory, ...]:
+        ids = None if trajectory_ids is None else tuple(trajectory_ids)
+        return await self._call(_wire.GetFinished(trajectory_ids=ids))  # type: ignore[no-any-return]
+
+    async def queue_view(
+        self, limit: int | None = None, *, level: Any = ALL_LEVELS
+    ) -> tuple[QueueEntry, ...]:
+        return await self._call(_wire.QueueView(limit=limit, level=level))  # type: ignore[no-any-return]
+
+    async def stats(self) -> StoreStats:
+        return await self._call(_wire.Stats())  # type: ignore[no-any-return]
+
+    async def level_counts(self) -> dict[int | None, int]:
+        return (await self.stats()).queued_by_level
+
+    async def locate(self, trajectory_ids: Sequence[str]) -> tuple[Location, ...]:
+        return await self._call(_wire.Locate(trajectory_ids=tuple(trajectory_ids)))  # type: ignore[no-any-return]
+
+    async def location(self, trajectory_id: str) -> Location:
+        return (await self.locate([trajectory_id]))[0]
+
+    async def get(self, trajectory_id: str) -> Trajectory:
+        return (await self._call(_wire.Get(trajectory_ids=(trajectory_id,))))[0]  # type: ignore[no-any-return]
+
+    async def history(self, trajectory_id: str) -> tuple[LedgerEvent, ...]:
+        return await self._call(_wire.History(trajectory_id=trajectory_id))  # type: ignore[no-any-return]
+
+    async def held_by(self, instance_id: str) -> tuple[str, ...]:
+        return await self._call(_wire.HeldBy(instance_id=instance_id))  # type: ignore[no-any-return]
+
+    async def group(self, group_id: str) -> tuple[str, ...]:
+        return await self._call(_wire.Group(group_id=group_id))  # type: ignore[no-any-return]
+
+    async def save_checkpoint(self) -> str:
+        """Ask the server to checkpoint to its configured path; returns that path."""
+        return await self._call(_wire.SaveCheckpoint())  # type: ignore[no-any-return]
+
+
+class InProcessTrajectoryClient(_Client):
+    """Same interface, wrapping a store (or dispatcher) in this process.
+
+    ``wire=True`` (default) sends every request through encode → dispatcher → decode, exactly as
+    the TCP client would; ``wire=False`` calls the store directly (faster, for simulations).
+    """
+
+    def __init__(
+        self,
+        store: TrajectoryStore | Dispatcher | None = None,
+        *,
+        token: str | None = None,
+        wire: bool = True,
+    ) -> None:
+        self.dispatcher = store if isinstance(store, Dispatcher) else Dispatcher(store)
+        self.token = token
+        self.wire = wire
+        self._ids = itertools.count(1)
+        self._closed = False
+
+    @property
+    def store(self) -> TrajectoryStore:
+        return self.dispatcher.store
+
+    async def close(self) -> None:
+        self._closed = True
+
+    async def _call(self, req: Any) -> Any:
+        if self._closed:
+            raise ServiceClosed("the client is closed")
+        if not self.wire:
+            self.dispatcher.authorize(self.token)
+            return self.dispatcher.execute(req)
+        rid = next(self._ids)
+        data = self.dispatcher.handle_frame(_wire.encode_request(req, rid, self.token))
+        return _unwrap(req, rid, _wire.decode_response(data))
+
+
+class TrajectoryClient(_Client):
+    """Talks to a :class:`~trajectory_server.service.TrajectoryService` over TCP."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        token: str | None,
+        max_message_bytes: int,
+        timeout_s: float | None,
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self.token = token
+        self.max_message_bytes = max_message_bytes
+        self.timeout_s = timeout_s
+        self._ids = itertools.count(1)
+        self._pending: dict[int, tuple[Any, asyncio.Future[Any]]] = {}
+        self._write_lock = asyncio.Lock()
+        self._failure: TrajectoryServerError | None = None
+        self._reader_task = asyncio.create_task(self._read_loop())
+
+    @classmethod
+    async def connect(
+        cls,
+        host: str,
+        port: int,
+        *,
+        token: str | None = None,
+        max_message_bytes: int = _wire.DEFAULT_MAX_MESSAGE_BYTES,
+        timeout_s: float | None = 60.0,
+    ) -> TrajectoryClient:
+        if timeout_s is not None and timeout_s <= 0:
+            raise ConfigError(
+                f"timeout_s must be > 0 or None, got {timeout_s!r}", field="timeout_s"
+            )
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port), timeout=timeout_s
+            )
+        except (OSError, TimeoutError) as exc:
+            raise TransportError(
+                f"cannot connect to trajectory server at {host}:{port}: {exc}", host=host, port=port
+            ) from exc
+        return cls(
+            reader, writer, token=token, max_message_bytes=max_message_bytes, timeout_s=timeout_s
+        )
+
+    async def close(self) -> None:
+        if self._failure is None:
+            self._failure = ServiceClosed("the client is closed")
+        self._reader_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._reader_task
+        self._writer.close()
+        with contextlib.suppress(Exception):
+            await self._writer.wait_closed()
+        self._fail_pending()
+
+    async def _call(self, req: Any) -> Any:
+        if self._failure is not None:
+            raise type(self._failure)(self._failure.message, **self._failure.context)
+        rid = next(self._ids)
+        data = _wire.encode_request(req, rid, self.token)
+        if len(data) > self.max_message_bytes:
+            raise MessageTooLarge(
+                f"{req.TYPE} request of {len(data)} bytes exceeds the limit of "
+                f"{self.max_message_bytes}",
+                size=len(data),
+                limit=self.max_message_bytes,
+            )
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = (req, future)
+        try:
+            async with self._write_lock:
+                self._writer.write(LENGTH.pack(len(data)))
+                self._writer.write(data)
+                await self._writer.drain()
+            return await asyncio.wait_for(future, timeout=self.timeout_s)
+        except (ConnectionError, OSError) as exc:
+            raise TransportError(f"connection lost during {req.TYPE}: {exc}") from exc
+        except TimeoutError as exc:
+            raise TransportError(
+                f"no response to {req.TYPE} within {self.timeout_s} s", request_id=rid
+            ) from exc
+        finally:
+            self._pending.pop(rid, None)
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                header = await self._reader.readexactly(LENGTH.size)
+                (size,) = LENGTH.unpack(header)
+                if size > self.max_message_bytes:
+                    raise MessageTooLarge(
+                        f"response of {size} bytes exceeds the limit of {self.max_message_bytes}",
+                        size=size,
+                        limit=self.max_message_bytes,
+                    )
+                frame = _wire.decode_response(
+                    await self._reader.readexactly(size), max_bytes=self.max_message_bytes
+                )
+                pending = self._pending.get(frame.request_id)
+                if pending is None:
+                    if not frame.ok and frame.request_id == 0:
+                        raise frame.body  # the server refused the connection (e.g. too large)
+                    continue  # the caller timed out and left
+                req, future = pending
+                if future.done():
+                    continue
+                try:
+                    future.set_result(_unwrap(req, frame.request_id, frame))
+                except TrajectoryServerError as exc:
+                    future.set_exception(exc)
+        except asyncio.CancelledError:
+            raise
+        except TrajectoryServerError as exc:
+            self._failure = exc
+        except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
+            self._failure = TransportError(f"connection to the trajectory server lost: {exc!r}")
+        finally:
+            self._fail_pending()
+
+    def _fail_pending(self) -> None:
+        failure = self._failure or TransportError("connection to the trajectory server lost")
+        for _req, future in list(self._pending.values()):
+            if not future.done():
+                future.set_exception(type(failure)(failure.message, **failure.context))
+
+
+def _unwrap(req: Any, rid: int, frame: _wire.ResponseFrame) -> Any:
+    if frame.request_id != rid:
+        raise TransportError(f"response id {frame.request_id} does not match request {rid}")
+    if not frame.ok:
+        raise frame.body
+    return _wire.decode_result(req, frame.body)
