@@ -173,8 +173,9 @@ def test_sync_clears_work_and_never_twice(state):
         state.begin_sync("i0", 2, now=1.5)
     assert ei.value.to_version == 1
     assert st.target_version == 1
-    # routes to a syncing instance are waiting work, not running work
-    assert state.route("i0", entry("b", 10), now=1.5) is False
+    # a route held for a syncing instance will run once the sync is done
+    assert state.route("i0", entry("b", 10), now=1.5) is True
+    assert (st.n_running, st.kv_used) == (1, 10)
     state.finish_sync("i0", 1, now=2.0)
     assert counters(st)[:3] == (1, 1, False)
 

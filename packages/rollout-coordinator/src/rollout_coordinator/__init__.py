@@ -2,6 +2,7 @@
 
 from rollout_coordinator._commands import (
     Command,
+    Drop,
     Interrupt,
     InterruptReason,
     PendingRoutes,
@@ -9,6 +10,7 @@ from rollout_coordinator._commands import (
     Sync,
 )
 from rollout_coordinator._config import MIGRATION_INDICATORS, CoordinatorConfig
+from rollout_coordinator._cycle import Coordinator, CycleReport
 from rollout_coordinator._records import InstanceSnapshot, QueuedTrajectory, QueueView, RunningEntry
 from rollout_coordinator._speculative import InstanceState, SpeculativeState
 from rollout_coordinator.cost_model import PRESETS, CostModel
@@ -34,10 +36,13 @@ __all__ = [
     "PRESETS",
     "Command",
     "ConfigError",
+    "Coordinator",
     "CoordinatorConfig",
     "CoordinatorError",
     "CostModel",
     "CostModelError",
+    "CycleReport",
+    "Drop",
     "FitError",
     "FutureSnapshot",
     "InconsistentSnapshot",

@@ -2,15 +2,17 @@
 
 Theory of operation
 -------------------
-Three commands, each about one instance, executed by the caller (app or simulator):
+Three commands, each about one instance, executed by the caller (app or simulator), plus
+``Drop`` for protocol aborts of trajectories no engine holds:
 
 * ``Route(trajectory_id, instance_id, version)`` — hand a queued trajectory to an instance.
   ``version`` is the trajectory's V_traj: for a new trajectory, the version the instance will
   serve it at (its version after any sync in flight), reserved through the protocol before the
   command exists (``reserved_buffer`` says where); for a partial, its unchanged V_traj.
 * ``Interrupt(instance_id, trajectory_ids, reason)`` — take those trajectories back to the
-  trajectory server with their partial output (migration, bounce) or abort them
-  (staleness-driven abort; the reason says which).
+  trajectory server with their partial output (migration, bounce; ``requeue=True``) or
+  abort them because the protocol did (staleness-driven, group/batch surplus, dropped group;
+  ``requeue=False``, ``reason`` is the protocol's AbortReason).
 * ``Sync(instance_id, to_version)`` — the instance pulls ``to_version`` from the parameter
   server; its running work is interrupted and re-queued (partial rollout keeps V_traj).
 
@@ -29,9 +31,11 @@ import attrs
 
 
 class InterruptReason(enum.StrEnum):
+    """Why the coordinator itself interrupts (re-queue). Protocol aborts carry the protocol's
+    ``AbortReason`` string (``stale``, ``group_surplus``, ...) and ``requeue=False``."""
+
     MIGRATION = "migration"  # starving instance vs a loaded one
     BOUNCE = "bounce"  # the engine would preempt it into an already long waiting queue
-    STALENESS_ABORT = "staleness_abort"  # below the protocol's abort floor: drop, do not re-queue
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -42,13 +46,28 @@ class Route:
     group_id: str = ""
     new: bool = False
     reserved_buffer: int | None = None
+    tokens: int = 0  # prompt + already generated tokens (what it brings into the KV cache)
 
 
 @attrs.frozen(kw_only=True, slots=True)
 class Interrupt:
+    """Stop trajectories on an instance. ``requeue=True``: return them to the trajectory server
+    with their partial output (migration, bounce). ``requeue=False``: the protocol aborted them
+    (``reason`` is its AbortReason); discard their output."""
+
     instance_id: str
     trajectory_ids: tuple[str, ...] = attrs.field(converter=tuple)
-    reason: InterruptReason = attrs.field(converter=InterruptReason)
+    reason: str
+    requeue: bool = True
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class Drop:
+    """The protocol aborted these trajectories and no engine holds them as far as the
+    coordinator knows (queued in the trajectory server, or already finished): discard them."""
+
+    trajectory_ids: tuple[str, ...] = attrs.field(converter=tuple)
+    reason: str
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -57,7 +76,7 @@ class Sync:
     to_version: int
 
 
-Command = Route | Interrupt | Sync
+Command = Route | Interrupt | Sync | Drop
 
 
 class PendingRoutes:

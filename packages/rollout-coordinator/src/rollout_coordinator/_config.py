@@ -42,6 +42,13 @@ def _indicator(inst: Any, a: attrs.Attribute[str], v: str) -> None:
         raise ConfigError(a.name, v, f"one of {list(MIGRATION_INDICATORS)}")
 
 
+def _policy(inst: Any, a: attrs.Attribute[str], v: str) -> None:
+    from rollout_coordinator.policies import POLICIES  # late: policies import this module
+
+    if v not in POLICIES:
+        raise ConfigError(a.name, v, f"one of {sorted(POLICIES)}")
+
+
 def _cost_model(inst: Any, a: attrs.Attribute[CostModel], v: CostModel) -> None:
     if not isinstance(v, CostModel):
         raise ConfigError(a.name, v, "a CostModel (a preset, CostModel.load(path) or from_dict)")
@@ -52,7 +59,7 @@ class CoordinatorConfig:
     """Thresholds of the snapshot–command cycle. Defaults follow the reference runs (DESIGN §5)."""
 
     #: Policy name from the registry (``rollout_coordinator.policies.POLICIES``).
-    policy: str = "staleflow"
+    policy: str = attrs.field(default="staleflow", validator=_policy)
     #: Cost model used by routing. Default: the Qwen3-30B-A3B/H20 preset.
     cost_model: CostModel = attrs.field(default=QWEN3_30B_A3B_H20, validator=_cost_model)
 

@@ -220,7 +220,8 @@ class SpeculativeState:
         s = self.get(instance_id)
         s.last_local_update = max(s.last_local_update, now)
         tokens = entry.tokens
-        if s.syncing or s.waiting > 0 or s.kv_used + tokens > s.kv_capacity:
+        # A route held for a syncing instance runs once the sync is done: count it as running.
+        if s.waiting > 0 or s.kv_used + tokens > s.kv_capacity:
             s.waiting += 1
             return False
         s._added[entry.trajectory_id] = entry

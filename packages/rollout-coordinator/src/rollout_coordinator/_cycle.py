@@ -1,0 +1,433 @@
+"""The snapshot–command cycle: thin glue between snapshots, the protocol and a policy.
+
+Theory of operation
+-------------------
+``Coordinator.step(snapshots, queue, now)`` runs one cycle:
+
+1. Apply each snapshot to the speculative state. A rejected snapshot (unknown instance, bad
+   counts, stale, from the future, inconsistent) is logged and recorded in
+   ``last_cycle.rejected``; that instance keeps its last good state and the cycle goes on.
+2. Release routes that were waiting for a sync the caller has since reported done.
+3. Drain the protocol's aborts (``take_aborts``): trajectories the coordinator routed become
+   ``Interrupt(requeue=False)`` on their instance, the rest ``Drop``. (The coordinator is the
+   one consumer of ``take_aborts``; the app acts on the commands.)
+4. Ask the policy's admission gate for this cycle's quota of new trajectories.
+5. Synchronization decisions → ``Sync`` (never for an instance mid-sync).
+6. Routing → ``Route``; each new trajectory is reserved through the protocol first. Routes
+   to an instance that is mid-sync are held until ``on_sync_done``.
+7. Migration (and bounce) → ``Interrupt(requeue=True)``.
+
+Every issued command is applied to the speculative state at once. The caller executes the
+commands and reports back: ``on_sync_done`` / ``on_sync_failed``, ``on_interrupted``,
+``on_finished``, ``on_dropped`` (every admitted trajectory that ends without reaching a buffer,
+so budget-based policies count it), ``on_version_published`` (weights of a new version are
+pullable), ``remove_instance`` (an instance died; its work returns to the queue).
+
+The clock is injected (``clock()`` returns seconds) so a simulator can run it in virtual time.
+The protocol's ``reserve`` must only be called by this coordinator (its admission caches
+assume so).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import attrs
+import structlog
+
+from rollout_coordinator._commands import Command, Drop, Interrupt, PendingRoutes, Route, Sync
+from rollout_coordinator._config import CoordinatorConfig
+from rollout_coordinator._records import InstanceSnapshot, QueuedTrajectory, QueueView, RunningEntry
+from rollout_coordinator._speculative import InstanceState, SpeculativeState
+from rollout_coordinator.errors import (
+    ConfigError,
+    InvalidSnapshot,
+    SnapshotRejected,
+    SyncInProgress,
+)
+from rollout_coordinator.policies import CycleView, GateState, Policy, build_policy
+from staleness_protocol import ProtocolError, StalenessProtocol
+
+_log = structlog.get_logger("rollout_coordinator")
+
+
+@attrs.frozen(kw_only=True)
+class CycleReport:
+    """What one cycle did (for metrics and logs)."""
+
+    now: float
+    routes: int = 0
+    new_admitted: int = 0
+    syncs: int = 0
+    interrupts: int = 0
+    migrated: int = 0
+    bounced: int = 0
+    aborted: int = 0
+    dropped: int = 0
+    held_routes: int = 0
+    hungry: int = 0
+    quota: int | None = None
+    rejected: tuple[SnapshotRejected, ...] = ()
+
+
+class _ProtocolPort:
+    """The protocol as the routing strategies see it, with per-cycle admission caches."""
+
+    __slots__ = ("_closed", "_coord", "_proto")
+
+    def __init__(self, coord: Coordinator) -> None:
+        self._coord = coord
+        self._proto = coord.protocol
+        self._closed: set[int] = set()  # versions where a fresh group is not admitted
+
+    def admissible(self, group_id: str, version: int) -> bool:
+        fresh = group_id not in self._coord._known_groups
+        if fresh and version in self._closed:
+            return False
+        try:
+            ok = self._proto.can_reserve(group_id, version)
+        except ProtocolError:
+            ok = False
+        if not ok and fresh:
+            self._closed.add(version)
+        return ok
+
+    def admit(self, item: QueuedTrajectory, version: int) -> int | None:
+        try:
+            buffer = self._proto.reserve(item.group_id, item.trajectory_id, version)
+        except ProtocolError:
+            return None
+        self._coord._known_groups.add(item.group_id)
+        self._coord._admitted_total += 1
+        return buffer
+
+    def can_resume(self, item: QueuedTrajectory, version: int) -> bool:
+        try:
+            return self._proto.can_resume(item.trajectory_id, version)
+        except ProtocolError:
+            return False
+
+
+class Coordinator:
+    """Runs a policy over snapshots, a queue view and the staleness protocol, one cycle a call."""
+
+    def __init__(
+        self,
+        config: CoordinatorConfig,
+        protocol: StalenessProtocol,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        latest_version: int | None = None,
+    ) -> None:
+        if not isinstance(config, CoordinatorConfig):
+            raise ConfigError("config", type(config).__name__, "a CoordinatorConfig")
+        self.config = config
+        self.protocol = protocol
+        self.clock = clock
+        self.policy: Policy = build_policy(config.policy)
+        pc = protocol.config
+        if self.policy.required_eta is not None and pc.eta != self.policy.required_eta:
+            raise ConfigError(
+                "eta",
+                pc.eta,
+                f"{self.policy.required_eta} for policy {self.policy.name!r}",
+                detail="set the protocol's eta to match the baseline it models",
+            )
+        self.state = SpeculativeState()
+        self.pending = PendingRoutes()
+        self._released: list[Route] = []
+        current = protocol.current_version
+        self._latest = current if latest_version is None else latest_version
+        if not 0 <= self._latest <= current:
+            raise ConfigError(
+                "latest_version", latest_version, f"in [0, {current}] (protocol version)"
+            )
+        self._gate = GateState()
+        self._admitted_total = 0
+        self._lost_total = 0
+        self._known_groups: set[str] = set()
+        # per instance: trajectory id -> (V_traj, time routed); and the reverse index
+        self._routed: dict[str, dict[str, tuple[int, float]]] = {}
+        self._where: dict[str, str] = {}
+        self._orphans: dict[str, int] = {}  # reserved, never handed out: tid -> V_traj
+        self.last_cycle = CycleReport(now=0.0)
+        self._log = _log.bind(policy=self.policy.name)
+
+    # ---- membership and callbacks --------------------------------------------------------------
+
+    @property
+    def latest_version(self) -> int:
+        return self._latest
+
+    @property
+    def instances(self) -> dict[str, InstanceState]:
+        return self.state.instances
+
+    def add_instance(self, instance_id: str, *, kv_capacity_tokens: int, version: int = 0) -> None:
+        self.state.add_instance(instance_id, version=version, kv_capacity_tokens=kv_capacity_tokens)
+        self._routed[instance_id] = {}
+
+    def remove_instance(self, instance_id: str) -> list[str]:
+        """The instance is gone; returns the trajectories the coordinator had routed to it
+        (the caller returns them to the queue). Routes held for its sync become orphans."""
+        self.state.remove_instance(instance_id)
+        lost = list(self._routed.pop(instance_id, {}))
+        for tid in lost:
+            self._where.pop(tid, None)
+        for r in self.pending.orphan(instance_id):
+            if r.new:
+                self._orphans[r.trajectory_id] = r.version
+        return lost
+
+    def on_version_published(self, version: int) -> None:
+        """Weights of ``version`` can be pulled from the parameter server."""
+        current = self.protocol.current_version
+        if not self._latest <= version <= current:
+            raise ConfigError(
+                "version",
+                version,
+                f"in [{self._latest}, {current}] (published, not past the protocol)",
+            )
+        self._latest = version
+
+    def on_sync_done(self, instance_id: str, version: int) -> None:
+        self.state.finish_sync(instance_id, version, now=self.clock())
+        self._released.extend(self.pending.release(instance_id))
+
+    def on_sync_failed(self, instance_id: str) -> list[str]:
+        """The pull failed: the instance keeps its version; held routes to it are not issued.
+        Returns their trajectory ids (new ones keep their reservation and V_traj)."""
+        self.state.fail_sync(instance_id, now=self.clock())
+        held = self.pending.orphan(instance_id)
+        for r in held:
+            self._forget(r.trajectory_id)
+            if r.new:
+                self._orphans[r.trajectory_id] = r.version
+        return [r.trajectory_id for r in held]
+
+    def on_interrupted(self, instance_id: str, trajectory_ids: Iterable[str]) -> None:
+        """The engine stopped these (our Interrupt/Sync, or its own decision); idempotent."""
+        ids = list(trajectory_ids)
+        self.state.interrupt(instance_id, ids, now=self.clock())
+        for tid in ids:
+            self._forget(tid)
+
+    def on_finished(self, trajectory_ids: Iterable[str]) -> None:
+        for tid in trajectory_ids:
+            self._forget(tid)
+
+    def on_dropped(self, trajectory_ids: Iterable[str]) -> None:
+        """Admitted trajectories that will never reach a buffer (filtered, aborted)."""
+        for tid in trajectory_ids:
+            self._lost_total += 1
+            self._forget(tid)
+            self._orphans.pop(tid, None)
+
+    def _forget(self, tid: str) -> None:
+        iid = self._where.pop(tid, None)
+        if iid is not None:
+            self._routed.get(iid, {}).pop(tid, None)
+
+    def v_traj_of(self, trajectory_id: str) -> int | None:
+        iid = self._where.get(trajectory_id)
+        if iid is not None:
+            return self._routed[iid][trajectory_id][0]
+        try:
+            return self.protocol.trajectory(trajectory_id).version
+        except ProtocolError:
+            return None
+
+    # ---- the cycle ------------------------------------------------------------------------------
+
+    def step(
+        self,
+        snapshots: Iterable[Any],
+        queue: QueueView | Iterable[QueuedTrajectory],
+        now: float | None = None,
+    ) -> list[Command]:
+        now = self.clock() if now is None else now
+        if not isinstance(queue, QueueView):
+            queue = QueueView(list(queue))
+        rejected = self._ingest(snapshots, now)
+        commands: list[Command] = list(self._released)
+        self._released = []
+
+        aborted, dropped = self._drain_aborts(commands, now)
+
+        if self._orphans:
+            queue = self._with_orphans(queue)
+        view = CycleView(
+            now=now,
+            instances=self.state.instances,
+            queue=queue,
+            latest_version=self._latest,
+            abort_floor=self.protocol.abort_floor,
+            config=self.config,
+            batch_size=self.protocol.config.batch_size,
+            group_size=self.protocol.config.group_size,
+            eta=self.protocol.config.eta,
+            admitted_total=self._admitted_total,
+            lost_total=self._lost_total,
+        )
+        port = _ProtocolPort(self)
+        quota, self._gate = self.policy.admission(view, self._gate)
+
+        syncs = 0
+        for s in self.policy.sync(view, port, quota):
+            if self._apply_sync(s, now):
+                commands.append(s)
+                syncs += 1
+
+        routing = self.policy.routing(view, port, quota)
+        held = 0
+        for r in routing.routes:
+            inst = self.state.instances[r.instance_id]
+            self.state.route(
+                r.instance_id,
+                RunningEntry(
+                    trajectory_id=r.trajectory_id,
+                    prompt_tokens=r.tokens,
+                    generated_tokens=0,
+                    v_traj=r.version,
+                ),
+                now=now,
+            )
+            self._routed[r.instance_id][r.trajectory_id] = (r.version, now)
+            self._where[r.trajectory_id] = r.instance_id
+            self._orphans.pop(r.trajectory_id, None)
+            if inst.syncing:
+                self.pending.hold(r)
+                held += 1
+            else:
+                commands.append(r)
+        if self._gate.remaining > 0:
+            self._gate = attrs.evolve(
+                self._gate, remaining=max(0, self._gate.remaining - routing.new_admitted)
+            )
+
+        migrated = bounced = 0
+        for it in self.policy.migration(view, routing, self.v_traj_of):
+            gone = self.state.interrupt(it.instance_id, it.trajectory_ids, now=now)
+            for e in gone:
+                self._forget(e.trajectory_id)
+            commands.append(it)
+            if it.reason == "bounce":
+                bounced += len(it.trajectory_ids)
+            else:
+                migrated += len(it.trajectory_ids)
+
+        self.last_cycle = CycleReport(
+            now=now,
+            routes=len(routing.routes),
+            new_admitted=routing.new_admitted,
+            syncs=syncs,
+            interrupts=sum(isinstance(c, Interrupt) for c in commands),
+            migrated=migrated,
+            bounced=bounced,
+            aborted=aborted,
+            dropped=dropped,
+            held_routes=held,
+            hungry=len(routing.hungry),
+            quota=quota,
+            rejected=tuple(rejected),
+        )
+        if syncs or migrated or bounced or aborted or rejected:
+            self._log.info(
+                "cycle",
+                now=now,
+                routes=len(routing.routes),
+                syncs=syncs,
+                migrated=migrated,
+                bounced=bounced,
+                aborted=aborted,
+                dropped=dropped,
+                rejected=len(rejected),
+            )
+        return commands
+
+    # ---- steps of the cycle ---------------------------------------------------------------------
+
+    def _ingest(self, snapshots: Iterable[Any], now: float) -> list[SnapshotRejected]:
+        rejected: list[SnapshotRejected] = []
+        for raw in snapshots:
+            try:
+                try:
+                    snap = InstanceSnapshot.from_engine(raw)
+                except (AttributeError, TypeError) as exc:
+                    raise InvalidSnapshot(
+                        f"not a snapshot: {exc}",
+                        instance_id=str(getattr(raw, "instance_id", "?")),
+                        field="snapshot",
+                    ) from exc
+                st = self.state.instances.get(snap.instance_id)
+                prev_time = st.last_snapshot_time if st is not None else 0.0
+                self.state.apply_snapshot(snap, now=now, latest_version=self._latest)
+                self._prune(snap, prev_time)
+            except SnapshotRejected as exc:
+                rejected.append(exc)
+                self._log.warning(
+                    "snapshot_rejected", instance=exc.instance_id, field=exc.field, error=str(exc)
+                )
+        return rejected
+
+    def _prune(self, snap: InstanceSnapshot, prev_time: float) -> None:
+        """Forget routes the engine has evidently finished (cheap: only when clearly stale)."""
+        routed = self._routed[snap.instance_id]
+        if snap.waiting or len(routed) <= len(snap.running) + 16:
+            return
+        running = {e.trajectory_id for e in snap.running}
+        for tid, (_v, t) in list(routed.items()):
+            if t < prev_time and tid not in running:
+                del routed[tid]
+                self._where.pop(tid, None)
+
+    def _drain_aborts(self, commands: list[Command], now: float) -> tuple[int, int]:
+        aborts = self.protocol.take_aborts()
+        if not aborts:
+            return 0, 0
+        by_instance: dict[tuple[str, str], list[str]] = {}
+        drops: dict[str, list[str]] = {}
+        for a in aborts:
+            tid = str(a.trajectory_id)
+            iid = self._where.get(tid)
+            if iid is not None:
+                by_instance.setdefault((iid, str(a.reason)), []).append(tid)
+            else:
+                drops.setdefault(str(a.reason), []).append(tid)
+            self._orphans.pop(tid, None)
+        for (iid, reason), ids in by_instance.items():
+            self.state.interrupt(iid, ids, now=now)
+            for tid in ids:
+                self._forget(tid)
+            commands.append(
+                Interrupt(instance_id=iid, trajectory_ids=ids, reason=reason, requeue=False)
+            )
+        for reason, ids in drops.items():
+            commands.append(Drop(trajectory_ids=ids, reason=reason))
+        n_inst = sum(len(v) for v in by_instance.values())
+        return n_inst, len(aborts) - n_inst
+
+    def _apply_sync(self, s: Sync, now: float) -> bool:
+        inst = self.state.instances.get(s.instance_id)
+        if inst is None or inst.syncing or s.to_version <= inst.version:
+            return False  # never a second sync mid-sync; nothing to do if not newer
+        try:
+            self.state.begin_sync(s.instance_id, s.to_version, now=now)
+        except SyncInProgress:  # pragma: no cover - checked above
+            return False
+        for tid in list(self._routed[s.instance_id]):
+            self._where.pop(tid, None)
+        self._routed[s.instance_id] = {}
+        return True
+
+    def _with_orphans(self, queue: QueueView) -> QueueView:
+        orphans = self._orphans
+        items = [
+            attrs.evolve(i, v_traj=orphans[i.trajectory_id])
+            if i.v_traj is None and i.trajectory_id in orphans
+            else i
+            for i in queue.items
+        ]
+        return QueueView.from_unordered(items)

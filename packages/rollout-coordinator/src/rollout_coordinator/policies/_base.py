@@ -1,0 +1,94 @@
+"""Types shared by the policies: what a policy sees, what it may ask, what it returns.
+
+A policy is a set of pure functions. Each takes a :class:`CycleView` (the speculative instance
+states, the queue view, versions and thresholds — read-only by contract) and, where admission
+matters, an :class:`AdmissionPort` (the protocol's admission check and Reserve, injected by
+the cycle so tests can hand-build it), and returns commands or decisions. Threaded state (a
+baseline's batch counter) is passed in and returned, never hidden.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+import attrs
+
+from rollout_coordinator._commands import Interrupt, Route, Sync
+from rollout_coordinator._config import CoordinatorConfig
+from rollout_coordinator._records import QueuedTrajectory, QueueView
+from rollout_coordinator._speculative import InstanceState
+
+
+@attrs.frozen(kw_only=True)
+class CycleView:
+    now: float
+    instances: Mapping[str, InstanceState]
+    queue: QueueView
+    #: Newest version whose weights are published (instances may sync to it).
+    latest_version: int
+    #: Versions ≤ this can place nothing (protocol abort floor); such instances must sync.
+    abort_floor: int
+    config: CoordinatorConfig
+    batch_size: int
+    group_size: int
+    eta: int
+    #: Trajectories admitted (reserved) since start, and those lost (dropped/aborted) since.
+    admitted_total: int = 0
+    lost_total: int = 0
+
+
+class AdmissionPort(Protocol):
+    """The protocol as routing needs it (implemented by the cycle over StalenessProtocol)."""
+
+    def admissible(self, group_id: str, version: int) -> bool:
+        """Would a new trajectory of this group be admitted at ``version``? No side effects."""
+        ...
+
+    def admit(self, item: QueuedTrajectory, version: int) -> int | None:
+        """Reserve it at ``version``; returns the buffer, or None if refused."""
+        ...
+
+    def can_resume(self, item: QueuedTrajectory, version: int) -> bool:
+        """May this queued partial run on an instance serving ``version``?"""
+        ...
+
+
+@attrs.frozen(kw_only=True)
+class RoutingResult:
+    routes: list[Route]
+    #: Instances that still had room and gain at the end because the queue ran out of
+    #: admissible work for them (the "starving" set migration looks at). Empty when routing
+    #: stopped early for another reason (route cap).
+    hungry: frozenset[str] = frozenset()
+    new_admitted: int = 0
+
+
+RoutingFn = Callable[[CycleView, AdmissionPort, int | None], RoutingResult]
+"""(view, port, quota of new trajectories or None for unlimited) -> routes."""
+
+SyncFn = Callable[[CycleView, AdmissionPort, int | None], list[Sync]]
+"""(view, port, quota) -> syncs. Instances mid-sync must not be returned."""
+
+VTrajLookup = Callable[[str], int | None]
+
+MigrationFn = Callable[[CycleView, RoutingResult, VTrajLookup], list[Interrupt]]
+"""(view, this cycle's routing result, V_traj lookup) -> interrupts (requeue=True)."""
+
+
+@attrs.frozen(kw_only=True)
+class GateState:
+    """Threaded admission state of the batch-barrier baselines (unused by others)."""
+
+    batches_started: int = 0
+    remaining: int = 0  # new trajectories still to admit for the open batch
+
+
+AdmissionGate = Callable[[CycleView, GateState], tuple[int | None, GateState]]
+"""(view, state) -> (quota of new trajectories this cycle or None = unlimited, new state).
+The cycle subtracts what routing actually admitted from ``remaining`` afterwards."""
+
+
+def eligible(inst: InstanceState, floor: int) -> bool:
+    """Can this instance take work at its version-after-sync?"""
+    return inst.target_version > floor

@@ -1,0 +1,56 @@
+"""Admission gates: how many *new* trajectories a policy lets in this cycle.
+
+Every policy still reserves each new trajectory through the staleness protocol; the gate is
+the baseline's own, coarser admission rule on top of it.
+
+* :func:`admit_by_protocol` — StaleFlow: no extra limit; the protocol's per-trajectory
+  admission check is the only gate.
+* :func:`admit_by_inflight_budget` — verl fully-async / AReaL / ROLL Flash: admit new prompts
+  while ``(η + v + 1)·B − (accepted + running) > 0`` (counted in trajectories, ``B·n`` per
+  batch; ``accepted + running`` = admitted − lost).
+* :func:`batch_barrier` ``(lag)`` — verl synchronous (lag 0) and one-step off-policy (lag 1):
+  a batch of exactly ``B·n`` new trajectories is admitted at once, only when the previous
+  batch's generation is over (every instance idle, nothing partial queued, every instance
+  serving the latest version) and the trainer is at most ``lag`` batches behind.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from rollout_coordinator.policies._base import AdmissionGate, CycleView, GateState
+
+
+def admit_by_protocol(view: CycleView, state: GateState) -> tuple[int | None, GateState]:
+    return None, state
+
+
+def admit_by_inflight_budget(view: CycleView, state: GateState) -> tuple[int | None, GateState]:
+    per_batch = view.batch_size * view.group_size
+    budget = (view.eta + view.latest_version + 1) * per_batch
+    return max(0, budget - (view.admitted_total - view.lost_total)), state
+
+
+def batch_barrier(lag: int) -> AdmissionGate:
+    def gate(view: CycleView, state: GateState) -> tuple[int | None, GateState]:
+        if state.remaining > 0:
+            return state.remaining, state
+        if state.batches_started > view.latest_version + lag:
+            return 0, state  # the trainer has not caught up
+        if view.queue.min_partial_version() is not None:
+            return 0, state  # previous batch still has unfinished partials
+        for inst in view.instances.values():
+            if (
+                inst.syncing
+                or inst.n_running
+                or inst.waiting
+                or inst.version != view.latest_version
+            ):
+                return 0, state
+        per_batch = view.batch_size * view.group_size
+        return per_batch, attrs.evolve(
+            state, batches_started=state.batches_started + 1, remaining=per_batch
+        )
+
+    gate.__name__ = f"batch_barrier_lag{lag}"
+    return gate

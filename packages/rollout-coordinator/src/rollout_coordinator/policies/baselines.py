@@ -1,0 +1,151 @@
+"""The named policies: StaleFlow, its ablations, and the baselines it is compared against.
+
+Every policy is a combination of one routing, one synchronization, one migration strategy and
+one admission gate, run by the same coordinator cycle on the same engines, so a comparison
+changes nothing but the decisions. All of them reserve through the staleness protocol, so
+none can violate η; the baselines' own admission rules sit on top.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from rollout_coordinator.policies._base import AdmissionGate, MigrationFn, RoutingFn, SyncFn
+from rollout_coordinator.policies.admission import (
+    admit_by_inflight_budget,
+    admit_by_protocol,
+    batch_barrier,
+)
+from rollout_coordinator.policies.migration import migrate_to_starving, no_migration
+from rollout_coordinator.policies.routing_even import route_evenly
+from rollout_coordinator.policies.routing_gain import route_by_marginal_gain
+from rollout_coordinator.policies.sync_global import sync_all_on_publish, sync_all_when_drained
+from rollout_coordinator.policies.sync_per_instance import sync_when_starved
+
+
+@attrs.frozen(kw_only=True)
+class Policy:
+    name: str
+    routing: RoutingFn
+    sync: SyncFn
+    migration: MigrationFn
+    admission: AdmissionGate
+    #: Rollout and training time-share the same GPUs (the simulator/app must not overlap them).
+    colocated: bool = False
+    #: The η this policy models; the coordinator refuses a protocol configured otherwise.
+    required_eta: int | None = None
+    description: str = ""
+
+
+def sync_baseline() -> Policy:
+    """**sync** — verl's synchronous PPO/GRPO trainer (η = 0, colocated).
+
+    verl generates a whole batch with the current weights (the batch is split evenly across the
+    rollout workers, each engine schedules its chunk itself), then the same GPUs compute rewards
+    and train, then the new weights are loaded into every rollout engine before the next batch.
+    Modeled as: a batch barrier with lag 0 (``B·n`` new trajectories admitted at once, only when
+    the previous batch is fully generated and every instance serves the latest version), even
+    routing with no KV gating (the engine queues what it cannot run), sync of every instance once
+    drained (never interrupting a batch), no migration, ``colocated=True`` so the caller runs
+    training on the rollout GPUs, not beside them.
+    """
+    return Policy(
+        name="sync",
+        routing=route_evenly,
+        sync=sync_all_when_drained,
+        migration=no_migration,
+        admission=batch_barrier(0),
+        colocated=True,
+        required_eta=0,
+        description=sync_baseline.__doc__ or "",
+    )
+
+
+def one_step_baseline() -> Policy:
+    """**one-step** — verl's one-step off-policy pipeline (η = 1, disaggregated).
+
+    Rollout GPUs generate batch k+1 with version k's predecessor weights while the trainer GPUs
+    train on batch k; after each training step the weights are broadcast to every rollout
+    engine, between generation calls. Modeled as: a batch barrier with lag 1 (batch j starts
+    once batch j−1 is generated and the trainer has published version ≥ j−1), even routing,
+    sync of every instance once drained (no interruption of a batch in generation), no
+    migration.
+    """
+    return Policy(
+        name="one-step",
+        routing=route_evenly,
+        sync=sync_all_when_drained,
+        migration=no_migration,
+        admission=batch_barrier(1),
+        required_eta=1,
+        description=one_step_baseline.__doc__ or "",
+    )
+
+
+def coarse_async_baseline() -> Policy:
+    """**coarse-async** — verl fully-async / AReaL / ROLL Flash (strict staleness, coarse budget).
+
+    These systems bound staleness with an in-flight admission budget: a new prompt is admitted
+    while ``(η + v + 1)·B − (accepted + running) > 0`` (v = trainer version); generation is
+    partial-rollout (an interrupted trajectory keeps its tokens and resumes at the new version);
+    every rollout instance updates its weights as soon as the trainer publishes (interrupting
+    running work); requests are spread evenly over the servers; nothing migrates. Modeled
+    exactly so: the in-flight budget gate, even routing, greedy global sync on publish, no
+    migration. η comes from the protocol config.
+    """
+    return Policy(
+        name="coarse-async",
+        routing=route_evenly,
+        sync=sync_all_on_publish,
+        migration=no_migration,
+        admission=admit_by_inflight_budget,
+        description=coarse_async_baseline.__doc__ or "",
+    )
+
+
+def staleflow_policy() -> Policy:
+    """**staleflow** — all three strategies: cost-model routing with θ, per-instance sync when
+    starved, starving–loaded migration plus bounce; admission by the protocol alone."""
+    return Policy(
+        name="staleflow",
+        routing=route_by_marginal_gain,
+        sync=sync_when_starved,
+        migration=migrate_to_starving,
+        admission=admit_by_protocol,
+        description=staleflow_policy.__doc__ or "",
+    )
+
+
+def _ablation(name: str, *, routing: bool, sync: bool, migration: bool) -> Policy:
+    return Policy(
+        name=name,
+        routing=route_by_marginal_gain if routing else route_evenly,
+        sync=sync_when_starved if sync else sync_all_on_publish,
+        migration=migrate_to_starving if migration else no_migration,
+        admission=admit_by_protocol,
+        description=(
+            f"StaleFlow ablation: routing={'cost-model' if routing else 'vanilla even split'}, "
+            f"sync={'per-instance' if sync else 'vanilla greedy global'}, "
+            f"migration={'on' if migration else 'vanilla none'}."
+        ),
+    )
+
+
+def vanilla_routing() -> Policy:
+    """StaleFlow with routing replaced by the even split."""
+    return _ablation("vanilla-routing", routing=False, sync=True, migration=True)
+
+
+def vanilla_sync() -> Policy:
+    """StaleFlow with synchronization replaced by greedy global sync on publish."""
+    return _ablation("vanilla-sync", routing=True, sync=False, migration=True)
+
+
+def vanilla_migration() -> Policy:
+    """StaleFlow with migration switched off."""
+    return _ablation("vanilla-migration", routing=True, sync=True, migration=False)
+
+
+def all_vanilla() -> Policy:
+    """StaleFlow's protocol with all three strategies vanilla."""
+    return _ablation("all-vanilla", routing=False, sync=False, migration=False)

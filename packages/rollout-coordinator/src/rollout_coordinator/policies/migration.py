@@ -1,0 +1,110 @@
+"""Migration: move work from a loaded instance to a starving one; bounce imminent preemptions.
+
+Theory of operation
+-------------------
+*Starving–loaded migration* (at most one loaded instance per cycle). A starving instance is
+one routing left hungry this cycle: it had room and gain but the queue held no admissible work
+for it (the least loaded such instance is picked). Its partner is the non-syncing instance
+with the highest load indicator
+(``migration_indicator``: KV tokens, running count, engine-waiting count or throughput). If
+the partner's indicator is ≥ ``migration_ratio`` × the starving instance's (a zero indicator
+counts as zero, so any positive load qualifies against an empty instance) and the partner
+runs ≥ ``migration_min_running`` trajectories, the partner's trajectories that the starving
+instance can serve (V_traj ≤ its version after sync) are interrupted — largest first (the tail
+that holds the batch back and the most KV relief), half the running-count gap — and return to
+the trajectory server, where the next cycle's router sends them to the best instance (the
+starving one has the largest marginal gain).
+
+*Bounce*. An instance whose engine waiting queue is already ≥ ``bounce_waiting_threshold``
+and whose KV usage is ≥ ``bounce_kv_threshold`` is about to preempt running trajectories into
+that queue. The coordinator interrupts the ones the engine would pick (the smallest — most
+recently started, cheapest to move), up to ``bounce_max_per_instance``, enough to bring KV
+usage back under the threshold, so they are re-routed rather than waiting behind the queue.
+"""
+
+from __future__ import annotations
+
+from rollout_coordinator._commands import Interrupt, InterruptReason
+from rollout_coordinator._speculative import InstanceState
+from rollout_coordinator.policies._base import CycleView, RoutingResult, VTrajLookup
+
+
+def _indicator(inst: InstanceState, kind: str) -> float:
+    if kind == "kv":
+        return float(inst.kv_used)
+    if kind == "running":
+        return float(inst.n_running)
+    if kind == "waiting":
+        return float(inst.waiting)
+    return inst.throughput
+
+
+def migrate_to_starving(
+    view: CycleView, routing: RoutingResult, v_traj: VTrajLookup
+) -> list[Interrupt]:
+    cfg = view.config
+    out: list[Interrupt] = []
+    out.extend(_bounce(view))
+    bounced = {i.instance_id for i in out}
+    if not routing.hungry:
+        return out
+    kind = cfg.migration_indicator
+    instances = view.instances
+    starving = min(
+        (instances[i] for i in routing.hungry),
+        key=lambda s: (_indicator(s, kind), s.instance_id),
+    )
+    s_ind = _indicator(starving, kind)
+    loaded: InstanceState | None = None
+    best = -1.0
+    for iid, inst in instances.items():
+        if iid == starving.instance_id or iid in bounced or inst.syncing:
+            continue
+        if inst.n_running < cfg.migration_min_running:
+            continue
+        ind = _indicator(inst, kind)
+        if ind > best or (ind == best and loaded is not None and iid < loaded.instance_id):
+            loaded, best = inst, ind
+    if loaded is None or best <= 0 or best < cfg.migration_ratio * s_ind:
+        return out
+    target_v = starving.target_version
+    movable = [e for e in loaded.running_entries() if (v_traj(e.trajectory_id) or 0) <= target_v]
+    k = min(len(movable), (loaded.n_running - starving.n_running) // 2)
+    if k <= 0:
+        return out
+    movable.sort(key=lambda e: (-e.tokens, e.trajectory_id))
+    out.append(
+        Interrupt(
+            instance_id=loaded.instance_id,
+            trajectory_ids=tuple(e.trajectory_id for e in movable[:k]),
+            reason=InterruptReason.MIGRATION,
+            requeue=True,
+        )
+    )
+    return out
+
+
+def _bounce(view: CycleView) -> list[Interrupt]:
+    cfg = view.config
+    out: list[Interrupt] = []
+    for iid, inst in view.instances.items():
+        if inst.syncing or inst.waiting < cfg.bounce_waiting_threshold:
+            continue
+        if inst.kv_usage < cfg.bounce_kv_threshold or inst.n_running == 0:
+            continue
+        excess = inst.kv_used - cfg.bounce_kv_threshold * inst.kv_capacity
+        picked: list[str] = []
+        for e in sorted(inst.running_entries(), key=lambda e: (e.tokens, e.trajectory_id)):
+            if len(picked) >= cfg.bounce_max_per_instance or (picked and excess <= 0):
+                break
+            picked.append(e.trajectory_id)
+            excess -= e.tokens
+        out.append(
+            Interrupt(instance_id=iid, trajectory_ids=tuple(picked), reason=InterruptReason.BOUNCE)
+        )
+    return out
+
+
+def no_migration(view: CycleView, routing: RoutingResult, v_traj: VTrajLookup) -> list[Interrupt]:
+    """Vanilla: passive — trajectories stay where they were routed."""
+    return []

@@ -1,0 +1,71 @@
+"""Vanilla routing: even split by trajectory count (the baselines' and the ablation's router).
+
+Each trajectory goes to the candidate instance (version after sync ≥ V_traj; new
+trajectories: above the abort floor and admitted by the protocol) with the fewest trajectories
+(running + engine-waiting), ties by instance id. No KV-room or cost check: like verl's chunked
+dispatch and AReaL/ROLL's least-requests client, the request is handed to the engine, whose
+own scheduler queues it if it cannot run now. Bounded by ``max_routes_per_cycle``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+
+from rollout_coordinator._commands import Route
+from rollout_coordinator.policies._base import AdmissionPort, CycleView, RoutingResult, eligible
+
+
+def route_evenly(view: CycleView, port: AdmissionPort, quota: int | None) -> RoutingResult:
+    cfg = view.config
+    floor = view.abort_floor
+    heaps: dict[int, list[tuple[int, str]]] = {}
+    for iid, inst in view.instances.items():
+        if eligible(inst, floor):
+            heaps.setdefault(inst.target_version, []).append((inst.n_running + inst.waiting, iid))
+    for h in heaps.values():
+        heapq.heapify(h)
+    versions = sorted(heaps)
+    routes: list[Route] = []
+    new_admitted = 0
+    max_routes = cfg.max_routes_per_cycle
+    for item in view.queue.items:
+        if not versions or len(routes) >= max_routes:
+            break
+        is_new = item.v_traj is None
+        if is_new and quota is not None and new_admitted >= quota:
+            break
+        start = bisect.bisect_left(versions, (floor + 1) if is_new else item.v_traj)  # type: ignore[arg-type]
+        best: tuple[int, str] | None = None
+        best_v = -1
+        for v in versions[start:]:
+            top = heaps[v][0]
+            if best is not None and top >= best:
+                continue
+            if is_new:
+                if not port.admissible(item.group_id, v):
+                    continue
+            elif not port.can_resume(item, v):
+                continue
+            best, best_v = top, v
+        if best is None:
+            continue
+        buffer: int | None = None
+        if is_new:
+            buffer = port.admit(item, best_v)
+            if buffer is None:
+                continue
+            new_admitted += 1
+        heapq.heapreplace(heaps[best_v], (best[0] + 1, best[1]))
+        routes.append(
+            Route(
+                trajectory_id=item.trajectory_id,
+                instance_id=best[1],
+                version=best_v if is_new else item.v_traj,  # type: ignore[arg-type]
+                group_id=item.group_id,
+                new=is_new,
+                reserved_buffer=buffer,
+                tokens=item.prompt_len + item.generated_len,
+            )
+        )
+    return RoutingResult(routes=routes, hungry=frozenset(), new_admitted=new_admitted)

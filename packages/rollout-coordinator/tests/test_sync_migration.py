@@ -1,0 +1,155 @@
+"""Synchronization and migration strategies on hand-built snapshots."""
+
+from __future__ import annotations
+
+from rollout_coordinator import Interrupt, Route, Sync
+from rollout_coordinator.testing import CAP, make, new, partial, snap
+
+
+def syncs(cmds):
+    return {c.instance_id: c.to_version for c in cmds if isinstance(c, Sync)}
+
+
+def interrupts(cmds):
+    return [c for c in cmds if isinstance(c, Interrupt)]
+
+
+# ---- per-instance sync ----------------------------------------------------------------------
+
+
+def test_stale_instance_with_admissible_work_is_not_synced():
+    coord, proto, _ = make(instances=[("a", 0)], start_version=1)
+    proto.reserve("gp", "p0", 0)
+    cmds = coord.step([snap("a", version=0)], [partial("p0", 0)], now=0.0)
+    assert syncs(cmds) == {}
+    assert any(isinstance(c, Route) and c.instance_id == "a" for c in cmds)
+
+
+def test_stale_instance_with_admissible_new_work_is_not_synced():
+    coord, _, _ = make(instances=[("a", 0)], start_version=1)
+    cmds = coord.step([snap("a", version=0)], [new("t0")], now=0.0)
+    assert syncs(cmds) == {}
+
+
+def test_stale_starved_idle_instance_syncs():
+    coord, proto, _ = make(instances=[("a", 0)], start_version=1)
+    proto.reserve("gp", "p1", 1)  # only work needs version >= 1
+    cmds = coord.step([snap("a", version=0)], [partial("p1", 1)], now=0.0)
+    assert syncs(cmds) == {"a": 1}
+    st = coord.instances["a"]
+    assert st.syncing and st.target_version == 1
+    # the route to it is held until the sync is done, then released by the next cycle
+    assert not any(isinstance(c, Route) for c in cmds)
+    assert coord.last_cycle.held_routes == 1
+    # never a second sync mid-sync
+    assert syncs(coord.step([], [], now=0.5)) == {}
+    coord.on_sync_done("a", 1)
+    released = [c for c in coord.step([], [], now=1.0) if isinstance(c, Route)]
+    assert [(r.trajectory_id, r.instance_id) for r in released] == [("p1", "a")]
+
+
+def test_busy_stale_instance_keeps_serving():
+    coord, proto, _ = make(instances=[("a", 0)], start_version=1, sync_kv_threshold=0.3)
+    proto.reserve("gp", "p1", 1)
+    # 40% KV busy: syncing now would interrupt useful work
+    cmds = coord.step([snap("a", version=0, n=40, tokens_each=CAP // 100)], [partial("p1", 1)], now=0.0)
+    assert syncs(cmds) == {}
+    # a waiting queue also blocks
+    coord2, proto2, _ = make(instances=[("a", 0)], start_version=1)
+    proto2.reserve("gp", "p1", 1)
+    assert syncs(coord2.step([snap("a", version=0, waiting=1)], [partial("p1", 1)], now=0.0)) == {}
+
+
+def test_instance_below_abort_floor_always_syncs():
+    # B=1, n=1, eta=0: once buffer 1 is READY, version 1... use floor directly
+    coord, proto, _ = make(instances=[("a", 0), ("b", 1)], batch=1, group=1, eta=1, start_version=1)
+    proto.reserve("g", "x", 1)
+    proto.finish("x")  # occupies buffer 1 -> READY; buffer 2 not created -> floor 0
+    assert proto.abort_floor == 0
+    cmds = coord.step([snap("a", version=0, n=30, tokens_each=2000), snap("b", version=1)], [], now=0.0)
+    assert syncs(cmds) == {"a": 1}
+
+
+def test_greedy_global_sync_on_publish():
+    coord, _, _ = make("vanilla-sync", instances=[("a", 0), ("b", 0)], start_version=1)
+    cmds = coord.step([snap("a", version=0, n=30), snap("b", version=0)], [new("t0")], now=0.0)
+    assert syncs(cmds) == {"a": 1, "b": 1}
+
+
+def test_unpublished_version_is_not_synced_to():
+    # the trainer consumed buffer 0 (protocol at 1) but version 1's weights are not pushed yet
+    coord, _, _ = make("vanilla-sync", instances=[("a", 0)], start_version=1, latest_version=0)
+    assert syncs(coord.step([snap("a")], [], now=0.0)) == {}
+    coord.on_version_published(1)
+    assert syncs(coord.step([], [], now=0.1)) == {"a": 1}
+
+
+# ---- migration ------------------------------------------------------------------------------
+
+
+def test_migration_triggers_from_loaded_to_starving():
+    coord, _, _ = make(instances=[("idle", 0), ("busy", 0)], migration_ratio=5.0)
+    cmds = coord.step([snap("idle"), snap("busy", n=12, tokens_each=3000)], [], now=0.0)
+    (it,) = interrupts(cmds)
+    assert (it.instance_id, it.reason, it.requeue) == ("busy", "migration", True)
+    assert len(it.trajectory_ids) == 6  # half the gap
+    assert coord.instances["busy"].n_running == 6
+    assert coord.last_cycle.migrated == 6
+
+
+def test_migration_stops_below_ratio_threshold():
+    # starving instance has 2 x 3000 KV; busy has 8 x 3000 = 4x < 5x -> no migration
+    coord, _, _ = make(instances=[("s", 0), ("busy", 0)], migration_ratio=5.0)
+    cmds = coord.step([snap("s", n=2, tokens_each=3000), snap("busy", n=8, tokens_each=3000)], [], now=0.0)
+    assert interrupts(cmds) == []
+    # at 10x it triggers
+    coord, _, _ = make(instances=[("s", 0), ("busy", 0)], migration_ratio=5.0)
+    cmds = coord.step([snap("s", n=1, tokens_each=3000), snap("busy", n=10, tokens_each=3000)], [], now=0.0)
+    assert [i.instance_id for i in interrupts(cmds)] == ["busy"]
+
+
+def test_migration_needs_min_running_and_no_queued_work():
+    coord, _, _ = make(instances=[("idle", 0), ("busy", 0)], migration_min_running=4)
+    assert interrupts(coord.step([snap("idle"), snap("busy", n=3)], [], now=0.0)) == []
+    # once the idle instance took the queue's work, the ratio (12 vs 8 trajectories) is < 5
+    coord, _, _ = make(instances=[("idle", 0), ("busy", 0)], batch=8, group=8)
+    q = [new(f"t{k}") for k in range(8)]
+    cmds = coord.step([snap("idle"), snap("busy", n=12)], q, now=0.0)
+    assert coord.last_cycle.routes == 8
+    assert coord.instances["idle"].n_running == 8
+    assert interrupts(cmds) == []
+
+
+def test_migration_only_moves_what_the_starving_instance_can_serve():
+    # sync_kv_threshold=0 keeps s from syncing (it would then serve version 1 and get the work)
+    coord, proto, _ = make(instances=[("s", 0), ("busy", 1)], start_version=1, sync_kv_threshold=0.0)
+    for k in range(10):
+        proto.reserve(f"g{k}", f"busy-r{k}", 1)
+    cmds = coord.step([snap("s", version=0), snap("busy", version=1, n=10)], [], now=0.0)
+    # every running trajectory has V_traj 1 > the starving instance's version 0
+    assert syncs(cmds) == {}
+    assert not [i for i in interrupts(cmds) if i.reason == "migration"]
+    # with sync allowed, s moves to version 1 and becomes a valid target in the same cycle
+    coord, proto, _ = make(instances=[("s", 0), ("busy", 1)], start_version=1)
+    for k in range(10):
+        proto.reserve(f"g{k}", f"busy-r{k}", 1)
+    cmds = coord.step([snap("s", version=0), snap("busy", version=1, n=10)], [], now=0.0)
+    assert syncs(cmds) == {"s": 1}
+    assert [len(i.trajectory_ids) for i in interrupts(cmds)] == [5]
+
+
+def test_vanilla_migration_is_passive():
+    coord, _, _ = make("vanilla-migration", instances=[("idle", 0), ("busy", 0)])
+    assert interrupts(coord.step([snap("idle"), snap("busy", n=40)], [], now=0.0)) == []
+
+
+def test_bounce_before_preemption_into_long_queue():
+    coord, _, _ = make(instances=[("a", 0)], bounce_waiting_threshold=4, bounce_kv_threshold=0.9)
+    running = snap("a", n=10, tokens_each=CAP // 10, waiting=5)  # 100% KV, long queue
+    cmds = coord.step([running], [], now=0.0)
+    (it,) = interrupts(cmds)
+    assert it.reason == "bounce" and it.requeue
+    assert len(it.trajectory_ids) == 1  # one 10% trajectory brings KV to 90%
+    # below the waiting threshold: nothing
+    coord, _, _ = make(instances=[("a", 0)], bounce_waiting_threshold=6, bounce_kv_threshold=0.9)
+    assert interrupts(coord.step([snap("a", n=10, tokens_each=CAP // 10, waiting=5)], [], now=0.0)) == []
