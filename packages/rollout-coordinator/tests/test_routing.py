@@ -44,7 +44,9 @@ def test_kv_room_and_waiting_queue_exclude_instance():
     coord, _, _ = make(instances=[("a", 0), ("b", 0)], route_kv_limit=0.5)
     # a: tiny load but would exceed 50% KV with this trajectory; b: has a waiting queue
     cmds = coord.step(
-        [snap("a", n=1, tokens_each=49_800), snap("b", n=1, waiting=2)], [new("t0", length=500)], now=0.0
+        [snap("a", n=1, tokens_each=49_800), snap("b", n=1, waiting=2)],
+        [new("t0", length=500)],
+        now=0.0,
     )
     assert routes(cmds) == {}
 
@@ -64,11 +66,15 @@ def test_partial_only_goes_to_version_at_least_v_traj_smaller_first():
 
 def test_new_trajectory_falls_through_to_admissible_version():
     # B=1, n=1, eta=0: the version-0 instance is below the abort floor once buffer 0 is READY
-    coord, proto, _ = make(instances=[("v0", 0), ("v1", 1)], batch=1, group=1, eta=1, start_version=1)
+    coord, proto, _ = make(
+        instances=[("v0", 0), ("v1", 1)], batch=1, group=1, eta=1, start_version=1
+    )
     proto.reserve("gx", "x", 1)  # fills buffer 2 (latest for version 1)
     proto.reserve("gy", "y", 0)  # fills buffer 1 (latest for version 0)
     assert not proto.can_reserve("fresh", 0) and proto.can_reserve("fresh", 1) is False
-    cmds = coord.step([snap("v0", version=0), snap("v1", version=1)], [new("t0", group="g9")], now=0.0)
+    cmds = coord.step(
+        [snap("v0", version=0), snap("v1", version=1)], [new("t0", group="g9")], now=0.0
+    )
     assert routes(cmds) == {}  # nothing admissible anywhere: stays queued, nothing reserved
     assert "t0" not in proto.in_flight()
 
@@ -89,10 +95,16 @@ def test_even_routing_splits_by_count():
         per[r.instance_id] = per.get(r.instance_id, 0) + 1
     # water-filling: 4 running + 9 new = 13 -> final totals 5/4/4, ties broken by instance id
     assert per == {"a": 2, "b": 4, "c": 3}
-    assert sorted(coord.instances[i].n_running + coord.instances[i].waiting for i in "abc") == [4, 4, 5]
+    assert sorted(coord.instances[i].n_running + coord.instances[i].waiting for i in "abc") == [
+        4,
+        4,
+        5,
+    ]
 
 
 def test_max_routes_per_cycle_caps_work():
-    coord, _, _ = make("all-vanilla", instances=[("a", 0)], batch=8, group=4, max_routes_per_cycle=3)
+    coord, _, _ = make(
+        "all-vanilla", instances=[("a", 0)], batch=8, group=4, max_routes_per_cycle=3
+    )
     q = [new(f"t{k}", group=f"g{k // 4}") for k in range(8)]
     assert len(routes(coord.step([snap("a")], q, now=0.0))) == 3

@@ -52,7 +52,9 @@ def test_busy_stale_instance_keeps_serving():
     coord, proto, _ = make(instances=[("a", 0)], start_version=1, sync_kv_threshold=0.3)
     proto.reserve("gp", "p1", 1)
     # 40% KV busy: syncing now would interrupt useful work
-    cmds = coord.step([snap("a", version=0, n=40, tokens_each=CAP // 100)], [partial("p1", 1)], now=0.0)
+    cmds = coord.step(
+        [snap("a", version=0, n=40, tokens_each=CAP // 100)], [partial("p1", 1)], now=0.0
+    )
     assert syncs(cmds) == {}
     # a waiting queue also blocks
     coord2, proto2, _ = make(instances=[("a", 0)], start_version=1)
@@ -66,7 +68,9 @@ def test_instance_below_abort_floor_always_syncs():
     proto.reserve("g", "x", 1)
     proto.finish("x")  # occupies buffer 1 -> READY; buffer 2 not created -> floor 0
     assert proto.abort_floor == 0
-    cmds = coord.step([snap("a", version=0, n=30, tokens_each=2000), snap("b", version=1)], [], now=0.0)
+    cmds = coord.step(
+        [snap("a", version=0, n=30, tokens_each=2000), snap("b", version=1)], [], now=0.0
+    )
     assert syncs(cmds) == {"a": 1}
 
 
@@ -100,11 +104,15 @@ def test_migration_triggers_from_loaded_to_starving():
 def test_migration_stops_below_ratio_threshold():
     # starving instance has 2 x 3000 KV; busy has 8 x 3000 = 4x < 5x -> no migration
     coord, _, _ = make(instances=[("s", 0), ("busy", 0)], migration_ratio=5.0)
-    cmds = coord.step([snap("s", n=2, tokens_each=3000), snap("busy", n=8, tokens_each=3000)], [], now=0.0)
+    cmds = coord.step(
+        [snap("s", n=2, tokens_each=3000), snap("busy", n=8, tokens_each=3000)], [], now=0.0
+    )
     assert interrupts(cmds) == []
     # at 10x it triggers
     coord, _, _ = make(instances=[("s", 0), ("busy", 0)], migration_ratio=5.0)
-    cmds = coord.step([snap("s", n=1, tokens_each=3000), snap("busy", n=10, tokens_each=3000)], [], now=0.0)
+    cmds = coord.step(
+        [snap("s", n=1, tokens_each=3000), snap("busy", n=10, tokens_each=3000)], [], now=0.0
+    )
     assert [i.instance_id for i in interrupts(cmds)] == ["busy"]
 
 
@@ -122,7 +130,9 @@ def test_migration_needs_min_running_and_no_queued_work():
 
 def test_migration_only_moves_what_the_starving_instance_can_serve():
     # sync_kv_threshold=0 keeps s from syncing (it would then serve version 1 and get the work)
-    coord, proto, _ = make(instances=[("s", 0), ("busy", 1)], start_version=1, sync_kv_threshold=0.0)
+    coord, proto, _ = make(
+        instances=[("s", 0), ("busy", 1)], start_version=1, sync_kv_threshold=0.0
+    )
     for k in range(10):
         proto.reserve(f"g{k}", f"busy-r{k}", 1)
     cmds = coord.step([snap("s", version=0), snap("busy", version=1, n=10)], [], now=0.0)
@@ -152,4 +162,7 @@ def test_bounce_before_preemption_into_long_queue():
     assert len(it.trajectory_ids) == 1  # one 10% trajectory brings KV to 90%
     # below the waiting threshold: nothing
     coord, _, _ = make(instances=[("a", 0)], bounce_waiting_threshold=6, bounce_kv_threshold=0.9)
-    assert interrupts(coord.step([snap("a", n=10, tokens_each=CAP // 10, waiting=5)], [], now=0.0)) == []
+    assert (
+        interrupts(coord.step([snap("a", n=10, tokens_each=CAP // 10, waiting=5)], [], now=0.0))
+        == []
+    )

@@ -30,7 +30,9 @@ class Clock:
 _seq = itertools.count(1)
 
 
-def snap(iid, *, version=0, n=0, tokens_each=1000, waiting=0, t=0.0, cap=CAP, tput=0.0, running=None):
+def snap(
+    iid, *, version=0, n=0, tokens_each=1000, waiting=0, t=0.0, cap=CAP, tput=0.0, running=None
+):
     if running is None:
         running = tuple(
             RunningEntry(trajectory_id=f"{iid}-r{k}", prompt_tokens=tokens_each, generated_tokens=0)
@@ -38,8 +40,15 @@ def snap(iid, *, version=0, n=0, tokens_each=1000, waiting=0, t=0.0, cap=CAP, tp
         )
     kv = sum(e.tokens for e in running)
     return InstanceSnapshot(
-        instance_id=iid, seq=next(_seq), time_s=t, version=version, running=running,
-        waiting=waiting, kv_used_tokens=kv, kv_capacity_tokens=cap, throughput_tokens_per_s=tput,
+        instance_id=iid,
+        seq=next(_seq),
+        time_s=t,
+        version=version,
+        running=running,
+        waiting=waiting,
+        kv_used_tokens=kv,
+        kv_capacity_tokens=cap,
+        throughput_tokens_per_s=tput,
     )
 
 
@@ -48,11 +57,21 @@ def new(tid, group="g0", length=500):
 
 
 def partial(tid, v, group="gp", length=500, gen=100):
-    return QueuedTrajectory(trajectory_id=tid, group_id=group, v_traj=v, prompt_len=length, generated_len=gen)
+    return QueuedTrajectory(
+        trajectory_id=tid, group_id=group, v_traj=v, prompt_len=length, generated_len=gen
+    )
 
 
 def make(
-    policy="staleflow", *, batch=4, group=2, eta=2, start_version=0, instances=(), latest_version=None, **cfg
+    policy="staleflow",
+    *,
+    batch=4,
+    group=2,
+    eta=2,
+    start_version=0,
+    instances=(),
+    latest_version=None,
+    **cfg,
 ):
     proto = StalenessProtocol(
         ProtocolConfig(batch_size=batch, group_size=group, eta=eta), start_version=start_version
