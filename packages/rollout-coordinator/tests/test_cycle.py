@@ -1,0 +1,210 @@
+"""The cycle: bad input keeps the last good state; baselines' admission; protocol aborts; config."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollout_coordinator import (
+    ConfigError,
+    Coordinator,
+    CoordinatorConfig,
+    Drop,
+    FutureSnapshot,
+    Interrupt,
+    InvalidSnapshot,
+    Route,
+    StaleSnapshot,
+    Sync,
+    UnknownInstance,
+    UnknownPolicy,
+)
+from rollout_coordinator.policies import POLICIES, build_policy
+from rollout_coordinator.testing import Clock, make, new, snap
+from staleness_protocol import ProtocolConfig, StalenessProtocol
+
+
+def routes(cmds):
+    return [c for c in cmds if isinstance(c, Route)]
+
+
+# ---- bad input ------------------------------------------------------------------------------
+
+
+def test_bad_snapshots_are_rejected_and_the_cycle_continues():
+    coord, _, _ = make(instances=[("a", 0), ("b", 0)])
+    coord.step([snap("a", n=5, t=0.0), snap("b", n=5, t=0.0)], [], now=0.0)
+    seq_a = coord.instances["a"].last_seq
+
+    class Garbage:
+        instance_id = "b"
+
+    bad = [
+        snap("ghost", t=1.0),  # unknown instance
+        snap("a", n=50, t=5.0),  # from the future (now = 1.0)
+        Garbage(),  # not a snapshot at all
+    ]
+    cmds = coord.step(bad, [new("t0")], now=1.0)
+    kinds = sorted(type(e).__name__ for e in coord.last_cycle.rejected)
+    assert kinds == ["FutureSnapshot", "InvalidSnapshot", "UnknownInstance"]
+    assert coord.instances["a"].last_seq == seq_a  # last good state kept
+    assert coord.instances["a"].n_running + coord.instances["b"].n_running == 11  # 5 + 5 + route
+    assert len(routes(cmds)) == 1  # the cycle still routed with the last good state
+    assert isinstance(
+        coord.last_cycle.rejected[0], UnknownInstance | FutureSnapshot | InvalidSnapshot
+    )
+
+
+def test_snapshot_older_than_routes_is_rejected():
+    coord, _, _ = make(instances=[("a", 0)])
+    coord.step([snap("a", t=0.0)], [new("t0")], now=1.0)  # route at t=1.0
+    coord.step([snap("a", t=0.5)], [], now=1.1)  # taken before the route
+    assert [type(e) for e in coord.last_cycle.rejected] == [StaleSnapshot]
+    assert coord.instances["a"].n_running == 1
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("theta", 0.0),
+        ("theta", 1.5),
+        ("route_kv_limit", 0.0),
+        ("sync_kv_threshold", -0.1),
+        ("sync_kv_threshold", 1.1),
+        ("bounce_kv_threshold", 2.0),
+        ("migration_ratio", 1.0),
+        ("migration_ratio", float("inf")),
+        ("migration_indicator", "vibes"),
+        ("migration_min_running", 0),
+        ("max_routes_per_cycle", 0),
+        ("route_miss_limit", 1.5),
+        ("bounce_waiting_threshold", True),
+        ("cost_model", "qwen-7b-h20"),
+    ],
+)
+def test_thresholds_out_of_range_name_the_field(field, value):
+    with pytest.raises(ConfigError) as ei:
+        CoordinatorConfig(**{field: value})
+    assert ei.value.field == field
+    assert field in str(ei.value)
+
+
+def test_config_from_dict_resolves_cost_model_and_rejects_unknown_fields(tmp_path):
+    cfg = CoordinatorConfig.from_dict(
+        {"policy": "coarse-async", "cost_model": "qwen-7b-h20", "theta": 0.4}
+    )
+    assert cfg.cost_model.name == "qwen-7b-h20" and cfg.theta == 0.4
+    with pytest.raises(ConfigError) as ei:
+        CoordinatorConfig.from_dict({"thetta": 0.4})
+    assert ei.value.field == "thetta"
+
+
+# ---- registry -------------------------------------------------------------------------------
+
+
+def test_registry_builds_every_named_policy():
+    assert set(POLICIES) == {
+        "staleflow",
+        "sync",
+        "one-step",
+        "coarse-async",
+        "vanilla-routing",
+        "vanilla-sync",
+        "vanilla-migration",
+        "all-vanilla",
+    }
+    for name in POLICIES:
+        p = build_policy(name)
+        assert p.name == name and p.description
+    assert build_policy("sync").colocated and build_policy("sync").required_eta == 0
+    assert build_policy("one-step").required_eta == 1
+    assert build_policy("vanilla-routing").routing is build_policy("all-vanilla").routing
+    assert build_policy("vanilla-routing").sync is build_policy("staleflow").sync
+
+
+def test_unknown_policy():
+    with pytest.raises(UnknownPolicy) as ei:
+        build_policy("fastest")
+    assert "staleflow" in str(ei.value)
+    with pytest.raises(ConfigError):
+        CoordinatorConfig(policy="fastest")
+
+
+def test_baseline_refuses_mismatched_eta():
+    proto = StalenessProtocol(ProtocolConfig(batch_size=2, group_size=2, eta=3))
+    with pytest.raises(ConfigError) as ei:
+        Coordinator(CoordinatorConfig(policy="sync"), proto, Clock())
+    assert ei.value.field == "eta"
+
+
+# ---- baselines' admission -------------------------------------------------------------------
+
+
+def test_coarse_async_budget():
+    # B=2 groups x n=2 = 4 trajectories per batch, eta=1, v=0: budget (1+0+1)*4 = 8
+    coord, _, _ = make("coarse-async", instances=[("a", 0), ("b", 0)], batch=2, group=2, eta=1)
+    q = [new(f"t{k}", group=f"g{k // 2}") for k in range(12)]
+    cmds = coord.step([snap("a"), snap("b")], q, now=0.0)
+    assert len(routes(cmds)) == 8 == coord.last_cycle.quota
+    assert coord.step([], q[8:], now=0.1) == []  # budget spent
+    coord.on_dropped(["t0", "t1"])  # filtered: two replacements fit in the budget
+    coord.step([], q[8:], now=0.2)
+    assert coord.last_cycle.quota == 2
+
+
+def test_sync_baseline_generates_one_batch_per_version():
+    coord, proto, _ = make("sync", instances=[("a", 0), ("b", 0)], batch=2, group=2, eta=0)
+    q = [new(f"t{k}", group=f"g{k // 2}") for k in range(8)]
+    first = routes(coord.step([snap("a"), snap("b")], q, now=0.0))
+    assert len(first) == 4 and {r.instance_id for r in first} == {"a", "b"}
+    # batch in flight: nothing more even though prompts wait
+    assert routes(coord.step([], q[4:], now=0.1)) == []
+    # generation done, trained, version 1 published: sync every instance, then the next batch
+    for r in first:
+        proto.finish(r.trajectory_id)
+        coord.on_finished([r.trajectory_id])
+    proto.consume()
+    coord.on_version_published(1)
+    cmds = coord.step([snap("a", t=0.2), snap("b", t=0.2)], q[4:], now=0.2)
+    assert {c.instance_id for c in cmds if isinstance(c, Sync)} == {"a", "b"}
+    assert routes(cmds) == []  # barrier: instances still syncing
+    coord.on_sync_done("a", 1)
+    coord.on_sync_done("b", 1)
+    nxt = routes(coord.step([], q[4:], now=0.3))
+    assert len(nxt) == 4 and all(r.version == 1 for r in nxt)
+
+
+# ---- protocol aborts ------------------------------------------------------------------------
+
+
+def test_protocol_aborts_become_interrupts_or_drops():
+    coord, proto, _ = make(instances=[("a", 0)], batch=2, group=2, eta=1)
+    cmds = coord.step([snap("a")], [new("t0", group="g0"), new("t1", group="g0")], now=0.0)
+    assert len(routes(cmds)) == 2
+    proto.reserve("gq", "queued", 0)  # reserved, but (say) back in the trajectory server
+    dropped_running = proto.drop_group("g0", "filtered")
+    proto.drop_group("gq", "filtered")
+    assert len(dropped_running) == 2
+    cmds = coord.step([], [], now=0.1)
+    (it,) = [c for c in cmds if isinstance(c, Interrupt)]
+    assert (it.instance_id, sorted(it.trajectory_ids), it.requeue, it.reason) == (
+        "a",
+        ["t0", "t1"],
+        False,
+        "filtered",
+    )
+    (dr,) = [c for c in cmds if isinstance(c, Drop)]
+    assert dr.trajectory_ids == ("queued",)
+    assert coord.instances["a"].n_running == 0
+    assert (coord.last_cycle.aborted, coord.last_cycle.dropped) == (2, 1)
+
+
+def test_sync_failure_keeps_reservations_as_orphans():
+    coord, proto, _ = make(instances=[("a", 0)], start_version=1)
+    proto.reserve("gp", "p1", 1)
+    from rollout_coordinator.testing import partial
+
+    coord.step([snap("a", version=0)], [partial("p1", 1)], now=0.0)
+    assert coord.instances["a"].syncing
+    assert coord.on_sync_failed("a") == ["p1"]
+    st = coord.instances["a"]
+    assert (st.version, st.syncing) == (0, False)
