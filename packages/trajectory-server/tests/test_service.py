@@ -1,0 +1,312 @@
+"""The service over a real TCP socket on loopback: in this process, and in a child process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from trajectory_server import Completion, SamplingParams, Segment, TrajectoryStore
+from trajectory_server import wire as w
+from trajectory_server.actor import TrajectoryServerActor
+from trajectory_server.client import InProcessTrajectoryClient, TrajectoryClient
+from trajectory_server.errors import (
+    CheckpointError,
+    ConfigError,
+    MalformedMessage,
+    MessageTooLarge,
+    NotQueued,
+    SchemaMismatch,
+    StaleVersion,
+    TransportError,
+    Unauthorized,
+    WrongOwner,
+)
+from trajectory_server.service import Dispatcher, TrajectoryService, check_bind
+
+TOKEN = "correct horse battery staple"
+
+
+def seg(tid: str, start: int, n: int, version: int) -> Segment:
+    return Segment(
+        trajectory_id=tid,
+        start=start,
+        token_ids=list(range(start, start + n)),
+        logprobs=[-0.5] * n,
+        versions=[version] * n,
+    )
+
+
+async def run_lifecycle(c: Any) -> None:
+    """A full trajectory lifecycle through any client; asserts every step."""
+    assert await c.submit_group(
+        "g", [1, 2, 3], 3, sampling=SamplingParams(max_new_tokens=16), metadata={"gt": "7"}
+    ) == ("g/0", "g/1", "g/2")
+    routed = await c.route("inst-a", ["g/0", "g/1"], 2)
+    assert [t.v_traj for t in routed] == [2, 2]
+    assert routed[0].metadata == {"gt": "7"}
+    back = await c.return_partial("inst-a", [seg("g/0", 0, 4, 2)])
+    assert back[0].generated_token_ids.tolist() == [0, 1, 2, 3]
+    assert [(e.trajectory_id, e.v_traj, e.generated_len) for e in await c.queue_view()] == [
+        ("g/0", 2, 4),
+        ("g/2", None, 0),
+    ]
+    with pytest.raises(StaleVersion) as stale:
+        await c.route("inst-old", ["g/0"], 1)
+    assert stale.value.v_traj == 2
+    await c.route("inst-b", ["g/0"], 3)
+    fin = await c.finish(
+        "inst-b",
+        [
+            Completion(
+                trajectory_id="g/0",
+                start=4,
+                token_ids=[4, 5],
+                logprobs=[-0.1, -0.2],
+                versions=[3, 3],
+                finish_reason="stop",
+            )
+        ],
+    )
+    assert fin[0].trajectory.generated_versions.tolist() == [2, 2, 2, 2, 3, 3]
+    with pytest.raises(WrongOwner) as wrong:
+        await c.return_partial("inst-b", [seg("g/1", 0, 1, 2)])
+    assert wrong.value.owner == "inst-a"
+    assert await c.instance_lost("inst-a") == ("g/1",)
+    stats = await c.stats()
+    assert (stats.queued, stats.running, stats.finished, stats.dropped) == (2, 0, 1, 0)
+    assert stats.queued_by_level == {2: 1, None: 1}
+    assert (await c.release(["g/0"]))[0].finish_reason.value == "stop"
+    await c.drop_group("g", "filtered")
+    assert [loc.state.value for loc in await c.locate(["g/0", "g/1", "g/2"])] == [
+        "dropped",
+        "dropped",
+        "dropped",
+    ]
+    kinds = [e.kind.value for e in await c.history("g/0")]
+    assert kinds == ["submitted", "routed", "returned", "routed", "finished", "released", "dropped"]
+
+
+async def test_lifecycle_over_tcp() -> None:
+    async with TrajectoryService(token=TOKEN) as svc:
+        host, port = svc.address
+        assert host == "127.0.0.1"
+        client = await TrajectoryClient.connect(host, port, token=TOKEN)
+        try:
+            await run_lifecycle(client)
+        finally:
+            await client.close()
+        svc.store.check_invariants()
+
+
+@pytest.mark.parametrize("wire", [True, False])
+async def test_lifecycle_in_process(wire: bool) -> None:
+    client = InProcessTrajectoryClient(TrajectoryStore(), wire=wire)
+    await run_lifecycle(client)
+    client.store.check_invariants()
+
+
+async def test_pipelined_concurrent_calls() -> None:
+    async with TrajectoryService() as svc:
+        svc.store.submit_group("g", [1], 64)
+        client = await TrajectoryClient.connect(*svc.address)
+        try:
+            results = await asyncio.gather(
+                *(client.route(f"i{k % 4}", [f"g/{k}"], 0) for k in range(64)),
+                *(client.route("dup", ["g/0"], 0) for _ in range(3)),
+                return_exceptions=True,
+            )
+        finally:
+            await client.close()
+    assert all(r[0].trajectory_id == f"g/{k}" for k, r in enumerate(results[:64]))
+    assert all(isinstance(r, NotQueued) for r in results[64:])
+    assert svc.store.stats().running_by_instance == {f"i{k}": 16 for k in range(4)}
+
+
+async def test_wrong_or_missing_token_rejected_state_unchanged() -> None:
+    async with TrajectoryService(token=TOKEN) as svc:
+        svc.store.submit_group("g", [1], 2)
+        before = svc.store.to_dict()
+        for token in (None, "", "wrong", TOKEN + " "):
+            client = await TrajectoryClient.connect(*svc.address, token=token)
+            try:
+                with pytest.raises(Unauthorized):
+                    await client.route("i0", ["g/0"], 0)
+                with pytest.raises(Unauthorized):
+                    await client.stats()  # reads are checked too
+            finally:
+                await client.close()
+        assert svc.store.to_dict() == before
+        good = await TrajectoryClient.connect(*svc.address, token=TOKEN)
+        try:
+            assert len(await good.route("i0", ["g/0"], 0)) == 1
+        finally:
+            await good.close()
+
+
+def test_bind_rules() -> None:
+    check_bind("127.0.0.1", allow_remote=False, token=None)
+    check_bind("::1", allow_remote=False, token=None)
+    check_bind("localhost", allow_remote=False, token=None)
+    with pytest.raises(ConfigError) as e1:
+        TrajectoryService(host="0.0.0.0")
+    assert e1.value.field == "allow_remote"
+    with pytest.raises(ConfigError) as e2:
+        TrajectoryService(host="0.0.0.0", allow_remote=True)
+    assert e2.value.field == "token"
+    with pytest.raises(ConfigError):
+        TrajectoryService(host="10.1.2.3", allow_remote=True, token="")
+
+
+async def test_remote_bind_with_token_serves_and_checks_token() -> None:
+    async with TrajectoryService(host="0.0.0.0", allow_remote=True, token=TOKEN) as svc:
+        port = svc.address[1]
+        bad = await TrajectoryClient.connect("127.0.0.1", port)
+        try:
+            with pytest.raises(Unauthorized):
+                await bad.ping()
+        finally:
+            await bad.close()
+        good = await TrajectoryClient.connect("127.0.0.1", port, token=TOKEN)
+        try:
+            assert (await good.ping())["schema"] == w.SCHEMA_VERSION
+        finally:
+            await good.close()
+
+
+async def _raw_call(port: int, payload: bytes, *, length: int | None = None) -> Any:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(struct.pack(">I", len(payload) if length is None else length) + payload)
+        await writer.drain()
+        (size,) = struct.unpack(">I", await reader.readexactly(4))
+        return w.decode_response(await reader.readexactly(size)), reader
+    finally:
+        writer.close()
+
+
+async def test_garbage_and_oversized_frames_rejected_service_keeps_serving() -> None:
+    async with TrajectoryService(max_message_bytes=4096) as svc:
+        svc.store.submit_group("g", [1], 1)
+        before = svc.store.to_dict()
+        port = svc.address[1]
+        resp, _ = await _raw_call(port, b"\xc1\x00not msgpack")
+        assert isinstance(resp.body, MalformedMessage)
+        env = {"schema": 99, "type": "stats", "id": 4, "token": None, "body": {}}
+        resp, _ = await _raw_call(port, msgpack.packb(env))
+        assert isinstance(resp.body, SchemaMismatch) and resp.request_id == 4
+        # a frame announcing more than the limit is refused before its body is read
+        resp, reader = await _raw_call(port, b"", length=10_000_000)
+        assert isinstance(resp.body, MessageTooLarge)
+        assert resp.body.size == 10_000_000
+        assert await reader.read() == b""  # and the connection is closed
+        client = await TrajectoryClient.connect("127.0.0.1", port)
+        try:
+            with pytest.raises(MessageTooLarge):
+                await client.submit_group("big", list(range(2000)), 1)
+        finally:
+            await client.close()
+        assert svc.store.to_dict() == before
+        client = await TrajectoryClient.connect("127.0.0.1", port)
+        try:
+            assert (await client.stats()).queued == 1
+        finally:
+            await client.close()
+
+
+async def test_client_fails_cleanly_when_server_goes_away() -> None:
+    svc = TrajectoryService()
+    client = await TrajectoryClient.connect(*(await svc.start()))
+    await svc.stop()
+    with pytest.raises(TransportError):
+        await client.stats()
+    await client.close()
+    with pytest.raises(TransportError):
+        await TrajectoryClient.connect("127.0.0.1", 1, timeout_s=2)
+
+
+async def test_actor_wrapper_serves_tcp_and_frames(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ts.ckpt"
+    actor = TrajectoryServerActor(token=TOKEN, checkpoint_path=ckpt)
+    host, port = await actor.start()
+    try:
+        client = await TrajectoryClient.connect(host, port, token=TOKEN)
+        try:
+            await client.submit_group("g", [1, 2], 2)
+            await client.route("i0", ["g/0"], 5)
+            assert await client.save_checkpoint() == str(ckpt)
+        finally:
+            await client.close()
+        frame = await actor.handle(w.encode_request(w.Stats(), 3, TOKEN))
+        resp = w.decode_response(frame)
+        assert resp.ok and w.decode_result(w.Stats(), resp.body).running == 1
+        bad = w.decode_response(await actor.handle(w.encode_request(w.Stats(), 4, "nope")))
+        assert isinstance(bad.body, Unauthorized)
+    finally:
+        await actor.stop()
+    restored = TrajectoryServerActor(token=TOKEN, checkpoint_path=ckpt, restore=True)
+    assert restored.store.to_dict() == actor.store.to_dict()
+    assert restored.store.held_by("i0") == ("g/0",)
+
+
+async def test_save_checkpoint_without_configured_path_is_a_clean_error() -> None:
+    client = InProcessTrajectoryClient(Dispatcher())
+    with pytest.raises(CheckpointError) as err:
+        await client.save_checkpoint()
+    assert err.value.field == "checkpoint_path"
+
+
+def _start_child(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], int]:
+    env = dict(os.environ, TS_TEST_TOKEN=TOKEN)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trajectory_server", "--token-env", "TS_TEST_TOKEN", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    address = json.loads(line)
+    assert address["host"] == "127.0.0.1"
+    return proc, address["port"]
+
+
+async def test_server_in_a_separate_process(tmp_path: Path) -> None:
+    ckpt = tmp_path / "child.ckpt"
+    proc, port = _start_child(tmp_path, "--checkpoint", str(ckpt))
+    try:
+        client = await TrajectoryClient.connect("127.0.0.1", port, token=TOKEN)
+        try:
+            await run_lifecycle(client)
+            await client.submit_group("h", [4, 5], 2)
+            await client.route("inst-c", ["h/1"], 7)
+            stats = await client.stats()
+        finally:
+            await client.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    # it checkpointed on exit; a new process restores exactly that state
+    store = TrajectoryStore.load_checkpoint(ckpt)
+    assert store.stats() == stats
+    proc, port = _start_child(tmp_path, "--checkpoint", str(ckpt), "--restore")
+    try:
+        client = await TrajectoryClient.connect("127.0.0.1", port, token=TOKEN)
+        try:
+            assert await client.held_by("inst-c") == ("h/1",)
+            assert (await client.get("h/1")).v_traj == 7
+        finally:
+            await client.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
