@@ -1,0 +1,747 @@
+"""The app's configuration: nested frozen attrs sections, one YAML file plus dotted overrides.
+
+Theory of operation
+-------------------
+* Every section is a frozen attrs class whose fields carry their type and allowed range
+  (``_f(default, ge=…, choices=…)``). The same check runs when a section is built from YAML and
+  when code constructs it directly, and every failure is a :class:`ConfigError` whose ``key`` is
+  the full dotted key (``trainer.lr``) and whose ``allowed`` says what would be accepted.
+* :func:`load_config` reads one YAML mapping, applies ``key=value`` overrides (values parsed as
+  YAML scalars, so ``trainer.steps=20`` is an int and ``protocol.eta=unbounded`` a string),
+  rejects unknown keys, then runs cross-field checks (:func:`validate`).
+* ``run_dir=DIR`` (top level) is an alias of ``run.run_dir=DIR``.
+* :func:`dump_config` writes the resolved config as YAML; loading that file gives the same
+  config back (round trip).
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import attrs
+import yaml
+
+from staleflow_trainer.errors import ConfigError
+
+# ---------------------------------------------------------------------------------------------
+# field helper and checks
+
+_META = "staleflow"
+
+
+def _f(
+    default: Any,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    doc: str = "",
+) -> Any:
+    meta = {"ge": ge, "gt": gt, "le": le, "lt": lt, "doc": doc}
+    if isinstance(default, (list, dict)):
+        raise TypeError("use tuples / sections, not mutable defaults")
+    return attrs.field(default=default, validator=_validate_field, metadata={_META: meta})
+
+
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(tp))
+    if origin is tuple:
+        return f"a list of {_describe(typing.get_args(tp)[0])}"
+    if tp is type(None):
+        return "null"
+    if attrs.has(tp):
+        return f"a mapping with keys {', '.join(a.name for a in attrs.fields(tp))}"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true/false"}.get(
+        tp, str(tp)
+    )
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Return ``value`` as type ``tp`` (int → float allowed) or raise ConfigError."""
+    origin = typing.get_origin(tp)
+    bad = ConfigError(
+        f"{key}: expected {_describe(tp)}, got {value!r} ({type(value).__name__})",
+        key=key,
+        allowed=_describe(tp),
+    )
+    if origin is Literal:
+        if value in typing.get_args(tp) and not isinstance(value, bool):
+            return value
+        raise bad
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError:
+                continue
+        raise bad
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise bad
+        inner = typing.get_args(tp)[0]
+        return tuple(_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value))
+    if tp is type(None):
+        if value is None:
+            return None
+        raise bad
+    if attrs.has(tp):
+        if isinstance(value, tp):
+            return value
+        if isinstance(value, Mapping):
+            return _build(tp, value, key)
+        raise bad
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise bad
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise bad
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise bad
+    raise TypeError(f"unsupported config type {tp!r} at {key}")
+
+
+def _check_range(value: Any, meta: Mapping[str, Any], key: str) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return
+    bounds = []
+    if meta.get("ge") is not None:
+        bounds.append((value >= meta["ge"], f">= {meta['ge']}"))
+    if meta.get("gt") is not None:
+        bounds.append((value > meta["gt"], f"> {meta['gt']}"))
+    if meta.get("le") is not None:
+        bounds.append((value <= meta["le"], f"<= {meta['le']}"))
+    if meta.get("lt") is not None:
+        bounds.append((value < meta["lt"], f"< {meta['lt']}"))
+    if not all(ok for ok, _ in bounds):
+        allowed = " and ".join(b for _, b in bounds)
+        raise ConfigError(f"{key} must be {allowed}, got {value!r}", key=key, allowed=allowed)
+
+
+def _validate_field(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+    section = getattr(type(inst), "__section__", type(inst).__name__)
+    key = f"{section}.{attribute.name}" if section else attribute.name
+    tp = attribute.type
+    coerced = _coerce(value, tp, key)
+    if type(coerced) is not type(value) and not (
+        isinstance(value, int) and isinstance(coerced, float)
+    ):
+        # direct construction with e.g. a list where a tuple is declared
+        raise ConfigError(
+            f"{key}: expected {_describe(tp)}, got {value!r}", key=key, allowed=_describe(tp)
+        )
+    _check_range(value, attribute.metadata.get(_META, {}), key)
+
+
+def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            f"{prefix or 'config'} must be a mapping, got {data!r}",
+            key=prefix or "<root>",
+            allowed=_describe(cls),
+        )
+    names = {a.name: a for a in attrs.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for k, v in data.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if k not in names:
+            allowed = ", ".join(sorted(names))
+            raise ConfigError(
+                f"unknown config key {key!r}; allowed keys here: {allowed}",
+                key=key,
+                allowed=allowed,
+            )
+        a = names[k]
+        value = _coerce(v, a.type, key)
+        _check_range(value, a.metadata.get(_META, {}), key)
+        kwargs[k] = value
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        # re-key errors raised by __attrs_post_init__ / validators with the full prefix
+        if prefix and not e.key.startswith(prefix):
+            tail = e.key.split(".", 1)[-1]
+            raise ConfigError(
+                str(e).replace(e.key, f"{prefix}.{tail}"),
+                key=f"{prefix}.{tail}",
+                allowed=e.allowed,
+            ) from None
+        raise
+
+
+def _section(name: str):
+    def wrap(cls: type) -> type:
+        cls.__section__ = name
+        attrs.resolve_types(cls, globalns=globals())
+        return cls
+
+    return wrap
+
+
+# ---------------------------------------------------------------------------------------------
+# sections
+
+
+@_section("run")
+@attrs.frozen(kw_only=True)
+class RunConfig:
+    __section__: ClassVar[str]
+    run_dir: str = _f("runs/latest", doc="run directory (metrics, checkpoints, plots)")
+    seed: int = _f(0, ge=0)
+    checkpoint_every: int = _f(10, ge=0, doc="steps between checkpoints; 0 = only at the end")
+    keep_checkpoints: int = _f(2, ge=1)
+    resume: Literal["auto", "never", "must"] = _f("auto")
+
+
+@_section("model.tiny")
+@attrs.frozen(kw_only=True)
+class TinyModelConfig:
+    __section__: ClassVar[str]
+    hidden_size: int = _f(64, ge=32)
+    intermediate_size: int = _f(128, ge=1)
+    num_layers: int = _f(2, ge=1)
+    num_heads: int = _f(2, ge=1)
+    num_kv_heads: int = _f(1, ge=1)
+    max_position_embeddings: int = _f(256, ge=16)
+
+    def __attrs_post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(
+                f"model.tiny.hidden_size={self.hidden_size} is not divisible by "
+                f"num_heads={self.num_heads}",
+                key="model.tiny.num_heads",
+                allowed=f"a divisor of {self.hidden_size}",
+            )
+        if self.hidden_size // self.num_heads < 32:
+            raise ConfigError(
+                f"model.tiny: head_dim = hidden_size/num_heads = "
+                f"{self.hidden_size // self.num_heads} < 32 (vLLM-CPU needs >= 32)",
+                key="model.tiny.num_heads",
+                allowed=f"<= {self.hidden_size // 32}",
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"model.tiny.num_kv_heads={self.num_kv_heads} must divide num_heads="
+                f"{self.num_heads}",
+                key="model.tiny.num_kv_heads",
+                allowed=f"a divisor of {self.num_heads}",
+            )
+
+
+@_section("model")
+@attrs.frozen(kw_only=True)
+class ModelConfig:
+    __section__: ClassVar[str]
+    path: str = _f("", doc="HF model dir; empty = create a tiny Qwen2 in RUN_DIR/model")
+    dtype: Literal["float32", "bfloat16", "float16"] = _f("float32")
+    tiny: TinyModelConfig = attrs.field(factory=TinyModelConfig, validator=_validate_field)
+
+
+@_section("data")
+@attrs.frozen(kw_only=True)
+class DataConfig:
+    __section__: ClassVar[str]
+    path: str = _f("", doc="JSONL or Parquet file; empty = the built-in toy task")
+    toy_task: Literal["add", "add_mod10", "successor", "copy"] = _f("add")
+    toy_size: int = _f(512, ge=1, doc="number of toy prompts generated")
+    prompt_key: str = _f("prompt")
+    answer_key: str = _f("reward_model.ground_truth", doc="falls back to 'ground_truth'")
+    shuffle: bool = _f(True)
+    max_prompt_len: int = _f(64, ge=1)
+    apply_chat_template: bool = _f(False)
+
+
+@_section("rollout.sampling")
+@attrs.frozen(kw_only=True)
+class SamplingConfig:
+    __section__: ClassVar[str]
+    temperature: float = _f(1.0, ge=0.0)
+    top_p: float = _f(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = _f(4, ge=1)
+
+
+@_section("rollout")
+@attrs.frozen(kw_only=True)
+class RolloutConfig:
+    __section__: ClassVar[str]
+    backend: Literal["vllm", "sglang", "sim"] = _f("vllm")
+    num_instances: int = _f(2, ge=1)
+    max_running: int = _f(64, ge=1, doc="max concurrent trajectories per instance")
+    max_model_len: int = _f(128, ge=8)
+    cpus_per_instance: float = _f(1.0, ge=0.0)
+    gpus_per_instance: float = _f(0.0, ge=0.0)
+    kv_cache_gib: float = _f(1.0, gt=0.0)
+    enforce_eager: bool = _f(True)
+    sglang_url: str = _f("", doc="SGLang server base URL(s), comma-separated; sglang only")
+    sampling: SamplingConfig = attrs.field(factory=SamplingConfig, validator=_validate_field)
+
+
+@_section("protocol")
+@attrs.frozen(kw_only=True)
+class ProtocolConfig:
+    __section__: ClassVar[str]
+    batch_size: int = _f(8, ge=1, doc="B: groups per training batch")
+    group_size: int = _f(8, ge=1, doc="n: responses per prompt")
+    eta: int | Literal["unbounded"] = _f(1, ge=0, doc="staleness bound; 'unbounded' = no control")
+    batch_redundancy: int = _f(0, ge=0, doc="B' - B spare slots per buffer")
+    group_redundancy: int = _f(0, ge=0, doc="n' - n extra responses per group")
+    stuck_threshold: int = _f(4, ge=0, doc="abort stragglers of a buffer lacking <= this many")
+
+
+@_section("coordinator")
+@attrs.frozen(kw_only=True)
+class CoordinatorConfig:
+    __section__: ClassVar[str]
+    policy: Literal["staleflow", "vanilla", "sync", "one_step", "strict_async"] = _f("staleflow")
+    theta: float = _f(0.3, gt=0.0, le=1.0, doc="min marginal-gain fraction to route")
+    migration_ratio: float = _f(5.0, gt=1.0, doc="load ratio that triggers migration")
+    sync_kv_threshold: float = _f(0.5, ge=0.0, le=1.0, doc="sync only below this KV usage")
+    snapshot_interval_s: float = _f(0.05, gt=0.0)
+    enable_routing: bool = _f(True)
+    enable_sync: bool = _f(True)
+    enable_migration: bool = _f(True)
+
+
+@_section("trainer.overlong")
+@attrs.frozen(kw_only=True)
+class OverlongConfig:
+    __section__: ClassVar[str]
+    enabled: bool = _f(False)
+    buffer_len: int = _f(0, ge=0, doc="soft-penalty ramp length before max_new_tokens")
+    penalty_factor: float = _f(1.0, ge=0.0)
+
+
+@_section("trainer")
+@attrs.frozen(kw_only=True)
+class TrainerConfig:
+    __section__: ClassVar[str]
+    steps: int = _f(20, ge=1)
+    lr: float = _f(1e-3, gt=0.0)
+    warmup_steps: int = _f(0, ge=0)
+    weight_decay: float = _f(0.0, ge=0.0)
+    betas: tuple[float, ...] = _f((0.9, 0.999))
+    grad_clip: float = _f(1.0, ge=0.0, doc="max grad norm; 0 disables clipping")
+    clip_low: float = _f(0.2, ge=0.0, lt=1.0)
+    clip_high: float = _f(0.28, ge=0.0)
+    use_tis: bool = _f(True)
+    tis_cap: float = _f(2.0, ge=1.0)
+    adv_eps: float = _f(1e-6, gt=0.0)
+    dynamic_sampling: bool = _f(False, doc="drop groups whose rewards are all equal")
+    mini_batches: int = _f(1, ge=1, doc="optimizer updates per training step")
+    micro_batch_size: int = _f(0, ge=0, doc="samples per forward; 0 = whole mini-batch")
+    overlong: OverlongConfig = attrs.field(factory=OverlongConfig, validator=_validate_field)
+    device: Literal["auto", "cpu", "cuda"] = _f("auto")
+    fsdp: bool = _f(False, doc="FSDP2 (fully_shard) across torch.distributed ranks")
+    num_gpus: int = _f(0, ge=0, doc="GPUs for the trainer actor(s) (FSDP world size)")
+    torch_threads: int = _f(0, ge=0, doc="0 = torch default")
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigError(
+                f"trainer.betas must be two numbers in [0, 1), got {list(self.betas)}",
+                key="trainer.betas",
+                allowed="[b1, b2] with 0 <= b < 1",
+            )
+
+
+@_section("reward")
+@attrs.frozen(kw_only=True)
+class RewardConfig:
+    __section__: ClassVar[str]
+    fn: str = _f(
+        "staleflow_trainer.reward.default:compute_score",
+        doc="dotted path 'pkg.module:function' (or 'pkg.module.function')",
+    )
+    num_workers: int = _f(1, ge=1)
+    retries: int = _f(2, ge=0)
+    timeout_s: float = _f(10.0, gt=0.0)
+
+
+@_section("param_server")
+@attrs.frozen(kw_only=True)
+class ParamServerConfig:
+    __section__: ClassVar[str]
+    num_workers: int = _f(1, ge=1)
+    keep_versions: int = _f(2, ge=1)
+    transport: Literal["nixl", "local"] = _f("nixl")
+    bind_host: str = _f("127.0.0.1")
+    auth_token: str = _f("", doc="required when bind_host is not loopback")
+
+
+@_section("ray")
+@attrs.frozen(kw_only=True)
+class RayConfig:
+    __section__: ClassVar[str]
+    address: str = _f("", doc="'' = start a local Ray; else a cluster address")
+    num_cpus: int | None = _f(None, ge=1)
+    num_gpus: int | None = _f(None, ge=0)
+    object_store_mb: int = _f(512, ge=64)
+
+
+@_section("sim.workload")
+@attrs.frozen(kw_only=True)
+class SimWorkloadConfig:
+    __section__: ClassVar[str]
+    prompt_len: int = _f(256, ge=1)
+    response_len_median: int = _f(1000, ge=1)
+    response_len_sigma: float = _f(1.0, ge=0.0, doc="lognormal sigma: the tail's weight")
+    reward_mean: float = _f(0.5, ge=0.0, le=1.0, doc="P(reward=1) for synthetic rewards")
+
+
+@_section("sim")
+@attrs.frozen(kw_only=True)
+class SimConfig:
+    __section__: ClassVar[str]
+    cost_model: Literal[
+        "qwen3-30b-a3b-h20", "qwen2.5-7b-h20", "qwen2.5-14b-h20", "tiny-cpu", "custom"
+    ] = _f("tiny-cpu")
+    k1: float | None = _f(None, ge=0.0, doc="custom: s per KV token per step")
+    k2: float | None = _f(None, ge=0.0, doc="custom: floor of the max term")
+    k3: float | None = _f(None, ge=0.0, doc="custom: s per running trajectory")
+    k4: float | None = _f(None, ge=0.0, doc="custom: constant")
+    k_inner: float | None = _f(None, ge=0.0, doc="custom: intercept inside the max")
+    total_gpus: int = _f(2, ge=1)
+    rollout_gpus: int = _f(1, ge=0)
+    train_gpus: int = _f(1, ge=0)
+    gpus_per_instance: int = _f(1, ge=1)
+    kv_capacity_tokens: int = _f(65536, ge=1)
+    trainer_time_a_s: float = _f(0.5, ge=0.0)
+    trainer_time_b_s_per_token: float = _f(1e-5, ge=0.0)
+    model_bytes: int = _f(100_000_000, ge=1)
+    push_bandwidth_gb_s: float = _f(10.0, gt=0.0)
+    pull_bandwidth_gb_s: float = _f(10.0, gt=0.0)
+    transfer_overhead_s: float = _f(0.01, ge=0.0)
+    reward_time_s: float = _f(0.0, ge=0.0)
+    workload: SimWorkloadConfig = attrs.field(factory=SimWorkloadConfig, validator=_validate_field)
+
+    def __attrs_post_init__(self) -> None:
+        if self.cost_model == "custom":
+            for k in ("k1", "k2", "k3", "k4"):
+                if getattr(self, k) is None:
+                    raise ConfigError(
+                        f"sim.{k} is required when sim.cost_model is 'custom'",
+                        key=f"sim.{k}",
+                        allowed="a number >= 0",
+                    )
+        if self.rollout_gpus + self.train_gpus > self.total_gpus:
+            raise ConfigError(
+                f"sim.rollout_gpus ({self.rollout_gpus}) + sim.train_gpus ({self.train_gpus}) "
+                f"exceed sim.total_gpus ({self.total_gpus})",
+                key="sim.rollout_gpus",
+                allowed=f"<= {self.total_gpus - self.train_gpus}",
+            )
+
+
+@_section("metrics")
+@attrs.frozen(kw_only=True)
+class MetricsConfig:
+    __section__: ClassVar[str]
+    tensorboard: bool = _f(True)
+    progress_bar: bool = _f(True)
+    timeline: bool = _f(True, doc="write RUN_DIR/timeline.jsonl (instance state intervals)")
+    log_every: int = _f(1, ge=1)
+
+
+@_section("")
+@attrs.frozen(kw_only=True)
+class AppConfig:
+    __section__: ClassVar[str]
+    run: RunConfig = attrs.field(factory=RunConfig, validator=_validate_field)
+    model: ModelConfig = attrs.field(factory=ModelConfig, validator=_validate_field)
+    data: DataConfig = attrs.field(factory=DataConfig, validator=_validate_field)
+    rollout: RolloutConfig = attrs.field(factory=RolloutConfig, validator=_validate_field)
+    protocol: ProtocolConfig = attrs.field(factory=ProtocolConfig, validator=_validate_field)
+    coordinator: CoordinatorConfig = attrs.field(
+        factory=CoordinatorConfig, validator=_validate_field
+    )
+    trainer: TrainerConfig = attrs.field(factory=TrainerConfig, validator=_validate_field)
+    reward: RewardConfig = attrs.field(factory=RewardConfig, validator=_validate_field)
+    param_server: ParamServerConfig = attrs.field(
+        factory=ParamServerConfig, validator=_validate_field
+    )
+    ray: RayConfig = attrs.field(factory=RayConfig, validator=_validate_field)
+    sim: SimConfig = attrs.field(factory=SimConfig, validator=_validate_field)
+    metrics: MetricsConfig = attrs.field(factory=MetricsConfig, validator=_validate_field)
+
+    def __attrs_post_init__(self) -> None:
+        validate(self)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.run_dir)
+
+    def evolve(self, *overrides: str) -> AppConfig:
+        """A copy with ``key=value`` overrides applied (validated like the CLI's)."""
+        data = to_dict(self)
+        apply_overrides(data, overrides)
+        return from_dict(data)
+
+
+# ---------------------------------------------------------------------------------------------
+# cross-field checks
+
+
+def _err(key: str, msg: str, allowed: str) -> ConfigError:
+    return ConfigError(f"{key}: {msg}", key=key, allowed=allowed)
+
+
+def validate(cfg: AppConfig) -> None:
+    """Checks that span sections. Raises ConfigError naming the key to change."""
+    p, t, r = cfg.protocol, cfg.trainer, cfg.rollout
+    samples = p.batch_size * p.group_size
+    if samples % t.mini_batches:
+        raise _err(
+            "trainer.mini_batches",
+            f"batch of {p.batch_size}x{p.group_size}={samples} samples is not divisible into "
+            f"{t.mini_batches} mini-batches",
+            f"a divisor of {samples}",
+        )
+    mini = samples // t.mini_batches
+    if t.micro_batch_size and mini % t.micro_batch_size:
+        raise _err(
+            "trainer.micro_batch_size",
+            f"mini-batch of {mini} samples is not divisible by micro_batch_size="
+            f"{t.micro_batch_size}",
+            f"0 or a divisor of {mini}",
+        )
+    if t.fsdp and t.num_gpus > 1 and samples % t.num_gpus:
+        raise _err(
+            "trainer.num_gpus",
+            f"batch of {samples} samples is not divisible across {t.num_gpus} FSDP ranks",
+            f"a divisor of {samples}",
+        )
+    if t.fsdp and t.device == "cpu":
+        raise _err("trainer.fsdp", "FSDP2 needs trainer.device cuda or auto", "false with cpu")
+    if r.sampling.max_new_tokens >= r.max_model_len:
+        raise _err(
+            "rollout.sampling.max_new_tokens",
+            f"{r.sampling.max_new_tokens} leaves no room for a prompt within "
+            f"rollout.max_model_len={r.max_model_len}",
+            f"< {r.max_model_len}",
+        )
+    if cfg.data.max_prompt_len + r.sampling.max_new_tokens > r.max_model_len:
+        raise _err(
+            "data.max_prompt_len",
+            f"{cfg.data.max_prompt_len} + max_new_tokens {r.sampling.max_new_tokens} exceeds "
+            f"rollout.max_model_len={r.max_model_len}",
+            f"<= {r.max_model_len - r.sampling.max_new_tokens}",
+        )
+    if t.overlong.enabled and t.overlong.buffer_len > r.sampling.max_new_tokens:
+        raise _err(
+            "trainer.overlong.buffer_len",
+            f"{t.overlong.buffer_len} exceeds rollout.sampling.max_new_tokens="
+            f"{r.sampling.max_new_tokens}",
+            f"<= {r.sampling.max_new_tokens}",
+        )
+    if cfg.protocol.eta == "unbounded" and cfg.coordinator.policy not in ("staleflow", "vanilla"):
+        raise _err(
+            "protocol.eta",
+            f"'unbounded' is only meaningful with the staleflow/vanilla policies, not "
+            f"{cfg.coordinator.policy!r}",
+            "an integer >= 0",
+        )
+    if not _is_loopback(cfg.param_server.bind_host) and not cfg.param_server.auth_token:
+        raise _err(
+            "param_server.auth_token",
+            f"bind_host {cfg.param_server.bind_host!r} is not loopback; a shared token is required",
+            "a non-empty token",
+        )
+    if r.backend == "sim":
+        sim = cfg.sim
+        need = r.num_instances * sim.gpus_per_instance
+        if need > sim.rollout_gpus:
+            raise _err(
+                "rollout.num_instances",
+                f"{r.num_instances} instances x {sim.gpus_per_instance} GPUs = {need} exceed "
+                f"sim.rollout_gpus={sim.rollout_gpus}",
+                f"<= {sim.rollout_gpus // sim.gpus_per_instance}",
+            )
+    else:
+        ray = cfg.ray
+        if ray.num_cpus is not None:
+            need_cpu = r.num_instances * r.cpus_per_instance
+            if need_cpu > ray.num_cpus:
+                raise _err(
+                    "rollout.num_instances",
+                    f"{r.num_instances} instances x {r.cpus_per_instance} CPUs = {need_cpu:g} "
+                    f"exceed ray.num_cpus={ray.num_cpus}",
+                    f"<= {int(ray.num_cpus // max(r.cpus_per_instance, 1e-9))}",
+                )
+        if ray.num_gpus is not None:
+            need_gpu = r.num_instances * r.gpus_per_instance + t.num_gpus
+            if need_gpu > ray.num_gpus:
+                raise _err(
+                    "rollout.num_instances",
+                    f"{r.num_instances} instances x {r.gpus_per_instance} GPUs + "
+                    f"trainer.num_gpus {t.num_gpus} = {need_gpu:g} exceed "
+                    f"ray.num_gpus={ray.num_gpus}",
+                    f"a total <= {ray.num_gpus}",
+                )
+
+
+def _is_loopback(host: str) -> bool:
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+
+
+# ---------------------------------------------------------------------------------------------
+# loading, overrides, dumping
+
+_ALIASES = {"run_dir": "run.run_dir"}
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``"trainer.lr=3e-4"`` → ``("trainer.lr", 0.0003)`` (value parsed as a YAML scalar)."""
+    if "=" not in item:
+        raise ConfigError(
+            f"override {item!r} is not of the form key=value", key=item, allowed="key=value"
+        )
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override {item!r} has an empty key", key=item, allowed="key=value")
+    key = _ALIASES.get(key, key)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(
+            f"override {item!r}: value is not a YAML scalar ({e})", key=key, allowed="a scalar"
+        ) from None
+    if isinstance(value, float) is False and isinstance(raw, str) and _looks_like_float(raw):
+        value = float(raw)  # YAML 1.1 reads "1e-3" as a string; users mean a number
+    return key, value
+
+
+def _looks_like_float(raw: str) -> bool:
+    try:
+        float(raw)
+    except ValueError:
+        return False
+    return not raw.strip().lstrip("+-").isdigit()
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply dotted ``key=value`` overrides to a nested dict in place (schema-checked later)."""
+    for item in overrides:
+        key, value = parse_override(item)
+        parts = key.split(".")
+        node: Any = data
+        cls: Any = AppConfig
+        for depth, part in enumerate(parts):
+            here = ".".join(parts[: depth + 1])
+            names = {a.name: a for a in attrs.fields(cls)}
+            if part not in names:
+                allowed = ", ".join(sorted(names))
+                raise ConfigError(
+                    f"unknown config key {here!r}; allowed keys here: {allowed}",
+                    key=here,
+                    allowed=allowed,
+                )
+            ftype = names[part].type
+            if depth == len(parts) - 1:
+                if attrs.has(ftype) and not isinstance(value, Mapping):
+                    raise ConfigError(
+                        f"{here} is a section; set one of its keys ({here}.KEY=VALUE)",
+                        key=here,
+                        allowed=", ".join(a.name for a in attrs.fields(ftype)),
+                    )
+                node[part] = value
+            else:
+                if not attrs.has(ftype):
+                    raise ConfigError(
+                        f"unknown config key {key!r}: {here} is not a section",
+                        key=key,
+                        allowed=here,
+                    )
+                child = node.get(part)
+                if child is None:
+                    child = node[part] = {}
+                elif not isinstance(child, dict):
+                    raise ConfigError(
+                        f"{here} must be a mapping, got {child!r}", key=here, allowed="a mapping"
+                    )
+                node, cls = child, ftype
+    return data
+
+
+def from_dict(data: Mapping[str, Any]) -> AppConfig:
+    """Build and validate an :class:`AppConfig` from a nested mapping."""
+    data = dict(data)
+    for alias, target in _ALIASES.items():
+        if alias in data:
+            section, key = target.split(".")
+            sec = dict(data.get(section) or {})
+            sec[key] = data.pop(alias)
+            data[section] = sec
+    return _build(AppConfig, data, "")
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> AppConfig:
+    """Read ``path`` (YAML; None = all defaults), apply overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist", key="<file>", allowed="")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: invalid YAML: {e}", key="<file>", allowed="YAML") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(
+                f"{p}: top level must be a mapping, got {type(loaded).__name__}",
+                key="<root>",
+                allowed="a mapping of sections",
+            )
+        data = loaded
+    data = _normalize_aliases(data)
+    apply_overrides(data, overrides)
+    return from_dict(data)
+
+
+def _normalize_aliases(data: dict[str, Any]) -> dict[str, Any]:
+    data = dict(data)
+    for alias, target in _ALIASES.items():
+        if alias in data:
+            section, key = target.split(".")
+            sec = dict(data.get(section) or {})
+            sec[key] = data.pop(alias)
+            data[section] = sec
+    return data
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Plain nested dict (tuples → lists) suitable for YAML/JSON."""
+
+    def conv(_inst: Any, _a: Any, v: Any) -> Any:
+        return list(v) if isinstance(v, tuple) else v
+
+    return attrs.asdict(cfg, value_serializer=conv)
+
+
+def dump_config(cfg: AppConfig, path: str | Path) -> Path:
+    """Write the resolved config as YAML (atomically); returns the path."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    tmp.replace(p)
+    return p

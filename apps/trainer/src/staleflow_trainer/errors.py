@@ -1,0 +1,79 @@
+"""Errors raised by the StaleFlow app.
+
+Tree::
+
+    StaleflowError                 root; every app error derives from it
+    ├── ConfigError                bad config file / override (``key``, ``allowed``)
+    ├── DataError                  bad dataset (``path``, ``row``, ``field``)
+    ├── RewardError                reward plug-in could not be loaded or misbehaved (``fn``)
+    ├── TrainerError               misuse of the trainer or a malformed batch (``field``)
+    ├── CheckpointError            missing / corrupt / mismatched checkpoint (``path``)
+    └── CommandUnavailable         a CLI command whose implementation is not installed (``module``)
+"""
+
+from __future__ import annotations
+
+
+class StaleflowError(Exception):
+    """Root of the app's exceptions."""
+
+
+class ConfigError(StaleflowError):
+    """A config key is unknown, has the wrong type, or a value is out of range.
+
+    ``key`` is the full dotted key (``trainer.lr``); ``allowed`` describes the allowed values.
+    """
+
+    def __init__(self, message: str, *, key: str, allowed: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.allowed = allowed
+
+
+class DataError(StaleflowError):
+    """A dataset file is missing, unreadable, or a row lacks a required field."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        row: int | None = None,
+        field: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.path = path
+        self.row = row
+        self.field = field
+
+
+class RewardError(StaleflowError):
+    """A reward function could not be loaded, or returned something that is not a score."""
+
+    def __init__(self, message: str, *, fn: str | None = None) -> None:
+        super().__init__(message)
+        self.fn = fn
+
+
+class TrainerError(StaleflowError):
+    """The trainer was misused or handed a malformed batch."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class CheckpointError(StaleflowError):
+    """A checkpoint is missing, corrupt (checksum mismatch) or does not match the model."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class CommandUnavailable(StaleflowError):
+    """A CLI command's implementation module is not installed / not written yet."""
+
+    def __init__(self, message: str, *, module: str) -> None:
+        super().__init__(message)
+        self.module = module
