@@ -68,7 +68,7 @@ def test_trace_replay(tmp_path: Path) -> None:
 def test_bad_trace(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text("12\n-3\n")
-    with pytest.raises(InvalidRequest, match="bad.jsonl:2"):
+    with pytest.raises(InvalidRequest, match=r"bad\.jsonl:2"):
         LengthSampler(WorkloadConfig(kind="trace", trace_path=str(path)))
 
 
