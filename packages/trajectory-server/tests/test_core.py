@@ -12,6 +12,7 @@ from trajectory_server import (
     EventKind,
     FinishReason,
     LocationState,
+    QueueEntry,
     SamplingParams,
     Segment,
     Trajectory,
@@ -151,8 +152,17 @@ def test_route_is_all_or_nothing(store: TrajectoryStore) -> None:
 def test_return_partial_appends_and_requeues_at_v_traj(store: TrajectoryStore) -> None:
     store.route("i0", ["a/0", "a/1"], 2)
     back = store.return_partial("i0", [seg("a/1", 0, [7, 8, 9], version=2)])
-    assert back[0].generated_token_ids.tolist() == [7, 8, 9]
-    assert back[0].interruptions == 1
+    assert back == (
+        QueueEntry(
+            trajectory_id="a/1",
+            group_id="a",
+            v_traj=2,
+            prompt_len=3,
+            generated_len=3,
+            interruptions=1,
+        ),
+    )
+    assert store.get("a/1").generated_token_ids.tolist() == [7, 8, 9]
     assert state(store) == {
         "where": {
             "a/0": ("running", "i0"),
@@ -173,7 +183,8 @@ def test_return_partial_appends_and_requeues_at_v_traj(store: TrajectoryStore) -
         logprobs=[-0.5, -0.5, -0.5, -0.75],
         versions=[2, 2, 2, 4],
     )
-    t = store.return_partial("i1", [whole])[0]
+    store.return_partial("i1", [whole])
+    t = store.get("a/1")
     assert t.generated_token_ids.tolist() == [7, 8, 9, 10]
     assert t.generated_versions.tolist() == [2, 2, 2, 4]
     assert t.generated_logprobs.tolist() == [-0.5, -0.5, -0.5, -0.75]
@@ -228,7 +239,8 @@ def test_out_of_order_and_conflicting_segments_rejected(store: TrajectoryStore) 
         store.return_partial("i0", [seg("a/0", 0, [1])])
     assert store.to_dict() == before
     # a replay of the exact held prefix plus new tokens is fine
-    t = store.return_partial("i0", [seg("a/0", 1, [2, 3])])[0]
+    store.return_partial("i0", [seg("a/0", 1, [2, 3])])
+    t = store.get("a/0")
     assert t.generated_token_ids.tolist() == [1, 2, 3]
 
 

@@ -55,7 +55,8 @@ async def run_lifecycle(c: Any) -> None:
     assert [t.v_traj for t in routed] == [2, 2]
     assert routed[0].metadata == {"gt": "7"}
     back = await c.return_partial("inst-a", [seg("g/0", 0, 4, 2)])
-    assert back[0].generated_token_ids.tolist() == [0, 1, 2, 3]
+    assert [(e.trajectory_id, e.generated_len, e.interruptions) for e in back] == [("g/0", 4, 1)]
+    assert (await c.get("g/0")).generated_token_ids.tolist() == [0, 1, 2, 3]
     assert [(e.trajectory_id, e.v_traj, e.generated_len) for e in await c.queue_view()] == [
         ("g/0", 2, 4),
         ("g/2", None, 0),

@@ -124,6 +124,17 @@ class _Queue:
                 yield key[2]
 
 
+def _entry(t: Trajectory) -> QueueEntry:
+    return QueueEntry(
+        trajectory_id=t.trajectory_id,
+        group_id=t.group_id,
+        v_traj=t.v_traj,
+        prompt_len=t.prompt_len,
+        generated_len=t.generated_len,
+        interruptions=t.interruptions,
+    )
+
+
 class TrajectoryStore:
     """Synchronous store of trajectory payloads; see the module docstring for the rules."""
 
@@ -266,9 +277,10 @@ class TrajectoryStore:
 
     def return_partial(
         self, instance_id: str, segments: Sequence[Segment]
-    ) -> tuple[Trajectory, ...]:
+    ) -> tuple[QueueEntry, ...]:
         """Interrupt/Return: take back partial output from ``instance_id``; the trajectories go
-        back to the queue at their ``v_traj`` level with one more interruption. All or nothing."""
+        back to the queue at their ``v_traj`` level with one more interruption. All or nothing.
+        Returns their light queue entries (the payloads stay here; ``get`` reads one)."""
         planned = self._plan_output(instance_id, segments, final=False)
         out = []
         for seg, t in planned:
@@ -283,7 +295,7 @@ class TrajectoryStore:
                 instance_id=instance_id,
                 generated_len=t.generated_len,
             )
-            out.append(t)
+            out.append(_entry(t))
         return tuple(out)
 
     def finish(
@@ -540,17 +552,7 @@ class TrajectoryStore:
         for tid in self._queue.iter(level):
             if limit is not None and len(out) >= limit:
                 break
-            t = self._payload[tid]
-            out.append(
-                QueueEntry(
-                    trajectory_id=tid,
-                    group_id=t.group_id,
-                    v_traj=t.v_traj,
-                    prompt_len=t.prompt_len,
-                    generated_len=t.generated_len,
-                    interruptions=t.interruptions,
-                )
-            )
+            out.append(_entry(self._payload[tid]))
         return tuple(out)
 
     def level_counts(self) -> dict[int | None, int]:

@@ -79,6 +79,8 @@ class _Packed:
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
             start, stop, step = index.indices(len(self))
+            if step == 1 and start == 0 and stop >= len(self):
+                return self
             if step == 1:
                 return type(self).from_bytes(
                     self._data[start * self.itemsize : max(start, stop) * self.itemsize]
@@ -112,16 +114,52 @@ class _Packed:
 class IntArray(_Packed):
     """Immutable int32 array (token ids, per-token versions)."""
 
-    __slots__ = ()
+    __slots__ = ("_min",)
     typecode = "i"
     itemsize = 4
     kind = "int32 array"
 
     def min(self) -> int | None:
-        return min(self._view()) if self._data else None
+        """Smallest element (None if empty); cached, and carried through ``+``."""
+        try:
+            return self._min  # type: ignore[no-any-return]
+        except AttributeError:
+            pass
+        if not self._data:
+            value = None
+        elif len(self._data) >= _NUMPY_THRESHOLD and _numpy() is not None:
+            value = int(_numpy().frombuffer(self._data, dtype="<i4").min())
+        else:
+            value = min(self._view())
+        self._min = value
+        return value
 
     def max(self) -> int | None:
         return max(self._view()) if self._data else None
+
+    def __add__(self, other: Any) -> Any:
+        out = super().__add__(other)
+        if out is not NotImplemented:
+            mins = [m for m in (self.min(), other.min()) if m is not None]
+            out._min = min(mins) if mins else None
+        return out
+
+
+_NUMPY_THRESHOLD = 512
+_np: Any = None
+
+
+def _numpy() -> Any:
+    """numpy if installed (an optional speed-up for large arrays; never required)."""
+    global _np
+    if _np is None:
+        try:
+            import numpy
+        except ImportError:  # pragma: no cover - the workspace has numpy
+            _np = False
+        else:
+            _np = numpy
+    return _np or None
 
 
 class FloatArray(_Packed):

@@ -393,11 +393,11 @@ def _stats_from_plain(value: Any, path: str) -> StoreStats:
 
 
 def encode_result(req: Any, result: Any) -> Any:
-    if isinstance(req, Route | ReturnPartial | Get):
+    if isinstance(req, Route | Get):
         return [_plain.trajectory_to_plain(t, True) for t in result]
     if isinstance(req, Finish | Release | GetFinished):
         return [_plain.finished_to_plain(f, True) for f in result]
-    if isinstance(req, QueueView):
+    if isinstance(req, QueueView | ReturnPartial):
         return [_plain.entry_to_plain(e) for e in result]
     if isinstance(req, Stats):
         return _stats_to_plain(result)
@@ -412,11 +412,11 @@ def encode_result(req: Any, result: Any) -> Any:
 
 def decode_result(req: Any, body: Any) -> Any:
     path = f"{req.TYPE}.result"
-    if isinstance(req, Route | ReturnPartial | Get):
+    if isinstance(req, Route | Get):
         return _list_of(body, path, _plain.trajectory_from_plain)
     if isinstance(req, Finish | Release | GetFinished):
         return _list_of(body, path, _plain.finished_from_plain)
-    if isinstance(req, QueueView):
+    if isinstance(req, QueueView | ReturnPartial):
         if not isinstance(body, list):
             raise MalformedMessage(f"{path}: must be a list", field=path)
         return tuple(_plain.entry_from_plain(v, f"{path}[{i}]") for i, v in enumerate(body))

@@ -96,7 +96,7 @@ class _Client(abc.ABC):
 
     async def return_partial(
         self, instance_id: str, segments: Sequence[Segment]
-    ) -> tuple[Trajectory, ...]:
+    ) -> tuple[QueueEntry, ...]:
         req = _wire.ReturnPartial(instance_id=instance_id, segments=tuple(segments))
         return await self._call(req)  # type: ignore[no-any-return]
 
