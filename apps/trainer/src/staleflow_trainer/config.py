@@ -305,18 +305,53 @@ class ProtocolConfig:
     stuck_threshold: int = _f(4, ge=0, doc="abort stragglers of a buffer lacking <= this many")
 
 
+POLICIES = (
+    "staleflow",
+    "sync",
+    "one-step",
+    "coarse-async",
+    "vanilla-routing",
+    "vanilla-sync",
+    "vanilla-migration",
+    "all-vanilla",
+)
+COST_MODEL_PRESETS = ("qwen3-30b-a3b-h20", "qwen-7b-h20", "qwen-14b-h20")
+_BASELINES = ("sync", "one-step", "coarse-async")
+
+
 @_section("coordinator")
 @attrs.frozen(kw_only=True)
 class CoordinatorConfig:
+    """Mirrors ``rollout_coordinator.CoordinatorConfig`` (names and defaults)."""
+
     __section__: ClassVar[str]
-    policy: Literal["staleflow", "vanilla", "sync", "one_step", "strict_async"] = _f("staleflow")
+    policy: Literal[
+        "staleflow",
+        "sync",
+        "one-step",
+        "coarse-async",
+        "vanilla-routing",
+        "vanilla-sync",
+        "vanilla-migration",
+        "all-vanilla",
+    ] = _f("staleflow")
+    cost_model: str = _f(
+        "qwen3-30b-a3b-h20", doc="routing cost model: a preset name or a fitted JSON file"
+    )
     theta: float = _f(0.3, gt=0.0, le=1.0, doc="min marginal-gain fraction to route")
+    route_kv_limit: float = _f(0.9, gt=0.0, le=1.0)
+    sync_kv_threshold: float = _f(0.3, ge=0.0, le=1.0, doc="sync only below this KV usage")
     migration_ratio: float = _f(5.0, gt=1.0, doc="load ratio that triggers migration")
-    sync_kv_threshold: float = _f(0.5, ge=0.0, le=1.0, doc="sync only below this KV usage")
+    migration_indicator: Literal["kv", "running", "waiting", "throughput"] = _f("kv")
     snapshot_interval_s: float = _f(0.05, gt=0.0)
-    enable_routing: bool = _f(True)
-    enable_sync: bool = _f(True)
-    enable_migration: bool = _f(True)
+
+    def __attrs_post_init__(self) -> None:
+        if self.cost_model not in COST_MODEL_PRESETS and not self.cost_model.endswith(".json"):
+            raise ConfigError(
+                f"coordinator.cost_model {self.cost_model!r} is neither a preset nor a .json file",
+                key="coordinator.cost_model",
+                allowed=f"one of {list(COST_MODEL_PRESETS)} or a path ending in .json",
+            )
 
 
 @_section("trainer.overlong")
@@ -409,14 +444,14 @@ class SimWorkloadConfig:
 @attrs.frozen(kw_only=True)
 class SimConfig:
     __section__: ClassVar[str]
-    cost_model: Literal[
-        "qwen3-30b-a3b-h20", "qwen2.5-7b-h20", "qwen2.5-14b-h20", "tiny-cpu", "custom"
-    ] = _f("tiny-cpu")
+    cost_model: Literal["qwen3-30b-a3b-h20", "qwen-7b-h20", "qwen-14b-h20", "custom"] = _f(
+        "qwen-7b-h20"
+    )
     k1: float | None = _f(None, ge=0.0, doc="custom: s per KV token per step")
     k2: float | None = _f(None, ge=0.0, doc="custom: floor of the max term")
     k3: float | None = _f(None, ge=0.0, doc="custom: s per running trajectory")
     k4: float | None = _f(None, ge=0.0, doc="custom: constant")
-    k_inner: float | None = _f(None, ge=0.0, doc="custom: intercept inside the max")
+    b: float | None = _f(None, ge=0.0, doc="custom: intercept inside the max")
     total_gpus: int = _f(2, ge=1)
     rollout_gpus: int = _f(1, ge=0)
     train_gpus: int = _f(1, ge=0)
@@ -550,11 +585,10 @@ def validate(cfg: AppConfig) -> None:
             f"{r.sampling.max_new_tokens}",
             f"<= {r.sampling.max_new_tokens}",
         )
-    if cfg.protocol.eta == "unbounded" and cfg.coordinator.policy not in ("staleflow", "vanilla"):
+    if cfg.protocol.eta == "unbounded" and cfg.coordinator.policy in _BASELINES:
         raise _err(
             "protocol.eta",
-            f"'unbounded' is only meaningful with the staleflow/vanilla policies, not "
-            f"{cfg.coordinator.policy!r}",
+            f"'unbounded' is not meaningful with the {cfg.coordinator.policy!r} baseline",
             "an integer >= 0",
         )
     if not _is_loopback(cfg.param_server.bind_host) and not cfg.param_server.auth_token:

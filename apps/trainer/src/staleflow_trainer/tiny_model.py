@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import attrs
 import structlog
@@ -102,3 +103,30 @@ def make_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> P
     marker.write_text(json.dumps(wanted))
     log.info("tiny_model_created", path=str(out), vocab=len(tokenizer), **wanted)
     return out
+
+
+def resolve_model_path(cfg: Any) -> Path:  # cfg: staleflow_trainer.config.AppConfig
+    """The run's model directory: ``model.path`` if set (must exist), else a tiny Qwen2 made
+    (once) in ``RUN_DIR/model`` from ``model.tiny`` seeded with ``run.seed``."""
+    from staleflow_trainer.errors import ConfigError
+
+    if cfg.model.path:
+        p = Path(cfg.model.path)
+        if not (p / "config.json").is_file():
+            raise ConfigError(
+                f"model.path {str(p)!r} is not a Hugging Face model directory (no config.json)",
+                key="model.path",
+                allowed="a save_pretrained directory, or '' for a tiny local model",
+            )
+        return p
+    t = cfg.model.tiny
+    spec = TinyModelSpec(
+        hidden_size=t.hidden_size,
+        intermediate_size=t.intermediate_size,
+        num_layers=t.num_layers,
+        num_heads=t.num_heads,
+        num_kv_heads=t.num_kv_heads,
+        max_position_embeddings=t.max_position_embeddings,
+        seed=cfg.run.seed,
+    )
+    return make_tiny_model(Path(cfg.run.run_dir) / "model", spec)

@@ -1,0 +1,374 @@
+"""SimSpec: every knob of one simulated run, resolved and validated, independent of YAML.
+
+The app's :class:`~staleflow_trainer.config.AppConfig` is the user-facing schema; the simulator
+reads it once (:func:`spec_from_app_config`) into this flat record so the event loop, the
+comparison and the planner can vary one field (policy, η, split) with ``attrs.evolve`` and
+nothing else. Every constant of the timing models lives here.
+
+Time models
+-----------
+* Trainer step, ``trainer_model="linear"``: ``a + b·tokens``.
+* Trainer step, ``trainer_model="flops"``: ``8 · active_params · tokens /
+  (train_gpus · peak_flops_per_gpu · mfu) + train_overhead_s`` (forward + backward + one forward
+  for the old log-probs: 2 + 4 + 2 FLOPs per parameter per token).
+* Param push (trainer → param server) and pull (param server → instance):
+  ``model_bytes / bandwidth + transfer_overhead_s``. The push follows every step and blocks the
+  trainer (its ranks write their shards); a pull is the instance's weight load.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+
+from staleflow_trainer.errors import ConfigError
+
+#: Policies of the coordinator registry the simulator can run.
+POLICIES = (
+    "staleflow",
+    "vanilla-routing",
+    "vanilla-sync",
+    "vanilla-migration",
+    "all-vanilla",
+    "sync",
+    "one-step",
+    "coarse-async",
+)
+#: Policies whose η is fixed by the system they model.
+FIXED_ETA = {"sync": 0, "one-step": 1}
+#: Policies that run StaleFlow's protocol mechanisms (stuck-buffer resolution).
+STALEFLOW_FAMILY = (
+    "staleflow",
+    "vanilla-routing",
+    "vanilla-sync",
+    "vanilla-migration",
+    "all-vanilla",
+)
+#: App-config policy spellings → registry names.
+POLICY_ALIASES = {"vanilla": "all-vanilla", "one_step": "one-step", "strict_async": "coarse-async"}
+
+
+def _ge(low: float) -> Any:
+    def check(inst: Any, a: attrs.Attribute[Any], v: Any) -> None:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not v >= low:
+            raise ConfigError(
+                f"sim.{a.name} must be >= {low}, got {v!r}",
+                key=f"sim.{a.name}",
+                allowed=f">= {low}",
+            )
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(
+                f"sim.{a.name} must be finite, got {v!r}",
+                key=f"sim.{a.name}",
+                allowed="a finite number",
+            )
+
+    return check
+
+
+def _gt(low: float) -> Any:
+    def check(inst: Any, a: attrs.Attribute[Any], v: Any) -> None:
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, int | float)
+            or not v > low
+            or not math.isfinite(v)
+        ):
+            raise ConfigError(
+                f"sim.{a.name} must be > {low}, got {v!r}", key=f"sim.{a.name}", allowed=f"> {low}"
+            )
+
+    return check
+
+
+def _one_of(*choices: str) -> Any:
+    def check(inst: Any, a: attrs.Attribute[Any], v: Any) -> None:
+        if v not in choices:
+            raise ConfigError(
+                f"sim.{a.name} must be one of {list(choices)}, got {v!r}",
+                key=f"sim.{a.name}",
+                allowed=", ".join(choices),
+            )
+
+    return check
+
+
+@attrs.frozen(kw_only=True)
+class SimSpec:
+    """One simulated run. Units: seconds, tokens, bytes, FLOP/s."""
+
+    # --- what runs
+    policy: str = attrs.field(default="staleflow", validator=_one_of(*POLICIES))
+    eta: int = attrs.field(default=1, validator=_ge(0))
+    steps: int = attrs.field(default=20, validator=_gt(0))
+    seed: int = attrs.field(default=0, validator=_ge(0))
+    batch_size: int = attrs.field(default=8, validator=_gt(0))
+    group_size: int = attrs.field(default=8, validator=_gt(0))
+    stuck_threshold: int = attrs.field(default=0, validator=_ge(0))  # 0 = off
+    #: Resolve a stuck buffer only after the trainer has waited this long for it.
+    stuck_after_s: float = attrs.field(default=5.0, validator=_ge(0))
+    dynamic_sampling: bool = False
+
+    # --- GPU budget
+    total_gpus: int = attrs.field(default=2, validator=_gt(0))
+    #: Disaggregated split (ignored by the colocated ``sync`` policy, which uses all GPUs).
+    rollout_gpus: int = attrs.field(default=1, validator=_gt(0))
+    train_gpus: int = attrs.field(default=1, validator=_gt(0))
+    gpus_per_instance: int = attrs.field(default=1, validator=_gt(0))
+
+    # --- engines
+    cost_model: str = "tiny-cpu"
+    k1: float = attrs.field(default=1e-7, validator=_ge(0))
+    k2: float = attrs.field(default=2e-3, validator=_ge(0))
+    k3: float = attrs.field(default=5e-5, validator=_ge(0))
+    k4: float = attrs.field(default=2e-4, validator=_ge(0))
+    k_inner: float = attrs.field(default=0.0, validator=_ge(0))
+    max_running: int = attrs.field(default=64, validator=_gt(0))
+    kv_capacity_tokens: int = attrs.field(default=65_536, validator=_gt(0))
+    prefill_s_per_token: float = attrs.field(default=0.0, validator=_ge(0))
+
+    # --- workload (response lengths: capped lognormal, group-correlated)
+    prompt_len: int = attrs.field(default=256, validator=_gt(0))  # median
+    prompt_len_max: int = attrs.field(default=512, validator=_gt(0))
+    prompt_len_sigma: float = attrs.field(default=0.3, validator=_ge(0))
+    response_len_median: int = attrs.field(default=1000, validator=_gt(0))
+    response_len_sigma: float = attrs.field(default=1.0, validator=_ge(0))
+    max_response_len: int = attrs.field(default=4096, validator=_gt(0))
+    group_correlation: float = attrs.field(default=0.5, validator=_ge(0))
+    reward_mean: float = attrs.field(default=0.5, validator=_ge(0))
+
+    # --- trainer and transfers
+    trainer_model: str = attrs.field(default="linear", validator=_one_of("linear", "flops"))
+    trainer_time_a_s: float = attrs.field(default=0.5, validator=_ge(0))
+    trainer_time_b_s_per_token: float = attrs.field(default=1e-5, validator=_ge(0))
+    active_params: float = attrs.field(default=3e9, validator=_gt(0))
+    peak_flops_per_gpu: float = attrs.field(default=148e12, validator=_gt(0))
+    mfu: float = attrs.field(default=0.3, validator=_gt(0))
+    train_overhead_s: float = attrs.field(default=5.0, validator=_ge(0))
+    model_bytes: int = attrs.field(default=100_000_000, validator=_gt(0))
+    push_bandwidth_gb_s: float = attrs.field(default=10.0, validator=_gt(0))
+    pull_bandwidth_gb_s: float = attrs.field(default=10.0, validator=_gt(0))
+    transfer_overhead_s: float = attrs.field(default=0.01, validator=_ge(0))
+    reward_time_s: float = attrs.field(default=0.0, validator=_ge(0))
+
+    # --- coordinator
+    cycle_period_s: float = attrs.field(default=0.1, validator=_gt(0))
+    theta: float = attrs.field(default=0.3, validator=_gt(0))
+    migration_ratio: float = attrs.field(default=5.0, validator=_gt(1))
+    sync_kv_threshold: float = attrs.field(default=0.3, validator=_ge(0))
+
+    # --- measurement
+    #: Steps excluded from throughput (pipeline fill); tokens/s counts steps after these.
+    warmup_steps: int = attrs.field(default=2, validator=_ge(0))
+    timeline: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        if self.policy in FIXED_ETA and self.eta != FIXED_ETA[self.policy]:
+            raise ConfigError(
+                f"policy {self.policy!r} models a fixed staleness: eta must be "
+                f"{FIXED_ETA[self.policy]}, got {self.eta}",
+                key="protocol.eta",
+                allowed=str(FIXED_ETA[self.policy]),
+            )
+        if self.policy != "sync" and self.rollout_gpus + self.train_gpus > self.total_gpus:
+            raise ConfigError(
+                f"sim.rollout_gpus ({self.rollout_gpus}) + sim.train_gpus ({self.train_gpus}) "
+                f"exceed sim.total_gpus ({self.total_gpus})",
+                key="sim.rollout_gpus",
+                allowed=f"<= {self.total_gpus - self.train_gpus}",
+            )
+        if self.warmup_steps >= self.steps:
+            raise ConfigError(
+                f"sim.warmup_steps ({self.warmup_steps}) must be < trainer.steps ({self.steps})",
+                key="sim.warmup_steps",
+                allowed=f"< {self.steps}",
+            )
+        if self.prompt_len_max + self.max_response_len > self.kv_capacity_tokens:
+            raise ConfigError(
+                f"one full trajectory ({self.prompt_len_max} + {self.max_response_len} tokens) "
+                f"must fit in sim.kv_capacity_tokens={self.kv_capacity_tokens}",
+                key="sim.kv_capacity_tokens",
+                allowed=f">= {self.prompt_len_max + self.max_response_len}",
+            )
+        if self.stuck_threshold and self.stuck_threshold >= self.batch_size:
+            raise ConfigError(
+                f"protocol.stuck_threshold ({self.stuck_threshold}) must be < batch_size "
+                f"({self.batch_size}) or 0 (off)",
+                key="protocol.stuck_threshold",
+                allowed=f"0..{self.batch_size - 1}",
+            )
+        if self.reward_mean > 1 or self.group_correlation > 1 or self.sync_kv_threshold > 1:
+            raise ConfigError(
+                "sim.reward_mean, sim.workload.group_correlation and coordinator.sync_kv_threshold "
+                "must be <= 1",
+                key="sim.reward_mean",
+                allowed="[0, 1]",
+            )
+        if self.prompt_len > self.prompt_len_max:
+            raise ConfigError(
+                f"sim.prompt_len ({self.prompt_len}) exceeds sim.prompt_len_max "
+                f"({self.prompt_len_max})",
+                key="sim.prompt_len",
+                allowed=f"<= {self.prompt_len_max}",
+            )
+
+    # ---- derived ----------------------------------------------------------------------------
+
+    @property
+    def colocated(self) -> bool:
+        return self.policy == "sync"
+
+    @property
+    def rollout_gpus_used(self) -> int:
+        return self.total_gpus if self.colocated else self.rollout_gpus
+
+    @property
+    def train_gpus_used(self) -> int:
+        return self.total_gpus if self.colocated else self.train_gpus
+
+    @property
+    def num_instances(self) -> int:
+        return max(1, self.rollout_gpus_used // self.gpus_per_instance)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.prompt_len_max + self.max_response_len
+
+    def train_seconds(self, tokens: int) -> float:
+        """Modeled compute time of one training step on ``tokens`` (prompt + response)."""
+        if self.trainer_model == "linear":
+            return self.trainer_time_a_s + self.trainer_time_b_s_per_token * tokens
+        flops = 8.0 * self.active_params * tokens
+        rate = self.train_gpus_used * self.peak_flops_per_gpu * self.mfu
+        return flops / rate + self.train_overhead_s
+
+    @property
+    def push_seconds(self) -> float:
+        return self.model_bytes / (self.push_bandwidth_gb_s * 1e9) + self.transfer_overhead_s
+
+    @property
+    def pull_seconds(self) -> float:
+        return self.model_bytes / (self.pull_bandwidth_gb_s * 1e9) + self.transfer_overhead_s
+
+    def with_policy(self, policy: str, eta: int | None = None) -> SimSpec:
+        """This spec for another policy (η forced for the fixed-η baselines)."""
+        policy = POLICY_ALIASES.get(policy, policy)
+        if policy in FIXED_ETA:
+            eta = FIXED_ETA[policy]
+        return attrs.evolve(self, policy=policy, eta=self.eta if eta is None else eta)
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+def spec_from_app_config(cfg: Any) -> SimSpec:
+    """Read the simulator's fields out of an ``AppConfig`` (fields it lacks keep SimSpec
+    defaults, so the app's schema and this record can grow independently)."""
+    sim = cfg.sim
+    wl = getattr(sim, "workload", None)
+    proto = cfg.protocol
+    coord = cfg.coordinator
+    kw: dict[str, Any] = {}
+
+    def take(obj: Any, name: str, target: str | None = None) -> None:
+        if obj is not None and hasattr(obj, name) and getattr(obj, name) is not None:
+            kw[target or name] = getattr(obj, name)
+
+    policy = POLICY_ALIASES.get(coord.policy, coord.policy)
+    kw["policy"] = policy
+    eta = proto.eta
+    if eta == "unbounded":
+        raise ConfigError(
+            "the simulator needs a finite protocol.eta",
+            key="protocol.eta",
+            allowed="an integer >= 0",
+        )
+    kw["eta"] = FIXED_ETA.get(policy, eta)
+    kw["steps"] = cfg.trainer.steps
+    kw["seed"] = cfg.run.seed
+    kw["batch_size"] = proto.batch_size
+    kw["group_size"] = proto.group_size
+    take(proto, "stuck_threshold")
+    kw["dynamic_sampling"] = bool(getattr(cfg.trainer, "dynamic_sampling", False))
+    for name in ("theta", "migration_ratio", "sync_kv_threshold"):
+        take(coord, name)
+    take(cfg.rollout, "max_running")
+    for name in (
+        "total_gpus",
+        "rollout_gpus",
+        "train_gpus",
+        "gpus_per_instance",
+        "cost_model",
+        "k1",
+        "k2",
+        "k3",
+        "k4",
+        "k_inner",
+        "kv_capacity_tokens",
+        "prefill_s_per_token",
+        "trainer_model",
+        "trainer_time_a_s",
+        "trainer_time_b_s_per_token",
+        "active_params",
+        "peak_flops_per_gpu",
+        "mfu",
+        "train_overhead_s",
+        "model_bytes",
+        "push_bandwidth_gb_s",
+        "pull_bandwidth_gb_s",
+        "transfer_overhead_s",
+        "reward_time_s",
+        "cycle_period_s",
+        "warmup_steps",
+        "stuck_after_s",
+    ):
+        take(sim, name)
+    for name in (
+        "prompt_len",
+        "prompt_len_max",
+        "prompt_len_sigma",
+        "response_len_median",
+        "response_len_sigma",
+        "max_response_len",
+        "group_correlation",
+        "reward_mean",
+    ):
+        take(wl, name)
+    metrics = getattr(cfg, "metrics", None)
+    take(metrics, "timeline")
+    if kw.get("cost_model") in COST_PRESETS:
+        kw.update(COST_PRESETS[kw["cost_model"]])
+    if "prompt_len_max" not in kw and "prompt_len" in kw:
+        kw["prompt_len_max"] = max(kw["prompt_len"], SimSpec().prompt_len_max)
+    if "warmup_steps" not in kw:
+        kw["warmup_steps"] = min(SimSpec().warmup_steps, kw["steps"] - 1)
+    return SimSpec(**kw)
+
+
+#: Engine cost-model presets (DESIGN §5 fits, H20 TP1; ``tiny-cpu`` is a small made-up model).
+COST_PRESETS: dict[str, dict[str, float]] = {
+    "qwen3-30b-a3b-h20": {
+        "k1": 7.28e-8,
+        "k2": 0.01151,
+        "k_inner": 0.00979,
+        "k3": 1.249e-4,
+        "k4": 8.67e-4,
+    },
+    "qwen2.5-7b-h20": {
+        "k1": 3.35e-8,
+        "k2": 0.0064,
+        "k_inner": 0.0027,
+        "k3": 1.231e-4,
+        "k4": 0.0028,
+    },
+    "qwen2.5-14b-h20": {
+        "k1": 1.165e-7,
+        "k2": 0.0123,
+        "k_inner": 0.00491,
+        "k3": 2.441e-4,
+        "k4": 0.00197,
+    },
+    "tiny-cpu": {"k1": 1e-7, "k2": 2e-3, "k_inner": 0.0, "k3": 5e-5, "k4": 2e-4},
+}

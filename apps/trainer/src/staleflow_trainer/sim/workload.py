@@ -1,0 +1,81 @@
+"""The simulated prompt stream: group ``g`` is the same in every run with the same seed.
+
+Groups are drawn in chunks of :data:`CHUNK`; chunk ``c`` uses sub-stream ``c`` of the response
+length sampler (capped lognormal, group-correlated; ``engine_adapters.workload``) and its own
+generator for prompt lengths and reward rates. A policy that consumes more groups (aborts,
+filtering, redundancy) just reads further down the same stream, so every policy sees the same
+workload in the same order.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from engine_adapters.workload import LengthSampler, WorkloadConfig
+from staleflow_trainer.sim.spec import SimSpec
+
+CHUNK = 64
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class GroupDraw:
+    index: int
+    prompt_len: int
+    response_lens: tuple[int, ...]  # one true (uncapped-by-engine) length per member
+    reward_rate: float  # P(reward = 1) of each member
+    rewards: tuple[float, ...]  # Bernoulli(reward_rate) draws, one per member
+
+
+class PromptStream:
+    """Deterministic, unbounded sequence of groups for one spec (seed, lengths, group size)."""
+
+    def __init__(self, spec: SimSpec) -> None:
+        self.spec = spec
+        self._sampler = LengthSampler(
+            WorkloadConfig(
+                kind="lognormal",
+                median=float(spec.response_len_median),
+                sigma=spec.response_len_sigma,
+                max_length=spec.max_response_len,
+                group_correlation=spec.group_correlation,
+                seed=spec.seed,
+            )
+        )
+        self._chunks: dict[int, list[GroupDraw]] = {}
+
+    def group(self, index: int) -> GroupDraw:
+        c, i = divmod(index, CHUNK)
+        chunk = self._chunks.get(c)
+        if chunk is None:
+            chunk = self._chunks[c] = self._draw(c)
+        return chunk[i]
+
+    def _draw(self, c: int) -> list[GroupDraw]:
+        s = self.spec
+        lens = self._sampler.groups(CHUNK, s.group_size, stream=c)
+        rng = np.random.default_rng([s.seed, 7919, c])
+        prompts = np.clip(
+            np.rint(s.prompt_len * np.exp(s.prompt_len_sigma * rng.standard_normal(CHUNK))),
+            1,
+            s.prompt_len_max,
+        ).astype(np.int64)
+        # Per-group reward rate: Beta with the configured mean (concentration 2), so some groups
+        # are all-0 / all-1 (what dynamic sampling filters), most are mixed.
+        m = min(max(s.reward_mean, 1e-3), 1 - 1e-3)
+        rates = rng.beta(2 * m, 2 * (1 - m), CHUNK)
+        draws = rng.random((CHUNK, s.group_size)) < rates[:, None]
+        return [
+            GroupDraw(
+                index=c * CHUNK + k,
+                prompt_len=int(prompts[k]),
+                response_lens=tuple(int(x) for x in lens[k]),
+                reward_rate=float(rates[k]),
+                rewards=tuple(1.0 if d else 0.0 for d in draws[k]),
+            )
+            for k in range(CHUNK)
+        ]
+
+    def reward(self, group_index: int, member: int) -> float:
+        """Synthetic reward of one member (deterministic per group and member)."""
+        return self.group(group_index).rewards[member]
