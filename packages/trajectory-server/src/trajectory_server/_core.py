@@ -548,7 +548,7 @@ class TrajectoryStore:
         """Queued trajectories in service order (light records), optionally one level only."""
         if limit is not None and (not is_int(limit) or limit < 0):
             raise InvalidRecord(f"limit must be an int >= 0 or None, got {limit!r}", field="limit")
-        out = []
+        out: list[QueueEntry] = []
         for tid in self._queue.iter(level):
             if limit is not None and len(out) >= limit:
                 break
@@ -674,30 +674,30 @@ class TrajectoryStore:
     @classmethod
     def _from_dict(cls, state: Mapping[str, Any]) -> TrajectoryStore:
         r = _plain.Reader(dict(state), "state", CheckpointCorrupt)
-        fmt = r.str("format")
+        fmt = r.text("format")
         if fmt != STATE_FORMAT:
             r.fail("state.format", f"must be {STATE_FORMAT!r}, got {fmt!r:.60}")
         store = cls()
-        store._event_seq = r.int("event_seq")
-        store._enqueue_seq = r.int("enqueue_seq")
-        for i, p in enumerate(r.list("payloads")):
+        store._event_seq = r.integer("event_seq")
+        store._enqueue_seq = r.integer("enqueue_seq")
+        for i, p in enumerate(r.items("payloads")):
             t = _plain.trajectory_from_plain(_plain.Reader(p, f"state.payloads[{i}]", r.error))
             store._payload[t.trajectory_id] = t
-        for tid, loc in r.dict("locations").items():
+        for tid, loc in r.mapping("locations").items():
             store._where[tid] = _plain.location_from_plain(
                 _plain.Reader(loc, f"state.locations.{tid}", r.error)
             )
-        for tid, seq in r.list("queue"):
+        for tid, seq in r.items("queue"):
             t = store._payload[tid]
             store._queue.push(tid, t.v_traj, t.generated_len, seq)
-        for inst, ids in r.dict("running").items():
+        for inst, ids in r.mapping("running").items():
             store._running[inst] = dict.fromkeys(ids)
-        for tid, reason, inst in r.list("finished"):
+        for tid, reason, inst in r.items("finished"):
             store._finished[tid] = FinishReason(reason)
             store._finished_by[tid] = inst
-        store._released = set(r.str_list("released"))
-        store._groups = {g: list(ids) for g, ids in r.dict("groups").items()}
-        for tid, events in r.dict("history").items():
+        store._released = set(r.texts("released"))
+        store._groups = {g: list(ids) for g, ids in r.mapping("groups").items()}
+        for tid, events in r.mapping("history").items():
             store._history[tid] = [
                 _plain.event_from_plain(_plain.Reader(e, f"state.history.{tid}", r.error))
                 for e in events

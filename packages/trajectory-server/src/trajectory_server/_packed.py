@@ -61,7 +61,7 @@ class _Packed:
             arr = array.array(self.typecode, self._data)
             arr.byteswap()
             return memoryview(arr)
-        return memoryview(self._data).cast(self.typecode)
+        return memoryview(self._data).cast(self.typecode)  # type: ignore[call-overload,no-any-return]
 
     def tolist(self) -> list[Any]:
         return self._view().tolist()
@@ -122,7 +122,7 @@ class IntArray(_Packed):
     def min(self) -> int | None:
         """Smallest element (None if empty); cached, and carried through ``+``."""
         try:
-            return self._min  # type: ignore[no-any-return]
+            return self._min  # type: ignore[has-type,no-any-return]
         except AttributeError:
             pass
         if not self._data:

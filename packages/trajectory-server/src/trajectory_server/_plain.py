@@ -55,7 +55,7 @@ class Reader:
         value = self.obj[name]
         return value
 
-    def str(self, name: str, default: Any = ...) -> Any:
+    def text(self, name: str, default: Any = ...) -> Any:
         value = self._get(name, default)
         if value is None and default is None:
             return None
@@ -63,7 +63,7 @@ class Reader:
             self.fail(f"{self.path}.{name}", f"must be a string, got {type(value).__name__}")
         return value
 
-    def int(self, name: str, default: Any = ...) -> Any:
+    def integer(self, name: str, default: Any = ...) -> Any:
         value = self._get(name, default)
         if value is None and default is None:
             return None
@@ -77,33 +77,33 @@ class Reader:
             self.fail(f"{self.path}.{name}", f"must be a number, got {type(value).__name__}")
         return float(value)
 
-    def bool(self, name: str, default: Any = ...) -> bool:
+    def flag(self, name: str, default: Any = ...) -> bool:
         value = self._get(name, default)
         if not isinstance(value, bool):
             self.fail(f"{self.path}.{name}", f"must be a bool, got {type(value).__name__}")
         return value
 
-    def list(self, name: str, default: Any = ...) -> list[Any]:
+    def items(self, name: str, default: Any = ...) -> list[Any]:
         value = self._get(name, default)
         if not isinstance(value, list | tuple):
             self.fail(f"{self.path}.{name}", f"must be a list, got {type(value).__name__}")
         return list(value)
 
-    def str_list(self, name: str) -> list[str]:
-        items = self.list(name)
+    def texts(self, name: str) -> list[str]:
+        items = self.items(name)
         for i, v in enumerate(items):
             if not isinstance(v, str):
                 self.fail(f"{self.path}.{name}[{i}]", f"must be a string, got {type(v).__name__}")
         return items
 
-    def int_list(self, name: str, default: Any = ...) -> list[int]:
-        items = self.list(name, default)
+    def integers(self, name: str, default: Any = ...) -> list[int]:
+        items = self.items(name, default)
         for i, v in enumerate(items):
             if not is_int(v):
                 self.fail(f"{self.path}.{name}[{i}]", f"must be an int, got {type(v).__name__}")
         return items
 
-    def dict(self, name: str, default: Any = ...) -> dict[str, Any]:
+    def mapping(self, name: str, default: Any = ...) -> dict[str, Any]:
         value = self._get(name, default)
         if not isinstance(value, dict):
             self.fail(f"{self.path}.{name}", f"must be a map, got {type(value).__name__}")
@@ -163,9 +163,9 @@ def sampling_from_plain(r: Reader) -> SamplingParams:
     out = SamplingParams(
         temperature=r.number("temperature"),
         top_p=r.number("top_p"),
-        max_new_tokens=r.int("max_new_tokens"),
-        stop_token_ids=tuple(r.int_list("stop_token_ids")),
-        seed=r.int("seed", None),
+        max_new_tokens=r.integer("max_new_tokens"),
+        stop_token_ids=tuple(r.integers("stop_token_ids")),
+        seed=r.integer("seed", None),
     )
     r.done()
     return out
@@ -189,17 +189,17 @@ def trajectory_to_plain(t: Trajectory, binary: bool) -> dict[str, Any]:
 
 def trajectory_from_plain(r: Reader) -> Trajectory:
     out = Trajectory(
-        trajectory_id=r.str("trajectory_id"),
-        group_id=r.str("group_id"),
+        trajectory_id=r.text("trajectory_id"),
+        group_id=r.text("group_id"),
         prompt_token_ids=r.int_array("prompt_token_ids"),
         sampling=sampling_from_plain(r.sub("sampling")),
-        metadata=r.dict("metadata"),
-        v_traj=r.int("v_traj", None),
+        metadata=r.mapping("metadata"),
+        v_traj=r.integer("v_traj", None),
         generated_token_ids=r.int_array("generated_token_ids"),
         generated_logprobs=r.float_array("generated_logprobs"),
         generated_versions=r.int_array("generated_versions"),
-        interruptions=r.int("interruptions"),
-        target_length=r.int("target_length", None),
+        interruptions=r.integer("interruptions"),
+        target_length=r.integer("target_length", None),
     )
     r.done()
     return out
@@ -223,8 +223,8 @@ def segment_to_plain(s: Segment, binary: bool) -> dict[str, Any]:
 
 def _segment_fields(r: Reader) -> dict[str, Any]:
     return {
-        "trajectory_id": r.str("trajectory_id"),
-        "start": r.int("start"),
+        "trajectory_id": r.text("trajectory_id"),
+        "start": r.integer("start"),
         "token_ids": r.int_array("token_ids"),
         "logprobs": r.float_array("logprobs"),
         "versions": r.int_array("versions"),
@@ -239,7 +239,7 @@ def segment_from_plain(r: Reader) -> Segment:
 
 def completion_from_plain(r: Reader) -> Completion:
     fields = _segment_fields(r)
-    reason = r.str("finish_reason")
+    reason = r.text("finish_reason")
     if reason not in ("stop", "length"):
         r.fail(f"{r.path}.finish_reason", f"must be 'stop' or 'length', got {reason!r:.40}")
     r.done()
@@ -255,13 +255,13 @@ def finished_to_plain(f: FinishedTrajectory, binary: bool) -> dict[str, Any]:
 
 
 def finished_from_plain(r: Reader) -> FinishedTrajectory:
-    reason = r.str("finish_reason")
+    reason = r.text("finish_reason")
     if reason not in ("stop", "length"):
         r.fail(f"{r.path}.finish_reason", f"must be 'stop' or 'length', got {reason!r:.40}")
     out = FinishedTrajectory(
         trajectory=trajectory_from_plain(r.sub("trajectory")),
         finish_reason=reason,
-        instance_id=r.str("instance_id"),
+        instance_id=r.text("instance_id"),
     )
     r.done()
     return out
@@ -275,11 +275,11 @@ def location_to_plain(loc: Location) -> dict[str, Any]:
 
 
 def location_from_plain(r: Reader) -> Location:
-    state = r.str("state")
+    state = r.text("state")
     if state not in ("queued", "running", "finished", "dropped"):
         r.fail(f"{r.path}.state", f"must be queued|running|finished|dropped, got {state!r:.40}")
     out = Location(
-        state=state, instance_id=r.str("instance_id", None), reason=r.str("reason", None)
+        state=state, instance_id=r.text("instance_id", None), reason=r.text("reason", None)
     )
     r.done()
     return out
@@ -330,17 +330,17 @@ _EVENT_KINDS = ("submitted", "routed", "returned", "lost", "finished", "dropped"
 
 
 def event_from_plain(r: Reader) -> LedgerEvent:
-    kind = r.str("kind")
+    kind = r.text("kind")
     if kind not in _EVENT_KINDS:
         r.fail(f"{r.path}.kind", f"must be one of {'|'.join(_EVENT_KINDS)}, got {kind!r:.40}")
     out = LedgerEvent(
-        seq=r.int("seq"),
-        trajectory_id=r.str("trajectory_id"),
+        seq=r.integer("seq"),
+        trajectory_id=r.text("trajectory_id"),
         kind=kind,
-        instance_id=r.str("instance_id", None),
-        version=r.int("version", None),
-        generated_len=r.int("generated_len"),
-        reason=r.str("reason", None),
+        instance_id=r.text("instance_id", None),
+        version=r.integer("version", None),
+        generated_len=r.integer("generated_len"),
+        reason=r.text("reason", None),
     )
     r.done()
     return out

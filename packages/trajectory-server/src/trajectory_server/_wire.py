@@ -210,7 +210,7 @@ def _records(
     r: _plain.Reader, name: str, decode: Callable[[_plain.Reader], Any]
 ) -> tuple[Any, ...]:
     return tuple(
-        decode(_plain.Reader(item, f"{r.path}.{name}[{i}]")) for i, item in enumerate(r.list(name))
+        decode(_plain.Reader(item, f"{r.path}.{name}[{i}]")) for i, item in enumerate(r.items(name))
     )
 
 
@@ -218,7 +218,7 @@ def _opt_str_list(r: _plain.Reader, name: str) -> tuple[str, ...] | None:
     if r.obj.get(name, None) is None:
         r.seen.add(name)
         return None
-    return tuple(r.str_list(name))
+    return tuple(r.texts(name))
 
 
 def _encode_body(req: Any) -> dict[str, Any]:
@@ -258,38 +258,38 @@ def _decode_body(cls: type, r: _plain.Reader) -> Any:
     elif cls is SubmitGroup:
         targets = r.obj.get("target_lengths")
         out = SubmitGroup(
-            group_id=r.str("group_id"),
+            group_id=r.text("group_id"),
             prompt_token_ids=r.int_array("prompt_token_ids"),
-            n=r.int("n"),
+            n=r.integer("n"),
             sampling=_plain.sampling_from_plain(r.sub("sampling")),
-            metadata=r.dict("metadata"),
-            target_lengths=None if targets is None else tuple(r.int_list("target_lengths")),
+            metadata=r.mapping("metadata"),
+            target_lengths=None if targets is None else tuple(r.integers("target_lengths")),
         )
         r.seen.add("target_lengths")
     elif cls is Route:
         out = Route(
-            instance_id=r.str("instance_id"),
-            trajectory_ids=tuple(r.str_list("trajectory_ids")),
-            version=r.int("version"),
+            instance_id=r.text("instance_id"),
+            trajectory_ids=tuple(r.texts("trajectory_ids")),
+            version=r.integer("version"),
         )
     elif cls is ReturnPartial:
         out = ReturnPartial(
-            instance_id=r.str("instance_id"),
+            instance_id=r.text("instance_id"),
             segments=_records(r, "segments", _plain.segment_from_plain),
         )
     elif cls is Finish:
         out = Finish(
-            instance_id=r.str("instance_id"),
+            instance_id=r.text("instance_id"),
             completions=_records(r, "completions", _plain.completion_from_plain),
         )
     elif cls is Drop:
-        out = Drop(trajectory_ids=tuple(r.str_list("trajectory_ids")), reason=r.str("reason"))
+        out = Drop(trajectory_ids=tuple(r.texts("trajectory_ids")), reason=r.text("reason"))
     elif cls is DropGroup:
-        out = DropGroup(group_id=r.str("group_id"), reason=r.str("reason"))
+        out = DropGroup(group_id=r.text("group_id"), reason=r.text("reason"))
     elif cls in (InstanceLost, HeldBy):
-        out = cls(instance_id=r.str("instance_id"))
+        out = cls(instance_id=r.text("instance_id"))
     elif cls in (Release, Locate, Get):
-        out = cls(trajectory_ids=tuple(r.str_list("trajectory_ids")))
+        out = cls(trajectory_ids=tuple(r.texts("trajectory_ids")))
     elif cls is GetFinished:
         out = GetFinished(trajectory_ids=_opt_str_list(r, "trajectory_ids"))
     elif cls is QueueView:
@@ -297,11 +297,13 @@ def _decode_body(cls: type, r: _plain.Reader) -> Any:
         r.seen.add("level")
         if not (level is None or level == "all" or is_int(level)):
             r.fail(f"{r.path}.level", f"must be an int, null or 'all', got {level!r:.40}")
-        out = QueueView(limit=r.int("limit", None), level=ALL_LEVELS if level == "all" else level)
+        out = QueueView(
+            limit=r.integer("limit", None), level=ALL_LEVELS if level == "all" else level
+        )
     elif cls is History:
-        out = History(trajectory_id=r.str("trajectory_id"))
+        out = History(trajectory_id=r.text("trajectory_id"))
     elif cls is Group:
-        out = Group(group_id=r.str("group_id"))
+        out = Group(group_id=r.text("group_id"))
     else:
         out = cls()
     r.done()
@@ -366,7 +368,7 @@ def _stats_to_plain(s: StoreStats) -> dict[str, Any]:
 def _stats_from_plain(value: Any, path: str) -> StoreStats:
     r = _plain.Reader(value, path)
     levels = {}
-    for i, pair in enumerate(r.list("queued_by_level")):
+    for i, pair in enumerate(r.items("queued_by_level")):
         if not (
             isinstance(pair, list)
             and len(pair) == 2
@@ -375,18 +377,18 @@ def _stats_from_plain(value: Any, path: str) -> StoreStats:
         ):
             r.fail(f"{path}.queued_by_level[{i}]", "must be [level|null, count]")
         levels[pair[0]] = pair[1]
-    by_instance = r.dict("running_by_instance")
+    by_instance = r.mapping("running_by_instance")
     if not all(isinstance(k, str) and is_int(v) for k, v in by_instance.items()):
         r.fail(f"{path}.running_by_instance", "must map instance ids to counts")
     out = StoreStats(
         queued_by_level=levels,
-        queued=r.int("queued"),
-        running=r.int("running"),
-        finished=r.int("finished"),
-        dropped=r.int("dropped"),
-        released=r.int("released"),
+        queued=r.integer("queued"),
+        running=r.integer("running"),
+        finished=r.integer("finished"),
+        dropped=r.integer("dropped"),
+        released=r.integer("released"),
         running_by_instance=by_instance,
-        tokens_held=r.int("tokens_held"),
+        tokens_held=r.integer("tokens_held"),
     )
     r.done()
     return out
@@ -473,14 +475,14 @@ def _envelope(obj: Any, kinds: tuple[str, ...] | None) -> tuple[str, int, _plain
             expected=SCHEMA_VERSION,
             field="envelope.schema",
         )
-    kind = r.str("type")
+    kind = r.text("type")
     if kinds is not None and kind not in kinds:
         raise UnknownMessageType(
             f"unknown message type {kind!r:.60}; known: {', '.join(kinds)}",
             message_type=kind[:60],
             field="envelope.type",
         )
-    return kind, r.int("id"), r
+    return kind, r.integer("id"), r
 
 
 def encode_request(req: Any, request_id: int, token: str | None = None) -> bytes:
@@ -500,7 +502,7 @@ def peek_request_id(data: bytes) -> int:
     try:
         obj = msgpack.unpackb(data, raw=False)
         rid = obj.get("id") if isinstance(obj, dict) else None
-        return rid if is_int(rid) else 0
+        return rid if isinstance(rid, int) and not isinstance(rid, bool) else 0
     except Exception:
         return 0
 
@@ -514,7 +516,7 @@ class RequestFrame:
 
 def decode_request(data: bytes, *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> RequestFrame:
     kind, rid, r = _envelope(_unpack(data, max_bytes), tuple(REQUEST_TYPES))
-    token = r.str("token", None)
+    token = r.text("token", None)
     body = r.sub("body")
     r.done()
     body.path = kind
@@ -563,9 +565,9 @@ def decode_response(data: bytes, *, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) 
     if kind == "ok":
         return ResponseFrame(request_id=rid, ok=True, body=body)
     er = _plain.Reader(body, "error")
-    name = er.str("error")
-    message = er.str("message")
-    context = er.dict("context")
+    name = er.text("error")
+    message = er.text("message")
+    context = er.mapping("context")
     er.done()
     cls = ERROR_CLASSES.get(name, TrajectoryServerError)
     if not all(isinstance(k, str) and k.isidentifier() for k in context):
