@@ -158,8 +158,8 @@ class ReferenceModel:
             if front is not None and front < i:
                 arr[i], arr[front] = arr[front], None
         else:  # keep occupied slots contiguous at the front
-            occ = [s for s in arr if s is not None and s[0] == "O"]
-            res = [s for s in arr if s is not None and s[0] == "R"]
+            occ: list[tuple[str, Id] | None] = [s for s in arr if s is not None and s[0] == "O"]
+            res: list[tuple[str, Id] | None] = [s for s in arr if s is not None and s[0] == "R"]
             arr[:] = occ + [None] * (len(arr) - len(occ) - len(res)) + res
 
     def floor(self) -> int:
