@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -71,7 +73,7 @@ def test_slicing_and_replication_layout() -> None:
     for region, spans in per_region.items():
         spans.sort()
         size = next(r.nbytes for r in t.regions if r.region == region)
-        for (a0, a1), (b0, _) in zip(spans, spans[1:], strict=False):
+        for (_a0, a1), (b0, _) in itertools.pairwise(spans):
             assert a1 <= b0
         assert spans[-1][1] <= size
 
@@ -262,7 +264,7 @@ class CoreMachine(RuleBasedStateMachine):
         for t in p.tensors:
             spans = sorted(covered[t.name])
             assert spans[0][0] == 0 and spans[-1][1] == t.nbytes
-            assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+            assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
         assert self.core.staged_version is None or self.core.staged_version > p.version
         assert {r.region for r in p.reads} <= self.complete[p.version]
 

@@ -71,10 +71,15 @@ class Pending:
 class Transport:
     """One NIXL agent plus the remote agents it has loaded."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, progress_thread: bool = False) -> None:
         agent_cls, config_cls = load_nixl()
         self.name = name
-        self.agent = agent_cls(name, config_cls(enable_prog_thread=True, backends=["UCX"]))
+        # NIXL's progress thread busy-polls a whole core even when idle (its delay is fixed at
+        # 0 by the Python API). Transfers here are one-sided and initiator-driven, and
+        # ``wait`` progresses them, so the default is no progress thread.
+        self.agent = agent_cls(
+            name, config_cls(enable_prog_thread=progress_thread, backends=["UCX"])
+        )
         self._remote_md: dict[str, bytes] = {}
 
     # ------------------------------------------------------------------ metadata

@@ -10,6 +10,7 @@ pushing or pulling.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import socket
@@ -27,7 +28,7 @@ import structlog
 from ._core import CoreConfig, ParamServerCore, RegionAlloc, TensorSpec
 from ._plan import LinkFn
 from ._wire import Channel, check_bind
-from ._worker import ENV_ADDR, ENV_FAULTS, ENV_TOKEN
+from ._worker import ENV_ADDR, ENV_FAULTS, ENV_POOL, ENV_TOKEN
 from .errors import (
     ChecksumMismatch,
     ConfigError,
@@ -47,6 +48,8 @@ class ParamServerConfig:
     ``host``/``port``: control endpoint (loopback by default; anything else needs ``token``).
     ``token``: shared secret checked on every message, client and worker channels alike.
     ``verify_on_push``: workers recompute each slice checksum before a version is published.
+    ``worker_pool_bytes``: freed regions each worker keeps registered for reuse by later
+    versions (saves registration and page faults; costs that much idle memory).
     ``fault_injection``: lets tests corrupt worker memory; never enable in production.
     """
 
@@ -60,9 +63,12 @@ class ParamServerConfig:
     verify_on_push: bool = True
     worker_start_timeout_s: float = 60.0
     monitor_interval_s: float = 0.5
+    worker_pool_bytes: int = 2 << 30
     fault_injection: bool = False
 
     def __attrs_post_init__(self) -> None:
+        if not isinstance(self.worker_pool_bytes, int) or self.worker_pool_bytes < 0:
+            raise ConfigError("worker_pool_bytes", self.worker_pool_bytes, "an int >= 0")
         if not isinstance(self.num_workers, int) or self.num_workers < 1:
             raise ConfigError("num_workers", self.num_workers, "an int >= 1")
         if not isinstance(self.port, int) or not 0 <= self.port < 65536:
@@ -147,6 +153,7 @@ class ParamServer:
         else:
             env.pop(ENV_TOKEN, None)
         env[ENV_FAULTS] = "1" if self.config.fault_injection else "0"
+        env[ENV_POOL] = str(self.config.worker_pool_bytes)
         self._procs[worker] = subprocess.Popen(
             [sys.executable, "-m", "param_server._worker", worker], env=env
         )
@@ -190,10 +197,8 @@ class ParamServer:
         if self._closed.is_set():
             return
         self._closed.set()
-        try:
+        with contextlib.suppress(OSError):
             self._listener.close()
-        except OSError:
-            pass
         for w, link in list(self._links.items()):
             try:
                 link.call("shutdown", {})

@@ -11,6 +11,7 @@ NIXL agent metadata (opaque bytes made by NIXL) and descriptor triples ``(addr, 
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import ipaddress
 import socket
@@ -209,7 +210,5 @@ class Channel:
         return self.recv()
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.sock.close()
-        except OSError:
-            pass

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import os
 import sys
-import zlib
+import threading
 from typing import Any
 
 import numpy as np
 import structlog
 
+from . import _checksum
 from ._nixl import Transport
 from ._wire import Channel
 from .errors import ProtocolError
@@ -27,32 +28,53 @@ from .errors import ProtocolError
 ENV_ADDR = "PARAM_SERVER_ADDR"
 ENV_TOKEN = "PARAM_SERVER_TOKEN"
 ENV_FAULTS = "PARAM_SERVER_FAULT_INJECTION"
+ENV_POOL = "PARAM_SERVER_POOL_BYTES"
+PROGRESS_TICK_S = 0.001
 
 log = structlog.get_logger("param_server.worker")
 
 
 class _Regions:
-    def __init__(self, transport: Transport) -> None:
+    """Region id -> registered buffer. Freed buffers go to a small pool and are reused for later
+    versions of similar size: no re-registration, no first-touch page faults, and the agent
+    metadata clients cached stays valid."""
+
+    def __init__(self, transport: Transport, pool_bytes: int) -> None:
         self.transport = transport
+        self.pool_bytes = pool_bytes
         self.buffers: dict[int, np.ndarray] = {}
         self.regs: dict[int, Any] = {}
+        self.pool: list[tuple[np.ndarray, Any]] = []
 
-    def alloc(self, region: int, nbytes: int) -> int:
+    def alloc(self, region: int, nbytes: int) -> tuple[int, bool]:
+        """Returns (address, whether a new registration happened)."""
         if region in self.buffers:
             raise ProtocolError(f"region {region} already allocated", field="region")
         if nbytes <= 0:
             raise ProtocolError(f"region size must be > 0, got {nbytes}", field="nbytes")
-        buf = np.empty(nbytes, dtype=np.uint8)
-        addr = int(buf.ctypes.data)
-        self.regs[region] = self.transport.register([(addr, nbytes, 0)], "DRAM")
+        fits = [i for i, (b, _) in enumerate(self.pool) if nbytes <= b.nbytes <= 2 * nbytes]
+        if fits:
+            i = min(fits, key=lambda j: self.pool[j][0].nbytes)
+            buf, reg = self.pool.pop(i)
+            fresh = False
+        else:
+            buf = np.empty(nbytes, dtype=np.uint8)
+            reg = self.transport.register([(int(buf.ctypes.data), nbytes, 0)], "DRAM")
+            fresh = True
         self.buffers[region] = buf
-        return addr
+        self.regs[region] = reg
+        return int(buf.ctypes.data), fresh
 
     def free(self, region: int) -> None:
+        buf = self.buffers.pop(region, None)
         reg = self.regs.pop(region, None)
-        if reg is not None:
-            self.transport.deregister(reg)
-        self.buffers.pop(region, None)
+        if buf is None:
+            return
+        self.pool.append((buf, reg))
+        # Keep the newest buffers up to pool_bytes; deregister the rest.
+        while self.pool and sum(b.nbytes for b, _ in self.pool) > self.pool_bytes:
+            _old, old_reg = self.pool.pop(0)
+            self.transport.deregister(old_reg)
 
     def get(self, region: int) -> np.ndarray:
         buf = self.buffers.get(region)
@@ -61,9 +83,40 @@ class _Regions:
         return buf
 
 
-def serve(worker: str, address: tuple[str, int], token: str | None, faults: bool) -> None:
+def _progress_loop(transport: Transport, lock: threading.Lock, stop: threading.Event) -> None:
+    """Drive UCX progress for connection set-up by peers (wire-up needs the target to answer);
+    the data movement itself is one-sided. Ticks every ``PROGRESS_TICK_S`` instead of NIXL's
+    own progress thread, which spins a whole core even when idle."""
+    while not stop.wait(PROGRESS_TICK_S):
+        with lock:
+            transport.agent.get_new_notifs()
+
+
+def serve(
+    worker: str, address: tuple[str, int], token: str | None, faults: bool, pool_bytes: int
+) -> None:
     transport = Transport(f"ps-{worker}-{os.getpid()}")
-    regions = _Regions(transport)
+    lock = threading.Lock()
+    stop = threading.Event()
+    threading.Thread(
+        target=_progress_loop, args=(transport, lock, stop), name="ps-progress", daemon=True
+    ).start()
+    try:
+        _serve(worker, transport, lock, address, token, faults, pool_bytes)
+    finally:
+        stop.set()
+
+
+def _serve(
+    worker: str,
+    transport: Transport,
+    lock: threading.Lock,
+    address: tuple[str, int],
+    token: str | None,
+    faults: bool,
+    pool_bytes: int,
+) -> None:
+    regions = _Regions(transport, pool_bytes)
     chan = Channel.connect(address, token)
     chan.send(
         "worker_hello",
@@ -83,21 +136,21 @@ def serve(worker: str, address: tuple[str, int], token: str | None, faults: bool
             return
         try:
             if kind == "alloc":
-                addr = regions.alloc(body["region"], body["nbytes"])
+                with lock:
+                    addr, _fresh = regions.alloc(body["region"], body["nbytes"])
+                    metadata = transport.metadata()
                 chan.send(
-                    "allocated",
-                    {"region": body["region"], "addr": addr, "metadata": transport.metadata()},
+                    "allocated", {"region": body["region"], "addr": addr, "metadata": metadata}
                 )
             elif kind == "free":
-                regions.free(body["region"])
+                with lock:
+                    regions.free(body["region"])
                 chan.send("ok", {})
             elif kind == "verify":
                 mv = memoryview(regions.get(body["region"]))
-                bad = []
-                for off, length, crc in body["checks"]:
-                    actual = zlib.crc32(mv[off : off + length])
-                    if actual != crc:
-                        bad.append([off, actual])
+                checks = body["checks"]
+                got = _checksum.many(mv, [(off, off + n) for off, n, _ in checks])
+                bad = [[off, a] for (off, _n, crc), a in zip(checks, got, strict=True) if a != crc]
                 chan.send("verified", {"bad": bad})
             elif kind == "corrupt" and faults:
                 regions.get(body["region"])[body["offset"]] ^= 0xFF
@@ -121,7 +174,8 @@ def main(argv: list[str]) -> int:
     token = os.environ.get(ENV_TOKEN) or None
     faults = os.environ.get(ENV_FAULTS) == "1"
     try:
-        serve(argv[1], (host.strip("[]"), int(port)), token, faults)
+        pool_bytes = int(os.environ.get(ENV_POOL, "0"))
+        serve(argv[1], (host.strip("[]"), int(port)), token, faults, pool_bytes)
     except (OSError, ConnectionError) as exc:
         log.warning("worker_exit", worker=argv[1], error=str(exc))
         return 1

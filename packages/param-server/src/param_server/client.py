@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import threading
 import uuid
-import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -24,9 +23,10 @@ import attrs
 import structlog
 import torch
 
+from . import _checksum
 from . import errors as _errors
 from ._core import DTYPE_SIZES
-from ._nixl import Pending, Transport, tensor_mem
+from ._nixl import Pending, Transport, Triple, tensor_mem
 from ._wire import Channel
 from .errors import (
     ChecksumMismatch,
@@ -40,6 +40,7 @@ from .errors import (
 log = structlog.get_logger("param_server.client")
 
 _ALIGN = 64
+CHUNK_BYTES = 64 << 20
 
 
 @attrs.frozen(kw_only=True)
@@ -187,15 +188,13 @@ class ParamServerClient:
         nx = self._nixl()
         for agent, md in ticket["agents"].items():
             nx.ensure_remote(agent, md)
-        regs = [t for t in tensors.values() if t.numel()]
         by_mem: dict[str, list[torch.Tensor]] = {}
-        for t in regs:
-            by_mem.setdefault(tensor_mem(t)[0], []).append(t)
+        for t in tensors.values():
+            if t.numel():
+                by_mem.setdefault(tensor_mem(t)[0], []).append(t)
         handles = [nx.register_tensors(ts) for ts in by_mem.values()]
         try:
-            per_agent: dict[
-                tuple[str, str], tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]
-            ] = {}
+            per_agent: dict[tuple[str, str], tuple[list[Triple], list[Triple]]] = {}
             slices: dict[tuple[str, int], tuple[int, int]] = {}
             for name, index, start, end, agent, addr, dev, _ in ticket["writes"]:
                 slices[(name, index)] = (start, end)
@@ -210,15 +209,17 @@ class ParamServerClient:
                 nx.post("WRITE", local, mem, remote, agent)
                 for (agent, mem), (local, remote) in per_agent.items()
             ]
-            # Checksum while the WRITE is in flight (zlib releases the GIL on large buffers).
-            checksums = []
-            for (name, index), (start, end) in slices.items():
-                checksums.append([name, index, _crc(tensors[name], start, end)])
-            nx.wait(pending)
+            # Checksum on the pool while this thread drives the WRITEs.
+            views = {n: _host_bytes(t) for n, t in tensors.items()}
+            futures = {k: _checksum.submit(views[k[0]], s, e) for k, (s, e) in slices.items()}
+            try:
+                nx.wait(pending)
+            finally:
+                sums = [[n, i, f.result()] for (n, i), f in futures.items()]
         finally:
             for h in handles:
                 nx.deregister(h)
-        return checksums
+        return sums
 
     # ------------------------------------------------------------------ pull
     def pull(
@@ -266,33 +267,52 @@ class ParamServerClient:
             buf = self._buffer(total)
             mem, dev = tensor_mem(buf)
             base = buf.data_ptr()
-            per_agent: dict[str, tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]] = {}
-            for name, _index, start, end, agent, addr, rdev, _crc_ in ticket["reads"]:
-                if end == start:
-                    continue
-                local, remote = per_agent.setdefault(agent, ([], []))
-                local.append((base + offsets[name] + start, end - start, dev))
-                remote.append((addr, end - start, rdev))
-            pending = []
+            # Post per-agent chunks of ~CHUNK_BYTES so verification of landed chunks overlaps
+            # the transfer of the rest.
+            chunks: list[tuple[str, list[Triple], list[Triple], list[list[Any]]]] = []
+            open_chunk: dict[
+                str, tuple[list[Triple], list[Triple], list[list[Any]], list[int]]
+            ] = {}
+            for read in ticket["reads"]:
+                name, _index, start, end, agent, addr, rdev, _crc = read
+                local, remote, members, size = open_chunk.setdefault(agent, ([], [], [], [0]))
+                members.append(read)
+                if end > start:
+                    local.append((base + offsets[name] + start, end - start, dev))
+                    remote.append((addr, end - start, rdev))
+                    size[0] += end - start
+                if size[0] >= CHUNK_BYTES:
+                    chunks.append((agent, local, remote, members))
+                    del open_chunk[agent]
+            chunks.extend((a, lo, re, me) for a, (lo, re, me, _) in open_chunk.items())
+            host = _host_bytes(buf) if verify else None
+            checks: list[tuple[list[Any], Any]] = []
             try:
-                for agent, (local, remote) in per_agent.items():
-                    pending.append(nx.post("READ", local, mem, remote, agent))
-                nx.wait(pending)
+                pending = [
+                    (nx.post("READ", lo, mem, re, a) if lo else None, me)
+                    for a, lo, re, me in chunks
+                ]
+                for p, members in pending:
+                    if p is not None:
+                        nx.wait([p])
+                    if host is not None:
+                        for r in members:
+                            off = offsets[r[0]]
+                            checks.append((r, _checksum.submit(host, off + r[2], off + r[3])))
             except TransferFailed as exc:
                 failed = exc.worker
                 raise
-            if verify:
-                for name, index, start, end, _agent, _addr, _dev, crc in ticket["reads"]:
-                    actual = _crc(buf, offsets[name] + start, offsets[name] + end)
-                    if actual != crc:
-                        raise ChecksumMismatch(
-                            name=name,
-                            slice_index=index,
-                            version=ticket["version"],
-                            expected=crc,
-                            actual=actual,
-                            where=f"client {self.name} on pull",
-                        )
+            for r, fut in checks:
+                actual = fut.result()
+                if actual != r[7]:
+                    raise ChecksumMismatch(
+                        name=r[0],
+                        slice_index=r[1],
+                        version=ticket["version"],
+                        expected=r[7],
+                        actual=actual,
+                        where=f"client {self.name} on pull",
+                    )
             out: dict[str, torch.Tensor] = {}
             for name, dtype, shape, nbytes in ticket["tensors"]:
                 off = offsets[name]
@@ -315,10 +335,10 @@ class ParamServerClient:
         return self._buf
 
 
-def _crc(t: torch.Tensor, start: int, end: int) -> int:
-    if end == start:
-        return 0
+def _host_bytes(t: torch.Tensor) -> memoryview:
+    """The tensor's bytes as a host memoryview (GPU tensors are copied to host to hash them;
+    a device-side hash is future work)."""
     if t.device.type != "cpu":
-        t = t.cpu()  # GPU tensors: checksum on host (a device-side hash is future work)
-    flat = t.view(-1).view(torch.uint8) if t.dim() else t.reshape(1).view(torch.uint8)
-    return zlib.crc32(flat[start:end].numpy())
+        t = t.cpu()
+    flat = t.reshape(-1).view(torch.uint8)
+    return memoryview(flat.numpy())
