@@ -224,8 +224,8 @@ class StalenessProtocol:
             current_version=self._version,
         )
 
-    def _reserve_buffer(self, group_id: Id, version: int) -> int:
-        """The buffer a new group at ``version`` would reserve, or raise NotAdmissible."""
+    def _latest_free(self, version: int) -> int:
+        """Latest buffer in ``[c, version + η]`` that can take a reservation; -1 if none."""
         c = self._version
         buffers = self._buffers
         b = version + self._eta
@@ -234,6 +234,14 @@ class StalenessProtocol:
             if buf is None or buf.can_reserve():
                 return b
             b -= 1
+        return -1
+
+    def _reserve_buffer(self, group_id: Id, version: int) -> int:
+        """The buffer a new group at ``version`` would reserve, or raise NotAdmissible."""
+        b = self._latest_free(version)
+        if b >= 0:
+            return b
+        c = self._version
         floor = self.abort_floor
         if version <= floor:
             raise BelowAbortFloor(
@@ -282,14 +290,13 @@ class StalenessProtocol:
         _check_id(group_id, "group_id")
         self._check_version(version)
         g = self._groups.get(group_id)
-        try:
-            if g is None:
-                self._reserve_buffer(group_id, version)
-            else:
-                self._join_check(g, version)
-        except ProtocolError:
-            return False
-        return True
+        if g is None:
+            return self._latest_free(version) >= 0
+        return (
+            g.state is _RESERVED_G
+            and len(g.members) < self._n_cap
+            and version + self._eta >= g.buffer  # type: ignore[operator]  # RESERVED: has one
+        )
 
     def reserve(self, group_id: Id, trajectory_id: Id, version: int) -> int:
         """Admit a trajectory first routed at ``version``; returns its group's buffer.
