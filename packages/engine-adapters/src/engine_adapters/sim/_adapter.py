@@ -227,6 +227,26 @@ class SimAdapter(EngineAdapter):
             )
         return out
 
+    # ------------------------------------------------------------------ extras
+    async def progress(self, trajectory_id: str) -> GenerateResult:
+        """The tokens a held trajectory has so far (it keeps running)."""
+        self._check_running()
+        self._sync()
+        return self.core.peek(trajectory_id, self._now()).to_result()
+
+    async def pause(self) -> None:
+        """Freeze generation in place (KV kept) until :meth:`resume`."""
+        self._check_running()
+        self._sync()
+        self.core.pause(self._now())
+        self._wake.set()
+
+    async def resume(self) -> None:
+        self._check_running()
+        self._sync()
+        self.core.resume(self._now())
+        self._wake.set()
+
     # ------------------------------------------------------------------ internals
     def _measure(self, running: int, kv: int, steps: int) -> tuple[float, float]:
         cfg = self.config

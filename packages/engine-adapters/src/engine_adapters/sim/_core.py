@@ -167,6 +167,7 @@ class SimEngineCore:
         self._stretch: _Stretch | None = None
         self._loading: tuple[int, float] | None = None  # (version, done at)
         self._pending_load: tuple[int, float] | None = None  # (version, seconds)
+        self._paused = False
         self._outbox: list[SimCompletion] = []
         self._snapshot_seq = 0
         self.total_generated_tokens = 0
@@ -196,6 +197,10 @@ class SimEngineCore:
     def loading(self) -> bool:
         """True while a weight load is pending or in progress."""
         return self._loading is not None or self._pending_load is not None
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
 
     def holds(self, trajectory_id: str) -> bool:
         """Whether the trajectory is running or waiting inside the engine."""
@@ -316,6 +321,44 @@ class SimEngineCore:
             return self._loading[1]
         return self.next_event_time() + seconds
 
+    def pause(self, now: float) -> None:
+        """Stop stepping from the next boundary on; running trajectories keep their KV.
+
+        Commands still work while paused (adds queue up, interrupts return partials, a weight
+        load runs); nothing is generated until :meth:`resume`.
+        """
+        self._advance(now)
+        if self._paused:
+            return
+        self._paused = True
+        self._touch(now)
+
+    def resume(self, now: float) -> None:
+        """Undo :meth:`pause`: stepping restarts at ``now``."""
+        self._advance(now)
+        if not self._paused:
+            return
+        self._paused = False
+        if self._stretch is None and self._loading is None:
+            self._boundary(now, carry_prefill=0.0)
+
+    def peek(self, trajectory_id: str, now: float) -> SimCompletion:
+        """Progress of a held trajectory at ``now`` without stopping it.
+
+        The returned record's ``finish_reason`` is ``INTERRUPTED`` (it has not finished).
+        """
+        self._advance(now)
+        traj = self._running.get(trajectory_id)
+        if traj is not None:
+            steps_now, _ = self._position(now)
+            generated = traj.generated + steps_now - traj.admit_step
+        elif trajectory_id in self._waiting_ids:
+            traj = self._waiting_ids[trajectory_id]
+            generated = traj.generated
+        else:
+            raise UnknownTrajectory([trajectory_id])
+        return self._completion(traj, generated, FinishReason.INTERRUPTED, now)
+
     # ------------------------------------------------------------------ time
     def next_event_time(self) -> float:
         """Time of the next boundary (completion, preemption, load end, command); inf if idle."""
@@ -416,7 +459,8 @@ class SimEngineCore:
             return
         st = self._stretch
         if st is None:
-            self._boundary(now, carry_prefill=0.0)
+            if not self._paused or self._pending_load is not None:
+                self._boundary(now, carry_prefill=0.0)
             return
         steps_now, on_boundary = self._position(now)
         self._cap(steps_now - self._steps + (0 if on_boundary else 1))
@@ -464,6 +508,8 @@ class SimEngineCore:
             version, seconds = self._pending_load
             self._pending_load = None
             self._loading = (version, t + seconds)
+            return
+        if self._paused:
             return
         cfg = self.config
         cap = cfg.kv_capacity_tokens

@@ -270,7 +270,7 @@ class EngineConformance:
         assert part.finish_reason is FinishReason.INTERRUPTED
         assert await tasks.pop(waiting_id) == part
         after = await engine.snapshot()
-        assert running <= {r.trajectory_id for r in after.running} | set()  # still running
+        assert running <= {r.trajectory_id for r in after.running}  # still running
         rest = await engine.interrupt(list(tasks))
         assert sorted(p.trajectory_id for p in rest) == sorted(tasks)
         await asyncio.wait_for(asyncio.gather(*tasks.values()), self.wait_timeout_s)

@@ -1,0 +1,103 @@
+"""SGLang adapter pieces: safetensors writer, metrics parsing, launcher, stand-in endpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import safetensors.numpy
+import torch
+
+from engine_adapters import InvalidRequest, create_engine
+from engine_adapters.sglang import SglangAdapter, SglangLaunchConfig, parse_metrics
+from engine_adapters.sglang._safetensors import read_header, save_file
+from engine_adapters.sim import SimConfig
+from engine_adapters.testing.sglang_standin import STANDIN_VERSION, SglangStandIn
+
+
+def test_safetensors_writer_is_readable_by_the_real_library(tmp_path: Path) -> None:
+    tensors = {
+        "a.weight": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "b.bias": np.ones(5, dtype=np.float16),
+    }
+    path = tmp_path / "m.safetensors"
+    nbytes = save_file(tensors, path)
+    assert nbytes == 12 * 4 + 5 * 2
+    loaded = safetensors.numpy.load_file(str(path))
+    for k, v in tensors.items():
+        assert np.array_equal(loaded[k], v)
+    assert read_header(path) == {"a.weight": ("F32", (3, 4)), "b.bias": ("F16", (5,))}
+
+
+def test_safetensors_writer_takes_bf16_torch(tmp_path: Path) -> None:
+    t = torch.randn(4, 3).to(torch.bfloat16)
+    path = tmp_path / "t.safetensors"
+    save_file({"w": t}, path)
+    import safetensors.torch
+
+    assert torch.equal(safetensors.torch.load_file(str(path))["w"], t)
+
+
+def test_parse_metrics() -> None:
+    text = (
+        "# HELP sglang:num_running_reqs x\n"
+        'sglang:num_running_reqs{model_name="m",dp="0"} 3.0\n'
+        'sglang:num_running_reqs{model_name="m",dp="1"} 2.0\n'
+        "sglang:token_usage 0.25\n"
+        "other_metric 7\n"
+    )
+    assert parse_metrics(text) == {"sglang:num_running_reqs": 5.0, "sglang:token_usage": 0.25}
+
+
+def test_launch_command() -> None:
+    cfg = SglangLaunchConfig(model_path="/m", port=31000, tp_size=2, context_length=4096)
+    cmd = cfg.command()
+    assert cmd[1:3] == ["-m", "sglang.launch_server"]
+    assert cmd[cmd.index("--port") + 1] == "31000"
+    assert "--enable-metrics" in cmd and cmd[cmd.index("--context-length") + 1] == "4096"
+    assert cfg.base_url == "http://127.0.0.1:31000"
+
+
+def test_adapter_needs_exactly_one_target() -> None:
+    with pytest.raises(InvalidRequest):
+        SglangAdapter()
+    with pytest.raises(InvalidRequest):
+        SglangAdapter("http://x", launch={"model_path": "/m"})
+    assert isinstance(create_engine("sglang", base_url="http://127.0.0.1:1"), SglangAdapter)
+
+
+def test_standin_endpoints_follow_the_documented_shapes() -> None:
+    with SglangStandIn(SimConfig(max_model_len=256, kv_capacity_tokens=2048)) as server:
+        info = httpx.get(server.base_url + "/get_server_info").json()
+        assert info["version"] == STANDIN_VERSION and info["context_length"] == 256
+        assert httpx.get(server.base_url + "/get_weight_version").json() == {"weight_version": "0"}
+        out = httpx.post(
+            server.base_url + "/generate",
+            json={
+                "rid": "r1",
+                "input_ids": [20, 21, 22],
+                "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 5, "ignore_eos": True},
+            },
+            timeout=30,
+        ).json()
+        meta = out["meta_info"]
+        assert len(out["output_ids"]) == 5 == meta["completion_tokens"]
+        assert meta["finish_reason"] == {"type": "length", "length": 5}
+        assert [t for _, t, _ in meta["output_token_logprobs"]] == out["output_ids"]
+        assert meta["weight_version"] == "0" and meta["prompt_tokens"] == 3
+        too_long = httpx.post(
+            server.base_url + "/generate",
+            json={"rid": "r2", "input_ids": [20] * 300, "sampling_params": {}},
+            timeout=30,
+        )
+        assert too_long.status_code == 400
+        assert "context length" in too_long.json()["error"]["message"]
+        assert (
+            httpx.post(server.base_url + "/abort_request", json={"rid": "nope"}).status_code == 200
+        )
+        metrics = parse_metrics(httpx.get(server.base_url + "/metrics").text)
+        assert metrics["sglang:max_total_num_tokens"] == 2048
+        assert metrics["sglang:num_running_reqs"] == 0
