@@ -3,9 +3,11 @@
 Theory of operation
 -------------------
 * **Process layout.** ``AsyncLLM`` always runs its EngineCore in a spawned child process (the
-  ``VLLM_ENABLE_V1_MULTIPROCESSING`` switch only affects the synchronous ``LLM``); with
-  ``distributed_executor_backend="uni"`` the model worker lives inside that EngineCore process.
-  Scripts that start an adapter therefore need an ``if __name__ == "__main__":`` guard.
+  ``VLLM_ENABLE_V1_MULTIPROCESSING`` switch only makes the *synchronous* ``LLM`` in-process).
+  We set it to 0 on CPU anyway, because vLLM's CPU platform otherwise turns the ``uni`` executor
+  into ``mp`` and adds a third process; with ``uni`` the model worker lives inside the
+  EngineCore process. Scripts that start an adapter need an ``if __name__ == "__main__":``
+  guard (spawn re-imports the main module).
 * **Generate.** Each call becomes one vLLM request (id ``<trajectory>@<n>``) with
   ``ignore_eos=True`` and explicit ``stop_token_ids``, so generation stops only at the caller's
   stop tokens or ``max_new_tokens``. Outputs stream as DELTAs (vLLM merges deltas if we fall
@@ -31,6 +33,8 @@ Theory of operation
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import gc
 import itertools
 import os
 import time
@@ -56,7 +60,7 @@ from engine_adapters.errors import (
     PromptTooLong,
     UnknownTrajectory,
 )
-from engine_adapters.vllm._config import VllmConfig
+from engine_adapters.vllm._config import LOAD_MODES, VllmConfig
 from engine_adapters.vllm._profile import measure_points
 from engine_adapters.vllm._stats import EngineStats, SchedulerView, stat_logger_factory
 from engine_adapters.vllm._weights import WeightSchema
@@ -203,7 +207,15 @@ class VllmAdapter(EngineAdapter):
 
         self._schema = WeightSchema.from_model_dir(self._config.model_path)
         os.environ.update(self._config.environment())  # inherited by the EngineCore child
-        args = AsyncEngineArgs(**self._config.engine_args())
+        engine_args = self._config.engine_args()
+        known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+        unknown = sorted(set(engine_args) - known)
+        if unknown:
+            raise InvalidRequest(
+                f"unknown vLLM engine argument(s) {unknown}; see vllm.AsyncEngineArgs",
+                field=unknown[0],
+            )
+        args = AsyncEngineArgs(**engine_args)
         t0 = time.perf_counter()
         try:
             engine = AsyncLLM.from_engine_args(
@@ -242,6 +254,8 @@ class VllmAdapter(EngineAdapter):
             self._resolve(traj, FinishReason.INTERRUPTED, spans=None)
         engine.shutdown()
         self._engine = None
+        del engine
+        gc.collect()  # finalize AsyncLLM now, not at interpreter exit (its __del__ then fails)
         self._log.info("vllm_closed")
 
     async def __aenter__(self) -> VllmAdapter:
@@ -436,16 +450,22 @@ class VllmAdapter(EngineAdapter):
 
     # ----------------------------------------------------------------- weights
 
-    async def load_weights(self, version: int, named_tensors: Mapping[str, Any]) -> int:
+    async def load_weights(
+        self, version: int, named_tensors: Mapping[str, Any], *, mode: str | None = None
+    ) -> int:
+        """Load ``version`` in place (see the module docstring); ``mode`` overrides the
+        configured ``load_mode`` (``"keep"`` or ``"abort"``) for this call."""
         engine = self._require_engine()
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise InvalidRequest(f"version must be an int >= 0, got {version!r}", field="version")
+        mode = self._config.load_mode if mode is None else mode
+        if mode not in LOAD_MODES:
+            raise InvalidRequest(f"mode must be one of {LOAD_MODES}, got {mode!r}", field="mode")
         assert self._schema is not None and self._serving is not None
         names, tensors = self._schema.validate(named_tensors)  # before anything is touched
         async with self._load_lock:
             t0 = time.perf_counter()
             self._serving.clear()
-            mode = self._config.load_mode
             try:
                 await engine.pause_generation(mode=mode, clear_cache=mode == "abort")
                 try:

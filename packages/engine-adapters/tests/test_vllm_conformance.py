@@ -1,0 +1,268 @@
+"""The vLLM backend against a real vLLM-CPU engine: vLLM-specific behaviours, then the shared
+conformance suite.
+
+One engine serves the whole module (starting one costs 20-70 s on 2 shared cores), so every
+test runs in the module's event loop. The conformance suite's last test closes that engine on
+purpose (closed engines must refuse work); the pool restarts it if anything runs afterwards.
+Nothing here skips: if vLLM cannot start, every test errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import torch
+
+from engine_adapters import (
+    EngineAdapter,
+    EngineError,
+    FinishReason,
+    GenerateRequest,
+    InvalidRequest,
+    PromptTooLong,
+    SamplingParams,
+    create_engine,
+    write_profile_jsonl,
+)
+from engine_adapters.testing.conformance import EngineConformance, EngineFactory
+from engine_adapters.testing.tiny_model import make_tiny_qwen2
+from engine_adapters.vllm import VllmAdapter
+
+pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
+
+MAX_MODEL_LEN = 512
+MAX_RUNNING = 2
+
+
+def perturbed_weights(model_dir: Path, version: int, scale: float) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors plus version-seeded Gaussian noise (a different model per version)."""
+    from safetensors.torch import load_file
+
+    base = load_file(str(model_dir / "model.safetensors"))
+    gen = torch.Generator().manual_seed(1000 + version)
+    return {
+        name: t + scale * torch.randn(t.shape, generator=gen, dtype=t.dtype)
+        for name, t in sorted(base.items())
+    }
+
+
+class EnginePool:
+    """One shared adapter for the module, (re)started on demand."""
+
+    def __init__(self, model_dir: Path) -> None:
+        self.model_dir = model_dir
+        self.adapter: VllmAdapter | None = None
+        self.starts = 0
+
+    async def get(self) -> VllmAdapter:
+        if self.adapter is None or self.adapter._closed:
+            adapter = create_engine(
+                "vllm",
+                model_path=self.model_dir,
+                instance_id="vllm-test",
+                max_model_len=MAX_MODEL_LEN,
+                max_num_seqs=MAX_RUNNING,
+                num_gpu_blocks_override=64,
+            )
+            assert isinstance(adapter, VllmAdapter)
+            await adapter.start()
+            self.adapter = adapter
+            self.starts += 1
+        return self.adapter
+
+    async def close(self) -> None:
+        if self.adapter is not None:
+            await self.adapter.close()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_qwen2(tmp_path_factory.mktemp("tiny-qwen2"))
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def pool(model_dir: Path) -> AsyncIterator[EnginePool]:
+    pool = EnginePool(model_dir)
+    yield pool
+    await pool.close()
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def vllm(pool: EnginePool) -> VllmAdapter:
+    adapter = await pool.get()
+    assert not adapter._active, "a previous test left trajectories in flight"
+    return adapter
+
+
+def req(tid: str, prompt: tuple[int, ...] = (5, 6, 7, 8), **sampling: Any) -> GenerateRequest:
+    sampling.setdefault("temperature", 0.0)
+    return GenerateRequest(
+        trajectory_id=tid, prompt_token_ids=prompt, sampling=SamplingParams(**sampling)
+    )
+
+
+def hf_greedy(model_dir: Path, weights: Mapping[str, torch.Tensor], prompt: list[int], n: int):
+    from transformers import Qwen2ForCausalLM
+
+    model = Qwen2ForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    model.load_state_dict(dict(weights), strict=True)
+    ids = list(prompt)
+    tokens, logprobs = [], []
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(torch.tensor([ids])).logits[0, -1]
+            lp = torch.log_softmax(logits.double(), dim=-1)
+            tok = int(torch.argmax(logits))
+            tokens.append(tok)
+            logprobs.append(float(lp[tok]))
+            ids.append(tok)
+    return tokens, logprobs
+
+
+class TestVllmBackend:
+    """Behaviours specific to the vLLM adapter (beyond the shared contract)."""
+
+    async def test_load_weights_matches_hf_greedy(self, vllm: VllmAdapter, model_dir: Path) -> None:
+        version = vllm.version + 1
+        weights = perturbed_weights(model_dir, version, scale=0.5)
+        before = await vllm.generate(req("hf-before", max_new_tokens=12))
+        assert await vllm.load_weights(version, weights) == version
+        after = await vllm.generate(req("hf-after", max_new_tokens=12))
+        assert after.token_ids != before.token_ids
+        assert set(after.versions) == {version}
+        tokens, logprobs = hf_greedy(model_dir, weights, [5, 6, 7, 8], 12)
+        assert list(after.token_ids) == tokens
+        assert max(abs(a - b) for a, b in zip(after.logprobs, logprobs, strict=True)) < 1e-3
+
+    async def test_keep_mode_load_mid_generation_versions_tokens(
+        self, vllm: VllmAdapter, model_dir: Path
+    ) -> None:
+        old = vllm.version
+        task = asyncio.create_task(vllm.generate(req("keep", max_new_tokens=400)))
+        while not any(r.generated_tokens >= 5 for r in (await vllm.snapshot()).running):
+            await asyncio.sleep(0.01)
+        await vllm.load_weights(old + 1, perturbed_weights(model_dir, old + 1, 0.1))
+        while not any(r.generated_tokens >= 40 for r in (await vllm.snapshot()).running):
+            await asyncio.sleep(0.01)
+        (partial,) = await vllm.interrupt(["keep"])
+        assert await task == partial
+        assert partial.finish_reason is FinishReason.INTERRUPTED
+        k = partial.versions.index(old + 1)  # first token made by the new weights
+        assert k >= 5
+        assert partial.versions == (old,) * k + (old + 1,) * (len(partial.versions) - k)
+
+    async def test_abort_mode_load_interrupts_in_flight(
+        self, vllm: VllmAdapter, model_dir: Path
+    ) -> None:
+        old = vllm.version
+        tasks = [
+            asyncio.create_task(vllm.generate(req(f"abort{i}", (9, 10 + i), max_new_tokens=400)))
+            for i in range(MAX_RUNNING + 1)
+        ]
+        while not any(r.generated_tokens > 0 for r in (await vllm.snapshot()).running):
+            await asyncio.sleep(0.01)
+        await vllm.load_weights(old + 1, perturbed_weights(model_dir, old + 1, 0.1), mode="abort")
+        results = await asyncio.wait_for(asyncio.gather(*tasks), 60)
+        assert all(r.finish_reason is FinishReason.INTERRUPTED for r in results)
+        assert all(set(r.versions) <= {old} for r in results)
+        assert any(r.token_ids for r in results)
+        snap = await vllm.snapshot()
+        assert snap.running == () and snap.waiting == 0 and snap.version == old + 1
+
+    async def test_engine_scheduler_stats_are_captured(self, vllm: VllmAdapter) -> None:
+        task = asyncio.create_task(vllm.generate(req("stats", max_new_tokens=400)))
+        while vllm.scheduler_stats().num_running < 1:
+            await asyncio.sleep(0.01)
+        stats = vllm.scheduler_stats()
+        assert 0.0 < stats.kv_cache_usage <= 1.0
+        snap = await vllm.snapshot()
+        assert snap.kv_capacity_tokens == vllm.kv_capacity_tokens > 0
+        assert snap.kv_used_tokens >= 4
+        await vllm.interrupt(["stats"])
+        await task
+        assert (await vllm.snapshot()).throughput_tokens_per_s > 0.0
+
+    async def test_duplicate_and_out_of_vocab_requests_rejected(self, vllm: VllmAdapter) -> None:
+        task = asyncio.create_task(vllm.generate(req("dup", max_new_tokens=400)))
+        await asyncio.sleep(0)
+        with pytest.raises(InvalidRequest) as info:
+            await vllm.generate(req("dup", max_new_tokens=4))
+        assert info.value.field == "trajectory_id"
+        await vllm.interrupt(["dup"])
+        await task
+        with pytest.raises(InvalidRequest) as info:
+            await vllm.generate(req("oov", (5, 100_000), max_new_tokens=4))
+        assert info.value.field == "prompt_token_ids"
+        with pytest.raises(InvalidRequest) as info:
+            await vllm.load_weights(-1, {})
+        assert info.value.field == "version"
+
+    async def test_resumed_prompt_counts_toward_context(self, vllm: VllmAdapter) -> None:
+        generated = tuple(range(20, 20 + 300))
+        request = GenerateRequest(
+            trajectory_id="ctx",
+            prompt_token_ids=tuple(range(10, 10 + 250)),
+            sampling=SamplingParams(temperature=0.0, max_new_tokens=400),
+            generated_token_ids=generated,
+            generated_logprobs=(-1.0,) * 300,
+            generated_versions=(0,) * 300,
+        )
+        with pytest.raises(PromptTooLong) as info:
+            await vllm.generate(request)
+        assert "ctx" in str(info.value) and "550" in str(info.value)
+
+    async def test_profile_points(self, vllm: VllmAdapter, tmp_path: Path) -> None:
+        points = await vllm.profile([(1, 64), (2, 512)], steps=6)
+        assert [(p.running, p.kv_tokens) for p in points] == [(1, 64), (2, 512)]
+        assert all(0.0 < p.step_latency_s < 5.0 and p.backend == "vllm" for p in points)
+        out = tmp_path / "profile.jsonl"
+        assert write_profile_jsonl(points, out) == 2
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        assert rows[1]["running"] == 2 and rows[1]["kv_tokens"] == 512
+        with pytest.raises(InvalidRequest) as info:
+            await vllm.profile([(1, 64), (MAX_RUNNING + 1, 256)])
+        assert info.value.field == "points"
+        with pytest.raises(InvalidRequest):
+            await vllm.profile([(1, MAX_MODEL_LEN * 4)])
+
+    async def test_profile_refuses_busy_engine(self, vllm: VllmAdapter) -> None:
+        task = asyncio.create_task(vllm.generate(req("busy", max_new_tokens=400)))
+        await asyncio.sleep(0)
+        with pytest.raises(EngineError):
+            await vllm.profile([(1, 64)])
+        await vllm.interrupt(["busy"])
+        await task
+
+    async def test_unknown_engine_argument_is_named(self, model_dir: Path) -> None:
+        adapter = VllmAdapter.from_config(model_path=model_dir, max_num_seqz=4)
+        with pytest.raises(InvalidRequest) as info:
+            await adapter.start()
+        assert info.value.field == "max_num_seqz"
+
+
+class TestVllmConformance(EngineConformance):
+    max_model_len = MAX_MODEL_LEN
+    max_running = MAX_RUNNING
+    long_tokens = 400
+    wait_timeout_s = 60.0
+
+    @pytest.fixture
+    def engine_factory(self, pool: EnginePool) -> EngineFactory:
+        async def make() -> EngineAdapter:
+            return await pool.get()
+
+        return make
+
+    @pytest_asyncio.fixture(loop_scope="module")
+    async def engine(self, vllm: VllmAdapter) -> VllmAdapter:  # shared, not closed per test
+        return vllm
+
+    def valid_weights(self, engine: EngineAdapter, version: int) -> Mapping[str, Any]:
+        assert isinstance(engine, VllmAdapter)
+        return perturbed_weights(engine.config.model_path, version, scale=0.1)
