@@ -379,6 +379,7 @@ class StalenessProtocol:
     def _kill(self, t: Traj, state: TrajectoryState, reason: str, *, queue: bool) -> Abort:
         """Move a live trajectory to ABORTED/DROPPED; optionally queue the Abort command."""
         was_running = t.state is _IN_FLIGHT
+        reason = str(reason)  # AbortReason members become plain JSON-friendly strings
         self._set_state(t, state)
         t.reason = reason
         t.buffer = None
@@ -408,13 +409,13 @@ class StalenessProtocol:
         g.members.clear()
         g.finished.clear()
         g.buffer = None
-        g.reason = reason
+        g.reason = str(reason)
         self._set_group_state(g, state)
         return aborts
 
     def _request_replacement(self, group_id: Id, reason: str) -> ReplacementRequest:
         req = ReplacementRequest(
-            request_id=self._next_replacement, replaces_group_id=group_id, reason=reason
+            request_id=self._next_replacement, replaces_group_id=group_id, reason=str(reason)
         )
         self._next_replacement += 1
         self._replacements_requested += 1
