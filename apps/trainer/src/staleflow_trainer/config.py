@@ -438,6 +438,8 @@ class SimWorkloadConfig:
     response_len_median: int = _f(1000, ge=1)
     response_len_sigma: float = _f(1.0, ge=0.0, doc="lognormal sigma: the tail's weight")
     reward_mean: float = _f(0.5, ge=0.0, le=1.0, doc="P(reward=1) for synthetic rewards")
+    prompt_len_sigma: float = _f(0.3, ge=0.0, doc="lognormal sigma of prompt lengths")
+    group_correlation: float = _f(0.5, ge=0.0, le=1.0, doc="length correlation in a group")
 
 
 @_section("sim")
@@ -464,6 +466,18 @@ class SimConfig:
     pull_bandwidth_gb_s: float = _f(10.0, gt=0.0)
     transfer_overhead_s: float = _f(0.01, ge=0.0)
     reward_time_s: float = _f(0.0, ge=0.0)
+    prefill_s_per_token: float = _f(0.0, ge=0.0, doc="engine prefill cost per context token")
+    trainer_model: Literal["linear", "flops"] = _f(
+        "linear", doc="linear: a + b*tokens; flops: 8*active_params*tokens/(gpus*peak*mfu)+c"
+    )
+    active_params: float = _f(3e9, gt=0.0, doc="flops model: active parameters")
+    peak_flops_per_gpu: float = _f(148e12, gt=0.0, doc="flops model: peak bf16 FLOP/s")
+    mfu: float = _f(0.3, gt=0.0, le=1.0, doc="flops model: model FLOPs utilisation")
+    train_overhead_s: float = _f(5.0, ge=0.0, doc="flops model: fixed per-step overhead")
+    cycle_period_s: float = _f(0.1, gt=0.0, doc="coordinator cycle period (virtual s)")
+    snapshot_max_age_s: float = _f(0.0, ge=0.0, doc="re-snapshot unchanged instances after")
+    warmup_steps: int = _f(2, ge=0, doc="steps excluded from throughput (pipeline fill)")
+    stuck_after_s: float = _f(5.0, ge=0.0, doc="trainer wait before resolving a stuck buffer")
     workload: SimWorkloadConfig = attrs.field(factory=SimWorkloadConfig, validator=_validate_field)
 
     def __attrs_post_init__(self) -> None:
