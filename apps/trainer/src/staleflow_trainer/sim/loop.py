@@ -130,6 +130,9 @@ class Simulation:
         self._trainer_free_at = 0.0
         self._steps_done = 0
         self._stuck_checked_at = -math.inf
+        self._released: set[str] = set()
+        self._changed: set[str] = set(self.engines)
+        self._snap_at = dict.fromkeys(self.engines, -math.inf)
         self.cycles = 0
         self.skipped_cycles = 0
         self.wall_s = 0.0
@@ -162,9 +165,12 @@ class Simulation:
             self._cycle_at = t
 
     def _engine_changed(self, iid: str) -> None:
+        self._changed.add(iid)
         eng = self.engines[iid]
         self._next[iid] = eng.next_event_time()
-        self.rec.instance_state(iid, self.now, eng.loading, eng.num_running + eng.num_waiting)
+        self.rec.instance_state(
+            iid, self.now, eng.loading, eng.num_running + eng.num_waiting, eng.version
+        )
 
     # ---- main loop ---------------------------------------------------------------------------
 
@@ -253,6 +259,9 @@ class Simulation:
     def _on_event(self, kind: int, payload: Any) -> None:
         if kind == _SYNC_DONE:
             iid, version = payload
+            # Routes held for this sync are released into the next cycle's commands; until
+            # they are executed the queue view must not offer them again.
+            self._released.update(r.trajectory_id for r in self.coord.pending.held_for(iid))
             self.coord.on_sync_done(iid, version)
             self.rec.syncs_done += 1
         elif kind == _REWARD_DONE:
@@ -335,12 +344,24 @@ class Simulation:
         for iid, eng in self.engines.items():  # anything within the engine's tolerance of now
             if eng.next_event_time() <= now + _EPS:
                 self._on_engine(iid)
-        snaps = [eng.snapshot(now) for eng in self.engines.values()]
+        # Snapshot the instances that changed since the last cycle (an event or a command) and
+        # any whose last snapshot is older than snapshot_max_age_s; the coordinator's
+        # speculative state carries the others (only their token counts have grown).
+        max_age = self.spec.snapshot_max_age_s
+        snap_at = self._snap_at
+        changed = self._changed
+        snaps = []
+        for iid, eng in self.engines.items():
+            if iid in changed or now - snap_at[iid] >= max_age:
+                snaps.append(eng.snapshot(now))
+                snap_at[iid] = now
+        changed.clear()
         items = self.ledger.queue_items()
         pending = self.coord.pending
-        if len(pending):
-            held = pending.trajectory_ids()
+        if len(pending) or self._released:
+            held = pending.trajectory_ids() | self._released
             items = [i for i in items if i.trajectory_id not in held]
+            self._released = set()
         commands = self.coord.step(snaps, QueueView(items), now)
         self._execute(commands)
         self.rec.cycle(now, self.coord.last_cycle, self.ledger)

@@ -1,21 +1,21 @@
 """What a simulated run records: per-step metrics, instance timelines, a summary.
 
-Files (written by :meth:`RunRecorder.write`):
+Files:
 
 * ``metrics.jsonl`` — one object per training step (the app's metrics contract: ``step``,
   ``version``, ``tokens_per_s``, ``max_staleness``, ``mean_staleness``, ``reward_mean``,
   ``trainer_wait_s``; plus the staleness histogram, per-instance busy fraction, sync /
   migration / interrupt counts, queue depths and the virtual time).
-* ``timeline.jsonl`` — one object per interval ``{"lane", "state", "start", "end"}``: lanes are
-  instance ids (``busy`` / ``syncing`` / ``idle``) and ``trainer`` (``training`` / ``pushing``
-  / ``waiting``).
+* ``timeline.jsonl`` — one object per interval ``{"instance", "state", "start_s", "end_s",
+  "version"}`` with state ``busy`` / ``syncing`` / ``idle``; ``trainer_timeline.jsonl`` the
+  trainer's ``training`` / ``pushing`` / ``waiting`` intervals.
 * ``summary.json`` — the whole-run numbers the comparison uses (see :meth:`summary`).
+
+(:func:`staleflow_trainer.simulate.run_and_write` writes them.)
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from staleflow_trainer.sim.spec import SimSpec
@@ -30,7 +30,8 @@ class RunRecorder:
         self.spec = spec
         self.instances = instances
         self.steps: list[dict[str, Any]] = []
-        self.timeline: list[tuple[str, str, float, float]] = []
+        self.timeline: list[tuple[str, str, float, float, int]] = []
+        self._version = dict.fromkeys(instances, 0)
         self._state = dict.fromkeys(instances, 0)
         self._since = dict.fromkeys(instances, 0.0)
         self._busy_total = dict.fromkeys(instances, 0.0)
@@ -61,18 +62,22 @@ class RunRecorder:
 
     # ---- instance and trainer state ---------------------------------------------------------
 
-    def instance_state(self, iid: str, now: float, loading: bool, active: int) -> None:
+    def instance_state(
+        self, iid: str, now: float, loading: bool, active: int, version: int = 0
+    ) -> None:
         new = 2 if loading else (1 if active else 0)
         old = self._state[iid]
         if new == old:
+            self._version[iid] = version
             return
         start = self._since[iid]
         if now > start:
             if old == 1:
                 self._busy_total[iid] += now - start
             if self.spec.timeline:
-                self.timeline.append((iid, _STATE[old], start, now))
+                self.timeline.append((iid, _STATE[old], start, now, self._version[iid]))
         self._state[iid] = new
+        self._version[iid] = version
         self._since[iid] = now
 
     def _busy_until(self, iid: str, now: float) -> float:
@@ -82,7 +87,7 @@ class RunRecorder:
     def trainer_phase(self, now: float, phase: str) -> None:
         old, start = self._trainer_phase
         if now > start and self.spec.timeline:
-            self.timeline.append(("trainer", old, start, now))
+            self.timeline.append(("trainer", old, start, now, 0))
         self._trainer_phase = (phase, now)
 
     # ---- coordinator cycles -----------------------------------------------------------------
@@ -216,27 +221,3 @@ class RunRecorder:
             "rollout_gpus": s.rollout_gpus_used,
             "train_gpus": s.train_gpus_used,
         }
-
-    def write(self, run_dir: Path, extra: dict[str, Any] | None = None) -> None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        with (run_dir / "metrics.jsonl").open("w") as f:
-            for row in self.steps:
-                f.write(json.dumps(row) + "\n")
-        if self.spec.timeline:
-            with (run_dir / "timeline.jsonl").open("w") as f:
-                for lane, state, start, end in self.timeline:
-                    f.write(
-                        json.dumps(
-                            {
-                                "lane": lane,
-                                "state": state,
-                                "start": round(start, 6),
-                                "end": round(end, 6),
-                            }
-                        )
-                        + "\n"
-                    )
-        summary = self.summary()
-        if extra:
-            summary.update(extra)
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -119,7 +119,7 @@ class SimSpec:
     gpus_per_instance: int = attrs.field(default=1, validator=_gt(0))
 
     # --- engines
-    cost_model: str = "tiny-cpu"
+    cost_model: str = "custom"
     k1: float = attrs.field(default=1e-7, validator=_ge(0))
     k2: float = attrs.field(default=2e-3, validator=_ge(0))
     k3: float = attrs.field(default=5e-5, validator=_ge(0))
@@ -155,6 +155,9 @@ class SimSpec:
 
     # --- coordinator
     cycle_period_s: float = attrs.field(default=0.1, validator=_gt(0))
+    #: An instance with no event or command since its last snapshot is re-snapshotted only
+    #: after this long (0 = every cycle).
+    snapshot_max_age_s: float = attrs.field(default=0.0, validator=_ge(0))
     theta: float = attrs.field(default=0.3, validator=_gt(0))
     migration_ratio: float = attrs.field(default=5.0, validator=_gt(1))
     sync_kv_threshold: float = attrs.field(default=0.3, validator=_ge(0))
@@ -264,87 +267,74 @@ class SimSpec:
 
 
 def spec_from_app_config(cfg: Any) -> SimSpec:
-    """Read the simulator's fields out of an ``AppConfig`` (fields it lacks keep SimSpec
-    defaults, so the app's schema and this record can grow independently)."""
+    """Read the simulator's fields out of an ``AppConfig``.
+
+    ``rollout.sampling.max_new_tokens`` is the response cap, ``data.max_prompt_len`` the prompt
+    cap, ``rollout.max_running`` the per-instance batch limit; ``sim.cost_model`` (a preset,
+    or ``custom`` with ``sim.k1..k4, b``) is the engines' true cost.
+    """
     sim = cfg.sim
-    wl = getattr(sim, "workload", None)
+    wl = sim.workload
     proto = cfg.protocol
     coord = cfg.coordinator
-    kw: dict[str, Any] = {}
-
-    def take(obj: Any, name: str, target: str | None = None) -> None:
-        if obj is not None and hasattr(obj, name) and getattr(obj, name) is not None:
-            kw[target or name] = getattr(obj, name)
-
     policy = POLICY_ALIASES.get(coord.policy, coord.policy)
-    kw["policy"] = policy
-    eta = proto.eta
-    if eta == "unbounded":
+    if proto.eta == "unbounded":
         raise ConfigError(
             "the simulator needs a finite protocol.eta",
             key="protocol.eta",
             allowed="an integer >= 0",
         )
-    kw["eta"] = FIXED_ETA.get(policy, eta)
-    kw["steps"] = cfg.trainer.steps
-    kw["seed"] = cfg.run.seed
-    kw["batch_size"] = proto.batch_size
-    kw["group_size"] = proto.group_size
-    take(proto, "stuck_threshold")
-    kw["dynamic_sampling"] = bool(getattr(cfg.trainer, "dynamic_sampling", False))
-    for name in ("theta", "migration_ratio", "sync_kv_threshold"):
-        take(coord, name)
-    take(cfg.rollout, "max_running")
-    for name in (
-        "total_gpus",
-        "rollout_gpus",
-        "train_gpus",
-        "gpus_per_instance",
-        "cost_model",
-        "k1",
-        "k2",
-        "k3",
-        "k4",
-        "k_inner",
-        "kv_capacity_tokens",
-        "prefill_s_per_token",
-        "trainer_model",
-        "trainer_time_a_s",
-        "trainer_time_b_s_per_token",
-        "active_params",
-        "peak_flops_per_gpu",
-        "mfu",
-        "train_overhead_s",
-        "model_bytes",
-        "push_bandwidth_gb_s",
-        "pull_bandwidth_gb_s",
-        "transfer_overhead_s",
-        "reward_time_s",
-        "cycle_period_s",
-        "warmup_steps",
-        "stuck_after_s",
-    ):
-        take(sim, name)
-    for name in (
-        "prompt_len",
-        "prompt_len_max",
-        "prompt_len_sigma",
-        "response_len_median",
-        "response_len_sigma",
-        "max_response_len",
-        "group_correlation",
-        "reward_mean",
-    ):
-        take(wl, name)
-    metrics = getattr(cfg, "metrics", None)
-    take(metrics, "timeline")
-    if kw.get("cost_model") in COST_PRESETS:
-        kw.update(COST_PRESETS[kw["cost_model"]])
-    if "prompt_len_max" not in kw and "prompt_len" in kw:
-        kw["prompt_len_max"] = max(kw["prompt_len"], SimSpec().prompt_len_max)
-    if "warmup_steps" not in kw:
-        kw["warmup_steps"] = min(SimSpec().warmup_steps, kw["steps"] - 1)
-    return SimSpec(**kw)
+    if sim.cost_model == "custom":
+        coeffs = {"k1": sim.k1, "k2": sim.k2, "k3": sim.k3, "k4": sim.k4, "k_inner": sim.b or 0.0}
+    else:
+        coeffs = dict(COST_PRESETS[sim.cost_model])
+    return SimSpec(
+        policy=policy,
+        eta=FIXED_ETA.get(policy, proto.eta),
+        steps=cfg.trainer.steps,
+        seed=cfg.run.seed,
+        batch_size=proto.batch_size,
+        group_size=proto.group_size,
+        stuck_threshold=proto.stuck_threshold,
+        stuck_after_s=sim.stuck_after_s,
+        dynamic_sampling=cfg.trainer.dynamic_sampling,
+        total_gpus=sim.total_gpus,
+        rollout_gpus=sim.rollout_gpus,
+        train_gpus=sim.train_gpus,
+        gpus_per_instance=sim.gpus_per_instance,
+        cost_model=sim.cost_model,
+        **coeffs,
+        max_running=cfg.rollout.max_running,
+        kv_capacity_tokens=sim.kv_capacity_tokens,
+        prefill_s_per_token=sim.prefill_s_per_token,
+        prompt_len=wl.prompt_len,
+        prompt_len_max=cfg.data.max_prompt_len,
+        prompt_len_sigma=wl.prompt_len_sigma,
+        response_len_median=wl.response_len_median,
+        response_len_sigma=wl.response_len_sigma,
+        max_response_len=cfg.rollout.sampling.max_new_tokens,
+        group_correlation=wl.group_correlation,
+        reward_mean=wl.reward_mean,
+        trainer_model=sim.trainer_model,
+        trainer_time_a_s=sim.trainer_time_a_s,
+        trainer_time_b_s_per_token=sim.trainer_time_b_s_per_token,
+        active_params=sim.active_params,
+        peak_flops_per_gpu=sim.peak_flops_per_gpu,
+        mfu=sim.mfu,
+        train_overhead_s=sim.train_overhead_s,
+        model_bytes=sim.model_bytes,
+        push_bandwidth_gb_s=sim.push_bandwidth_gb_s,
+        pull_bandwidth_gb_s=sim.pull_bandwidth_gb_s,
+        transfer_overhead_s=sim.transfer_overhead_s,
+        reward_time_s=sim.reward_time_s,
+        cycle_period_s=sim.cycle_period_s,
+        snapshot_max_age_s=sim.snapshot_max_age_s,
+        theta=coord.theta,
+        migration_ratio=coord.migration_ratio,
+        sync_kv_threshold=coord.sync_kv_threshold,
+        warmup_steps=min(sim.warmup_steps, cfg.trainer.steps - 1),
+        timeline=cfg.metrics.timeline,
+    )
 
 
 #: Engine cost-model presets (DESIGN §5 fits, H20 TP1; ``tiny-cpu`` is a small made-up model).
@@ -356,19 +346,18 @@ COST_PRESETS: dict[str, dict[str, float]] = {
         "k3": 1.249e-4,
         "k4": 8.67e-4,
     },
-    "qwen2.5-7b-h20": {
+    "qwen-7b-h20": {
         "k1": 3.35e-8,
         "k2": 0.0064,
         "k_inner": 0.0027,
         "k3": 1.231e-4,
         "k4": 0.0028,
     },
-    "qwen2.5-14b-h20": {
+    "qwen-14b-h20": {
         "k1": 1.165e-7,
         "k2": 0.0123,
         "k_inner": 0.00491,
         "k3": 2.441e-4,
         "k4": 0.00197,
     },
-    "tiny-cpu": {"k1": 1e-7, "k2": 2e-3, "k_inner": 0.0, "k3": 5e-5, "k4": 2e-4},
 }

@@ -1,0 +1,122 @@
+"""``staleflow simulate`` and ``staleflow compare``: the app's wiring in virtual time.
+
+    staleflow simulate examples/sim-tiny.yaml run_dir=runs/x trainer.steps=10
+    staleflow compare examples/sim-paper-30b-a3b.yaml run_dir=runs/cmp
+
+:func:`simulate` runs the policy the config names and writes, into ``run.run_dir``:
+``config.yaml`` (resolved), ``metrics.jsonl`` (one record per training step, the app's
+metrics contract), ``timeline.jsonl`` (per-instance busy / syncing / idle intervals, the
+format :mod:`staleflow_trainer.plots` reads), ``trainer_timeline.jsonl`` (training / pushing /
+waiting), ``summary.json`` and ``plots/``. It ends with a ledger check: every admitted
+trajectory is consumed, in flight, or dropped/aborted with a reason, and agrees with the
+protocol's own ledger.
+
+:func:`compare` lives in :mod:`staleflow_trainer.compare` and is re-exported here because the
+CLI imports both commands from this module.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from staleflow_trainer.config import AppConfig, dump_config
+from staleflow_trainer.metrics import TIMELINE_FILE, MetricsWriter
+from staleflow_trainer.sim.ideal import ideal_throughput
+from staleflow_trainer.sim.loop import Simulation
+from staleflow_trainer.sim.spec import SimSpec, spec_from_app_config
+
+_log = structlog.get_logger("staleflow.simulate")
+
+__all__ = ["compare", "run_and_write", "simulate"]
+
+
+def run_and_write(
+    spec: SimSpec, run_dir: Path, *, tensorboard: bool = False, plots: bool = True
+) -> dict[str, Any]:
+    """Run one simulation of ``spec`` and write its files into ``run_dir``; returns the summary
+    (with the ledger counts and the ideal throughput of the split)."""
+    sim = Simulation(spec)
+    sim.run()
+    ledger = sim.ledger.check(sim.protocol)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rec = sim.rec
+    with MetricsWriter(run_dir, tensorboard=tensorboard) as writer:
+        for row in rec.steps:
+            writer.log_step(row)
+    if spec.timeline:
+        with (run_dir / TIMELINE_FILE).open("w") as f:
+            for lane, state, start, end, version in rec.timeline:
+                if lane == "trainer":
+                    continue
+                f.write(
+                    json.dumps(
+                        {
+                            "instance": lane,
+                            "state": state,
+                            "start_s": start,
+                            "end_s": end,
+                            "version": version,
+                        }
+                    )
+                    + "\n"
+                )
+        with (run_dir / "trainer_timeline.jsonl").open("w") as f:
+            for lane, state, start, end, _v in rec.timeline:
+                if lane == "trainer":
+                    f.write(json.dumps({"state": state, "start_s": start, "end_s": end}) + "\n")
+    summary = rec.summary()
+    summary.update(
+        ledger=ledger,
+        wall_s=sim.wall_s,
+        cycles=sim.cycles,
+        ideal=ideal_throughput(spec),
+    )
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if plots:
+        from staleflow_trainer.plots import plot_run
+
+        plot_run(run_dir)
+    _log.info(
+        "simulate_done",
+        run_dir=str(run_dir),
+        policy=spec.policy,
+        eta=spec.eta,
+        steps=len(rec.steps),
+        tokens_per_s=round(summary["tokens_per_s"], 1),
+        max_staleness=summary["max_staleness"],
+        virtual_s=round(rec.end_time, 1),
+        wall_s=round(sim.wall_s, 2),
+    )
+    return summary
+
+
+def simulate(cfg: AppConfig) -> int:
+    """``staleflow simulate``: one run of the configured policy; prints where the files are."""
+    spec = spec_from_app_config(cfg)
+    run_dir = Path(cfg.run.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, run_dir / "config.yaml")
+    summary = run_and_write(spec, run_dir, tensorboard=cfg.metrics.tensorboard)
+    ideal = summary["ideal"]
+    print(
+        f"simulated {summary['steps']} steps of {spec.policy} (eta={spec.eta}) on "
+        f"{spec.rollout_gpus_used} rollout + {spec.train_gpus_used} training GPUs: "
+        f"{summary['tokens_per_s']:.0f} tokens/s "
+        f"({summary['tokens_per_s'] / ideal['ideal_tokens_per_s']:.0%} of the "
+        f"{ideal['bound']}-bound ideal {ideal['ideal_tokens_per_s']:.0f}), "
+        f"max staleness {summary['max_staleness']}, "
+        f"{summary['virtual_time_s']:.0f} s virtual in {summary['wall_s']:.1f} s"
+    )
+    print(f"run directory: {run_dir}  (metrics.jsonl, timeline.jsonl, summary.json, plots/)")
+    return 0
+
+
+def compare(cfg: AppConfig, policies: list[str] | None = None) -> int:
+    """``staleflow compare`` (see :mod:`staleflow_trainer.compare`)."""
+    from staleflow_trainer.compare import compare_main
+
+    return compare_main(cfg, policies=policies)
