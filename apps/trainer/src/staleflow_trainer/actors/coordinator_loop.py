@@ -1,0 +1,923 @@
+"""The control loop: owns the staleness protocol and the rollout coordinator, drives everything.
+
+Theory of operation
+-------------------
+One asyncio task runs cycles every ``coordinator.snapshot_interval_s``. A cycle is linear and
+owns every state change; background tasks (reward scoring, weight syncs, training steps) only
+append *events* that the next cycle applies first. So protocol, trajectory server (TS) and the
+bookkeeping here change only between ``await``s of one cycle, and a checkpoint taken while
+applying a ``trained`` event is consistent.
+
+1. apply events: reward outcomes (a group whose ``n`` kept members are rewarded is filtered —
+   ``protocol.drop_group`` + ``ts.drop_group`` — or ``protocol.finish``-ed, which occupies its
+   slot), sync done / failed (``coordinator.on_sync_done`` / ``on_sync_failed``), a finished
+   training step (``coordinator.on_version_published(k+1)``, step metrics, maybe a checkpoint);
+2. keep the TS fed with fresh prompt groups from the data cursor (at least one batch of
+   never-admitted groups queued, plus one per replacement the protocol asks for);
+3. poll every rollout instance: results since the last poll (finished → ``ts.finish`` and off to
+   a reward worker; interrupted → ``ts.return_partial``; anything the protocol no longer holds
+   in flight → ``ts.drop``) and a snapshot taken after them;
+4. ``coordinator.step(snapshots, ts.queue_view())`` → commands, executed before the next cycle:
+   ``Route`` (``ts.route`` then ``rollout.submit``, batched per instance and version),
+   ``Interrupt`` (``rollout.interrupt``; ``requeue=False`` also discards in the TS), ``Drop``
+   (discard in the TS), ``Sync`` (background: the instance interrupts everything, pulls the
+   version from the param server over NIXL and loads it);
+5. train: when ``protocol.ready()`` and the trainer is idle, ``consume`` → release the batch's
+   payloads from the TS → ``trainer.train_step`` (background; the trainer pushes version k+1).
+   If the trainer has waited longer than ``STUCK_AFTER_S`` and a stuck threshold is configured,
+   ``protocol.resolve_stuck()``.
+
+Only the coordinator calls ``reserve`` and ``take_aborts``; this loop calls
+``take_replacements``. Every admitted trajectory ends consumed, or dropped in the TS with the
+reason the protocol (or the reward runner, or the filter) gave — :meth:`CoordinatorActor.ledger`
+checks exactly that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import structlog
+
+from rollout_coordinator import (
+    Coordinator,
+    CoordinatorConfig,
+    Drop,
+    Interrupt,
+    QueueView,
+    Route,
+    Sync,
+)
+from staleflow_trainer.actors.payloads import (
+    completion_of,
+    instance_snapshot,
+    queued,
+    request_from_trajectory,
+    result_from_dict,
+    segment_of,
+)
+from staleflow_trainer.config import AppConfig, from_dict
+from staleflow_trainer.data import DataCursor, load_records
+from staleflow_trainer.errors import CheckpointError, DataError
+from staleflow_trainer.metrics import staleness_summary
+from staleflow_trainer.trainer import should_drop_group
+from staleflow_trainer.trainer.checkpoint import atomic_write_bytes, read_verified_bytes
+from staleness_protocol import (
+    GroupState,
+    ProtocolConfig,
+    ProtocolError,
+    StalenessProtocol,
+    TrajectoryState,
+)
+from trajectory_server import LocationState, SamplingParams
+from trajectory_server.client import TrajectoryClient
+from trajectory_server.errors import TrajectoryServerError
+
+log = structlog.get_logger(__name__)
+
+STUCK_AFTER_S = 5.0  # trainer wait after which a stuck buffer may be resolved
+STATE_FILE = "coordinator.json"
+TS_FILE = "trajectory_store.bin"
+TRAINER_FILE = "trainer.pt"
+LATEST_FILE = "latest"
+_CLOSED = (GroupState.ABORTED, GroupState.DROPPED)
+
+
+def group_of(trajectory_id: str) -> str:
+    """The trajectory server names group members ``<group_id>/<i>``."""
+    return trajectory_id.rsplit("/", 1)[0]
+
+
+def protocol_config(cfg: AppConfig) -> ProtocolConfig:
+    """The protocol's config from the app's: ``eta: unbounded`` = the run's step count (no
+    buffer a run can reach is ever refused), i.e. no staleness control."""
+    p = cfg.protocol
+    eta = cfg.trainer.steps if p.eta == "unbounded" else int(p.eta)
+    return ProtocolConfig(
+        batch_size=p.batch_size,
+        group_size=p.group_size,
+        eta=eta,
+        batch_redundancy=p.batch_redundancy,
+        group_redundancy=p.group_redundancy,
+        filtering=cfg.trainer.dynamic_sampling,
+        stuck_threshold=p.stuck_threshold or None,
+    )
+
+
+def coordinator_config(cfg: AppConfig) -> CoordinatorConfig:
+    c = cfg.coordinator
+    return CoordinatorConfig.from_dict(
+        {
+            "policy": c.policy,
+            "cost_model": c.cost_model,
+            "theta": c.theta,
+            "route_kv_limit": c.route_kv_limit,
+            "sync_kv_threshold": c.sync_kv_threshold,
+            "migration_ratio": c.migration_ratio,
+            "migration_indicator": c.migration_indicator,
+        }
+    )
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The checkpoint directory the ``latest`` pointer names, or None."""
+    pointer = Path(run_dir) / "checkpoints" / LATEST_FILE
+    if not pointer.is_file():
+        return None
+    d = pointer.parent / pointer.read_text().strip()
+    if not d.is_dir():
+        raise CheckpointError(f"{pointer} names {d.name!r}, which does not exist", path=str(d))
+    return d
+
+
+class CoordinatorActor:
+    """Wrap with ``ray.remote``; async. ``run()`` returns when ``trainer.steps`` are done."""
+
+    def __init__(
+        self,
+        *,
+        cfg: Mapping[str, Any],
+        model_path: str,
+        ts_address: Sequence[Any],
+        ts_token: str,
+        rollouts: Mapping[str, Any],
+        instances: Mapping[str, Mapping[str, Any]],
+        trainer: Any,
+        rewards: Sequence[Any],
+        resume_dir: str | None = None,
+    ) -> None:
+        self.cfg: AppConfig = from_dict(cfg)
+        self._model_path = model_path
+        self._ts_address = tuple(ts_address)
+        self._ts_token = ts_token
+        self._rollouts = dict(rollouts)
+        self._instances = {k: dict(v) for k, v in instances.items()}
+        self._trainer = trainer
+        self._rewards = list(rewards)
+        self._resume_dir = Path(resume_dir) if resume_dir else None
+        self._run_dir = Path(self.cfg.run.run_dir)
+        self._ckpt_root = self._run_dir / "checkpoints"
+        self._ts: Any = None
+        self._t0 = time.monotonic()
+        self._n_keep = self.cfg.protocol.group_size
+        self._n_submit = self.cfg.protocol.group_size + self.cfg.protocol.group_redundancy
+        self._max_new = self.cfg.rollout.sampling.max_new_tokens
+        self._steps_target = self.cfg.trainer.steps
+        # bookkeeping (checkpointed)
+        self._groups: dict[str, int] = {}  # every group ever submitted -> record index
+        self._fresh: set[str] = set()  # submitted, no member admitted yet
+        self._serial = 0
+        self._rewards_of: dict[str, float] = {}
+        self._rewarded: dict[str, list[str]] = {}  # group -> rewarded members, in order
+        self._steps_done = 0
+        self._counters: dict[str, int] = dict.fromkeys(
+            (
+                "routes",
+                "syncs",
+                "sync_failures",
+                "migrations",
+                "bounces",
+                "interrupts",
+                "aborts",
+                "filtered",
+                "reward_dropped",
+                "replacements",
+                "stuck_resolved",
+                "generate_errors",
+                "ts_refusals",
+            ),
+            0,
+        )
+        # transient
+        self._events: list[tuple[str, Any]] = []
+        self._reward_pending: set[str] = set()
+        self._syncing: dict[str, asyncio.Task[None]] = {}
+        self._train_task: asyncio.Task[None] | None = None
+        self._known_len: dict[str, int] = {}
+        self._tokens_step = 0
+        self._tokens_total = 0
+        self._last_step_t = time.monotonic()
+        self._wait_since = time.monotonic()
+        self._records: list[dict[str, Any]] = []
+        self._timeline: list[dict[str, Any]] = []
+        self._inst_state: dict[str, list[Any]] = {}  # iid -> [state, since_s, version]
+        self._busy_acc: dict[str, float] = {}
+        self._last_cycle_t = time.monotonic()
+        self._step_counters: dict[str, int] = dict(self._counters)
+        self._stop = False
+        self._log = log.bind(component="coordinator_loop")
+
+    # ------------------------------------------------------------------------------- set-up
+
+    async def setup(self) -> dict[str, Any]:
+        from transformers import AutoTokenizer
+
+        cfg = self.cfg
+        self._tok = AutoTokenizer.from_pretrained(self._model_path)
+        self._eos = self._tok.eos_token_id
+        self._records_data = load_records(cfg)
+        self._cursor = DataCursor(
+            len(self._records_data), seed=cfg.run.seed, shuffle=cfg.data.shuffle
+        )
+        self._rng = np.random.default_rng([cfg.run.seed, 17])
+        state: dict[str, Any] | None = None
+        if self._resume_dir is not None:
+            state = json.loads(read_verified_bytes(self._resume_dir / STATE_FILE))
+            self.protocol = StalenessProtocol.from_dict(state["protocol"])
+            self._restore_bookkeeping(state)
+        else:
+            self.protocol = StalenessProtocol(protocol_config(cfg))
+        version = self.protocol.current_version
+        self.coordinator = Coordinator(
+            coordinator_config(cfg), self.protocol, time.monotonic, latest_version=version
+        )
+        for iid, info in self._instances.items():
+            self.coordinator.add_instance(
+                iid, kv_capacity_tokens=int(info["kv_capacity_tokens"]), version=version
+            )
+            self._inst_state[iid] = ["idle", 0.0, version]
+            self._busy_acc[iid] = 0.0
+        self._ts = await TrajectoryClient.connect(*self._ts_address, token=self._ts_token)
+        requeued = 0
+        if state is not None:
+            requeued = await self._recover()
+        self._log.info(
+            "loop_ready",
+            version=version,
+            resumed=state is not None,
+            requeued=requeued,
+            steps_done=self._steps_done,
+        )
+        return {"version": version, "steps_done": self._steps_done, "requeued": requeued}
+
+    def _restore_bookkeeping(self, state: Mapping[str, Any]) -> None:
+        self._cursor.load_state_dict(state["cursor"])
+        self._groups = {str(k): int(v) for k, v in state["groups"].items()}
+        self._fresh = set(state["fresh"])
+        self._serial = int(state["serial"])
+        self._rewards_of = {str(k): float(v) for k, v in state["rewards"].items()}
+        self._rewarded = {str(k): list(v) for k, v in state["rewarded"].items()}
+        self._steps_done = int(state["steps_done"])
+        self._counters.update(state["counters"])
+        self._step_counters = dict(self._counters)
+        self._rng = np.random.default_rng([self.cfg.run.seed, 17, self._steps_done])
+
+    async def _recover(self) -> int:
+        """After a restart: work the checkpoint saw on instances goes back to the queue (the
+        protocol keeps its reservations); finished-but-unrewarded trajectories are re-scored."""
+        requeued = 0
+        for iid in set(await self._ts_instances()):
+            requeued += len(await self._ts.instance_lost(iid))
+        items = []
+        for ft in await self._ts.finished():
+            tid = ft.trajectory.trajectory_id
+            if tid in self._rewards_of:
+                continue
+            if self._proto_state(tid) is TrajectoryState.IN_FLIGHT:
+                items.append(self._reward_item(ft.trajectory))
+        self._dispatch_rewards(items)
+        return requeued
+
+    async def _ts_instances(self) -> list[str]:
+        stats = await self._ts.stats()
+        return list(stats.running_by_instance)
+
+    # ------------------------------------------------------------------------------- the loop
+
+    async def run(self) -> dict[str, Any]:
+        period = self.cfg.coordinator.snapshot_interval_s
+        self._last_step_t = self._wait_since = time.monotonic()
+        while self._steps_done < self._steps_target and not self._stop:
+            t = time.monotonic()
+            await self._cycle()
+            await asyncio.sleep(max(0.0, period - (time.monotonic() - t)))
+        if self._train_task is not None:  # stop requested mid-step: let it land
+            await self._train_task
+            await self._apply_events()
+        await self._quiesce()
+        return await self.summary()
+
+    async def stop(self) -> None:
+        self._stop = True
+
+    async def _cycle(self) -> None:
+        await self._apply_events()
+        if self._steps_done >= self._steps_target:
+            return
+        await self._feed()
+        polls = await asyncio.gather(*(h.poll.remote() for h in self._rollouts.values()))
+        for iid, p in zip(self._rollouts, polls, strict=True):
+            self._counters["generate_errors"] += len(p["errors"])
+            if p["results"]:
+                await self._handle_results(iid, p["results"])
+        entries = await self._ts.queue_view(4096)
+        now = time.monotonic()
+        snaps = [instance_snapshot(p["snapshot"], time_s=now) for p in polls]
+        self._account_timeline(polls, now)
+        commands = self.coordinator.step(snaps, QueueView([queued(e) for e in entries]), now)
+        await self._execute(commands)
+        await self._maybe_train()
+
+    # --------------------------------------------------------------------------- feeding
+
+    def _encode(self, idx: int) -> list[int]:
+        rec = self._records_data[idx]
+        if self.cfg.data.apply_chat_template:
+            ids = self._tok.apply_chat_template(
+                rec.chat_messages(), add_generation_prompt=True, tokenize=True
+            )
+        else:
+            ids = self._tok(rec.prompt_text())["input_ids"]
+        ids = [int(i) for i in ids]
+        if not ids or len(ids) > self.cfg.data.max_prompt_len:
+            raise DataError(
+                f"row {rec.index}: prompt has {len(ids)} tokens; allowed 1..data.max_prompt_len="
+                f"{self.cfg.data.max_prompt_len}",
+                row=rec.index,
+                field="prompt",
+            )
+        return ids
+
+    def _target_lengths(self) -> list[int] | None:
+        if self.cfg.rollout.backend != "sim":
+            return None
+        w = self.cfg.sim.workload
+        draw = self._rng.lognormal(math.log(w.response_len_median), w.response_len_sigma, 1)
+        base = int(np.clip(draw[0], 1, self._max_new))  # group-correlated lengths
+        jitter = self._rng.integers(-1, 2, size=self._n_submit)
+        return [int(np.clip(base + j, 1, self._max_new)) for j in jitter]
+
+    async def _feed(self) -> None:
+        reqs = self.protocol.take_replacements()
+        self._counters["replacements"] += len(reqs)
+        need = max(self.cfg.protocol.batch_size - len(self._fresh), 0) + len(reqs)
+        s = self.cfg.rollout.sampling
+        for _ in range(need):
+            idx = self._cursor.next_index()
+            rec = self._records_data[idx]
+            gid = f"g{self._serial:06d}"
+            self._serial += 1
+            await self._ts.submit_group(
+                gid,
+                self._encode(idx),
+                self._n_submit,
+                sampling=SamplingParams(
+                    temperature=s.temperature,
+                    top_p=s.top_p,
+                    max_new_tokens=s.max_new_tokens,
+                    stop_token_ids=() if self._eos is None else (int(self._eos),),
+                    seed=(self.cfg.run.seed * 1_000_003 + self._serial * 64) % (2**31),
+                ),
+                metadata={
+                    "index": rec.index,
+                    "ground_truth": rec.ground_truth,
+                    "data_source": rec.data_source,
+                    "extra_info": rec.extra_info,
+                },
+                target_lengths=self._target_lengths(),
+            )
+            self._groups[gid] = rec.index
+            self._fresh.add(gid)
+
+    # --------------------------------------------------------------------------- results
+
+    def _proto_state(self, tid: str) -> TrajectoryState | None:
+        try:
+            return self.protocol.trajectory(tid).state
+        except ProtocolError:
+            return None
+
+    def _group_closed(self, gid: str) -> bool:
+        try:
+            return self.protocol.group(gid).state in _CLOSED
+        except ProtocolError:
+            return False
+
+    async def _handle_results(self, iid: str, results: Sequence[Mapping[str, Any]]) -> None:
+        finished, partial, gone = [], [], []
+        for d in results:
+            r = result_from_dict(d)
+            tid = r.trajectory_id
+            new = len(r.token_ids) - self._known_len.pop(tid, 0)
+            self._tokens_step += max(new, 0)
+            self._tokens_total += max(new, 0)
+            if self._proto_state(tid) is not TrajectoryState.IN_FLIGHT:
+                gone.append(tid)
+            elif r.finished or len(r.token_ids) >= self._max_new:
+                finished.append(r)
+            else:
+                partial.append(r)
+        if gone:
+            await self._discard(gone, "aborted")
+        if partial:
+            segs = [segment_of(r) for r in partial]
+            await self._ts_batch("return_partial", iid, segs)
+            self.coordinator.on_interrupted(iid, [r.trajectory_id for r in partial])
+        if finished:
+            comps = [
+                completion_of(r, finish_reason=None if r.finished else "length") for r in finished
+            ]
+            done = await self._ts_batch("finish", iid, comps)
+            self.coordinator.on_finished([r.trajectory_id for r in finished])
+            self._dispatch_rewards([self._reward_item(ft.trajectory) for ft in done])
+
+    async def _ts_batch(self, op: str, iid: str, items: Sequence[Any]) -> list[Any]:
+        """A batch TS call; if the store refuses the batch (all-or-nothing), retry one by one
+        and discard what it still refuses (logged and counted)."""
+        fn = getattr(self._ts, op)
+        try:
+            return list(await fn(iid, items))
+        except TrajectoryServerError as e:
+            self._log.warning("ts_batch_refused", op=op, instance=iid, error=str(e))
+        out = []
+        for it in items:
+            try:
+                out.extend(await fn(iid, [it]))
+            except TrajectoryServerError as e:
+                self._counters["ts_refusals"] += 1
+                self._log.warning(
+                    "ts_refused", op=op, instance=iid, trajectory_id=it.trajectory_id, error=str(e)
+                )
+        return out
+
+    async def _discard(self, ids: Sequence[str], reason: str) -> None:
+        """Drop in the TS what the protocol no longer holds; a closed group's never-admitted
+        siblings go with it (otherwise they would sit in the queue forever)."""
+        groups = {group_of(t) for t in ids}
+        closed = {g for g in groups if self._group_closed(g)}
+        for g in sorted(closed):
+            reason_g = self.protocol.group(g).reason or reason
+            try:
+                await self._ts.drop_group(g, str(reason_g))
+            except TrajectoryServerError as e:
+                self._log.debug("drop_group_noop", group_id=g, error=str(e))
+            self._fresh.discard(g)
+        rest = [t for t in ids if group_of(t) not in closed]
+        if rest:
+            locs = await self._ts.locate(rest)
+            live = [
+                t
+                for t, loc in zip(rest, locs, strict=True)
+                if loc.state is not LocationState.DROPPED
+            ]
+            if live:
+                await self._ts.drop(live, reason)
+
+    # --------------------------------------------------------------------------- rewards
+
+    def _reward_item(self, t: Any) -> dict[str, Any]:
+        md = dict(t.metadata)
+        return {
+            "trajectory_id": t.trajectory_id,
+            "response_ids": list(t.generated_token_ids),
+            "data_source": md.get("data_source", "unknown"),
+            "ground_truth": md.get("ground_truth", ""),
+            "extra_info": md.get("extra_info") or {},
+        }
+
+    def _dispatch_rewards(self, items: list[dict[str, Any]]) -> None:
+        if not items:
+            return
+        k = len(self._rewards)
+        shards = [items[i::k] for i in range(k)]
+        for worker, shard in zip(self._rewards, shards, strict=True):
+            if shard:
+                self._reward_pending.update(it["trajectory_id"] for it in shard)
+                asyncio.get_running_loop().create_task(self._score(worker, shard))
+
+    async def _score(self, worker: Any, shard: list[dict[str, Any]]) -> None:
+        try:
+            outcomes = await worker.score.remote(shard)
+        except Exception as e:  # the worker died: drop with the reason, the run goes on
+            outcomes = [
+                {
+                    "trajectory_id": it["trajectory_id"],
+                    "score": None,
+                    "dropped": True,
+                    "reason": f"reward worker failed: {e!r}"[:200],
+                }
+                for it in shard
+            ]
+        self._events.append(("rewarded", outcomes))
+
+    async def _apply_rewards(self, outcomes: Sequence[Mapping[str, Any]]) -> None:
+        for o in outcomes:
+            tid = str(o["trajectory_id"])
+            self._reward_pending.discard(tid)
+            gid = group_of(tid)
+            if self._proto_state(tid) is not TrajectoryState.IN_FLIGHT:
+                await self._discard([tid], "aborted")
+                continue
+            if o["dropped"]:
+                self._counters["reward_dropped"] += 1
+                reason = f"reward_failed: {o['reason']}"[:200]
+                self.protocol.drop_group(gid, reason)
+                await self._discard([tid], reason)
+                continue
+            self._rewards_of[tid] = float(o["score"])
+            members = self._rewarded.setdefault(gid, [])
+            members.append(tid)
+            if len(members) < self._n_keep:
+                continue
+            kept = members[: self._n_keep]
+            if self.protocol.group(gid).state is not GroupState.RESERVED or any(
+                self._proto_state(t) is not TrajectoryState.IN_FLIGHT for t in kept
+            ):
+                continue
+            if self.cfg.trainer.dynamic_sampling and should_drop_group(
+                [self._rewards_of[t] for t in kept]
+            ):
+                self._counters["filtered"] += 1
+                self.protocol.drop_group(gid, "filtered: equal rewards")
+                await self._discard(kept, "filtered: equal rewards")
+                continue
+            for t in kept:
+                self.protocol.finish(t)
+
+    # --------------------------------------------------------------------------- commands
+
+    async def _execute(self, commands: Sequence[Any]) -> None:
+        routes: dict[tuple[str, int], list[Route]] = {}
+        jobs = []
+        for c in commands:
+            if isinstance(c, Route):
+                routes.setdefault((c.instance_id, c.version), []).append(c)
+            elif isinstance(c, Interrupt):
+                jobs.append(self._interrupt(c))
+            elif isinstance(c, Drop):
+                self._counters["aborts"] += len(c.trajectory_ids)
+                self.coordinator.on_dropped(c.trajectory_ids)
+                jobs.append(self._discard(list(c.trajectory_ids), str(c.reason)))
+            elif isinstance(c, Sync):
+                self._start_sync(c.instance_id, c.to_version)
+        for (iid, version), rs in routes.items():
+            jobs.append(self._route(iid, version, rs))
+        if jobs:
+            await asyncio.gather(*jobs)
+
+    async def _interrupt(self, c: Interrupt) -> None:
+        ids = list(c.trajectory_ids)
+        if c.requeue:
+            key = "bounces" if c.reason == "bounce" else "migrations"
+            self._counters[key] += len(ids)
+        else:
+            self._counters["aborts"] += len(ids)
+            self.coordinator.on_dropped(ids)
+        self._counters["interrupts"] += len(ids)
+        await self._rollouts[c.instance_id].interrupt.remote(ids)
+        if not c.requeue:
+            await self._discard(ids, str(c.reason))
+
+    async def _route(self, iid: str, version: int, rs: Sequence[Route]) -> None:
+        ids = [r.trajectory_id for r in rs]
+        try:
+            payloads = list(await self._ts.route(iid, ids, version))
+        except TrajectoryServerError as e:
+            self._log.warning("ts_route_refused", instance=iid, error=str(e))
+            payloads = []
+            for tid in ids:
+                try:
+                    payloads.extend(await self._ts.route(iid, [tid], version))
+                except TrajectoryServerError as e1:
+                    self._counters["ts_refusals"] += 1
+                    self._log.warning("ts_route_skip", trajectory_id=tid, error=str(e1))
+        routed = {t.trajectory_id for t in payloads}
+        missing = [t for t in ids if t not in routed]
+        if missing:
+            self.coordinator.on_interrupted(iid, missing)
+        for r in rs:
+            if r.new:
+                self._fresh.discard(r.group_id)
+        if not payloads:
+            return
+        self._counters["routes"] += len(payloads)
+        for t in payloads:
+            self._known_len[t.trajectory_id] = len(t.generated_token_ids)
+        acks = await self._rollouts[iid].submit.remote(
+            [request_from_trajectory(t) for t in payloads]
+        )
+        refused = [a["trajectory_id"] for a in acks if not a["ok"]]
+        if refused:
+            self._log.warning("submit_refused", instance=iid, acks=[a for a in acks if not a["ok"]])
+            by_id = {t.trajectory_id: t for t in payloads}
+            segs = [segment_of(_as_result(by_id[t])) for t in refused]
+            await self._ts_batch("return_partial", iid, segs)
+            self.coordinator.on_interrupted(iid, refused)
+
+    def _start_sync(self, iid: str, version: int) -> None:
+        async def job() -> None:
+            try:
+                info = await self._rollouts[iid].sync.remote(version)
+                self._events.append(("synced", (iid, int(info["version"]), info)))
+            except Exception as e:
+                self._events.append(("sync_failed", (iid, repr(e))))
+
+        self._syncing[iid] = asyncio.get_running_loop().create_task(job())
+
+    # --------------------------------------------------------------------------- events
+
+    async def _apply_events(self) -> None:
+        while self._events:
+            events, self._events = self._events, []
+            for kind, payload in events:
+                if kind == "rewarded":
+                    await self._apply_rewards(payload)
+                elif kind == "synced":
+                    iid, version, _info = payload
+                    self._syncing.pop(iid, None)
+                    self._counters["syncs"] += 1
+                    self.coordinator.on_sync_done(iid, version)
+                elif kind == "sync_failed":
+                    iid, err = payload
+                    self._syncing.pop(iid, None)
+                    self._counters["sync_failures"] += 1
+                    self._log.warning("sync_failed", instance=iid, error=err)
+                    self.coordinator.on_sync_failed(iid)
+                elif kind == "trained":
+                    await self._apply_trained(*payload)
+
+    # --------------------------------------------------------------------------- training
+
+    async def _maybe_train(self) -> None:
+        if self._train_task is not None or self._steps_done >= self._steps_target:
+            return
+        now = time.monotonic()
+        if not self.protocol.ready():
+            if (
+                self.protocol.config.stuck_threshold is not None
+                and now - self._wait_since > STUCK_AFTER_S
+            ):
+                res = self.protocol.resolve_stuck()
+                if res.resolved:
+                    self._counters["stuck_resolved"] += 1
+                    self._log.info("stuck_resolved", buffer=res.buffer, moved=len(res.moved))
+            if not self.protocol.ready():
+                return
+        wait_s = now - self._wait_since
+        batch = self.protocol.consume()
+        tids = [t for group in batch.trajectory_ids for t in group]
+        released = {ft.trajectory.trajectory_id: ft for ft in await self._ts.release(tids)}
+        samples = []
+        stale: list[int] = []
+        for gid, members, st in zip(
+            batch.group_ids, batch.trajectory_ids, batch.trajectory_staleness, strict=True
+        ):
+            for tid, s in zip(members, st, strict=True):
+                ft = released[tid]
+                t = ft.trajectory
+                stale.append(int(s))
+                samples.append(
+                    {
+                        "group_id": str(gid),
+                        "prompt_ids": list(t.prompt_token_ids),
+                        "response_ids": list(t.generated_token_ids),
+                        "rollout_logprobs": list(t.generated_logprobs),
+                        "reward": self._rewards_of.pop(tid),
+                        "truncated": str(ft.finish_reason) == "length",
+                        "v_traj": int(t.v_traj or 0),
+                        "staleness": int(s),
+                    }
+                )
+            self._rewarded.pop(str(gid), None)
+
+        async def job() -> None:
+            t0 = time.monotonic()
+            metrics = await self._trainer.train_step.remote(samples)
+            self._events.append(("trained", (batch.version, stale, samples, metrics, wait_s, t0)))
+
+        self._train_task = asyncio.get_running_loop().create_task(job())
+
+    async def _apply_trained(
+        self,
+        consumed: int,
+        stale: list[int],
+        samples: list[dict[str, Any]],
+        metrics: Mapping[str, Any],
+        wait_s: float,
+        t_start: float,
+    ) -> None:
+        version = int(metrics["version"])
+        if version != consumed + 1:
+            raise RuntimeError(f"trainer produced version {version} for buffer {consumed}")
+        self.coordinator.on_version_published(version)
+        self._steps_done += 1
+        now = time.monotonic()
+        span = max(now - self._last_step_t, 1e-9)
+        stats = await self._ts.stats()
+        step_counts = {k: v - self._step_counters.get(k, 0) for k, v in self._counters.items()}
+        rewards = [s["reward"] for s in samples]
+        record: dict[str, Any] = {
+            "step": self._steps_done,
+            "version": version,
+            "tokens_per_s": self._tokens_step / span,
+            **staleness_summary(stale),
+            "reward_mean": float(np.mean(rewards)),
+            "accuracy": float(np.mean([r >= 1.0 for r in rewards])),
+            "trainer_wait_s": wait_s,
+            "train_s": now - t_start,
+            "step_s": span,
+            "time_s": now - self._t0,
+            "tokens": self._tokens_step,
+            "instance_busy": {k: v / span for k, v in sorted(self._busy_acc.items())},
+            "syncs": step_counts["syncs"],
+            "migrations": step_counts["migrations"] + step_counts["bounces"],
+            "interrupts": step_counts["interrupts"],
+            "aborts": step_counts["aborts"],
+            "filtered": step_counts["filtered"],
+            "queue_depths": {
+                "queued": stats.queued,
+                "running": stats.running,
+                "finished": stats.finished,
+                **{f"level_{k}": v for k, v in stats.queued_by_level.items()},
+            },
+            "trainer": {k: v for k, v in metrics.items() if k not in ("version", "reward_mean")},
+        }
+        self._records.append(record)
+        self._tokens_step = 0
+        self._last_step_t = now
+        self._wait_since = now
+        self._busy_acc = dict.fromkeys(self._busy_acc, 0.0)
+        self._step_counters = dict(self._counters)
+        self._train_task = None
+        every = self.cfg.run.checkpoint_every
+        if (every and self._steps_done % every == 0) or self._steps_done >= self._steps_target:
+            await self.checkpoint()
+
+    # --------------------------------------------------------------------------- checkpoint
+
+    async def checkpoint(self) -> str:
+        """Write ``checkpoints/step_<k>`` atomically (temp dir + rename + ``latest`` pointer)."""
+        k = self._steps_done
+        self._ckpt_root.mkdir(parents=True, exist_ok=True)
+        final = self._ckpt_root / f"step_{k:06d}"
+        tmp = self._ckpt_root / f".tmp_step_{k:06d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        await self._trainer.save_checkpoint.remote(str(tmp))
+        ts_path = await self._ts.save_checkpoint()
+        shutil.copyfile(ts_path, tmp / TS_FILE)
+        state = {
+            "format": "staleflow-loop/1",
+            "steps_done": k,
+            "protocol": self.protocol.to_dict(),
+            "cursor": self._cursor.state_dict(),
+            "groups": self._groups,
+            "fresh": sorted(self._fresh),
+            "serial": self._serial,
+            "rewards": self._rewards_of,
+            "rewarded": self._rewarded,
+            "counters": self._counters,
+        }
+        atomic_write_bytes(tmp / STATE_FILE, json.dumps(state).encode())
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.replace(final)
+        atomic_write_bytes(self._ckpt_root / LATEST_FILE, final.name.encode())
+        kept = sorted(p for p in self._ckpt_root.glob("step_*") if p.is_dir())
+        for old in kept[: -self.cfg.run.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+        self._log.info("checkpoint_written", step=k, path=str(final))
+        return str(final)
+
+    # --------------------------------------------------------------------------- timeline
+
+    def _account_timeline(self, polls: Sequence[Mapping[str, Any]], now: float) -> None:
+        dt = now - self._last_cycle_t
+        self._last_cycle_t = now
+        t = now - self._t0
+        for iid, p in zip(self._rollouts, polls, strict=True):
+            snap = p["snapshot"]
+            if iid in self._syncing or p.get("syncing"):
+                state = "syncing"
+            elif snap["running"] or snap["waiting"]:
+                state = "busy"
+            else:
+                state = "idle"
+            cur = self._inst_state[iid]
+            if cur[0] == "busy":
+                self._busy_acc[iid] += dt
+            if state != cur[0] or snap["version"] != cur[2]:
+                if t > cur[1]:
+                    self._timeline.append(
+                        {
+                            "instance": iid,
+                            "state": cur[0],
+                            "start_s": cur[1],
+                            "end_s": t,
+                            "version": cur[2],
+                        }
+                    )
+                self._inst_state[iid] = [state, t, int(snap["version"])]
+
+    # --------------------------------------------------------------------------- shutdown
+
+    async def _quiesce(self) -> None:
+        """Stop generating (the last checkpoint already holds what resume needs)."""
+        for task in list(self._syncing.values()):
+            try:
+                await asyncio.wait_for(task, 60)
+            except Exception as e:  # a failed sync at shutdown changes nothing
+                self._log.debug("sync_at_shutdown", error=repr(e))
+        await asyncio.gather(*(h.interrupt.remote(None) for h in self._rollouts.values()))
+        t = time.monotonic() - self._t0
+        for iid, (state, since, version) in self._inst_state.items():
+            if t > since:
+                self._timeline.append(
+                    {
+                        "instance": iid,
+                        "state": state,
+                        "start_s": since,
+                        "end_s": t,
+                        "version": version,
+                    }
+                )
+            self._inst_state[iid] = ["idle", t, version]
+
+    # --------------------------------------------------------------------------- queries
+
+    async def drain(self) -> dict[str, Any]:
+        """Step records and timeline rows produced since the last call (for the driver)."""
+        records, self._records = self._records, []
+        timeline, self._timeline = self._timeline, []
+        return {"records": records, "timeline": timeline, "steps_done": self._steps_done}
+
+    async def summary(self) -> dict[str, Any]:
+        st = self.protocol.stats()
+        return {
+            "steps_done": self._steps_done,
+            "version": self.protocol.current_version,
+            "tokens_total": self._tokens_total,
+            "counters": dict(self._counters),
+            "staleness_histogram": {str(k): v for k, v in st.staleness_histogram.items()},
+            "aborts_by_reason": dict(st.aborts_by_reason),
+            "groups_submitted": len(self._groups),
+        }
+
+    async def protocol_state(self) -> dict[str, Any]:
+        return self.protocol.to_dict()
+
+    async def ledger(self) -> dict[str, Any]:
+        """Every trajectory ever submitted: consumed, in flight, or dropped with a reason.
+
+        ``problems`` lists any trajectory for which the TS and the protocol disagree in a way
+        that would mean it was lost or counted twice; it must be empty.
+        """
+        counts = dict.fromkeys(("consumed", "in_flight", "dropped", "waiting_consume"), 0)
+        reasons: dict[str, int] = {}
+        problems: list[str] = []
+        for gid in self._groups:
+            members = list(await self._ts.group(gid))
+            if len(members) != self._n_submit:
+                problems.append(f"{gid}: {len(members)} members, expected {self._n_submit}")
+            for tid, loc in zip(members, await self._ts.locate(members), strict=True):
+                ps = self._proto_state(tid)
+                if loc.state is LocationState.DROPPED:
+                    counts["dropped"] += 1
+                    reasons[loc.reason or "?"] = reasons.get(loc.reason or "?", 0) + 1
+                    if ps in (
+                        TrajectoryState.IN_FLIGHT,
+                        TrajectoryState.FINISHED,
+                        TrajectoryState.OCCUPIED,
+                        TrajectoryState.CONSUMED,
+                    ):
+                        problems.append(f"{tid}: dropped in TS but {ps.value} in the protocol")
+                elif ps is TrajectoryState.CONSUMED:
+                    counts["consumed"] += 1
+                    if loc.state is not LocationState.FINISHED:
+                        problems.append(f"{tid}: consumed but {loc.state.value} in TS")
+                elif ps in (TrajectoryState.ABORTED, TrajectoryState.DROPPED):
+                    problems.append(
+                        f"{tid}: {ps.value} in the protocol but {loc.state.value} in TS"
+                    )
+                elif ps is TrajectoryState.OCCUPIED or ps is TrajectoryState.FINISHED:
+                    counts["waiting_consume"] += 1
+                else:  # None (never admitted) or IN_FLIGHT: queued, running, or being rewarded
+                    counts["in_flight"] += 1
+        return {
+            "groups": len(self._groups),
+            "trajectories": len(self._groups) * self._n_submit,
+            **counts,
+            "dropped_reasons": reasons,
+            "problems": problems,
+            "steps_done": self._steps_done,
+        }
+
+
+def _as_result(t: Any) -> Any:
+    """A payload the engine refused, as a zero-progress interrupted result."""
+    from engine_adapters import FinishReason, GenerateResult
+
+    return GenerateResult(
+        trajectory_id=t.trajectory_id,
+        token_ids=list(t.generated_token_ids),
+        logprobs=list(t.generated_logprobs),
+        versions=list(t.generated_versions),
+        finish_reason=FinishReason.INTERRUPTED,
+    )

@@ -1,0 +1,485 @@
+"""``staleflow train``: the whole disaggregated system on Ray, wired from one config.
+
+Each component is its own Ray actor (see :mod:`staleflow_trainer.actors`): the trajectory server
+(TCP on loopback with a token), the parameter server host (NIXL storage worker processes), N
+rollout instances (one engine adapter each: vllm | sglang | sim), reward workers, the trainer,
+and the coordinator loop that owns the staleness protocol and the rollout coordinator. The driver
+(this module) only starts them, streams step records into the run directory and stops them.
+
+Run directory (``run.run_dir``)::
+
+    config.yaml            the resolved config
+    model/                 the tiny model, when model.path is empty
+    metrics.jsonl          one JSON object per training step (see staleflow_trainer.metrics)
+    timeline.jsonl         per-instance busy / syncing / idle intervals
+    tensorboard/           TensorBoard events
+    checkpoints/step_<k>/  trainer.pt, trajectory_store.bin, coordinator.json (+ .sha256)
+    checkpoints/latest     name of the newest complete checkpoint
+    plots/                 PNGs (staleflow plot RUN_DIR)
+
+Resuming (``run.resume``: ``auto`` = when a checkpoint exists, ``must``, ``never``): model,
+optimizer, protocol state, trajectory store, data cursor and the loop's bookkeeping come back
+exactly; trajectories that were on an instance at checkpoint time return to the queue with what
+the store held (their V_traj and protocol reservations are kept).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import structlog
+
+from staleflow_trainer.actors.coordinator_loop import (
+    TS_FILE,
+    latest_checkpoint,
+)
+from staleflow_trainer.config import AppConfig, dump_config, to_dict
+from staleflow_trainer.errors import CheckpointError
+from staleflow_trainer.metrics import MetricsWriter, ProgressBar, TimelineWriter
+
+log = structlog.get_logger(__name__)
+
+_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+@attrs.frozen(kw_only=True)
+class RunSummary:
+    """What a finished ``train`` run produced."""
+
+    run_dir: str
+    steps_done: int
+    version: int
+    wall_s: float
+    metrics_path: str
+    checkpoint: str | None
+    resumed_from: str | None
+    plots: tuple[str, ...] = ()
+    counters: dict[str, int] = attrs.field(factory=dict)
+    ledger: dict[str, Any] = attrs.field(factory=dict)
+
+
+def resolve_resume(cfg: AppConfig) -> Path | None:
+    """The checkpoint to resume from under ``run.resume`` (CheckpointError for ``must``
+    without one)."""
+    found = latest_checkpoint(cfg.run_dir)
+    if cfg.run.resume == "never":
+        return None
+    if found is None and cfg.run.resume == "must":
+        raise CheckpointError(
+            f"run.resume=must but {cfg.run_dir / 'checkpoints'} holds no checkpoint",
+            path=str(cfg.run_dir),
+        )
+    return found
+
+
+def model_dir(cfg: AppConfig) -> Path:
+    """``model.path``, or a tiny Qwen2 + character tokenizer created in ``RUN_DIR/model``."""
+    if cfg.model.path:
+        return Path(cfg.model.path)
+    from staleflow_trainer.tiny_model import TinyModelSpec, make_tiny_model
+
+    t = cfg.model.tiny
+    spec = TinyModelSpec(
+        hidden_size=t.hidden_size,
+        intermediate_size=t.intermediate_size,
+        num_layers=t.num_layers,
+        num_heads=t.num_heads,
+        num_kv_heads=t.num_kv_heads,
+        max_position_embeddings=t.max_position_embeddings,
+        seed=cfg.run.seed,
+    )
+    return make_tiny_model(cfg.run_dir / "model", spec)
+
+
+def _engine_kwargs(cfg: AppConfig, i: int, model_path: Path) -> dict[str, Any]:
+    r = cfg.rollout
+    if r.backend == "vllm":
+        return {
+            "model_path": str(model_path),
+            "max_model_len": r.max_model_len,
+            "max_num_seqs": r.max_running,
+            "cpu_kv_cache_gib": max(1, round(r.kv_cache_gib)),
+            "enforce_eager": r.enforce_eager,
+            "dtype": cfg.model.dtype,
+            "seed": cfg.run.seed + i,
+        }
+    if r.backend == "sim":
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(model_path))
+        s = cfg.sim
+        cost: Any = s.cost_model
+        if cost == "custom":
+            cost = {"k1": s.k1, "k2": s.k2, "k3": s.k3, "k4": s.k4, "b": s.b or 0.0}
+        return {
+            "config": {
+                "cost": cost,
+                "max_running": r.max_running,
+                "kv_capacity_tokens": s.kv_capacity_tokens,
+                "max_model_len": r.max_model_len,
+                "vocab_size": len(tok),
+                "num_special_tokens": len(tok.all_special_ids) or 1,
+                "eos_token_id": int(tok.eos_token_id or 0),
+                "seed": cfg.run.seed + i,
+            }
+        }
+    urls = [u for u in r.sglang_url.split(",") if u]
+    return {"base_url": urls[i % len(urls)] if urls else "", "max_model_len": r.max_model_len}
+
+
+def init_ray(cfg: AppConfig) -> bool:
+    """Start a local Ray (or join ``ray.address``); returns True if this call started it."""
+    for k, v in _ENV.items():
+        os.environ.setdefault(k, v)
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if cfg.ray.address:
+        ray.init(
+            address=cfg.ray.address,
+            runtime_env={"env_vars": dict(_ENV)},
+            log_to_driver=bool(os.environ.get("STALEFLOW_RAY_LOGS")),
+        )
+    else:
+        ray.init(
+            num_cpus=cfg.ray.num_cpus or os.cpu_count() or 1,
+            num_gpus=cfg.ray.num_gpus or 0,
+            include_dashboard=False,
+            object_store_memory=cfg.ray.object_store_mb << 20,
+            log_to_driver=bool(os.environ.get("STALEFLOW_RAY_LOGS")),
+        )
+    return True
+
+
+class Deployment:
+    """The running system. ``start()`` → ``run()`` → ``close()``; tests use the handles.
+
+    Actor handles: ``ts``, ``ps``, ``trainer``, ``rollouts`` (instance id → handle),
+    ``rewards``, ``coordinator``.
+    """
+
+    def __init__(self, cfg: AppConfig) -> None:
+        self.cfg = cfg
+        self.run_dir = cfg.run_dir
+        self.resume_dir: Path | None = None
+        self.model_path: Path | None = None
+        self.ts: Any = None
+        self.ps: Any = None
+        self.trainer: Any = None
+        self.rollouts: dict[str, Any] = {}
+        self.rewards: list[Any] = []
+        self.coordinator: Any = None
+        self.steps_at_start = 0
+        self._started_ray = False
+        self._t0 = time.monotonic()
+
+    # ------------------------------------------------------------------------------ start
+
+    def start(self) -> Deployment:
+        import ray
+
+        from staleflow_trainer.actors.coordinator_loop import CoordinatorActor
+        from staleflow_trainer.actors.param_host import ParamServerHost
+        from staleflow_trainer.actors.reward_actor import RewardActor
+        from staleflow_trainer.actors.rollout import RolloutActor
+        from staleflow_trainer.actors.trainer_actor import TrainerActor
+        from trajectory_server.actor import TrajectoryServerActor
+
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.resume_dir = resolve_resume(cfg)
+        ckpt_root = self.run_dir / "checkpoints"
+        ts_ckpt = ckpt_root / TS_FILE
+        if self.resume_dir is None:
+            shutil.rmtree(ckpt_root, ignore_errors=True)
+            for name in ("timeline.jsonl",):
+                (self.run_dir / name).unlink(missing_ok=True)
+        else:
+            shutil.copyfile(self.resume_dir / TS_FILE, ts_ckpt)
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        dump_config(cfg, self.run_dir / "config.yaml")
+        self.model_path = model_dir(cfg)
+        self._started_ray = init_ray(cfg)
+        cfg_dict = to_dict(cfg)
+        pg = self._placement_group()
+
+        def opts(i: int | None, **kw: Any) -> dict[str, Any]:
+            if pg is not None and i is not None:
+                from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+                kw["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=i
+                )
+            return kw
+
+        ts_token = secrets.token_hex(16)
+        ps_token = cfg.param_server.auth_token or secrets.token_hex(16)
+        self.ts = (
+            ray.remote(TrajectoryServerActor)
+            .options(num_cpus=0, max_concurrency=64)
+            .remote(
+                token=ts_token, checkpoint_path=str(ts_ckpt), restore=self.resume_dir is not None
+            )
+        )
+        self.ps = (
+            ray.remote(ParamServerHost)
+            .options(num_cpus=0)
+            .remote(
+                num_workers=cfg.param_server.num_workers,
+                keep_versions=max(cfg.param_server.keep_versions, 2),
+                host=cfg.param_server.bind_host,
+                token=ps_token,
+            )
+        )
+        ts_addr, ps_addr = ray.get([self.ts.start.remote(), self.ps.address.remote()])
+        n = cfg.rollout.num_instances
+        self.trainer = (
+            ray.remote(TrainerActor)
+            .options(**opts(n, num_cpus=0, num_gpus=cfg.trainer.num_gpus or 0))
+            .remote(
+                cfg=cfg_dict,
+                model_path=str(self.model_path),
+                ps_address=ps_addr,
+                ps_token=ps_token,
+                checkpoint_dir=None if self.resume_dir is None else str(self.resume_dir),
+            )
+        )
+        self.rollouts = {
+            f"{cfg.rollout.backend}-{i}": ray.remote(RolloutActor)
+            .options(
+                **opts(
+                    i,
+                    num_cpus=cfg.rollout.cpus_per_instance,
+                    num_gpus=cfg.rollout.gpus_per_instance,
+                    max_concurrency=1000,
+                )
+            )
+            .remote(
+                instance_id=f"{cfg.rollout.backend}-{i}",
+                backend=cfg.rollout.backend,
+                engine_kwargs=_engine_kwargs(cfg, i, self.model_path),
+                ps_address=ps_addr,
+                ps_token=ps_token,
+            )
+            for i in range(n)
+        }
+        self.rewards = [
+            ray.remote(RewardActor)
+            .options(num_cpus=0)
+            .remote(
+                fn=cfg.reward.fn,
+                retries=cfg.reward.retries,
+                timeout_s=cfg.reward.timeout_s,
+                tokenizer_path=str(self.model_path),
+            )
+            for _ in range(cfg.reward.num_workers)
+        ]
+        starts = [h.start.remote() for h in self.rollouts.values()]
+        pushed = self.trainer.push.remote()  # version 0, or the resumed version
+        infos = ray.get(starts)
+        version = int(ray.get(pushed)["version"])
+        if version > 0:  # resumed: every instance serves the trainer's version first
+            ray.get([h.sync.remote(version) for h in self.rollouts.values()])
+        instances = {
+            i["instance_id"]: {"kv_capacity_tokens": i["kv_capacity_tokens"]} for i in infos
+        }
+        self.coordinator = (
+            ray.remote(CoordinatorActor)
+            .options(num_cpus=0, max_concurrency=64)
+            .remote(
+                cfg=cfg_dict,
+                model_path=str(self.model_path),
+                ts_address=ts_addr,
+                ts_token=ts_token,
+                rollouts=self.rollouts,
+                instances=instances,
+                trainer=self.trainer,
+                rewards=self.rewards,
+                resume_dir=None if self.resume_dir is None else str(self.resume_dir),
+            )
+        )
+        info = ray.get(self.coordinator.setup.remote())
+        self.steps_at_start = int(info["steps_done"])
+        log.info(
+            "deployment_started",
+            instances=list(self.rollouts),
+            version=version,
+            resumed_from=None if self.resume_dir is None else str(self.resume_dir),
+            seconds=round(time.monotonic() - self._t0, 1),
+        )
+        return self
+
+    def _placement_group(self) -> Any:
+        cfg = self.cfg
+        if not (cfg.rollout.gpus_per_instance or cfg.trainer.num_gpus):
+            return None
+        import ray
+        from ray.util.placement_group import placement_group
+
+        bundles = [
+            {"CPU": cfg.rollout.cpus_per_instance, "GPU": cfg.rollout.gpus_per_instance}
+            for _ in range(cfg.rollout.num_instances)
+        ]
+        bundles.append({"CPU": 0.01, "GPU": float(cfg.trainer.num_gpus)})
+        pg = placement_group(bundles, strategy="PACK")
+        ray.get(pg.ready())
+        return pg
+
+    # ------------------------------------------------------------------------------- run
+
+    def run(self, on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Drive the coordinator loop until ``trainer.steps``; writes metrics and timeline."""
+        import ray
+
+        cfg = self.cfg
+        resumed = self.resume_dir is not None
+        writer = MetricsWriter(
+            self.run_dir,
+            tensorboard=cfg.metrics.tensorboard,
+            resume_step=self.steps_at_start if resumed else None,
+        )
+        timeline = TimelineWriter(self.run_dir)
+        run_ref = self.coordinator.run.remote()
+        try:
+            with ProgressBar(
+                cfg.trainer.steps, enabled=cfg.metrics.progress_bar, start_step=self.steps_at_start
+            ) as bar:
+                while True:
+                    ready, _ = ray.wait([run_ref], timeout=0.5)
+                    out = ray.get(self.coordinator.drain.remote())
+                    for rec in out["records"]:
+                        writer.log_step(rec)
+                        bar.update(int(rec["step"]), rec)
+                        if on_record is not None:
+                            on_record(rec)
+                    timeline.extend(out["timeline"])
+                    if ready:
+                        break
+            summary = ray.get(run_ref)
+            out = ray.get(self.coordinator.drain.remote())
+            for rec in out["records"]:
+                writer.log_step(rec)
+            timeline.extend(out["timeline"])
+        finally:
+            writer.close()
+            timeline.close()
+        return dict(summary)
+
+    # ------------------------------------------------------------------------- queries
+
+    def ledger(self) -> dict[str, Any]:
+        import ray
+
+        return dict(ray.get(self.coordinator.ledger.remote()))
+
+    def protocol_state(self) -> dict[str, Any]:
+        import ray
+
+        return dict(ray.get(self.coordinator.protocol_state.remote()))
+
+    # ------------------------------------------------------------------------------ stop
+
+    def close(self) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            return
+        closing = [h.close.remote() for h in self.rollouts.values()]
+        if self.trainer is not None:
+            closing.append(self.trainer.close.remote())
+        if self.ps is not None:
+            closing.append(self.ps.close.remote())
+        try:
+            ray.get(closing, timeout=60)
+        except Exception as e:  # shutting down anyway
+            log.warning("close_incomplete", error=repr(e))
+        for h in [
+            self.coordinator,
+            *self.rollouts.values(),
+            *self.rewards,
+            self.trainer,
+            self.ps,
+            self.ts,
+        ]:
+            if h is not None:
+                ray.kill(h)
+        self.rollouts, self.rewards = {}, []
+        self.coordinator = self.trainer = self.ps = self.ts = None
+        if self._started_ray:
+            ray.shutdown()
+            self._started_ray = False
+
+    def __enter__(self) -> Deployment:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def train(cfg: AppConfig) -> RunSummary:
+    """Run ``staleflow train``: start everything, train ``trainer.steps`` steps, stop, plot."""
+    t0 = time.monotonic()
+    dep = Deployment(cfg)
+    try:
+        dep.start()
+        summary = dep.run()
+        ledger = dep.ledger()
+    finally:
+        dep.close()
+    plots: tuple[str, ...] = ()
+    try:
+        from staleflow_trainer.plots import plot_run
+
+        plots = tuple(str(p) for p in plot_run(cfg.run_dir))
+    except Exception as e:  # plots are a convenience; the run itself succeeded
+        log.warning("plots_failed", error=repr(e))
+    ckpt = latest_checkpoint(cfg.run_dir)
+    result = RunSummary(
+        run_dir=str(cfg.run_dir),
+        steps_done=int(summary["steps_done"]),
+        version=int(summary["version"]),
+        wall_s=time.monotonic() - t0,
+        metrics_path=str(cfg.run_dir / "metrics.jsonl"),
+        checkpoint=None if ckpt is None else str(ckpt),
+        resumed_from=None if dep.resume_dir is None else str(dep.resume_dir),
+        plots=plots,
+        counters=dict(summary["counters"]),
+        ledger=ledger,
+    )
+    _report(result)
+    return result
+
+
+def _report(s: RunSummary) -> None:
+    from rich.console import Console
+
+    c = Console()
+    c.print(
+        f"[bold green]done[/]: {s.steps_done} steps (version {s.version}) in {s.wall_s:.0f} s"
+        + (f", resumed from {s.resumed_from}" if s.resumed_from else "")
+    )
+    c.print(f"run directory: {s.run_dir}")
+    c.print(f"metrics:       {s.metrics_path}")
+    if s.checkpoint:
+        c.print(f"checkpoint:    {s.checkpoint}")
+    if s.plots:
+        c.print(
+            f"plots:         {Path(s.plots[0]).parent}  ({', '.join(Path(p).name for p in s.plots)})"
+        )
+    if s.ledger.get("problems"):
+        c.print(f"[bold red]ledger problems[/]: {s.ledger['problems'][:5]}")

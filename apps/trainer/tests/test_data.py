@@ -1,0 +1,170 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from staleflow_trainer.config import load_config
+from staleflow_trainer.data import (
+    DataCursor,
+    check_prompt_lengths,
+    load_dataset,
+    load_records,
+    toy_accuracy,
+    toy_records,
+    toy_score,
+)
+from staleflow_trainer.errors import CheckpointError, DataError
+
+ROWS = [
+    {
+        "prompt": [{"role": "user", "content": "What is 2+2?"}],
+        "reward_model": {"ground_truth": "4", "style": "rule"},
+        "data_source": "gsm8k",
+        "extra_info": {"split": "train"},
+    },
+    {"prompt": "What is 3*3?", "ground_truth": 9},
+]
+
+
+def _jsonl(tmp_path: Path, rows: list, name: str = "d.jsonl") -> Path:
+    p = tmp_path / name
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return p
+
+
+def test_jsonl_verl_columns(tmp_path: Path) -> None:
+    recs = load_dataset(_jsonl(tmp_path, ROWS))
+    assert [r.index for r in recs] == [0, 1]
+    assert recs[0].is_chat and recs[0].chat_messages()[0]["content"] == "What is 2+2?"
+    assert recs[0].ground_truth == "4" and recs[0].data_source == "gsm8k"
+    assert recs[0].extra_info == {"split": "train"}
+    assert recs[1].prompt == "What is 3*3?" and recs[1].ground_truth == "9"
+    assert recs[1].data_source == "unknown"
+
+
+def test_parquet(tmp_path: Path) -> None:
+    p = tmp_path / "d.parquet"
+    pq.write_table(
+        pa.Table.from_pylist(
+            [
+                {"prompt": "1+1=", "reward_model": {"ground_truth": "2"}, "data_source": "x"},
+                {"prompt": "2+2=", "reward_model": {"ground_truth": "4"}, "data_source": "x"},
+            ]
+        ),
+        p,
+    )
+    recs = load_dataset(p)
+    assert [r.ground_truth for r in recs] == ["2", "4"]
+
+
+def test_custom_keys(tmp_path: Path) -> None:
+    p = _jsonl(tmp_path, [{"question": "q?", "answer": "a"}])
+    recs = load_dataset(p, prompt_key="question", answer_key="answer")
+    assert recs[0].prompt == "q?" and recs[0].ground_truth == "a"
+
+
+@pytest.mark.parametrize(
+    ("rows", "field", "row"),
+    [
+        ([{"text": "x", "ground_truth": "1"}], "prompt", 0),
+        ([ROWS[1], {"prompt": "   ", "ground_truth": "1"}], "prompt", 1),
+        ([{"prompt": [], "ground_truth": "1"}], "prompt", 0),
+        ([{"prompt": [{"role": "user"}], "ground_truth": "1"}], "prompt", 0),
+        ([{"prompt": 5, "ground_truth": "1"}], "prompt", 0),
+        ([{"prompt": "p"}], "reward_model.ground_truth", 0),
+        ([{"prompt": "p", "ground_truth": "1", "extra_info": [1]}], "extra_info", 0),
+    ],
+)
+def test_bad_rows_name_row_and_field(tmp_path: Path, rows: list, field: str, row: int) -> None:
+    with pytest.raises(DataError) as info:
+        load_dataset(_jsonl(tmp_path, rows))
+    assert info.value.field == field
+    assert info.value.row == row
+    assert f"row {row}" in str(info.value)
+
+
+def test_file_level_errors(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="does not exist"):
+        load_dataset(tmp_path / "nope.jsonl")
+    with pytest.raises(DataError, match="unsupported extension"):
+        load_dataset(tmp_path / "d.csv")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "ground_truth": "1"}\n{not json\n')
+    with pytest.raises(DataError, match="line 2"):
+        load_dataset(bad)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(DataError, match="empty"):
+        load_dataset(empty)
+
+
+def test_prompt_longer_than_context() -> None:
+    recs = toy_records("add", size=3, seed=0)
+    check_prompt_lengths(recs, [4, 4, 4], max_prompt_len=4)
+    with pytest.raises(DataError) as info:
+        check_prompt_lengths(recs, [4, 9, 4], max_prompt_len=4)
+    assert info.value.row == 1
+
+
+def test_cursor_is_seeded_and_covers_each_epoch() -> None:
+    a, b = DataCursor(10, seed=3), DataCursor(10, seed=3)
+    first = a.take(10)
+    assert sorted(first) == list(range(10))
+    assert first == b.take(10)
+    assert first != DataCursor(10, seed=4).take(10)
+    second = a.take(10)
+    assert sorted(second) == list(range(10)) and second != first  # reshuffled per epoch
+    assert a.epoch == 1 and a.served == 20
+    assert DataCursor(5, shuffle=False).take(7) == [0, 1, 2, 3, 4, 0, 1]
+
+
+def test_cursor_resume_is_exact_across_epochs() -> None:
+    ref = DataCursor(7, seed=1)
+    expected = ref.take(30)
+    c = DataCursor(7, seed=1)
+    got = c.take(12)
+    state = c.state_dict()
+    resumed = DataCursor(7, seed=1)
+    resumed.load_state_dict(json.loads(json.dumps(state)))  # survives JSON
+    got += resumed.take(18)
+    assert got == expected
+
+
+def test_cursor_rejects_mismatched_state() -> None:
+    state = DataCursor(7, seed=1).state_dict()
+    with pytest.raises(CheckpointError, match="num_records"):
+        DataCursor(8, seed=1).load_state_dict(state)
+    with pytest.raises(CheckpointError, match="seed"):
+        DataCursor(7, seed=2).load_state_dict(state)
+    c = DataCursor(7, seed=1)
+    c.take(3)
+    with pytest.raises(CheckpointError):
+        c.load_state_dict({**state, "position": 99})
+    assert c.position == 3  # unchanged
+
+
+def test_toy_task_and_score() -> None:
+    recs = toy_records("add", size=50, seed=0)
+    assert len(recs) == 50 and all(r.data_source == "toy_add" for r in recs)
+    for r in recs:
+        a, b = r.prompt[0], r.prompt[2]
+        assert r.prompt == f"{a}+{b}=" and int(r.ground_truth) == int(a) + int(b) <= 9
+    assert toy_records("add", size=50, seed=0) == recs
+    assert toy_score("7", "7") == 1.0 and toy_score(" 7=", "7") == 1.0
+    assert toy_score("6", "7") == pytest.approx(0.1)
+    assert toy_score("77", "7") == 0.0 and toy_score("+7", "7") == 0.0
+    assert toy_accuracy("6", "7") == 0.0 and toy_accuracy("7", "7") == 1.0
+    assert {r.ground_truth for r in toy_records("add_mod10", size=200)} == set("0123456789")
+    with pytest.raises(DataError):
+        toy_records("mul", size=1)
+
+
+def test_load_records_from_config(tmp_path: Path) -> None:
+    cfg = load_config(None, ["data.toy_size=12"])
+    assert len(load_records(cfg)) == 12
+    p = _jsonl(tmp_path, ROWS)
+    assert len(load_records(load_config(None, [f"data.path={p}"]))) == 2
