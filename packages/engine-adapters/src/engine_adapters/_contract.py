@@ -50,11 +50,16 @@ def _non_negative(name: str):
 
 
 def _tuple_of_ints(value: Sequence[int]) -> tuple[int, ...]:
-    return tuple(int(v) for v in value)
+    # Fast path (C speed): an existing tuple of plain ints is kept as is.
+    if type(value) is tuple and set(map(type, value)) <= {int}:
+        return value
+    return tuple(map(int, value))
 
 
 def _tuple_of_floats(value: Sequence[float]) -> tuple[float, ...]:
-    return tuple(float(v) for v in value)
+    if type(value) is tuple and set(map(type, value)) <= {float}:
+        return value
+    return tuple(map(float, value))
 
 
 @attrs.frozen(kw_only=True)

@@ -216,6 +216,31 @@ class SimEngineCore:
         kept and returned by the next :meth:`advance_to`.
         """
         self._advance(now)
+        self._enqueue(request)
+        self._touch(now)
+
+    def add_many(self, requests: Sequence[GenerateRequest], now: float) -> None:
+        """:meth:`add` for a batch at one time, in order (cheaper: one scheduling pass).
+
+        All are validated first; if any is bad nothing is added.
+        """
+        self._advance(now)
+        ids = [r.trajectory_id for r in requests]
+        if len(set(ids)) != len(ids):
+            raise InvalidRequest("add_many got duplicate trajectory ids", field="trajectory_id")
+        trajs = [self._validate(r) for r in requests]
+        for traj in trajs:
+            self._waiting.append(traj)
+            self._waiting_ids[traj.request.trajectory_id] = traj
+        if trajs:
+            self._touch(now)
+
+    def _enqueue(self, request: GenerateRequest) -> None:
+        traj = self._validate(request)
+        self._waiting.append(traj)
+        self._waiting_ids[request.trajectory_id] = traj
+
+    def _validate(self, request: GenerateRequest) -> _Traj:
         tid = request.trajectory_id
         if self.holds(tid):
             raise InvalidRequest(
@@ -239,7 +264,7 @@ class SimEngineCore:
             )
         key = _tokens.stream_key(cfg.seed, request.sampling.seed, prompt)
         stop_len, reason, eos_pos = self._stop_point(request, key)
-        traj = _Traj(
+        return _Traj(
             request=request,
             key=key,
             prompt_len=len(prompt),
@@ -249,9 +274,6 @@ class SimEngineCore:
             generated=n_prior,
             marks=[],
         )
-        self._waiting.append(traj)
-        self._waiting_ids[tid] = traj
-        self._touch(now)
 
     def interrupt(self, trajectory_ids: Sequence[str] | None, now: float) -> list[SimCompletion]:
         """Stop trajectories (``None`` = all running and waiting) and return their partials.
