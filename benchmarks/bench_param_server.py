@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import xxhash
 
 from param_server import ParamServer, ParamServerClient, ParamServerConfig
 from param_server._nixl import Transport
@@ -52,6 +53,7 @@ def main() -> None:
     dst.copy_(flat)
     memcpy = _timed(lambda: dst.copy_(flat))
     crc = _timed(lambda: zlib.crc32(flat.numpy().view(np.uint8)), 1)
+    xxh = _timed(lambda: xxhash.xxh3_64_intdigest(flat.numpy().view(np.uint8)), 1)
     del dst, flat
     gc.collect()
 
@@ -111,6 +113,7 @@ def main() -> None:
         "raw_nixl_gbps": round(_gbps(nbytes, statistics.median(raw_s)), 3),
         "memcpy_gbps": round(_gbps(nbytes, statistics.median(memcpy)), 3),
         "crc32_gbps": round(_gbps(nbytes, crc[0]), 3),
+        "xxh3_gbps": round(_gbps(nbytes, xxh[0]), 3),
     }
     res["pull_efficiency"] = round(res["pull_gbps"] / res["raw_nixl_gbps"], 3)
     res["pull_noverify_efficiency"] = round(res["pull_noverify_gbps"] / res["raw_nixl_gbps"], 3)

@@ -202,7 +202,7 @@ class CoreMachine(RuleBasedStateMachine):
         self.pulls: dict[int, object] = {}
         self.complete: dict[int, set[int]] = {}  # version -> region ids
         self.freed: set[int] = set()
-        self.dead_regions: set[int] = set()
+        self.lost_regions: set[int] = set()  # memory gone with a dead worker
 
     def _free(self, regions) -> None:  # type: ignore[no-untyped-def]
         for r in regions:
@@ -277,7 +277,9 @@ class CoreMachine(RuleBasedStateMachine):
 
     @rule(worker=st.sampled_from(["w0", "w1", "w2"]))
     def lose(self, worker: str) -> None:
+        before = set(self.core.live_regions())
         rep = self.core.worker_lost(worker)
+        self.lost_regions |= before - set(self.core.live_regions())
         self._free(rep.free_regions)
         if rep.aborted_version is not None:
             self.staged.clear()
@@ -285,7 +287,13 @@ class CoreMachine(RuleBasedStateMachine):
 
     @rule(worker=st.sampled_from(["w0", "w1", "w2"]))
     def join(self, worker: str) -> None:
-        self.core.worker_joined(worker)
+        before = set(self.core.live_regions())
+        staged = self.core.staged_version
+        self._free(self.core.worker_joined(worker))  # an unnoticed restart is a loss first
+        self.lost_regions |= before - set(self.core.live_regions())
+        if staged is not None and self.core.staged_version is None:
+            self.staged.clear()
+            self.began.clear()
 
     @invariant()
     def pinned_regions_never_freed(self) -> None:
@@ -295,7 +303,7 @@ class CoreMachine(RuleBasedStateMachine):
             for r in p.reads:  # type: ignore[attr-defined]
                 assert r.region not in self.freed
                 # live unless its worker died (memory gone, not reused)
-                assert r.region in live or r.worker in self.core.dead_workers()
+                assert r.region in live or r.region in self.lost_regions
 
     @invariant()
     def retention(self) -> None:

@@ -471,9 +471,9 @@ class ParamServerCore:
                 field="checksums",
             )
         for key, crc in checksums.items():
-            if not isinstance(crc, int) or not 0 <= crc < 2**32:
+            if not isinstance(crc, int) or not 0 <= crc < 2**64:
                 raise UsageError(
-                    f"checksum of {key} must be a uint32, got {crc!r}", field="checksums"
+                    f"checksum of {key} must be a uint64, got {crc!r}", field="checksums"
                 )
         rp.checksums = dict(checksums)
         version = st.version
@@ -664,13 +664,15 @@ class ParamServerCore:
             unavailable=self.unavailable_slices(),
         )
 
-    def worker_joined(self, worker: str) -> None:
-        """The worker is back with empty memory; pushes may proceed again."""
+    def worker_joined(self, worker: str) -> tuple[RegionAlloc, ...]:
+        """The worker is back with empty memory; pushes may proceed again. Returns regions to
+        free on other workers when this is a restart nobody reported (treated as a loss)."""
         self._check_worker(worker)
+        freed: tuple[RegionAlloc, ...] = ()
         if self._alive[worker]:
-            # A restart we did not notice: everything it held is gone.
-            self.worker_lost(worker)
+            freed = self.worker_lost(worker).free_regions
         self._alive[worker] = True
+        return freed
 
     def _get_version(self, version: int) -> _Version:
         rec = self._versions.get(version)

@@ -299,7 +299,7 @@ class ParamServer:
             if w in self._links:
                 self._mark_lost(w, "replaced by a new incarnation")
             self._links[w] = _WorkerLink(w, chan, body["agent"], body["metadata"], body["pid"])
-            self.core.worker_joined(w)
+            self._free(self.core.worker_joined(w))
             self._joined.notify_all()
         log.info("worker_joined", worker=w, agent=body["agent"], pid=body["pid"])
 

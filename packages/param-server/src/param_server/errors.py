@@ -111,7 +111,7 @@ class ChecksumMismatch(ParamServerError):
         self.where = where
         super().__init__(
             f"checksum mismatch for {name!r} slice {slice_index} of version {version} at "
-            f"{where}: expected {expected:#010x}, got {actual:#010x}"
+            f"{where}: expected {expected:#018x}, got {actual:#018x}"
         )
 
 

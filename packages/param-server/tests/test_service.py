@@ -1,0 +1,220 @@
+"""Real end-to-end: storage worker processes, NIXL transfers, concurrent pull processes,
+worker death and rejoin, checksum corruption, tokens."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from param_server import (
+    ChecksumMismatch,
+    ConfigError,
+    ParamServer,
+    ParamServerClient,
+    ParamServerConfig,
+    ProtocolError,
+    PushFailed,
+    SliceUnavailable,
+    UnknownTensor,
+    VersionUnavailable,
+)
+from param_server._wire import Channel
+
+pytestmark = [pytest.mark.nixl, pytest.mark.timeout(120)]
+
+
+def small_model(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "embed.weight": torch.randn(512, 256, generator=g),  # 512 KiB
+        "layers.0.mlp.weight": torch.randn(1024, 512, generator=g),  # 2 MiB, sliced
+        "layers.0.norm.weight": torch.randn(256, generator=g).to(torch.bfloat16),
+        "layers.0.attn.qkv": torch.randn(768, 256, generator=g).to(torch.float16),
+        "lm_head.weight": torch.randn(512, 256, generator=g).t(),  # non-contiguous
+        "step": torch.tensor(seed, dtype=torch.int64),  # 0-d
+        "empty": torch.empty(0, 4),
+        "mask": torch.rand(33, generator=g) > 0.5,
+    }
+
+
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(
+        a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and torch.equal(a[k], b[k]) for k in a
+    )
+
+
+@pytest.fixture
+def server() -> Iterator[ParamServer]:
+    cfg = ParamServerConfig(
+        num_workers=2, replication=2, max_slice_bytes=1 << 20, fault_injection=True,
+        monitor_interval_s=0.2,
+    )
+    with ParamServer(cfg) as ps:
+        yield ps
+
+
+def _puller(address: tuple[str, int], out: mp.Queue) -> None:  # type: ignore[type-arg]
+    with ParamServerClient(address) as c:
+        version, tensors = c.pull()
+        out.put((version, {k: (str(v.dtype), tuple(v.shape), v.contiguous().view(-1).view(torch.uint8).numpy().tobytes()) for k, v in tensors.items()}))
+
+
+def test_push_then_two_concurrent_pull_processes_get_identical_bytes(server: ParamServer) -> None:
+    model = small_model(1)
+    with ParamServerClient(server.address) as trainer:
+        res = trainer.push(1, model)
+    assert res.complete and res.version == 1
+    ctx = mp.get_context("spawn")
+    q: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+    procs = [ctx.Process(target=_puller, args=(server.address, q)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = [q.get(timeout=90) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    want = {k: (str(v.dtype), tuple(v.shape), v.contiguous().view(-1).view(torch.uint8).numpy().tobytes()) for k, v in model.items()}
+    for version, got in results:
+        assert version == 1
+        assert got == want
+    # the plan spread slices over both replicas
+    st = server.status()
+    assert st["latest"] == 1 and st["active_pulls"] == 0
+
+
+def test_pull_names_and_versions(server: ParamServer) -> None:
+    with ParamServerClient(server.address) as c:
+        with pytest.raises(VersionUnavailable):
+            c.pull()
+        c.push(1, small_model(1))
+        c.push(2, small_model(2))
+        v, got = c.pull(names=["embed.weight", "step"])
+        assert v == 2 and set(got) == {"embed.weight", "step"} and int(got["step"]) == 2
+        v, got = c.pull(version=1)
+        assert v == 1 and same(got, small_model(1))
+        with pytest.raises(UnknownTensor) as e:
+            c.pull(names=["nope"])
+        assert e.value.names == ("nope",)
+        with pytest.raises(PushFailed, match="not newer"):
+            c.push(2, small_model(2))
+
+
+def test_version_invisible_until_every_rank_commits(server: ParamServer) -> None:
+    model = small_model(3)
+    names = sorted(model)
+    half = len(names) // 2
+    r0 = {k: model[k] for k in names[:half]}
+    r1 = {k: model[k] for k in names[half:]}
+    with ParamServerClient(server.address) as a, ParamServerClient(server.address) as b, ParamServerClient(server.address) as reader:
+        assert not a.push(5, r0, rank=0, world_size=2).complete
+        with pytest.raises(VersionUnavailable):
+            reader.pull()
+        assert b.push(5, r1, rank=1, world_size=2).complete
+        v, got = reader.pull()
+        assert v == 5 and same(got, model)
+
+
+def test_worker_death_replicated_pull_ok_push_fails_then_recovers(server: ParamServer) -> None:
+    model = small_model(4)
+    with ParamServerClient(server.address) as trainer, ParamServerClient(server.address) as rollout:
+        trainer.push(1, model)
+        v, got = rollout.pull()
+        assert same(got, model)
+        os.kill(server.worker_pids()["w1"], signal.SIGKILL)  # no warning to the server
+        v, got = rollout.pull()  # may hit the dead worker first: retried on a fresh plan
+        assert v == 1 and same(got, model)
+        deadline = time.monotonic() + 10
+        while "w1" not in server.status()["dead"]:
+            assert time.monotonic() < deadline, "death not detected"
+            time.sleep(0.05)
+        with pytest.raises(PushFailed) as e:
+            trainer.push(2, small_model(5))
+        assert e.value.workers == ("w1",) and "w1" in str(e.value)
+        server.restart_worker("w1")
+        assert server.status()["dead"] == []
+        assert trainer.push(2, small_model(5)).complete
+        v, got = rollout.pull()
+        assert v == 2 and same(got, small_model(5))
+
+
+def test_unreplicated_loss_reports_unavailable_slices() -> None:
+    cfg = ParamServerConfig(num_workers=2, replication=1, max_slice_bytes=1 << 20)
+    with ParamServer(cfg) as ps, ParamServerClient(ps.address) as c:
+        model = small_model(6)
+        c.push(1, model)
+        slice_map = ps.core.slice_map(1)
+        on_w0 = {n for n, sl in slice_map.items() if any(s.locations[0].worker == "w0" for s in sl)}
+        only_w1 = sorted(set(model) - on_w0)
+        assert on_w0 and only_w1
+        ps.kill_worker("w0")
+        unavailable = ps.status()["unavailable"]
+        assert {name for _, name, _ in unavailable} == on_w0
+        with pytest.raises(SliceUnavailable) as e:
+            c.pull()
+        assert e.value.dead_workers == ("w0",)
+        v, got = c.pull(names=only_w1)
+        assert same(got, {k: model[k] for k in only_w1})
+
+
+def test_corruption_detected_by_checksum(server: ParamServer) -> None:
+    model = small_model(7)
+    with ParamServerClient(server.address) as c:
+        c.push(1, model)
+        server.corrupt(1, "layers.0.mlp.weight", slice_index=1, offset=5)
+        with pytest.raises(ChecksumMismatch) as e:
+            c.pull()
+        assert e.value.name == "layers.0.mlp.weight" and e.value.slice_index == 1
+        assert e.value.version == 1
+        # without verification the flipped byte really comes through: the check caught it
+        _, got = c.pull(verify=False)
+        assert not torch.equal(got["layers.0.mlp.weight"], model["layers.0.mlp.weight"])
+        assert server.status()["active_pulls"] == 0
+
+
+def test_non_loopback_needs_token_and_token_is_checked() -> None:
+    with pytest.raises(ConfigError) as e:
+        ParamServerConfig(host="0.0.0.0")
+    assert e.value.field == "host"
+    cfg = ParamServerConfig(num_workers=1, host="0.0.0.0", token="s3cret")
+    with ParamServer(cfg) as ps:
+        addr = ("127.0.0.1", ps.address[1])
+        with ParamServerClient(addr, token="s3cret") as ok:
+            ok.push(1, {"w": torch.ones(4)})
+            assert ok.pull()[0] == 1
+        with pytest.raises(ProtocolError):
+            ParamServerClient(addr, token="wrong").status()
+        with pytest.raises(ProtocolError):
+            ParamServerClient(addr).status()
+        assert ps.status()["latest"] == 1  # nothing changed by the rejected peers
+
+
+def test_malformed_peer_messages_leave_state_unchanged(server: ParamServer) -> None:
+    with ParamServerClient(server.address) as c:
+        c.push(1, small_model(8))
+    before = server.status()
+    raw = socket.create_connection(server.address)
+    raw.sendall(b"\x00\x00\x00\x05hello")  # not msgpack
+    raw.settimeout(10)
+    assert raw.recv(4096)  # an error frame, then the server closes
+    raw.close()
+    big = socket.create_connection(server.address)
+    big.sendall((1 << 30).to_bytes(4, "big"))  # announces a 1 GiB frame
+    big.settimeout(10)
+    assert big.recv(4096)
+    big.close()
+    chan = Channel.connect(server.address, None)
+    kind, body = chan.call("pull_end", {"pull_id": 999, "failed_worker": None})
+    assert kind == "error" and body["kind"] == "UsageError"
+    kind, body = chan.call("push_begin", {"version": 2, "rank": 3, "world_size": 2, "tensors": []})
+    assert kind == "error" and body["context"]["field"] == "rank"
+    kind, body = chan.call("push_begin", {"version": 2, "rank": 0, "world_size": 1, "tensors": [["x", "complex64", [2], 16]]})
+    assert kind == "error" and body["context"]["field"] == "dtype"
+    chan.close()
+    assert server.status() == before
