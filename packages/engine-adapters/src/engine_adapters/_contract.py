@@ -11,7 +11,15 @@ One adapter drives one rollout *instance*. The coordinator talks to it with four
 * ``interrupt(ids | None)`` — stop those trajectories (``None`` = all, including ones still
   waiting inside the engine) and return their partial outputs. Each interrupted trajectory's
   ``generate`` coroutine also resolves with the same partial result, so callers may use either
-  path; the pair never yields the same tokens twice.
+  path; the pair never yields the same tokens twice. An id the engine never held raises
+  :class:`~engine_adapters.errors.UnknownTrajectory` and stops nothing; an id whose
+  ``generate`` already resolved (it finished a moment before the interrupt) is skipped: it is
+  absent from the returned list, its result came through ``generate``.
+
+Generation stops only at the request's ``stop_token_ids`` (the stop token is included in the
+output) or at ``max_new_tokens`` / the model context; adapters never add the model's EOS
+implicitly — callers put EOS in ``stop_token_ids``. Results always cover the whole trajectory
+so far, resumed prefix included, with one logprob and one model version per token.
 * ``load_weights(version, named_tensors)`` — replace the weights in place; the prefix cache is
   reset (or salted by version) and no request is ever served by half-loaded weights.
 * ``snapshot()`` — the five fields the coordinator needs (version, running trajectories with

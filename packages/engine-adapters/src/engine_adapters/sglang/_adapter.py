@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections import OrderedDict
 import re
 import tempfile
 import time
@@ -108,6 +109,7 @@ class SglangAdapter(EngineAdapter):
         self._client: httpx.AsyncClient | None = None
         self._process: SglangProcess | None = None
         self._inflight: dict[str, _Inflight] = {}
+        self._recent: OrderedDict[str, None] = OrderedDict()  # ids whose generate() resolved
         self._version = 0
         self._context_length: int | None = None
         self._seq = 0
@@ -190,6 +192,7 @@ class SglangAdapter(EngineAdapter):
         }
         state = _Inflight(request=request, done=asyncio.get_running_loop().create_future())
         self._inflight[tid] = state
+        self._recent.pop(tid, None)
         try:
             result = await self._stream(client, body, state)
         except asyncio.CancelledError:
@@ -198,6 +201,9 @@ class SglangAdapter(EngineAdapter):
             raise
         finally:
             self._inflight.pop(tid, None)
+            self._recent[tid] = None
+            if len(self._recent) > 100_000:
+                self._recent.popitem(last=False)
         if not state.done.done():
             state.done.set_result(result)
         return result
@@ -208,9 +214,11 @@ class SglangAdapter(EngineAdapter):
             targets = list(self._inflight)
         else:
             targets = list(dict.fromkeys(trajectory_ids))
-            unknown = [t for t in targets if t not in self._inflight]
+            unknown = [t for t in targets if t not in self._inflight and t not in self._recent]
             if unknown:
                 raise UnknownTrajectory(unknown)
+            # Ids that finished a moment ago already resolved their generate(); skip them.
+            targets = [t for t in targets if t in self._inflight]
         # Take the futures first: a stream may finish (and leave _inflight) while we post.
         futures = [self._inflight[t].done for t in targets]
         if trajectory_ids is None:
