@@ -22,10 +22,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections import OrderedDict
 import re
 import tempfile
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
