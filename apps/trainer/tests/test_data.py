@@ -168,3 +168,19 @@ def test_load_records_from_config(tmp_path: Path) -> None:
     assert len(load_records(cfg)) == 12
     p = _jsonl(tmp_path, ROWS)
     assert len(load_records(load_config(None, [f"data.path={p}"]))) == 2
+
+
+def test_encode_prompts_with_char_tokenizer() -> None:
+    from staleflow_trainer.data import encode_prompts
+    from staleflow_trainer.tiny_model import make_char_tokenizer
+
+    tok = make_char_tokenizer()
+    recs = toy_records("add", size=4, seed=0)
+    ids = encode_prompts(recs, tok, max_prompt_len=4)
+    assert all(len(x) == 4 for x in ids)
+    assert tok.decode(list(ids[0])) == recs[0].prompt
+    with pytest.raises(DataError) as info:
+        encode_prompts(recs, tok, max_prompt_len=3)
+    assert info.value.row == 0 and "max_prompt_len=3" in str(info.value)
+    with pytest.raises(DataError, match="chat template"):
+        encode_prompts(recs, tok, max_prompt_len=8, apply_chat_template=True)

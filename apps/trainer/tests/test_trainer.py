@@ -80,6 +80,7 @@ def test_tis_weights_are_applied_and_capped(tiny_model_dir: Path) -> None:
     assert low["grad_norm"] == pytest.approx(2.0 * off["grad_norm"], rel=1e-4)
 
 
+@pytest.mark.filterwarnings(r"ignore:Seems like `optimizer.step\(\)`:UserWarning")
 def test_micro_batches_match_whole_batch(tiny_model_dir: Path) -> None:
     """Gradient accumulation over micro-batches gives the whole batch's gradient."""
     grads = []

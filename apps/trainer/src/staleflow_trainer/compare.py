@@ -46,7 +46,7 @@ RESULT_KEYS = (
 
 
 def plan_runs(base: SimSpec, policies: list[str] | None, etas: tuple[int, ...]) -> list[SimSpec]:
-    chosen = list(POLICIES) if not policies else policies
+    chosen = policies if policies else list(POLICIES)
     unknown = [p for p in chosen if p not in POLICIES]
     if unknown:
         raise ConfigError(

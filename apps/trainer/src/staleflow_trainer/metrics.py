@@ -57,6 +57,35 @@ def staleness_summary(stalenesses: Sequence[int]) -> dict[str, Any]:
     }
 
 
+def step_record(
+    *,
+    step: int,
+    version: int,
+    tokens: int,
+    elapsed_s: float,
+    stalenesses: Sequence[int],
+    rewards: Sequence[float],
+    trainer_wait_s: float,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Build a per-step record with every required key.
+
+    ``tokens`` are the response tokens produced for the consumed batch, ``elapsed_s`` the
+    wall (or virtual) time since the previous step; extra keyword arguments are added as is
+    (e.g. ``instance_busy=…, syncs=…, queue_depths=…`` and the trainer's metrics).
+    """
+    record: dict[str, Any] = {
+        "step": step,
+        "version": version,
+        "tokens_per_s": tokens / elapsed_s if elapsed_s > 0 else 0.0,
+        "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+        "trainer_wait_s": trainer_wait_s,
+        **staleness_summary(stalenesses),
+    }
+    record.update(extra)
+    return record
+
+
 def _json_safe(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None

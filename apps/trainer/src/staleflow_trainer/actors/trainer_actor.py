@@ -52,7 +52,7 @@ class TrainerActor:
     def push(self) -> dict[str, Any]:
         """Push the current weights as version ``self.version`` to the parameter server."""
         t0 = time.perf_counter()
-        res = self._ps.push(self._trainer.version, self._trainer.state_dict())
+        res = self._ps.push(self._trainer.version, _unshared(self._trainer.state_dict()))
         return {"version": res.version, "nbytes": res.nbytes, "push_s": time.perf_counter() - t0}
 
     def train_step(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -80,3 +80,15 @@ class TrainerActor:
 
     def close(self) -> None:
         self._ps.close()
+
+
+def _unshared(state: Mapping[str, Any]) -> dict[str, Any]:
+    """Copy tensors that share storage with an earlier one (tied embeddings: ``lm_head.weight``
+    is ``embed_tokens.weight``): NIXL must not register the same memory twice."""
+    seen: set[int] = set()
+    out = {}
+    for name, t in state.items():
+        ptr = t.untyped_storage().data_ptr()
+        out[name] = t.clone() if ptr in seen else t
+        seen.add(ptr)
+    return out

@@ -3,6 +3,7 @@
 from staleflow_trainer.data.cursor import DataCursor
 from staleflow_trainer.data.loaders import check_prompt_lengths, load_dataset
 from staleflow_trainer.data.records import PromptRecord
+from staleflow_trainer.data.tokenize import encode_prompt, encode_prompts
 from staleflow_trainer.data.toy import TOY_TASKS, toy_accuracy, toy_records, toy_score
 
 __all__ = [
@@ -10,6 +11,8 @@ __all__ = [
     "DataCursor",
     "PromptRecord",
     "check_prompt_lengths",
+    "encode_prompt",
+    "encode_prompts",
     "load_dataset",
     "load_records",
     "toy_accuracy",

@@ -283,7 +283,7 @@ class Simulation:
     # ---- trainer -----------------------------------------------------------------------------
 
     def _maybe_train(self) -> None:
-        if self._trainer_busy:
+        if self._trainer_busy or self.protocol.current_version >= self.spec.steps:
             return
         proto = self.protocol
         if not proto.ready():
