@@ -493,24 +493,40 @@ class SimEngineCore:
             raise InvalidRequest(
                 f"time went backwards: {t!r} < {self._now!r} on {self.instance_id!r}", field="now"
             )
+        limit = t + _EPS
+        k1 = self.config.cost.k1
         while True:
-            te = self.next_event_time()
-            if te > t + _EPS:
-                break
-            self.events += 1
-            if self._loading is not None:
-                self._version = self._loading[0]
+            loading = self._loading
+            if loading is not None:
+                te = loading[1]
+                if te > limit:
+                    break
+                self.events += 1
+                self._version = loading[0]
                 self._loading = None
                 for tr in self._running.values():
                     _mark(tr, tr.generated + self._steps - tr.admit_step, self._version)
                 self._boundary(te, carry_prefill=0.0)
-            else:
-                st = self._stretch
-                assert st is not None
-                self._steps += st.m_end
-                self.total_generated_tokens += st.n * st.m_end
-                carry = st.prefill_s if st.m_end == 0 else 0.0
-                self._boundary(te, carry_prefill=carry)
+                continue
+            st = self._stretch
+            if st is None:
+                break
+            j = st.m_end
+            # inlined _elapsed(st, j): this loop is the simulator's hot path
+            te = (
+                st.t0
+                if j <= 0
+                else st.t0
+                + st.prefill_s
+                + j * st.batch_s
+                + k1 * (j * st.kv0 + st.n * j * (j - 1) / 2)
+            )
+            if te > limit:
+                break
+            self.events += 1
+            self._steps += j
+            self.total_generated_tokens += st.n * j
+            self._boundary(te, carry_prefill=st.prefill_s if j == 0 else 0.0)
         self._now = t
 
     def _boundary(self, t: float, *, carry_prefill: float) -> None:
