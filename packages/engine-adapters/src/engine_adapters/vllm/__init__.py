@@ -10,9 +10,9 @@ import importlib.util
 if importlib.util.find_spec("vllm") is None:
     raise ModuleNotFoundError("No module named 'vllm'", name="vllm")
 
-from engine_adapters.vllm._adapter import VllmAdapter  # noqa: E402
-from engine_adapters.vllm._config import LOAD_MODES, VllmConfig  # noqa: E402
-from engine_adapters.vllm._weights import WeightSchema  # noqa: E402
+from engine_adapters.vllm._adapter import VllmAdapter
+from engine_adapters.vllm._config import LOAD_MODES, VllmConfig
+from engine_adapters.vllm._weights import WeightSchema
 
 from_config = VllmAdapter.from_config
 
