@@ -134,7 +134,10 @@ class LengthSampler:
 
     def __init__(self, config: WorkloadConfig) -> None:
         self.config = config
-        self._trace = load_trace(config.trace_path) if config.kind == "trace" else None
+        self._trace = None
+        if config.kind == "trace":
+            assert config.trace_path is not None  # validated by WorkloadConfig
+            self._trace = load_trace(config.trace_path)
 
     def quantile(self, u: np.ndarray) -> np.ndarray:
         """Uncapped length at probability ``u`` in (0, 1) (float array)."""

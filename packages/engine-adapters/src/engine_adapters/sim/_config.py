@@ -61,7 +61,9 @@ class SimConfig:
     ``stop_token_ids``.
     """
 
-    cost: CostModel = attrs.field(default="qwen3-30b-a3b-h20", converter=_to_cost)
+    cost: CostModel = attrs.field(
+        default=attrs.Factory(lambda: preset("qwen3-30b-a3b-h20")), converter=_to_cost
+    )
     max_running: int = attrs.field(default=256, validator=_positive)
     kv_capacity_tokens: int = attrs.field(default=1_000_000, validator=_positive)
     max_model_len: int = attrs.field(default=32_768, validator=_positive)
