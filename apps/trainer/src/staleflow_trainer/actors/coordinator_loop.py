@@ -309,6 +309,9 @@ class CoordinatorActor:
         self._stop = True
 
     async def _cycle(self) -> None:
+        # Routes held for a sync are not in the TS's view of things yet: keep them out of the
+        # queue view (also the ones released by a sync applied below: step() emits them).
+        held = self.coordinator.pending.trajectory_ids()
         await self._apply_events()
         if self._steps_done >= self._steps_target:
             return
@@ -322,7 +325,9 @@ class CoordinatorActor:
         now = time.monotonic()
         snaps = [instance_snapshot(p["snapshot"], time_s=now) for p in polls]
         self._account_timeline(polls, now)
-        commands = self.coordinator.step(snaps, QueueView([queued(e) for e in entries]), now)
+        held |= self.coordinator.pending.trajectory_ids()
+        queue = QueueView([queued(e) for e in entries if e.trajectory_id not in held])
+        commands = self.coordinator.step(snaps, queue, now)
         await self._execute(commands)
         await self._maybe_train()
 
