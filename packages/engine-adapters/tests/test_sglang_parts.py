@@ -101,3 +101,19 @@ def test_standin_endpoints_follow_the_documented_shapes() -> None:
         metrics = parse_metrics(httpx.get(server.base_url + "/metrics").text)
         assert metrics["sglang:max_total_num_tokens"] == 2048
         assert metrics["sglang:num_running_reqs"] == 0
+
+
+def test_model_weight_shapes(tmp_path: Path) -> None:
+    from engine_adapters.sglang import model_weight_shapes
+
+    save_file({"x": np.zeros((2, 3), np.float32)}, tmp_path / "model-1.safetensors")
+    save_file({"y": np.zeros(4, np.float16)}, tmp_path / "model-2.safetensors")
+    assert model_weight_shapes(tmp_path) == {"x": (2, 3), "y": (4,)}
+
+
+def test_real_sglang_suite_imports_and_needs_its_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine_adapters.testing import real_sglang
+
+    monkeypatch.delenv("STALEFLOW_SGLANG_MODEL", raising=False)
+    with pytest.raises(RuntimeError, match="STALEFLOW_SGLANG_MODEL"):
+        real_sglang._model_dir()
