@@ -50,27 +50,59 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     )
 
 
-@pytest.fixture
-def server() -> Iterator[ParamServer]:
-    cfg = ParamServerConfig(
-        num_workers=2, replication=2, max_slice_bytes=1 << 20, fault_injection=True,
+def _config() -> ParamServerConfig:
+    return ParamServerConfig(
+        num_workers=2,
+        replication=2,
+        max_slice_bytes=1 << 20,
+        fault_injection=True,
         monitor_interval_s=0.2,
     )
-    with ParamServer(cfg) as ps:
+
+
+@pytest.fixture(scope="module")
+def shared() -> Iterator[ParamServer]:
+    """One server for the tests that do not kill workers (versions only grow across them)."""
+    with ParamServer(_config()) as ps:
         yield ps
+
+
+@pytest.fixture
+def server() -> Iterator[ParamServer]:
+    """A server of its own, for tests that kill workers."""
+    with ParamServer(_config()) as ps:
+        yield ps
+
+
+def _next(ps: ParamServer) -> int:
+    return (ps.status()["latest"] or 0) + 1
 
 
 def _puller(address: tuple[str, int], out: mp.Queue) -> None:  # type: ignore[type-arg]
     with ParamServerClient(address) as c:
         version, tensors = c.pull()
-        out.put((version, {k: (str(v.dtype), tuple(v.shape), v.contiguous().view(-1).view(torch.uint8).numpy().tobytes()) for k, v in tensors.items()}))
+        out.put(
+            (
+                version,
+                {
+                    k: (
+                        str(v.dtype),
+                        tuple(v.shape),
+                        v.contiguous().view(-1).view(torch.uint8).numpy().tobytes(),
+                    )
+                    for k, v in tensors.items()
+                },
+            )
+        )
 
 
-def test_push_then_two_concurrent_pull_processes_get_identical_bytes(server: ParamServer) -> None:
+def test_push_then_two_concurrent_pull_processes_get_identical_bytes(shared: ParamServer) -> None:
+    server = shared
     model = small_model(1)
+    version = _next(server)
     with ParamServerClient(server.address) as trainer:
-        res = trainer.push(1, model)
-    assert res.complete and res.version == 1
+        res = trainer.push(version, model)
+    assert res.complete and res.version == version
     ctx = mp.get_context("spawn")
     q: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
     procs = [ctx.Process(target=_puller, args=(server.address, q)) for _ in range(2)]
@@ -80,45 +112,64 @@ def test_push_then_two_concurrent_pull_processes_get_identical_bytes(server: Par
     for p in procs:
         p.join(timeout=30)
         assert p.exitcode == 0
-    want = {k: (str(v.dtype), tuple(v.shape), v.contiguous().view(-1).view(torch.uint8).numpy().tobytes()) for k, v in model.items()}
-    for version, got in results:
-        assert version == 1
+    want = {
+        k: (
+            str(v.dtype),
+            tuple(v.shape),
+            v.contiguous().view(-1).view(torch.uint8).numpy().tobytes(),
+        )
+        for k, v in model.items()
+    }
+    for got_version, got in results:
+        assert got_version == version
         assert got == want
-    # the plan spread slices over both replicas
     st = server.status()
-    assert st["latest"] == 1 and st["active_pulls"] == 0
+    assert st["latest"] == version and st["active_pulls"] == 0
 
 
-def test_pull_names_and_versions(server: ParamServer) -> None:
-    with ParamServerClient(server.address) as c:
-        with pytest.raises(VersionUnavailable):
-            c.pull()
-        c.push(1, small_model(1))
-        c.push(2, small_model(2))
+def test_pull_names_and_versions(shared: ParamServer) -> None:
+    v1 = _next(shared)
+    with ParamServerClient(shared.address) as c:
+        c.push(v1, small_model(1))
+        c.push(v1 + 1, small_model(2))
         v, got = c.pull(names=["embed.weight", "step"])
-        assert v == 2 and set(got) == {"embed.weight", "step"} and int(got["step"]) == 2
-        v, got = c.pull(version=1)
-        assert v == 1 and same(got, small_model(1))
+        assert v == v1 + 1 and set(got) == {"embed.weight", "step"} and int(got["step"]) == 2
+        v, got = c.pull(version=v1)
+        assert v == v1 and same(got, small_model(1))
+        with pytest.raises(VersionUnavailable):
+            c.pull(version=v1 + 7)
         with pytest.raises(UnknownTensor) as e:
             c.pull(names=["nope"])
         assert e.value.names == ("nope",)
         with pytest.raises(PushFailed, match="not newer"):
-            c.push(2, small_model(2))
+            c.push(v1 + 1, small_model(2))
 
 
-def test_version_invisible_until_every_rank_commits(server: ParamServer) -> None:
+def test_nothing_pushed_yet(server: ParamServer) -> None:
+    with ParamServerClient(server.address) as c, pytest.raises(VersionUnavailable):
+        c.pull()
+
+
+def test_version_invisible_until_every_rank_commits(shared: ParamServer) -> None:
+    server = shared
+    version = _next(server)
     model = small_model(3)
     names = sorted(model)
     half = len(names) // 2
     r0 = {k: model[k] for k in names[:half]}
     r1 = {k: model[k] for k in names[half:]}
-    with ParamServerClient(server.address) as a, ParamServerClient(server.address) as b, ParamServerClient(server.address) as reader:
-        assert not a.push(5, r0, rank=0, world_size=2).complete
+    with (
+        ParamServerClient(server.address) as a,
+        ParamServerClient(server.address) as b,
+        ParamServerClient(server.address) as reader,
+    ):
+        assert not a.push(version, r0, rank=0, world_size=2).complete
         with pytest.raises(VersionUnavailable):
-            reader.pull()
-        assert b.push(5, r1, rank=1, world_size=2).complete
+            reader.pull(version=version)
+        assert reader.pull()[0] == version - 1  # pulls keep getting the previous version
+        assert b.push(version, r1, rank=1, world_size=2).complete
         v, got = reader.pull()
-        assert v == 5 and same(got, model)
+        assert v == version and same(got, model)
 
 
 def test_worker_death_replicated_pull_ok_push_fails_then_recovers(server: ParamServer) -> None:
@@ -159,19 +210,21 @@ def test_unreplicated_loss_reports_unavailable_slices() -> None:
         with pytest.raises(SliceUnavailable) as e:
             c.pull()
         assert e.value.dead_workers == ("w0",)
-        v, got = c.pull(names=only_w1)
+        _v, got = c.pull(names=only_w1)
         assert same(got, {k: model[k] for k in only_w1})
 
 
-def test_corruption_detected_by_checksum(server: ParamServer) -> None:
+def test_corruption_detected_by_checksum(shared: ParamServer) -> None:
+    server = shared
     model = small_model(7)
+    version = _next(server)
     with ParamServerClient(server.address) as c:
-        c.push(1, model)
-        server.corrupt(1, "layers.0.mlp.weight", slice_index=1, offset=5)
+        c.push(version, model)
+        server.corrupt(version, "layers.0.mlp.weight", slice_index=1, offset=5)
         with pytest.raises(ChecksumMismatch) as e:
             c.pull()
         assert e.value.name == "layers.0.mlp.weight" and e.value.slice_index == 1
-        assert e.value.version == 1
+        assert e.value.version == version
         # without verification the flipped byte really comes through: the check caught it
         _, got = c.pull(verify=False)
         assert not torch.equal(got["layers.0.mlp.weight"], model["layers.0.mlp.weight"])
@@ -195,9 +248,10 @@ def test_non_loopback_needs_token_and_token_is_checked() -> None:
         assert ps.status()["latest"] == 1  # nothing changed by the rejected peers
 
 
-def test_malformed_peer_messages_leave_state_unchanged(server: ParamServer) -> None:
+def test_malformed_peer_messages_leave_state_unchanged(shared: ParamServer) -> None:
+    server = shared
     with ParamServerClient(server.address) as c:
-        c.push(1, small_model(8))
+        c.push(_next(server), small_model(8))
     before = server.status()
     raw = socket.create_connection(server.address)
     raw.sendall(b"\x00\x00\x00\x05hello")  # not msgpack
@@ -212,9 +266,15 @@ def test_malformed_peer_messages_leave_state_unchanged(server: ParamServer) -> N
     chan = Channel.connect(server.address, None)
     kind, body = chan.call("pull_end", {"pull_id": 999, "failed_worker": None})
     assert kind == "error" and body["kind"] == "UsageError"
-    kind, body = chan.call("push_begin", {"version": 2, "rank": 3, "world_size": 2, "tensors": []})
+    nxt = _next(server)
+    kind, body = chan.call(
+        "push_begin", {"version": nxt, "rank": 3, "world_size": 2, "tensors": []}
+    )
     assert kind == "error" and body["context"]["field"] == "rank"
-    kind, body = chan.call("push_begin", {"version": 2, "rank": 0, "world_size": 1, "tensors": [["x", "complex64", [2], 16]]})
+    kind, body = chan.call(
+        "push_begin",
+        {"version": nxt, "rank": 0, "world_size": 1, "tensors": [["x", "complex64", [2], 16]]},
+    )
     assert kind == "error" and body["context"]["field"] == "dtype"
     chan.close()
     assert server.status() == before

@@ -30,13 +30,21 @@ def test_round_trip() -> None:
         ({"schema": SCHEMA_VERSION, "kind": "nope", "token": None, "body": {}}, "kind"),
         ({"schema": SCHEMA_VERSION, "kind": "pull_end", "token": None, "body": {}}, "pull_id"),
         (
-            {"schema": SCHEMA_VERSION, "kind": "pull_end", "token": None,
-             "body": {"pull_id": "1", "failed_worker": None}},
+            {
+                "schema": SCHEMA_VERSION,
+                "kind": "pull_end",
+                "token": None,
+                "body": {"pull_id": "1", "failed_worker": None},
+            },
             "pull_id",
         ),
         (
-            {"schema": SCHEMA_VERSION, "kind": "pull_end", "token": None,
-             "body": {"pull_id": True, "failed_worker": None}},
+            {
+                "schema": SCHEMA_VERSION,
+                "kind": "pull_end",
+                "token": None,
+                "body": {"pull_id": True, "failed_worker": None},
+            },
             "pull_id",
         ),
         (
@@ -44,8 +52,17 @@ def test_round_trip() -> None:
             "x",
         ),
         (
-            {"schema": SCHEMA_VERSION, "kind": "push_begin", "token": None,
-             "body": {"version": 1, "rank": 0, "world_size": 1, "tensors": [["a", "float32", [2], "8"]]}},
+            {
+                "schema": SCHEMA_VERSION,
+                "kind": "push_begin",
+                "token": None,
+                "body": {
+                    "version": 1,
+                    "rank": 0,
+                    "world_size": 1,
+                    "tensors": [["a", "float32", [2], "8"]],
+                },
+            },
             "tensors",
         ),
     ],
@@ -75,7 +92,11 @@ def test_token_checked_on_every_message() -> None:
 
 def test_oversized_rejected() -> None:
     with pytest.raises(ProtocolError, match="exceeds"):
-        encode("worker_hello", {"worker": "w", "agent": "a", "metadata": b"x" * MAX_FRAME_BYTES, "pid": 1}, None)
+        encode(
+            "worker_hello",
+            {"worker": "w", "agent": "a", "metadata": b"x" * MAX_FRAME_BYTES, "pid": 1},
+            None,
+        )
 
 
 def test_bind_rules() -> None:

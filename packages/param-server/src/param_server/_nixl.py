@@ -185,6 +185,10 @@ class Transport:
                 self._release(p.handle)
             raise
 
+    def release(self, pending: Pending) -> None:
+        """Abandon a posted transfer (after another one failed)."""
+        self._release(pending.handle)
+
     def _release(self, handle: Any) -> None:
         try:
             self.agent.release_xfer_handle(handle)

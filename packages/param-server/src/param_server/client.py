@@ -13,6 +13,8 @@ returning bytes that differ from what was pushed.
 
 from __future__ import annotations
 
+import collections
+import itertools
 import os
 import threading
 import uuid
@@ -287,20 +289,38 @@ class ParamServerClient:
             chunks.extend((a, lo, re, me) for a, (lo, re, me, _) in open_chunk.items())
             host = _host_bytes(buf) if verify else None
             checks: list[tuple[list[Any], Any]] = []
+            # Round-robin over holders, a sliding window of posted chunks: on RDMA several
+            # holders stream at once; on shared memory (UCX copies inside the post) the pool
+            # hashes landed chunks while this thread copies the next ones.
+            by_agent: dict[str, list[tuple[str, list[Triple], list[Triple], list[list[Any]]]]] = {}
+            for c in chunks:
+                by_agent.setdefault(c[0], []).append(c)
+            order = [c for group in itertools.zip_longest(*by_agent.values()) for c in group if c]
+            window = max(2, len(by_agent))
+            inflight: collections.deque[tuple[Pending | None, list[list[Any]]]] = (
+                collections.deque()
+            )
+
+            def land(p: Pending | None, members: list[list[Any]]) -> None:
+                if p is not None:
+                    nx.wait([p])
+                if host is not None:
+                    for r in members:
+                        off = offsets[r[0]]
+                        checks.append((r, _checksum.submit(host, off + r[2], off + r[3])))
+
             try:
-                pending = [
-                    (nx.post("READ", lo, mem, re, a) if lo else None, me)
-                    for a, lo, re, me in chunks
-                ]
-                for p, members in pending:
-                    if p is not None:
-                        nx.wait([p])
-                    if host is not None:
-                        for r in members:
-                            off = offsets[r[0]]
-                            checks.append((r, _checksum.submit(host, off + r[2], off + r[3])))
+                for agent, lo, re, members in order:
+                    inflight.append((nx.post("READ", lo, mem, re, agent) if lo else None, members))
+                    if len(inflight) >= window:
+                        land(*inflight.popleft())
+                while inflight:
+                    land(*inflight.popleft())
             except TransferFailed as exc:
                 failed = exc.worker
+                for p, _members in inflight:
+                    if p is not None:
+                        nx.release(p)
                 raise
             for r, fut in checks:
                 actual = fut.result()
