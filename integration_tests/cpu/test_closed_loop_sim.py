@@ -1,0 +1,96 @@
+"""Closed-loop runs of every coordinator policy with sim engines, at tiny scale.
+
+Each run composes the real staleness protocol, the real coordinator (the named policy) and
+SimEngineCore instances in virtual time; the asserts are the system's promises: the steps
+complete, no admitted trajectory is lost (the simulator's ledger agrees with the protocol's),
+consumed staleness never exceeds η, and on a skewed, KV-constrained workload StaleFlow's
+strategies beat their all-vanilla ablation.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from staleflow_trainer.sim import POLICIES, SimSpec, Simulation
+
+pytestmark = pytest.mark.sim
+
+# Small but skewed: a long-tailed length distribution (sigma 1.2, 3 % at the 2K cap) on
+# instances whose KV cache holds only ~12 full-length trajectories, so where work goes matters.
+TINY = dict(
+    steps=8,
+    batch_size=8,
+    group_size=4,
+    total_gpus=8,
+    rollout_gpus=4,
+    train_gpus=4,
+    cost_model="qwen-7b-h20",
+    k1=3.35e-8,
+    k2=0.0064,
+    k_inner=0.0027,
+    k3=1.231e-4,
+    k4=0.0028,
+    max_running=64,
+    kv_capacity_tokens=24_000,
+    prompt_len=128,
+    prompt_len_max=256,
+    response_len_median=300,
+    response_len_sigma=1.2,
+    max_response_len=2048,
+    trainer_time_a_s=0.2,
+    trainer_time_b_s_per_token=2e-6,
+    model_bytes=1_000_000_000,
+    push_bandwidth_gb_s=20.0,
+    pull_bandwidth_gb_s=20.0,
+    cycle_period_s=0.1,
+    warmup_steps=2,
+)
+
+
+def _run(policy: str, eta: int = 2, **kw: object) -> Simulation:
+    spec = SimSpec(**{**TINY, **kw}).with_policy(policy, eta)
+    sim = Simulation(spec)
+    sim.run()
+    return sim
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_policy_closed_loop_keeps_every_promise(policy: str) -> None:
+    sim = _run(policy)
+    spec = sim.spec
+    assert len(sim.rec.steps) == spec.steps
+    assert [r["version"] for r in sim.rec.steps] == list(range(1, spec.steps + 1))
+    counts = sim.ledger.check(sim.protocol)  # raises on any lost or mismatched trajectory
+    assert counts["consumed"] == spec.steps * spec.batch_size * spec.group_size
+    for row in sim.rec.steps:
+        assert row["max_staleness"] <= spec.eta
+        assert sum(row["staleness_hist"].values()) == spec.batch_size * spec.group_size
+    stats = sim.protocol.stats()
+    assert max(stats.staleness_histogram, default=0) <= spec.eta
+    assert sim.rec.summary()["tokens_per_s"] > 0
+    if policy == "sync":
+        # colocated: a batch is generated only while the trainer is idle
+        assert all(r["trainer_wait_s"] > 0 for r in sim.rec.steps)
+
+
+def test_dynamic_sampling_filters_and_still_completes() -> None:
+    sim = _run("staleflow", dynamic_sampling=True, reward_mean=0.2)
+    assert sim.rec.groups_filtered > 0
+    counts = sim.ledger.check(sim.protocol)
+    assert counts["dropped"] >= sim.rec.groups_filtered * TINY["group_size"]
+    assert len(sim.rec.steps) == TINY["steps"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "known gap (docs/throughput.md): measured staleflow/all-vanilla = 0.74-1.03x at tiny "
+        "scale over seeds 0-3 and KV budgets 12K-24K; every staleflow-family policy is bounded "
+        "by the protocol's (eta+1)*B in-flight groups, not by routing/sync/migration"
+    ),
+)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_staleflow_beats_all_vanilla_on_a_skewed_workload(seed: int) -> None:
+    sf = _run("staleflow", eta=1, seed=seed, steps=10).rec.summary()["tokens_per_s"]
+    av = _run("all-vanilla", eta=1, seed=seed, steps=10).rec.summary()["tokens_per_s"]
+    assert sf >= 1.1 * av, (seed, sf, av)

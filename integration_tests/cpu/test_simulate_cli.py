@@ -1,0 +1,66 @@
+"""`staleflow simulate` and `staleflow compare` end to end on the tiny example config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from staleflow_trainer.cli import main
+from staleflow_trainer.metrics import REQUIRED_KEYS, read_jsonl
+
+pytestmark = pytest.mark.sim
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_simulate_writes_the_metrics_contract(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    rc = main(
+        ["--log-level", "warning", "simulate", str(EXAMPLES / "sim-tiny.yaml"),
+         f"run_dir={run}", "trainer.steps=6", "metrics.tensorboard=false"]
+    )  # fmt: skip
+    assert rc == 0
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    for r in rows:
+        assert set(REQUIRED_KEYS) <= set(r)
+        assert r["max_staleness"] <= 2  # sim-tiny: eta 2
+        assert {"staleness_hist", "instance_busy_frac", "syncs", "migrations", "interrupts",
+                "queue_depth", "time_s"} <= set(r)  # fmt: skip
+    timeline = read_jsonl(run / "timeline.jsonl")
+    assert timeline and {t["state"] for t in timeline} <= {"busy", "syncing", "idle"}
+    assert all(t["end_s"] >= t["start_s"] for t in timeline)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["ledger"]["consumed"] == 6 * 8 * 4
+    assert (run / "config.yaml").is_file()
+    assert (run / "plots" / "timeline.png").is_file()
+
+
+def test_compare_writes_the_issue_7_schema(tmp_path: Path) -> None:
+    run = tmp_path / "cmp"
+    rc = main(
+        ["--log-level", "warning", "compare", str(EXAMPLES / "sim-tiny.yaml"), f"run_dir={run}",
+         "trainer.steps=3", "sim.warmup_steps=1", "--policies", "staleflow,sync"]
+    )  # fmt: skip
+    assert rc == 0
+    report = json.loads((run / "compare.json").read_text())
+    assert report["ideal_tokens_per_s"] > 0
+    keys = {"policy", "eta", "tokens_per_s", "mean_step_s", "trainer_idle_frac",
+            "rollout_busy_frac", "max_staleness"}  # fmt: skip
+    runs = {(r["policy"], r["eta"]) for r in report["results"]}
+    assert runs == {("sync", 0), ("staleflow", 1), ("staleflow", 2), ("staleflow", 3)}
+    for r in report["results"]:
+        assert keys <= set(r)
+        assert r["max_staleness"] <= r["eta"]
+    assert set(report["ratios"]) == {"eta=1", "eta=2", "eta=3"}
+    assert set(report["ratios"]["eta=3"]) == {"sync"}
+    sf3 = next(r for r in report["results"] if (r["policy"], r["eta"]) == ("staleflow", 3))
+    sync = next(r for r in report["results"] if r["policy"] == "sync")
+    assert report["ratios"]["eta=3"]["sync"] == pytest.approx(
+        sf3["tokens_per_s"] / sync["tokens_per_s"]
+    )
+    assert report["split"]["rollout_gpus"] == 4
+    for name in ("compare.md", "throughput.png", "staleness.png", "timelines.png"):
+        assert (run / "results" / name).is_file()
