@@ -170,6 +170,15 @@ def test_corrupt_checkpoint_is_rejected(tiny_model_dir: Path, tmp_path: Path) ->
     assert fresh.version == 0
 
 
+def test_state_dict_has_no_shared_storage(tiny_model_dir: Path) -> None:
+    sd = _trainer(tiny_model_dir).state_dict()
+    assert "lm_head.weight" in sd and torch.equal(
+        sd["lm_head.weight"], sd["model.embed_tokens.weight"]
+    )
+    ptrs = [t.untyped_storage().data_ptr() for t in sd.values()]
+    assert len(ptrs) == len(set(ptrs))
+
+
 def test_save_pretrained_reloads(tiny_model_dir: Path, tmp_path: Path) -> None:
     tr = _trainer(tiny_model_dir, lr=1e-2)
     tr.train_step(_batch())

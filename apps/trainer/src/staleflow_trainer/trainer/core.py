@@ -251,10 +251,26 @@ class Trainer:
     # ------------------------------------------------------------------------ weights / state
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Full CPU weights for pushing to the param server (HF names)."""
+        """Full CPU weights for pushing to the param server (HF names).
+
+        On a CPU trainer the tensors alias the live parameters (no copy): push (or copy)
+        them before the next :meth:`train_step`. Tensors that share storage (tied
+        embeddings: ``lm_head.weight`` is ``embed_tokens.weight``) are returned as separate
+        copies, so transports that register memory (NIXL) never see the same buffer twice.
+        """
         if self.cfg.fsdp:
-            return fsdp_mod.full_state_dict(self.model)
-        return {k: v.detach().to("cpu").contiguous() for k, v in self.model.state_dict().items()}
+            state = fsdp_mod.full_state_dict(self.model)
+        else:
+            state = {
+                k: v.detach().to("cpu").contiguous() for k, v in self.model.state_dict().items()
+            }
+        seen: set[int] = set()
+        out: dict[str, torch.Tensor] = {}
+        for name, t in state.items():
+            ptr = t.untyped_storage().data_ptr()
+            out[name] = t.clone() if ptr in seen else t
+            seen.add(ptr)
+        return out
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
         """Write the current weights as a HF model directory (config + safetensors)."""
