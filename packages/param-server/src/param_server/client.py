@@ -287,7 +287,8 @@ class ParamServerClient:
                     chunks.append((agent, local, remote, members))
                     del open_chunk[agent]
             chunks.extend((a, lo, re, me) for a, (lo, re, me, _) in open_chunk.items())
-            host = _host_bytes(buf) if verify else None
+            # Host buffers hash while later chunks land; device buffers once, after all landed.
+            host = _host_bytes(buf) if verify and buf.device.type == "cpu" else None
             checks: list[tuple[list[Any], Any]] = []
             # Round-robin over holders, a sliding window of posted chunks: on RDMA several
             # holders stream at once; on shared memory (UCX copies inside the post) the pool
@@ -316,6 +317,10 @@ class ParamServerClient:
                         land(*inflight.popleft())
                 while inflight:
                     land(*inflight.popleft())
+                if verify and host is None:
+                    host = _host_bytes(buf)
+                    for _agent, _lo, _re, members in order:
+                        land(None, members)
             except TransferFailed as exc:
                 failed = exc.worker
                 for p, _members in inflight:
