@@ -91,9 +91,14 @@ def simulate_step(
     }
 
 
-def part_sim() -> dict[str, Any]:
-    paper = simulate_step(32, 1024)
-    small = simulate_step(32, 32)
+def _best_of(repeats: int, fn: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """The run with the least wall time (the machine is shared; the minimum is the signal)."""
+    return min((fn() for _ in range(repeats)), key=lambda r: r["wall_s"])
+
+
+def part_sim(repeats: int = 3) -> dict[str, Any]:
+    paper = _best_of(repeats, lambda: simulate_step(32, 1024))
+    small = _best_of(repeats, lambda: simulate_step(32, 32))
     out = {
         "sim_events_per_s": paper["events"] / paper["wall_s"],
         "sim_speedup_vs_realtime": paper["simulated_s"] / paper["wall_s"],
@@ -105,6 +110,7 @@ def part_sim() -> dict[str, Any]:
         "sim_1024_traj_step_wall_s": small["wall_s"],
         "sim_1024_traj_step_speedup_vs_realtime": small["simulated_s"] / small["wall_s"],
         "sim_preset": "32 instances x 1024 trajectories, qwen3-30b-a3b-h20, lognormal<=20480",
+        "sim_repeats_best_of": repeats,
     }
     return out
 

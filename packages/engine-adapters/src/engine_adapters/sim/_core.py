@@ -58,6 +58,7 @@ from engine_adapters.sim import _tokens
 from engine_adapters.sim._config import SimConfig
 
 _SCAN_CHUNK = 4096
+_PROMPT_CACHE_SIZE = 4096
 # Times within this many seconds of a step boundary count as on it, so callers that add up
 # step latencies themselves (in another order than the closed form) land where they meant.
 _EPS = 1e-9
@@ -169,6 +170,9 @@ class SimEngineCore:
         self._pending_load: tuple[int, float] | None = None  # (version, seconds)
         self._paused = False
         self._outbox: list[SimCompletion] = []
+        # GRPO groups share one prompt tuple: validate it and derive its stream key once.
+        # Keyed by id(); the entry holds the tuple itself, so the id cannot be reused meanwhile.
+        self._prompt_cache: dict[int, tuple[tuple[int, ...], dict[int | None, int]]] = {}
         self._snapshot_seq = 0
         self.total_generated_tokens = 0
         self.preemptions = 0
@@ -249,11 +253,17 @@ class SimEngineCore:
             )
         cfg = self.config
         prompt = request.prompt_token_ids
-        if min(prompt) < 0 or max(prompt) >= cfg.vocab_size:
-            raise InvalidRequest(
-                f"prompt_token_ids of {tid!r} must lie in [0, {cfg.vocab_size})",
-                field="prompt_token_ids",
-            )
+        cached = self._prompt_cache.get(id(prompt))
+        if cached is None or cached[0] is not prompt:
+            if min(prompt) < 0 or max(prompt) >= cfg.vocab_size:
+                raise InvalidRequest(
+                    f"prompt_token_ids of {tid!r} must lie in [0, {cfg.vocab_size})",
+                    field="prompt_token_ids",
+                )
+            cached = (prompt, {})
+            if len(self._prompt_cache) >= _PROMPT_CACHE_SIZE:
+                self._prompt_cache.pop(next(iter(self._prompt_cache)))
+            self._prompt_cache[id(prompt)] = cached
         n_prior = len(request.generated_token_ids)
         context = len(prompt) + n_prior
         if context >= cfg.max_model_len:
@@ -262,7 +272,11 @@ class SimEngineCore:
                 f"{context} leaves no room in max_model_len={cfg.max_model_len}",
                 field="prompt_token_ids",
             )
-        key = _tokens.stream_key(cfg.seed, request.sampling.seed, prompt)
+        key = cached[1].get(request.sampling.seed)
+        if key is None:
+            key = cached[1][request.sampling.seed] = _tokens.stream_key(
+                cfg.seed, request.sampling.seed, prompt
+            )
         stop_len, reason, eos_pos = self._stop_point(request, key)
         return _Traj(
             request=request,
@@ -638,10 +652,9 @@ class SimEngineCore:
             eos_pos = req.target_length - 1
             if cfg.eos_token_id in stops and req.target_length <= best:
                 best, reason = req.target_length, FinishReason.STOP
-        regular = np.fromiter(
-            (s for s in stops if cfg.num_special_tokens <= s < cfg.vocab_size), dtype=np.int64
-        )
-        if regular.size:
+        regular_ids = [s for s in stops if cfg.num_special_tokens <= s < cfg.vocab_size]
+        if regular_ids:
+            regular = np.asarray(regular_ids, dtype=np.int64)
             for start in range(n_prior, best, _SCAN_CHUNK):
                 stop = min(start + _SCAN_CHUNK, best)
                 chunk = _tokens.token_ids(
