@@ -25,6 +25,7 @@ the store held (their V_traj and protocol reservations are kept).
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -461,6 +462,7 @@ def train(cfg: AppConfig) -> RunSummary:
         counters=dict(summary["counters"]),
         ledger=ledger,
     )
+    (cfg.run_dir / "summary.json").write_text(json.dumps(attrs.asdict(result), indent=1))
     _report(result)
     return result
 

@@ -731,13 +731,13 @@ class CoordinatorActor:
             "step_s": span,
             "time_s": now - self._t0,
             "tokens": self._tokens_step,
-            "instance_busy": {k: v / span for k, v in sorted(self._busy_acc.items())},
+            "instance_busy_frac": {k: v / span for k, v in sorted(self._busy_acc.items())},
             "syncs": step_counts["syncs"],
             "migrations": step_counts["migrations"] + step_counts["bounces"],
             "interrupts": step_counts["interrupts"],
             "aborts": step_counts["aborts"],
             "filtered": step_counts["filtered"],
-            "queue_depths": {
+            "queue_depth": {
                 "queued": stats.queued,
                 "running": stats.running,
                 "finished": stats.finished,

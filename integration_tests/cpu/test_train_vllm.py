@@ -1,0 +1,88 @@
+"""`staleflow train`, shortened: the whole system on Ray with 2 real vLLM-CPU instances and NIXL.
+
+One module-scoped run (Ray started once): 3 training steps of the README config, then a
+resume from its checkpoint for a 4th step. Asserted: steps completed and the metrics contract;
+consumed staleness <= eta; no trajectory lost (every admitted one consumed, in flight or dropped
+with a reason, and the two services agree); weights really changed on an instance after a sync
+(served version advanced, greedy log-probs shifted and equal the trainer's own); resume restores
+the protocol state exactly and continues.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from staleflow_trainer.metrics import REQUIRED_KEYS
+
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.nixl, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def run(
+    ray_session: None,
+    tmp_path_factory: pytest.TempPathFactory,
+    train_scenario: Callable[..., dict[str, Any]],
+    engine_required: Callable[[str], None],
+) -> dict[str, Any]:
+    engine_required("vllm")
+    return train_scenario(tmp_path_factory.mktemp("train_vllm"), "vllm", steps=3)
+
+
+def test_steps_completed_with_the_metrics_contract(run: dict[str, Any]) -> None:
+    assert run["summary"]["steps_done"] == 3
+    assert run["summary"]["version"] == 3
+    rows = run["metrics"]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["version"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert set(REQUIRED_KEYS) <= set(r)
+        assert r["tokens_per_s"] > 0
+        assert sum(r["staleness_hist"].values()) == run["batch"] * run["group"]
+    assert run["timeline"] and {t["state"] for t in run["timeline"]} <= {"busy", "syncing", "idle"}
+
+
+def test_consumed_staleness_never_exceeds_eta(run: dict[str, Any]) -> None:
+    for r in run["metrics_resumed"]:
+        assert 0 <= r["max_staleness"] <= run["eta"]
+        assert all(0 <= int(s) <= run["eta"] for s in r["staleness_hist"])
+    hist = run["summary_resumed"]["staleness_histogram"]
+    assert sum(hist.values()) == 4 * run["batch"] * run["group"]
+    assert max(int(s) for s in hist) <= run["eta"]
+
+
+def test_no_trajectory_lost(run: dict[str, Any]) -> None:
+    for key, steps in (("ledger", 3), ("ledger_resumed", 4)):
+        ledger = run[key]
+        assert ledger["problems"] == []
+        assert ledger["consumed"] == steps * run["batch"] * run["group"]
+        assert (
+            ledger["consumed"] + ledger["in_flight"] + ledger["waiting_consume"]
+            + ledger["dropped"] == ledger["trajectories"]
+        )  # fmt: skip
+        assert all(reason for reason in ledger["dropped_reasons"])
+
+
+def test_instances_served_new_weights_after_sync(run: dict[str, Any]) -> None:
+    # during the run: instances synced and served newer versions
+    assert run["summary"]["counters"]["syncs"] >= 1
+    assert max(t["version"] for t in run["timeline"]) >= 1
+    # after an explicit sync to the final version: the served weights are the trainer's
+    before, after = run["probe_before"], run["probe_after"]
+    assert before["version"] == 0
+    assert run["synced"]["version"] == after["version"] == 3
+    shift = max(abs(a - b) for a, b in zip(after["logprobs"], before["logprobs"], strict=True))
+    assert after["token_ids"] != before["token_ids"] or shift > 1e-4
+    for served, trained in zip(after["logprobs"], run["trainer_logprobs"], strict=True):
+        assert served == pytest.approx(trained, abs=2e-3)
+
+
+def test_resume_restores_the_protocol_exactly(run: dict[str, Any]) -> None:
+    assert Path(run["resumed_from"]) == run["checkpoint"]
+    assert run["checkpoint"].name == "step_000003"
+    assert run["protocol_resumed"] == run["checkpoint_protocol"] == run["protocol_end"]
+    assert run["summary_resumed"]["steps_done"] == 4
+    assert [r["step"] for r in run["metrics_resumed"]] == [1, 2, 3, 4]
