@@ -188,7 +188,7 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
 
 def _section(name: str):
     def wrap(cls: type) -> type:
-        cls.__section__ = name
+        setattr(cls, "__section__", name)  # noqa: B010  (ClassVar declared per section)
         attrs.resolve_types(cls, globalns=globals())
         return cls
 

@@ -303,6 +303,7 @@ class ProgressBar:
             f"{record.get('mean_staleness', 0.0):.2f}  "
             f"{record.get('tokens_per_s', 0.0):.0f} tok/s"
         )
+        assert self._task is not None
         self._progress.update(self._task, completed=step, info=info)
 
     def __exit__(self, *exc: object) -> None:

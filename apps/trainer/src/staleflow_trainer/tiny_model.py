@@ -90,7 +90,6 @@ def make_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> P
         bos_token_id=BOS_ID,
         eos_token_id=EOS_ID,
         pad_token_id=PAD_ID,
-        torch_dtype="float32",
     )
     with torch.random.fork_rng():
         torch.manual_seed(spec.seed)

@@ -74,9 +74,8 @@ class Trainer:
         if cfg.torch_threads:
             torch.set_num_threads(cfg.torch_threads)
         torch.manual_seed(seed)
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=_DTYPES[dtype]).to(
-            self.device
-        )
+        model: Any = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=_DTYPES[dtype])
+        self.model: Any = model.to(self.device)
         self.model.train()
         self.pad_token_id = (
             pad_token_id if pad_token_id is not None else (self.model.config.pad_token_id or 0)

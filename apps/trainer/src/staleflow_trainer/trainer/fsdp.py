@@ -7,7 +7,7 @@ functions so they can be unit-tested without GPUs; :func:`shard_model` applies t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 
@@ -33,7 +33,7 @@ def shard_plan(model: torch.nn.Module) -> list[str]:
         )
     plan: list[str] = []
     for list_name in names:
-        layers = model.get_submodule(list_name)
+        layers = cast(torch.nn.ModuleList, model.get_submodule(list_name))
         plan.extend(f"{list_name}.{i}" for i in range(len(layers)))
     plan.append("")
     return plan
@@ -52,16 +52,15 @@ def local_slice(items: Sequence[T], *, rank: int, world_size: int) -> list[T]:
     return list(items[rank * per : (rank + 1) * per])
 
 
-def shard_model(model: torch.nn.Module, *, mesh: object | None = None) -> torch.nn.Module:
+def shard_model(model: torch.nn.Module, *, mesh: Any = None) -> torch.nn.Module:
     """Apply ``fully_shard`` per :func:`shard_plan` (torch.distributed must be initialised)."""
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
     if not dist.is_initialized():
         raise TrainerError("FSDP2 needs torch.distributed to be initialised", field="fsdp")
-    kwargs = {"mesh": mesh} if mesh is not None else {}
     for name in shard_plan(model):
-        fully_shard(model.get_submodule(name) if name else model, **kwargs)
+        fully_shard(model.get_submodule(name) if name else model, mesh=mesh)
     return model
 
 
@@ -69,6 +68,7 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Gather a full, CPU state dict from a (possibly) FSDP2-sharded model."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(
+    state = get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
+    return cast(dict[str, torch.Tensor], state)
