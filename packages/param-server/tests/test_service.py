@@ -276,5 +276,13 @@ def test_malformed_peer_messages_leave_state_unchanged(shared: ParamServer) -> N
         {"version": nxt, "rank": 0, "world_size": 1, "tensors": [["x", "complex64", [2], 16]]},
     )
     assert kind == "error" and body["context"]["field"] == "dtype"
+    # a push whose regions no worker can allocate fails cleanly and leaves nothing staged
+    huge = 64 << 30
+    kind, body = chan.call(
+        "push_begin",
+        {"version": nxt, "rank": 0, "world_size": 1, "tensors": [["x", "uint8", [huge], huge]]},
+    )
+    assert kind == "error" and body["kind"] == "PushFailed", body
+    assert "cannot allocate" in body["message"]
     chan.close()
     assert server.status() == before

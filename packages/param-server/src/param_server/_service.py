@@ -79,6 +79,14 @@ class ParamServerConfig:
         return tuple(f"w{i}" for i in range(self.num_workers))
 
 
+class _WorkerRefused(ParamServerError):
+    """A live worker answered a request with an error (e.g. out of memory)."""
+
+    def __init__(self, worker: str, message: str) -> None:
+        self.worker = worker
+        super().__init__(f"storage worker {worker!r} {message}")
+
+
 class _WorkerLink:
     def __init__(self, name: str, chan: Channel, agent: str, metadata: bytes, pid: int) -> None:
         self.name = name
@@ -96,7 +104,7 @@ class _WorkerLink:
             except (OSError, ConnectionError, ProtocolError) as exc:
                 raise WorkerLost(self.name, str(exc)) from exc
         if rkind == "error":
-            raise WorkerLost(self.name, f"refused {kind}: {rbody['message']}")
+            raise _WorkerRefused(self.name, f"refused {kind}: {rbody['message']}")
         return rbody
 
 
@@ -268,7 +276,7 @@ class ParamServer:
             link.addrs.pop(r.region, None)
             try:
                 link.call("free", {"region": r.region})
-            except WorkerLost:
+            except (WorkerLost, _WorkerRefused):
                 log.warning("free_failed", worker=r.worker, region=r.region)
 
     def _monitor_loop(self) -> None:
@@ -375,14 +383,25 @@ class ParamServer:
         def alloc(r: RegionAlloc) -> tuple[RegionAlloc, dict[str, Any]]:
             return r, links[r.worker].call("alloc", {"region": r.region, "nbytes": r.nbytes})
 
-        try:
-            results = list(self._pool.map(alloc, ticket.regions))
-        except WorkerLost as exc:
+        futures = [self._pool.submit(alloc, r) for r in ticket.regions]
+        results, failure = [], None
+        for f in futures:
+            try:
+                results.append(f.result())
+            except (WorkerLost, _WorkerRefused) as exc:
+                failure = failure or exc
+        if failure is not None:
             with self._lock:
-                self._mark_lost(exc.worker, "allocation failed")
+                if isinstance(failure, WorkerLost):
+                    self._mark_lost(failure.worker, "allocation failed")
+                if self.core.staged_version == ticket.version:
+                    # Give back what the other workers allocated; the push is retried whole.
+                    for r, _res in results:
+                        self._links[r.worker].addrs.pop(r.region, None)
+                    self._free(self.core.abort_push(ticket.version))
             raise PushFailed(
-                str(exc), version=ticket.version, rank=ticket.rank, workers=[exc.worker]
-            ) from exc
+                str(failure), version=ticket.version, rank=ticket.rank, workers=[failure.worker]
+            ) from failure
         with self._lock:
             for r, res in results:
                 link = links[r.worker]
@@ -452,9 +471,12 @@ class ParamServer:
 
             try:
                 results = list(self._pool.map(verify, list(checks)))
-            except WorkerLost as exc:
+            except (WorkerLost, _WorkerRefused) as exc:
                 with self._lock:
-                    self._mark_lost(exc.worker, "verification failed")
+                    if isinstance(exc, WorkerLost):
+                        self._mark_lost(exc.worker, "verification failed")
+                    elif self.core.staged_version == ticket.version:
+                        self._free(self.core.abort_push(ticket.version))
                 raise PushFailed(
                     str(exc), version=ticket.version, rank=ticket.rank, workers=[exc.worker]
                 ) from exc
@@ -530,7 +552,7 @@ class ParamServer:
             if w is not None:
                 try:
                     self._links[w].call("ping", {})
-                except (WorkerLost, KeyError):
+                except (WorkerLost, _WorkerRefused, KeyError):
                     with self._lock:
                         self._mark_lost(w, "client transfer failed and ping failed")
         return "ok", {}

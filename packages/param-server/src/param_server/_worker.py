@@ -29,7 +29,7 @@ ENV_ADDR = "PARAM_SERVER_ADDR"
 ENV_TOKEN = "PARAM_SERVER_TOKEN"
 ENV_FAULTS = "PARAM_SERVER_FAULT_INJECTION"
 ENV_POOL = "PARAM_SERVER_POOL_BYTES"
-PROGRESS_TICK_S = 0.001
+PROGRESS_TICK_S = 0.005
 
 log = structlog.get_logger("param_server.worker")
 
@@ -167,6 +167,15 @@ def _serve(
                 raise ProtocolError(f"worker does not serve {kind!r}", field="kind")
         except ProtocolError as exc:
             chan.send("error", {"kind": "ProtocolError", "message": str(exc), "context": {}})
+        except MemoryError:
+            chan.send(
+                "error",
+                {
+                    "kind": "MemoryError",
+                    "message": f"cannot allocate {body.get('nbytes')} bytes",
+                    "context": {},
+                },
+            )
 
 
 def main(argv: list[str]) -> int:
