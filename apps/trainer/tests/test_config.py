@@ -159,6 +159,13 @@ def test_file_errors(tmp_path: Path) -> None:
     assert _err([], str(p)).key == "trainer"
 
 
+def test_empty_section_means_defaults(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("trainer:\nrun:\n  seed: 3\n")
+    cfg = load_config(p)
+    assert cfg.trainer == TrainerConfig() and cfg.run.seed == 3
+
+
 def test_direct_construction_validates() -> None:
     with pytest.raises(ConfigError) as info:
         TrainerConfig(lr=-1.0)

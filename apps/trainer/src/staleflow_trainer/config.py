@@ -96,6 +96,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if attrs.has(tp):
         if isinstance(value, tp):
             return value
+        if value is None:  # an empty YAML section ("trainer:") means all defaults
+            return _build(tp, {}, key)
         if isinstance(value, Mapping):
             return _build(tp, value, key)
         raise bad
