@@ -208,3 +208,29 @@ def test_sync_failure_keeps_reservations_as_orphans():
     assert coord.on_sync_failed("a") == ["p1"]
     st = coord.instances["a"]
     assert (st.version, st.syncing) == (0, False)
+
+
+def test_held_and_released_routes_are_never_routed_twice():
+    """The caller's queue still lists a route held for a sync (and, the cycle after the sync
+    finishes, the released route) until it executes the Route: the coordinator itself must not
+    route that trajectory again, to the same or another instance."""
+    from rollout_coordinator.testing import partial
+
+    coord, proto, _ = make(instances=[("a", 0), ("b", 0)], start_version=1)
+    proto.reserve("gp", "p1", 1)
+    queue = [partial("p1", 1)]
+    coord.step([snap("a", version=0), snap("b", version=0)], queue, now=0.0)
+    assert coord.pending.trajectory_ids() == {"p1"}  # held for a's (or b's) sync
+    target = next(iter(coord.pending.trajectory_ids()))
+    held_on = [i for i in ("a", "b") if coord.pending.held_for(i)][0]
+    assert target == "p1"
+    # a cycle while the sync is still running: the queue view still lists p1
+    cmds = coord.step([], queue, now=0.1)
+    assert routes(cmds) == []
+    assert len(coord.pending) == 1
+    coord.on_sync_done(held_on, 1)
+    # the cycle after the sync: p1 is released (one Route) and not routed again
+    cmds = coord.step([], queue, now=0.2)
+    rs = routes(cmds)
+    assert [(r.trajectory_id, r.instance_id) for r in rs] == [("p1", held_on)]
+    assert sum(i.n_running for i in coord.instances.values()) == 1

@@ -7,7 +7,9 @@ Theory of operation
 1. Apply each snapshot to the speculative state. A rejected snapshot (unknown instance, bad
    counts, stale, from the future, inconsistent) is logged and recorded in
    ``last_cycle.rejected``; that instance keeps its last good state and the cycle goes on.
-2. Release routes that were waiting for a sync the caller has since reported done.
+2. Release routes that were waiting for a sync the caller has since reported done. They
+   and the routes still held for syncs in progress are removed from the caller's queue view
+   (the caller has not executed them yet, so its queue still lists them).
 3. Drain the protocol's aborts (``take_aborts``): trajectories the coordinator routed become
    ``Interrupt(requeue=False)`` on their instance, the rest ``Drop``. (The coordinator is the
    one consumer of ``take_aborts``; the app acts on the commands.)
@@ -253,6 +255,7 @@ class Coordinator:
         rejected = self._ingest(snapshots, now)
         commands: list[Command] = list(self._released)
         self._released = []
+        queue = self._without_held(queue, commands)
 
         aborted, dropped = self._drain_aborts(commands, now)
 
@@ -421,6 +424,20 @@ class Coordinator:
             self._where.pop(tid, None)
         self._routed[s.instance_id] = {}
         return True
+
+    def _without_held(self, queue: QueueView, released: list[Command]) -> QueueView:
+        """Drop from the caller's queue view every trajectory the coordinator has already
+        routed but the caller has not executed yet: routes held for a sync in progress, and
+        routes released this cycle (they are in this cycle's commands). The caller's queue
+        still lists them until it executes the Route; routing them again would hand one
+        trajectory to two instances. Callers that filter them already lose nothing."""
+        if not released and not len(self.pending):
+            return queue
+        held = self.pending.trajectory_ids()
+        held.update(c.trajectory_id for c in released if isinstance(c, Route))
+        if not held:
+            return queue
+        return QueueView([i for i in queue.items if i.trajectory_id not in held])
 
     def _with_orphans(self, queue: QueueView) -> QueueView:
         orphans = self._orphans
