@@ -8,6 +8,12 @@ so drift in machine load hits both paths alike; each batch uses fresh random pro
 gets prefix-cache hits the other did not. ``adapter_overhead_pct`` is the median over pairs of
 ``(direct_tps - adapter_tps) / direct_tps × 100`` (target ≤ 3 %).
 
+Wall-clock throughput on a shared 2-core machine swings by ±100 % between runs, so two steadier
+companions are reported: the best-of-N comparison (``vllm_overhead_pct_best_of``) and the
+client-process CPU time the adapter adds per token (``vllm_adapter_extra_client_cpu_us_per_token``;
+the EngineCore runs in another process, so this is the adapter's own cost plus noise), also as a
+share of the direct path's wall time per token (``vllm_adapter_client_cpu_overhead_pct``).
+
 Kept separate from ``bench_engine.py`` (the sim part) so each part can run alone; both merge
 their own keys into the same JSON file.
 
@@ -132,6 +138,14 @@ async def measure(pairs: int, requests: int, tokens: int) -> dict[str, Any]:
         "vllm_adapter_tokens_per_s": statistics.median(a[0] for a in adapter_runs),
         "vllm_direct_tokens_per_s": statistics.median(d[0] for d in direct_runs),
         "vllm_overhead_pct_per_pair": [round(o, 3) for o in overheads],
+        # Best-of-N: machine load only ever slows a run down, so the fastest run of each path
+        # approximates its undisturbed rate.
+        "vllm_overhead_pct_best_of": (
+            (max(d[0] for d in direct_runs) - max(a[0] for a in adapter_runs))
+            / max(d[0] for d in direct_runs)
+            * 100.0
+        ),
+        "vllm_direct_client_cpu_us_per_token": statistics.median(d[1] for d in direct_runs) * 1e6,
         "vllm_adapter_extra_client_cpu_us_per_token": statistics.median(extra_cpu) * 1e6,
         "vllm_adapter_client_cpu_overhead_pct": (
             statistics.median(extra_cpu) / direct_wall_per_token * 100.0

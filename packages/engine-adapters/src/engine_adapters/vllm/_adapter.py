@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import gc
 import itertools
 import os
 import time
@@ -253,9 +252,11 @@ class VllmAdapter(EngineAdapter):
         for traj in list(self._active.values()):  # anything still pending (dead engine)
             self._resolve(traj, FinishReason.INTERRUPTED, spans=None)
         engine.shutdown()
+        # AsyncLLM.__del__ calls shutdown() again; if the object lives until interpreter exit
+        # (a traceback frame holding it, say) that second call fails on torn-down globals.
+        # It is already shut down, so make any later call a no-op.
+        engine.shutdown = lambda *args, **kwargs: None
         self._engine = None
-        del engine
-        gc.collect()  # finalize AsyncLLM now, not at interpreter exit (its __del__ then fails)
         self._log.info("vllm_closed")
 
     async def __aenter__(self) -> VllmAdapter:
@@ -360,16 +361,30 @@ class VllmAdapter(EngineAdapter):
                 if result is not None:
                     return result
         except asyncio.CancelledError:
-            if traj.added and self._engine is not None:
+            # Abort even if add_request had not returned: it may have registered the request.
+            if self._engine is not None:
                 await self._engine.abort(traj.request_id, internal=False)
             self._resolve(traj, FinishReason.INTERRUPTED, spans=None)
             raise
-        except EngineError:
-            self._discard(traj)
+        except EngineError as e:
+            await self._fail(traj, e)
             raise
         except Exception as e:
-            self._discard(traj)
-            raise EngineUnavailable(f"vLLM engine {self.instance_id!r} failed: {e!r}") from e
+            err = EngineUnavailable(f"vLLM engine {self.instance_id!r} failed: {e!r}")
+            await self._fail(traj, err)
+            raise err from e
+
+    async def _fail(self, traj: _Trajectory, err: BaseException) -> None:
+        """A generate call failed: stop its request and fail anyone waiting in interrupt()."""
+        self._discard(traj)
+        if traj.added and self._engine is not None:
+            try:
+                await self._engine.abort(traj.request_id, internal=False)
+            except Exception:  # the engine may be dead; the original error matters
+                self._log.warning("abort_after_failure_failed", request=traj.request_id)
+        if not traj.done.done():
+            traj.done.set_exception(err)
+            traj.done.exception()  # mark retrieved: generate() already raises it
 
     def _consume(self, traj: _Trajectory, out: Any) -> GenerateResult | None:
         comp = out.outputs[0]
