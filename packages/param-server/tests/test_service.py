@@ -228,7 +228,7 @@ def test_corruption_detected_by_checksum(shared: ParamServer) -> None:
         # without verification the flipped byte really comes through: the check caught it
         _, got = c.pull(verify=False)
         assert not torch.equal(got["layers.0.mlp.weight"], model["layers.0.mlp.weight"])
-        assert server.status()["active_pulls"] == 0
+        assert c.status()["active_pulls"] == 0  # in-order channel: pull_end already served
 
 
 def test_non_loopback_needs_token_and_token_is_checked() -> None:

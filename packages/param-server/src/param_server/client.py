@@ -102,9 +102,30 @@ class ParamServerClient:
         self._transport: Transport | None = None
         self._buf: torch.Tensor | None = None
         self._buf_reg: Any = None
+        self._unacked = 0
 
     # ------------------------------------------------------------------ plumbing
+    def _drain_acks(self) -> None:
+        """Read the replies to messages sent without waiting (``pull_end``)."""
+        while self._unacked:
+            self._unacked -= 1
+            try:
+                rkind, rbody = self._chan.recv()
+            except (ConnectionError, OSError) as exc:
+                raise _errors.WorkerLost("server", f"control channel broken: {exc}") from exc
+            if rkind == "error":
+                log.warning("deferred_reply_error", kind=rbody["kind"], message=rbody["message"])
+
+    def _send_nowait(self, kind: str, body: Mapping[str, Any]) -> None:
+        """Send a message whose reply only needs reading later: saves a round trip per pull."""
+        try:
+            self._chan.send(kind, body)
+        except (ConnectionError, OSError) as exc:
+            raise _errors.WorkerLost("server", f"control channel broken: {exc}") from exc
+        self._unacked += 1
+
     def _call(self, kind: str, body: Mapping[str, Any], expect: str) -> dict[str, Any]:
+        self._drain_acks()
         try:
             rkind, rbody = self._chan.call(kind, body)
         except (ConnectionError, OSError) as exc:
@@ -128,6 +149,10 @@ class ParamServerClient:
 
     def close(self) -> None:
         with self._lock:
+            try:
+                self._drain_acks()
+            except ParamServerError:
+                log.debug("close_drain_failed")
             if self._buf_reg is not None and self._transport is not None:
                 self._transport.deregister(self._buf_reg)
                 self._buf_reg = None
@@ -343,7 +368,12 @@ class ParamServerClient:
                 off = offsets[name]
                 out[name] = buf[off : off + nbytes].view(getattr(torch, dtype)).view(tuple(shape))
         finally:
-            self._call("pull_end", {"pull_id": ticket["pull_id"], "failed_worker": failed}, "ok")
+            if failed is None:
+                self._send_nowait("pull_end", {"pull_id": ticket["pull_id"], "failed_worker": None})
+            else:  # wait: the server must check the worker before this client retries
+                self._call(
+                    "pull_end", {"pull_id": ticket["pull_id"], "failed_worker": failed}, "ok"
+                )
         return ticket["version"], out
 
     def _buffer(self, nbytes: int) -> torch.Tensor:
