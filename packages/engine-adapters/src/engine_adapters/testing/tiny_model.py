@@ -221,4 +221,4 @@ def _build_model(*, seed: int, **cfg: Any) -> Any:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
-    return model.to(torch.float32).eval()
+    return model.float().eval()

@@ -59,7 +59,7 @@ from engine_adapters.errors import (
     PromptTooLong,
     UnknownTrajectory,
 )
-from engine_adapters.vllm._config import LOAD_MODES, VllmConfig
+from engine_adapters.vllm._config import DEFAULT_ENVIRONMENT, LOAD_MODES, VllmConfig
 from engine_adapters.vllm._profile import measure_points
 from engine_adapters.vllm._stats import EngineStats, SchedulerView, stat_logger_factory
 from engine_adapters.vllm._weights import WeightSchema
@@ -205,7 +205,10 @@ class VllmAdapter(EngineAdapter):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self._schema = WeightSchema.from_model_dir(self._config.model_path)
-        os.environ.update(self._config.environment())  # inherited by the EngineCore child
+        # Inherited by the EngineCore child process.
+        os.environ.update(self._config.environment())
+        for key, value in DEFAULT_ENVIRONMENT.items():
+            os.environ.setdefault(key, value)
         engine_args = self._config.engine_args()
         known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
         unknown = sorted(set(engine_args) - known)

@@ -110,10 +110,8 @@ class VllmConfig:
         """
         gpu = _cuda_available() if on_gpu is None else on_gpu
         env = {} if gpu else {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-        return env | {
-            "VLLM_CPU_KVCACHE_SPACE": str(self.cpu_kv_cache_gib),
-            "VLLM_NO_USAGE_STATS": "1",
-            "DO_NOT_TRACK": "1",
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-        }
+        return env | {"VLLM_CPU_KVCACHE_SPACE": str(self.cpu_kv_cache_gib)}
+
+
+# Set only if the caller has not chosen otherwise.
+DEFAULT_ENVIRONMENT = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
