@@ -75,7 +75,7 @@ def _align(n: int) -> int:
 
 @attrs.frozen(kw_only=True)
 class CoreConfig:
-    workers: tuple[str, ...] = attrs.field(converter=tuple)
+    workers: tuple[str, ...] = attrs.field(converter=lambda v: tuple(str(w) for w in v))
     replication: int = 1
     keep_versions: int = 2
     max_slice_bytes: int = 64 << 20
@@ -99,7 +99,7 @@ class CoreConfig:
 class TensorSpec:
     name: str
     dtype: str
-    shape: tuple[int, ...] = attrs.field(converter=tuple)
+    shape: tuple[int, ...] = attrs.field(converter=lambda v: tuple(v))
     nbytes: int
 
     def __attrs_post_init__(self) -> None:

@@ -20,18 +20,19 @@ concurrent pulls from many receivers spread across holders. Pure: no I/O, no clo
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import attrs
 
 from .errors import UsageError
 
 
-def _positive(_: object, attribute: attrs.Attribute[float], value: float) -> None:
+def _positive(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
     if not value > 0:
         raise UsageError(f"{attribute.name} must be > 0, got {value!r}", field=attribute.name)
 
 
-def _non_negative(_: object, attribute: attrs.Attribute[float], value: float) -> None:
+def _non_negative(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
     if not value >= 0:
         raise UsageError(f"{attribute.name} must be >= 0, got {value!r}", field=attribute.name)
 
@@ -64,7 +65,7 @@ class SliceRef:
 class PlanRequest:
     receiver: str
     slice: SliceRef
-    holders: tuple[str, ...] = attrs.field(converter=tuple)
+    holders: tuple[str, ...] = attrs.field(converter=lambda v: tuple(str(h) for h in v))
 
     @holders.validator
     def _check_holders(

@@ -150,7 +150,7 @@ def _serve(
                     regions.free(body["region"])
                 chan.send("ok", {})
             elif kind == "verify":
-                mv = memoryview(regions.get(body["region"]))
+                mv = regions.get(body["region"]).data
                 checks = body["checks"]
                 got = _checksum.many(mv, [(off, off + n) for off, n, _ in checks])
                 bad = [[off, a] for (off, _n, crc), a in zip(checks, got, strict=True) if a != crc]

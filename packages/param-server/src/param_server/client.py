@@ -205,7 +205,7 @@ class ParamServerClient:
             done = self._call(
                 "push_commit", {"push_id": ticket["push_id"], "checksums": checksums}, "push_done"
             )
-        nbytes = sum(s[3] for s in specs)
+        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
         log.info(
             "pushed", version=done["version"], rank=rank, complete=done["complete"], nbytes=nbytes
         )
@@ -396,4 +396,4 @@ def _host_bytes(t: torch.Tensor) -> memoryview:
     if t.device.type != "cpu":
         t = t.cpu()
     flat = t.reshape(-1).view(torch.uint8)
-    return memoryview(flat.numpy())
+    return flat.numpy().data
