@@ -22,6 +22,7 @@ from param_server import (
     ProtocolError,
     PushFailed,
     SliceUnavailable,
+    TransferFailed,
     UnknownTensor,
     VersionUnavailable,
 )
@@ -286,3 +287,23 @@ def test_malformed_peer_messages_leave_state_unchanged(shared: ParamServer) -> N
     assert "cannot allocate" in body["message"]
     chan.close()
     assert server.status() == before
+
+
+def test_pull_that_hits_a_dead_worker_reports_it_and_retries_on_replicas() -> None:
+    # The monitor is slowed down so that the client, not the server, finds the dead worker.
+    cfg = ParamServerConfig(
+        num_workers=2, replication=2, max_slice_bytes=1 << 20, monitor_interval_s=60
+    )
+    model = small_model(9)
+    with ParamServer(cfg) as ps, ParamServerClient(ps.address) as c:
+        c.push(1, model)
+        c.pull()
+        os.kill(ps.worker_pids()["w1"], signal.SIGKILL)
+        time.sleep(0.5)
+        assert ps.status()["dead"] == []
+        with pytest.raises(TransferFailed) as e:
+            c.pull(retries=0)
+        assert e.value.worker is not None and e.value.worker.startswith("ps-w1-")
+        assert ps.status()["dead"] == ["w1"]  # the client's report made the server check
+        v, got = c.pull(retries=0)
+        assert v == 1 and same(got, model)
