@@ -79,8 +79,10 @@ def _next(ps: ParamServer) -> int:
     return (ps.status()["latest"] or 0) + 1
 
 
-def _puller(address: tuple[str, int], out: mp.Queue) -> None:  # type: ignore[type-arg]
+def _puller(address: tuple[str, int], ready: mp.Barrier, out: mp.Queue) -> None:  # type: ignore[name-defined,type-arg]
     with ParamServerClient(address) as c:
+        c._nixl()  # agent up before the barrier, so both pulls really overlap
+        ready.wait(timeout=90)
         version, tensors = c.pull()
         out.put(
             (
@@ -106,7 +108,8 @@ def test_push_then_two_concurrent_pull_processes_get_identical_bytes(shared: Par
     assert res.complete and res.version == version
     ctx = mp.get_context("spawn")
     q: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
-    procs = [ctx.Process(target=_puller, args=(server.address, q)) for _ in range(2)]
+    ready = ctx.Barrier(2)
+    procs = [ctx.Process(target=_puller, args=(server.address, ready, q)) for _ in range(2)]
     for p in procs:
         p.start()
     results = [q.get(timeout=90) for _ in procs]
