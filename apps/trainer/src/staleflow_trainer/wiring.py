@@ -485,3 +485,41 @@ def _report(s: RunSummary) -> None:
         )
     if s.ledger.get("problems"):
         c.print(f"[bold red]ledger problems[/]: {s.ledger['problems'][:5]}")
+
+
+def profile(cfg: AppConfig, *, steps: int = 8) -> int:
+    """``staleflow profile``: measure one engine's per-step decode latency on a grid of
+    (running, KV tokens) points; writes ``RUN_DIR/profile.jsonl`` (the input of
+    ``staleflow fit-cost-model``). Runs in this process, no Ray."""
+    import asyncio
+
+    from engine_adapters import create_engine, write_profile_jsonl
+
+    for k, v in _ENV.items():
+        os.environ.setdefault(k, v)
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    path = model_dir(cfg)
+    r = cfg.rollout
+    per_traj = sorted({max(steps, (r.max_model_len - steps) // 2), r.max_model_len - steps})
+    running = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= r.max_running]
+    points = [(n, n * length) for n in running for length in per_traj]
+
+    async def measure() -> list[Any]:
+        engine = create_engine(r.backend, instance_id="profile-0", **_engine_kwargs(cfg, 0, path))
+        await engine.start()
+        try:
+            return list(await engine.profile(points, steps=steps))
+        finally:
+            await engine.close()
+
+    measured = asyncio.run(measure())
+    out = cfg.run_dir / "profile.jsonl"
+    out.unlink(missing_ok=True)
+    write_profile_jsonl(measured, out)
+    from rich.console import Console
+
+    Console().print(
+        f"{len(measured)} profile points -> {out}\n"
+        f"fit them with: staleflow fit-cost-model {out} -o {cfg.run_dir / 'cost_model.json'}"
+    )
+    return 0

@@ -44,6 +44,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 import structlog
 
@@ -202,6 +203,9 @@ class CoordinatorActor:
         self._syncing: dict[str, asyncio.Task[None]] = {}
         self._train_task: asyncio.Task[None] | None = None
         self._known_len: dict[str, int] = {}
+        # reserved by a coordinator that was restarted before handing them out: still queued
+        # as new in the TS; served as partials at their V_traj (never reserved twice)
+        self._reserved_unrouted: dict[str, int] = {}
         self._tokens_step = 0
         self._tokens_total = 0
         self._last_step_t = time.monotonic()
@@ -274,6 +278,12 @@ class CoordinatorActor:
         """After a restart: work the checkpoint saw on instances goes back to the queue (the
         protocol keeps its reservations); finished-but-unrewarded trajectories are re-scored."""
         requeued = 0
+        for e in await self._ts.queue_view(None, level=None):
+            if self._proto_state(e.trajectory_id) is TrajectoryState.IN_FLIGHT:
+                self._reserved_unrouted[e.trajectory_id] = self.protocol.trajectory(
+                    e.trajectory_id
+                ).version
+        self._fresh = {g for g in self._fresh if not self._known_group(g)}
         for iid in set(await self._ts_instances()):
             requeued += len(await self._ts.instance_lost(iid))
         items = []
@@ -326,7 +336,16 @@ class CoordinatorActor:
         snaps = [instance_snapshot(p["snapshot"], time_s=now) for p in polls]
         self._account_timeline(polls, now)
         held |= self.coordinator.pending.trajectory_ids()
-        queue = QueueView([queued(e) for e in entries if e.trajectory_id not in held])
+        items = [queued(e) for e in entries if e.trajectory_id not in held]
+        if self._reserved_unrouted:
+            fix = self._reserved_unrouted
+            items = [
+                attrs.evolve(q, v_traj=fix[q.trajectory_id]) if q.trajectory_id in fix else q
+                for q in items
+            ]
+            queue = QueueView.from_unordered(items)
+        else:
+            queue = QueueView(items)
         commands = self.coordinator.step(snaps, queue, now)
         await self._execute(commands)
         await self._maybe_train()
@@ -399,6 +418,13 @@ class CoordinatorActor:
             return self.protocol.trajectory(tid).state
         except ProtocolError:
             return None
+
+    def _known_group(self, gid: str) -> bool:
+        try:
+            self.protocol.group(gid)
+        except ProtocolError:
+            return False
+        return True
 
     def _group_closed(self, gid: str) -> bool:
         try:
@@ -606,6 +632,7 @@ class CoordinatorActor:
         self._counters["routes"] += len(payloads)
         for t in payloads:
             self._known_len[t.trajectory_id] = len(t.generated_token_ids)
+            self._reserved_unrouted.pop(t.trajectory_id, None)
         acks = await self._rollouts[iid].submit.remote(
             [request_from_trajectory(t) for t in payloads]
         )
