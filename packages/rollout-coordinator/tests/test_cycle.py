@@ -234,3 +234,21 @@ def test_held_and_released_routes_are_never_routed_twice():
     rs = routes(cmds)
     assert [(r.trajectory_id, r.instance_id) for r in rs] == [("p1", held_on)]
     assert sum(i.n_running for i in coord.instances.values()) == 1
+
+
+def test_a_held_route_aborted_before_the_sync_ends_becomes_a_drop_not_a_route():
+    from rollout_coordinator.testing import partial
+
+    coord, proto, _ = make(instances=[("a", 0)], start_version=1)
+    proto.reserve("gp", "p1", 1)
+    coord.step([snap("a", version=0)], [partial("p1", 1)], now=0.0)
+    assert coord.pending.held_for("a")
+    proto.drop_group("gp", "filtered")  # aborted while the route waits for a's sync
+    cmds = coord.step([], [partial("p1", 1)], now=0.1)
+    (dr,) = [c for c in cmds if isinstance(c, Drop)]
+    assert dr.trajectory_ids == ("p1",)
+    assert not [c for c in cmds if isinstance(c, Interrupt)]
+    assert len(coord.pending) == 0
+    assert coord.instances["a"].n_running == 0
+    coord.on_sync_done("a", 1)
+    assert routes(coord.step([], [], now=0.2)) == []

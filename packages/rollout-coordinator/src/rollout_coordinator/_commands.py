@@ -98,6 +98,20 @@ class PendingRoutes:
         """The sync failed or the instance left: these routes will not run there."""
         return self._held.pop(instance_id, [])
 
+    def discard(self, trajectory_ids: set[str]) -> list[Route]:
+        """Forget held routes of these trajectories (the protocol aborted them before the
+        sync finished); returns the routes removed."""
+        removed: list[Route] = []
+        for iid in list(self._held):
+            keep = []
+            for r in self._held[iid]:
+                (removed if r.trajectory_id in trajectory_ids else keep).append(r)
+            if keep:
+                self._held[iid] = keep
+            else:
+                del self._held[iid]
+        return removed
+
     def held_for(self, instance_id: str) -> list[Route]:
         return list(self._held.get(instance_id, ()))
 

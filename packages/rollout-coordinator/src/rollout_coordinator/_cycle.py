@@ -392,9 +392,17 @@ class Coordinator:
             return 0, 0
         by_instance: dict[tuple[str, str], list[str]] = {}
         drops: dict[str, list[str]] = {}
+        # A route still held for its instance's sync never reached the engine: cancel it
+        # (else on_sync_done would release a route to an aborted trajectory) and drop it.
+        unheld: set[str] = set()
+        if len(self.pending):
+            for r in self.pending.discard({str(a.trajectory_id) for a in aborts}):
+                unheld.add(r.trajectory_id)
+                self.state.interrupt(r.instance_id, [r.trajectory_id], now=now)
+                self._forget(r.trajectory_id)
         for a in aborts:
             tid = str(a.trajectory_id)
-            iid = self._where.get(tid)
+            iid = None if tid in unheld else self._where.get(tid)
             if iid is not None:
                 by_instance.setdefault((iid, str(a.reason)), []).append(tid)
             else:
