@@ -33,8 +33,11 @@ pytestmark = [pytest.mark.nixl, pytest.mark.timeout(120)]
 
 def small_model(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
+    embed = torch.randn(512, 256, generator=g)  # 512 KiB
     return {
-        "embed.weight": torch.randn(512, 256, generator=g),  # 512 KiB
+        "embed.weight": embed,
+        "tied.lm_head": embed,  # same storage twice (tied weights)
+        "embed.row3": embed[3],  # a view into it
         "layers.0.mlp.weight": torch.randn(1024, 512, generator=g),  # 2 MiB, sliced
         "layers.0.norm.weight": torch.randn(256, generator=g).to(torch.bfloat16),
         "layers.0.attn.qkv": torch.randn(768, 256, generator=g).to(torch.float16),

@@ -215,11 +215,15 @@ class ParamServerClient:
         nx = self._nixl()
         for agent, md in ticket["agents"].items():
             nx.ensure_remote(agent, md)
-        by_mem: dict[str, list[torch.Tensor]] = {}
+        # Register each underlying storage once: tied weights and views share memory, and
+        # registering overlapping ranges twice crashes UCX.
+        storages: dict[str, dict[int, Triple]] = {}
         for t in tensors.values():
             if t.numel():
-                by_mem.setdefault(tensor_mem(t)[0], []).append(t)
-        handles = [nx.register_tensors(ts) for ts in by_mem.values()]
+                mem, dev = tensor_mem(t)
+                st = t.untyped_storage()
+                storages.setdefault(mem, {})[st.data_ptr()] = (st.data_ptr(), st.nbytes(), dev)
+        handles = [nx.register(list(by_ptr.values()), mem) for mem, by_ptr in storages.items()]
         try:
             per_agent: dict[tuple[str, str], tuple[list[Triple], list[Triple]]] = {}
             slices: dict[tuple[str, int], tuple[int, int]] = {}
