@@ -17,7 +17,7 @@ share of the direct path's wall time per token (``vllm_adapter_client_cpu_overhe
 Kept separate from ``bench_engine.py`` (the sim part) so each part can run alone; both merge
 their own keys into the same JSON file.
 
-Usage: ``python benchmarks/bench_engine_vllm.py [--pairs 9] [--requests 32] [--tokens 48]``
+Usage: ``python benchmarks/bench_engine_vllm.py [--pairs 15] [--requests 32] [--tokens 96]``
 """
 
 from __future__ import annotations
@@ -95,6 +95,11 @@ async def _direct(
     return produced / wall, cpu / produced
 
 
+def _iqr(values: list[float]) -> float:
+    q = statistics.quantiles(values, n=4)
+    return q[2] - q[0]
+
+
 async def measure(pairs: int, requests: int, tokens: int) -> dict[str, Any]:
     from engine_adapters.testing.tiny_model import make_tiny_qwen2
     from engine_adapters.vllm import VllmAdapter
@@ -138,6 +143,8 @@ async def measure(pairs: int, requests: int, tokens: int) -> dict[str, Any]:
         "vllm_adapter_tokens_per_s": statistics.median(a[0] for a in adapter_runs),
         "vllm_direct_tokens_per_s": statistics.median(d[0] for d in direct_runs),
         "vllm_overhead_pct_per_pair": [round(o, 3) for o in overheads],
+        # Spread of the pair overheads: if it dwarfs the median, machine load decided the run.
+        "vllm_overhead_pct_iqr": _iqr(overheads),
         # Best-of-N: machine load only ever slows a run down, so the fastest run of each path
         # approximates its undisturbed rate.
         "vllm_overhead_pct_best_of": (
@@ -166,9 +173,9 @@ def merge_into(path: Path, metrics: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=9)
+    parser.add_argument("--pairs", type=int, default=15)
     parser.add_argument("--requests", type=int, default=32)
-    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--out", default=str(ROOT / "bench-results" / "engine.json"))
     args = parser.parse_args(argv)
     metrics = asyncio.run(measure(args.pairs, args.requests, args.tokens))
