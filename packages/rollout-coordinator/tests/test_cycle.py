@@ -222,7 +222,7 @@ def test_held_and_released_routes_are_never_routed_twice():
     coord.step([snap("a", version=0), snap("b", version=0)], queue, now=0.0)
     assert coord.pending.trajectory_ids() == {"p1"}  # held for a's (or b's) sync
     target = next(iter(coord.pending.trajectory_ids()))
-    held_on = [i for i in ("a", "b") if coord.pending.held_for(i)][0]
+    held_on = next(i for i in ("a", "b") if coord.pending.held_for(i))
     assert target == "p1"
     # a cycle while the sync is still running: the queue view still lists p1
     cmds = coord.step([], queue, now=0.1)
