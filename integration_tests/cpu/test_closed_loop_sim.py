@@ -81,12 +81,60 @@ def test_dynamic_sampling_filters_and_still_completes() -> None:
     assert len(sim.rec.steps) == TINY["steps"]
 
 
+def test_redundant_rollout_keeps_every_promise() -> None:
+    """StaleFlow's batch- and group-level redundancy: more is admitted than a batch needs, the
+    surplus is aborted, and still exactly B x n trajectories are consumed per step."""
+    sim = _run("staleflow", batch_redundancy=2, group_redundancy=1, stuck_threshold=2)
+    spec = sim.spec
+    assert spec.samples_per_group == spec.group_size + 1
+    counts = sim.ledger.check(sim.protocol)
+    assert counts["consumed"] == spec.steps * spec.batch_size * spec.group_size
+    assert all(r["max_staleness"] <= spec.eta for r in sim.rec.steps)
+    reasons = sim.protocol.stats().aborts_by_reason
+    assert reasons.get("group_surplus", 0) > 0, reasons
+    summary = sim.rec.summary()
+    assert 0 < summary["rollout_busy_frac"] <= 1.0  # token-rate utilisation, not "has work"
+    assert summary["rollout_busy_frac"] <= summary["rollout_active_frac"] + 1e-9
+
+
+def test_baselines_do_not_get_redundancy() -> None:
+    sim = _run("coarse-async", group_redundancy=2, batch_redundancy=2)
+    assert sim.spec.samples_per_group == sim.spec.group_size
+    assert sim.protocol.config.slots_per_buffer == sim.spec.batch_size
+    assert sim.protocol.config.stuck_threshold is None
+
+
+# Rollout-bound and skewed: (eta+1)*B*n = 512 admissible trajectories against ~160 that fit in
+# the instances' KV, a 1.5 s weight pull and real re-prefill cost, so where work goes and when
+# instances sync matter (unlike TINY at eta=1, where the protocol's slots are the bottleneck).
+ROLLOUT_BOUND = dict(
+    batch_size=16,
+    group_size=8,
+    steps=10,
+    model_bytes=15_000_000_000,
+    pull_bandwidth_gb_s=10.0,
+    prefill_s_per_token=2e-5,
+    theta=0.1,
+)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cost_model_routing_and_migration_beat_all_vanilla_when_rollout_bound(seed: int) -> None:
+    """Measured vanilla-sync (cost-model routing + migration, global sync) / all-vanilla:
+    1.16, 1.09, 1.10 for seeds 0-2."""
+    sf = _run("vanilla-sync", eta=3, seed=seed, **ROLLOUT_BOUND).rec.summary()["tokens_per_s"]
+    av = _run("all-vanilla", eta=3, seed=seed, **ROLLOUT_BOUND).rec.summary()["tokens_per_s"]
+    assert sf >= 1.05 * av, (seed, sf, av)
+
+
 @pytest.mark.xfail(
     strict=True,
     reason=(
-        "known gap (docs/throughput.md): measured staleflow/all-vanilla = 0.74-1.03x at tiny "
-        "scale over seeds 0-3 and KV budgets 12K-24K; every staleflow-family policy is bounded "
-        "by the protocol's (eta+1)*B in-flight groups, not by routing/sync/migration"
+        "known gap (docs/throughput.md): measured staleflow/all-vanilla = 0.99-1.00x on TINY "
+        "(eta=1; seeds 0-3): every staleflow-family policy is bounded by the protocol's "
+        "(eta+1)*B in-flight groups, not by routing/sync/migration; on the rollout-bound "
+        "ROLLOUT_BOUND workload (eta=3) it is 1.02/1.08/1.10x: routing and migration gain "
+        "(see the vanilla-sync test) but per-instance sync gives part of it back"
     ),
 )
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -8,7 +8,9 @@ same cost model; the disaggregated policies split the budget per ``sim.rollout_g
 
 * ``compare.json`` — ``ideal_tokens_per_s`` (the split's physical limit, see
   :mod:`staleflow_trainer.sim.ideal`), ``results`` (policy, eta, tokens_per_s, mean_step_s,
-  trainer_idle_frac, rollout_busy_frac, max_staleness, ...), ``ratios`` (staleflow over every
+  trainer_idle_frac, rollout_busy_frac — generated tokens over the instances' best rate —,
+  rollout_active_frac — share of instance-time with any work —, max_staleness, ...),
+  ``ratios`` (staleflow over every
   other policy, per η), ``split`` (the train/rollout split and the ideal's two sides);
 * ``results/compare.md`` (the table) and ``results/*.png`` (throughput bars, staleness
   histograms, per-instance timelines);
@@ -99,6 +101,8 @@ def run_comparison(
         row.update(
             frac_of_ideal=s["tokens_per_s"] / ideal["ideal_tokens_per_s"],
             mean_staleness=s["mean_staleness"],
+            rollout_active_frac=s["rollout_active_frac"],
+            stuck_resolved=s["stuck_resolved"],
             staleness_hist=s["staleness_hist"],
             syncs=s["syncs"],
             migrations=s["migrations"],
@@ -167,9 +171,9 @@ def markdown_table(report: dict[str, Any]) -> str:
         f"{sp['rollout_side_tokens_per_s']:.0f}, training side {sp['train_side_tokens_per_s']:.0f}; "
         f"train step {sp['train_step_s']:.1f} s + push {sp['push_s']:.1f} s).",
         "",
-        "| policy | η | tokens/s | % of ideal | mean step (s) | trainer idle | rollout busy "
-        "| max staleness | staleflow ÷ this |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| policy | η | tokens/s | % of ideal | mean step (s) | trainer idle | rollout util "
+        "| rollout active | wasted tokens | max staleness | staleflow ÷ this |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     rat = report["ratios"]
     for r in sorted(report["results"], key=lambda r: (r["eta"], r["policy"])):
@@ -186,6 +190,7 @@ def markdown_table(report: dict[str, Any]) -> str:
             f"| {r['policy']} | {r['eta']} | {r['tokens_per_s']:.0f} | "
             f"{100 * r['frac_of_ideal']:.0f}% | {r['mean_step_s']:.1f} | "
             f"{100 * r['trainer_idle_frac']:.0f}% | {100 * r['rollout_busy_frac']:.0f}% | "
+            f"{100 * r['rollout_active_frac']:.0f}% | {r['tokens_wasted'] / 1e6:.1f}M | "
             f"{r['max_staleness']} | {ratio_s} |"
         )
     return "\n".join(lines) + "\n"

@@ -31,8 +31,9 @@ def workload_moments(spec: SimSpec, groups: int = 2048) -> dict[str, float]:
     prompts = []
     for g in range(groups):
         d = stream.group(g)
-        lens.extend(d.response_lens)
-        prompts.extend([d.prompt_len] * len(d.response_lens))
+        kept = d.response_lens[: spec.group_size]  # what a batch trains on
+        lens.extend(kept)
+        prompts.extend([d.prompt_len] * len(kept))
     L = np.asarray(lens, dtype=np.float64)
     P = np.asarray(prompts, dtype=np.float64)
     return {

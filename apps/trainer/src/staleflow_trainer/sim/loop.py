@@ -51,7 +51,7 @@ from rollout_coordinator import CostModel as CoordCost
 from staleflow_trainer.sim.ledger import TrajectoryLedger, TrajEntry, Where
 from staleflow_trainer.sim.metrics import RunRecorder
 from staleflow_trainer.sim.requests import build_request
-from staleflow_trainer.sim.spec import STALEFLOW_FAMILY, SimSpec
+from staleflow_trainer.sim.spec import SimSpec
 from staleflow_trainer.sim.workload import PromptStream
 from staleness_protocol import ProtocolConfig, StalenessProtocol, TrajectoryState
 
@@ -78,11 +78,9 @@ class Simulation:
                 group_size=s.group_size,
                 eta=s.eta,
                 filtering=s.dynamic_sampling,
-                stuck_threshold=(
-                    s.stuck_threshold
-                    if s.stuck_threshold and s.policy in STALEFLOW_FAMILY
-                    else None
-                ),
+                stuck_threshold=(s.stuck_threshold if s.stuck_threshold and s.redundant else None),
+                batch_redundancy=s.batch_redundancy if s.redundant else 0,
+                group_redundancy=s.group_redundancy if s.redundant else 0,
             )
         )
         coeffs = {"k1": s.k1, "k2": s.k2, "k3": s.k3, "k4": s.k4, "b": s.k_inner}
@@ -142,11 +140,12 @@ class Simulation:
     def _stock_prompts(self) -> None:
         """Keep at least one batch of never-routed groups queued (the data loader)."""
         s = self.spec
-        want = s.batch_size * s.group_size
+        members = s.samples_per_group
+        want = s.batch_size * members
         while self.ledger.new_queued < want:
             g = self.stream.group(self._next_group)
             gid = f"g{g.index}"
-            for m, target in enumerate(g.response_lens):
+            for m, target in enumerate(g.response_lens[:members]):
                 self.ledger.submit(TrajEntry(f"{gid}/{m}", gid, g.index, m, g.prompt_len, target))
             self._next_group += 1
 
@@ -203,6 +202,11 @@ class Simulation:
                 self._cycle_at = None
                 self._cycle()
             self._maybe_train()
+        if self.protocol.pending_aborts:
+            # aborts the protocol queued at the last event (e.g. group surplus) are executed
+            # by the next cycle; run it so the run ends with the ledger and protocol agreeing
+            self._dirty = True
+            self._cycle()
         self.wall_s = time.perf_counter() - wall0
         self.rec.finish(self.now)
         return self.rec

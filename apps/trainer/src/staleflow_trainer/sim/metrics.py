@@ -59,6 +59,13 @@ class RunRecorder:
         self.queue_depth_max = 0
         self._queue_depth: dict[str, int] = {}
         self.end_time = 0.0
+        # Token-rate utilisation: generated tokens (kept or later wasted) over what the
+        # instances would generate at their best throughput (the ideal's per-instance T*).
+        from staleflow_trainer.sim.ideal import ideal_throughput
+
+        self.best_gen_tokens_per_s = ideal_throughput(spec)["instance_best_gen_tokens_per_s"]
+        self._gen_at_step = 0
+        self.generated_total = 0
 
     # ---- instance and trainer state ---------------------------------------------------------
 
@@ -156,8 +163,14 @@ class RunRecorder:
         delta = {k: v - self._last_counts.get(k, 0) for k, v in counts.items()}
         self._last_counts = counts
         versions: dict[str, int] = {}
+        gen = 0
         for eng in sim.engines.values():
             versions[str(eng.version)] = versions.get(str(eng.version), 0) + 1
+            gen += eng.total_generated_tokens
+        self.generated_total = gen
+        gen_step = gen - self._gen_at_step
+        self._gen_at_step = gen
+        capacity = dt * len(self.instances) * self.best_gen_tokens_per_s
         row = {
             "step": len(self.steps) + 1,
             "version": version,
@@ -166,7 +179,11 @@ class RunRecorder:
             "tokens_per_s": p.get("tokens", 0) / dt if dt > 0 else 0.0,
             **p,
             "push_s": self.spec.push_seconds,
-            "rollout_busy_frac": sum(busy.values()) / max(len(busy), 1),
+            # generated tokens / (instances x best per-instance rate x step time): real use
+            "rollout_busy_frac": gen_step / capacity if capacity > 0 else 0.0,
+            # share of instance-time with any work at all (a lightly loaded instance counts 1)
+            "rollout_active_frac": sum(busy.values()) / max(len(busy), 1),
+            "generated_tokens": gen_step,
             "instance_busy_frac": {k: round(v, 4) for k, v in busy.items()},
             **delta,
             "queue_depth": dict(self._queue_depth),
@@ -197,6 +214,7 @@ class RunRecorder:
         tokens = sum(r["tokens"] for r in window)
         wait = sum(r["trainer_wait_s"] for r in window)
         busy = sum(r["rollout_busy_frac"] * r["step_time_s"] for r in window) / span
+        active = sum(r["rollout_active_frac"] * r["step_time_s"] for r in window) / span
         return {
             "policy": s.policy,
             "eta": s.eta,
@@ -206,6 +224,7 @@ class RunRecorder:
             "mean_step_s": span / len(window),
             "trainer_idle_frac": wait / span,
             "rollout_busy_frac": busy,
+            "rollout_active_frac": active,
             "max_staleness": max((r["max_staleness"] for r in self.steps), default=0),
             "mean_staleness": sum(r["mean_staleness"] for r in window) / len(window),
             "staleness_hist": {str(k): v for k, v in sorted(self.staleness_hist.items())},

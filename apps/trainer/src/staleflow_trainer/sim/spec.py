@@ -109,6 +109,14 @@ class SimSpec:
     stuck_threshold: int = attrs.field(default=0, validator=_ge(0))  # 0 = off
     #: Resolve a stuck buffer only after the trainer has waited this long for it.
     stuck_after_s: float = attrs.field(default=5.0, validator=_ge(0))
+    #: StaleFlow's redundant rollout (DESIGN §3), used by the staleflow family only (the
+    #: baselines model systems without it): spare slots per buffer (``B' = B + this``; surplus
+    #: groups are aborted once a buffer is READY) ...
+    batch_redundancy: int = attrs.field(default=0, validator=_ge(0))
+    #: ... and extra samples per group (``n' = n + this``; the slowest are aborted once ``n``
+    #: finish). The prompt stream always draws ``n'`` members so every policy sees the same
+    #: first ``n`` responses of every group.
+    group_redundancy: int = attrs.field(default=0, validator=_ge(0))
     dynamic_sampling: bool = False
 
     # --- GPU budget
@@ -220,6 +228,16 @@ class SimSpec:
     # ---- derived ----------------------------------------------------------------------------
 
     @property
+    def redundant(self) -> bool:
+        """Does this run use StaleFlow's protocol mechanisms (stuck buffers, redundancy)?"""
+        return self.policy in STALEFLOW_FAMILY
+
+    @property
+    def samples_per_group(self) -> int:
+        """Members submitted per group: ``n'`` for the staleflow family, ``n`` otherwise."""
+        return self.group_size + (self.group_redundancy if self.redundant else 0)
+
+    @property
     def colocated(self) -> bool:
         return self.policy == "sync"
 
@@ -297,6 +315,8 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
         group_size=proto.group_size,
         stuck_threshold=proto.stuck_threshold,
         stuck_after_s=sim.stuck_after_s,
+        batch_redundancy=proto.batch_redundancy,
+        group_redundancy=proto.group_redundancy,
         dynamic_sampling=cfg.trainer.dynamic_sampling,
         total_gpus=sim.total_gpus,
         rollout_gpus=sim.rollout_gpus,

@@ -53,7 +53,8 @@ class PromptStream:
 
     def _draw(self, c: int) -> list[GroupDraw]:
         s = self.spec
-        lens = self._sampler.groups(CHUNK, s.group_size, stream=c)
+        members = s.group_size + s.group_redundancy  # n' for every policy: same first n
+        lens = self._sampler.groups(CHUNK, members, stream=c)
         rng = np.random.default_rng([s.seed, 7919, c])
         prompts = np.clip(
             np.rint(s.prompt_len * np.exp(s.prompt_len_sigma * rng.standard_normal(CHUNK))),
@@ -64,7 +65,7 @@ class PromptStream:
         # are all-0 / all-1 (what dynamic sampling filters), most are mixed.
         m = min(max(s.reward_mean, 1e-3), 1 - 1e-3)
         rates = rng.beta(2 * m, 2 * (1 - m), CHUNK)
-        draws = rng.random((CHUNK, s.group_size)) < rates[:, None]
+        draws = rng.random((CHUNK, members)) < rates[:, None]
         return [
             GroupDraw(
                 index=c * CHUNK + k,
