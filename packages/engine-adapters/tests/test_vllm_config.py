@@ -82,3 +82,10 @@ async def test_unstarted_adapter_is_unavailable(tmp_path: Path) -> None:
     await adapter.close()
     with pytest.raises(EngineUnavailable, match="closed"):
         await adapter.start()
+
+
+async def test_model_path_without_weights_is_named(tmp_path: Path) -> None:
+    adapter = VllmAdapter(VllmConfig(model_path=tmp_path / "nowhere"))
+    with pytest.raises(InvalidRequest) as info:
+        await adapter.start()
+    assert info.value.field == "model_path" and "nowhere" in str(info.value)

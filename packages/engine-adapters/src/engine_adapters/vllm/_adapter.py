@@ -204,7 +204,14 @@ class VllmAdapter(EngineAdapter):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        self._schema = WeightSchema.from_model_dir(self._config.model_path)
+        try:
+            self._schema = WeightSchema.from_model_dir(self._config.model_path)
+        except (OSError, ValueError) as e:
+            raise InvalidRequest(
+                f"model_path {str(self._config.model_path)!r} is not a local Hugging Face model "
+                f"directory with *.safetensors weights: {e}",
+                field="model_path",
+            ) from e
         # Inherited by the EngineCore child process.
         os.environ.update(self._config.environment())
         for key, value in DEFAULT_ENVIRONMENT.items():
