@@ -27,6 +27,7 @@ from param_server import (
     VersionUnavailable,
 )
 from param_server._wire import Channel
+from param_server.testing import pull_after_barrier, tensor_bytes
 
 pytestmark = [pytest.mark.nixl, pytest.mark.timeout(120)]
 
@@ -82,26 +83,6 @@ def _next(ps: ParamServer) -> int:
     return (ps.status()["latest"] or 0) + 1
 
 
-def _puller(address: tuple[str, int], ready: mp.Barrier, out: mp.Queue) -> None:  # type: ignore[name-defined,type-arg]
-    with ParamServerClient(address) as c:
-        c._nixl()  # agent up before the barrier, so both pulls really overlap
-        ready.wait(timeout=90)
-        version, tensors = c.pull()
-        out.put(
-            (
-                version,
-                {
-                    k: (
-                        str(v.dtype),
-                        tuple(v.shape),
-                        v.contiguous().view(-1).view(torch.uint8).numpy().tobytes(),
-                    )
-                    for k, v in tensors.items()
-                },
-            )
-        )
-
-
 def test_push_then_two_concurrent_pull_processes_get_identical_bytes(shared: ParamServer) -> None:
     server = shared
     model = small_model(1)
@@ -112,21 +93,16 @@ def test_push_then_two_concurrent_pull_processes_get_identical_bytes(shared: Par
     ctx = mp.get_context("spawn")
     q: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
     ready = ctx.Barrier(2)
-    procs = [ctx.Process(target=_puller, args=(server.address, ready, q)) for _ in range(2)]
+    procs = [
+        ctx.Process(target=pull_after_barrier, args=(server.address, ready, q)) for _ in range(2)
+    ]
     for p in procs:
         p.start()
     results = [q.get(timeout=90) for _ in procs]
     for p in procs:
         p.join(timeout=30)
         assert p.exitcode == 0
-    want = {
-        k: (
-            str(v.dtype),
-            tuple(v.shape),
-            v.contiguous().view(-1).view(torch.uint8).numpy().tobytes(),
-        )
-        for k, v in model.items()
-    }
+    want = tensor_bytes(model)
     for got_version, got in results:
         assert got_version == version
         assert got == want
