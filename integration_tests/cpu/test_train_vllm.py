@@ -40,8 +40,9 @@ def test_steps_completed_with_the_metrics_contract(run: dict[str, Any]) -> None:
     assert [r["version"] for r in rows] == [1, 2, 3]
     for r in rows:
         assert set(REQUIRED_KEYS) <= set(r)
-        assert r["tokens_per_s"] > 0
+        assert r["tokens_per_s"] >= 0  # 0 when the batch was generated during the last step
         assert sum(r["staleness_hist"].values()) == run["batch"] * run["group"]
+    assert sum(r["tokens"] for r in rows) > 0
     assert run["timeline"] and {t["state"] for t in run["timeline"]} <= {"busy", "syncing", "idle"}
 
 
