@@ -42,7 +42,7 @@ from staleflow_trainer.actors.coordinator_loop import (
     latest_checkpoint,
 )
 from staleflow_trainer.config import AppConfig, dump_config, to_dict
-from staleflow_trainer.errors import CheckpointError
+from staleflow_trainer.errors import CheckpointError, ConfigError
 from staleflow_trainer.metrics import MetricsWriter, ProgressBar, TimelineWriter
 
 log = structlog.get_logger(__name__)
@@ -138,8 +138,23 @@ def _engine_kwargs(cfg: AppConfig, i: int, model_path: Path) -> dict[str, Any]:
                 "seed": cfg.run.seed + i,
             }
         }
+    # sglang: attach to a running server (rollout.sglang_url, comma-separated: instance i takes
+    # url i mod count). New versions go to it as safetensors through /update_weights_from_disk,
+    # checked against the model's tensor shapes first.
+    from engine_adapters.sglang import model_weight_shapes
+
     urls = [u for u in r.sglang_url.split(",") if u]
-    return {"base_url": urls[i % len(urls)] if urls else "", "max_model_len": r.max_model_len}
+    if not urls:
+        raise ConfigError(
+            "rollout.backend=sglang needs rollout.sglang_url (the server address)",
+            key="rollout.sglang_url",
+            allowed="http://host:port[,http://host:port...]",
+        )
+    return {
+        "base_url": urls[i % len(urls)],
+        "weights_dir": str(cfg.run_dir / "sglang-weights" / f"instance-{i}"),
+        "weight_shapes": {k: list(v) for k, v in model_weight_shapes(model_path).items()},
+    }
 
 
 def init_ray(cfg: AppConfig) -> bool:
