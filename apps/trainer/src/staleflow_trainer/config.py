@@ -417,6 +417,10 @@ class ParamServerConfig:
     __section__: ClassVar[str]
     num_workers: int = _f(1, ge=1)
     keep_versions: int = _f(2, ge=1)
+    replication: int = _f(1, ge=1, doc="workers holding each slice (<= num_workers)")
+    push_retry_s: float = _f(
+        300.0, ge=0.0, doc="a failed push (e.g. a storage worker down) is retried this long"
+    )
     transport: Literal["nixl", "local"] = _f("nixl")
     bind_host: str = _f("127.0.0.1")
     auth_token: str = _f("", doc="required when bind_host is not loopback")
@@ -577,6 +581,14 @@ def validate(cfg: AppConfig) -> None:
             "trainer.num_gpus",
             f"batch of {samples} samples is not divisible across {t.num_gpus} FSDP ranks",
             f"a divisor of {samples}",
+        )
+    ps = cfg.param_server
+    if ps.replication > ps.num_workers:
+        raise _err(
+            "param_server.replication",
+            f"{ps.replication} copies of each slice need as many storage workers; "
+            f"param_server.num_workers={ps.num_workers}",
+            f"<= {ps.num_workers}",
         )
     if t.fsdp and t.device == "cpu":
         raise _err("trainer.fsdp", "FSDP2 needs trainer.device cuda or auto", "false with cpu")

@@ -8,6 +8,8 @@ Tree::
     ├── RewardError                reward plug-in could not be loaded or misbehaved (``fn``)
     ├── TrainerError               misuse of the trainer or a malformed batch (``field``)
     ├── CheckpointError            missing / corrupt / mismatched checkpoint (``path``)
+    ├── ComponentLost              a component process the run cannot go on without died
+    │                              (``component``); restart the app from its last checkpoint
     └── CommandUnavailable         a CLI command whose implementation is not installed (``module``)
 """
 
@@ -69,6 +71,15 @@ class CheckpointError(StaleflowError):
     def __init__(self, message: str, *, path: str | None = None) -> None:
         super().__init__(message)
         self.path = path
+
+
+class ComponentLost(StaleflowError):
+    """A component the run needs (the trainer) died; ``component`` names it. The run stops and
+    ``run.resume=auto|must`` restarts it from the last checkpoint."""
+
+    def __init__(self, message: str, *, component: str) -> None:
+        super().__init__(message)
+        self.component = component
 
 
 class CommandUnavailable(StaleflowError):

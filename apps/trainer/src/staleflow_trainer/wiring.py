@@ -201,6 +201,14 @@ class Deployment:
         self.rewards: list[Any] = []
         self.coordinator: Any = None
         self.steps_at_start = 0
+        self._pending_out: list[dict[str, Any]] = []
+        self._next_instance = 0
+        self._ps_addr: Any = None
+        self._ps_token: str | None = None
+        self._ts_addr: Any = None
+        self._ts_token: str | None = None
+        self._cfg_dict: dict[str, Any] = {}
+        self._opts: Callable[..., dict[str, Any]] | None = None
         self._started_ray = False
         self._t0 = time.monotonic()
 
@@ -209,10 +217,8 @@ class Deployment:
     def start(self) -> Deployment:
         import ray
 
-        from staleflow_trainer.actors.coordinator_loop import CoordinatorActor
         from staleflow_trainer.actors.param_host import ParamServerHost
         from staleflow_trainer.actors.reward_actor import RewardActor
-        from staleflow_trainer.actors.rollout import RolloutActor
         from staleflow_trainer.actors.trainer_actor import TrainerActor
         from trajectory_server.actor import TrajectoryServerActor
 
@@ -258,6 +264,7 @@ class Deployment:
             .remote(
                 num_workers=cfg.param_server.num_workers,
                 keep_versions=max(cfg.param_server.keep_versions, 2),
+                replication=cfg.param_server.replication,
                 host=cfg.param_server.bind_host,
                 token=ps_token,
             )
@@ -266,7 +273,10 @@ class Deployment:
         n = cfg.rollout.num_instances
         self.trainer = (
             ray.remote(TrainerActor)
-            .options(**opts(n, num_cpus=0, num_gpus=cfg.trainer.num_gpus or 0))
+            .options(
+                # 2 threads: push_failures() answers while a step retries a push
+                **opts(n, num_cpus=0, num_gpus=cfg.trainer.num_gpus or 0, max_concurrency=2)
+            )
             .remote(
                 cfg=cfg_dict,
                 model_path=str(self.model_path),
@@ -275,25 +285,11 @@ class Deployment:
                 checkpoint_dir=None if self.resume_dir is None else str(self.resume_dir),
             )
         )
-        self.rollouts = {
-            f"{cfg.rollout.backend}-{i}": ray.remote(RolloutActor)
-            .options(
-                **opts(
-                    i,
-                    num_cpus=cfg.rollout.cpus_per_instance,
-                    num_gpus=cfg.rollout.gpus_per_instance,
-                    max_concurrency=1000,
-                )
-            )
-            .remote(
-                instance_id=f"{cfg.rollout.backend}-{i}",
-                backend=cfg.rollout.backend,
-                engine_kwargs=_engine_kwargs(cfg, i, self.model_path),
-                ps_address=ps_addr,
-                ps_token=ps_token,
-            )
-            for i in range(n)
-        }
+        self._ps_addr, self._ps_token = ps_addr, ps_token
+        self._ts_addr, self._ts_token = ts_addr, ts_token
+        self._cfg_dict, self._opts = cfg_dict, opts
+        self.rollouts = dict(self._make_rollout(i, pg_index=i) for i in range(n))
+        self._next_instance = n
         self.rewards = [
             ray.remote(RewardActor)
             .options(num_cpus=0)
@@ -314,20 +310,8 @@ class Deployment:
         instances = {
             i["instance_id"]: {"kv_capacity_tokens": i["kv_capacity_tokens"]} for i in infos
         }
-        self.coordinator = (
-            ray.remote(CoordinatorActor)
-            .options(num_cpus=0, max_concurrency=64)
-            .remote(
-                cfg=cfg_dict,
-                model_path=str(self.model_path),
-                ts_address=ts_addr,
-                ts_token=ts_token,
-                rollouts=self.rollouts,
-                instances=instances,
-                trainer=self.trainer,
-                rewards=self.rewards,
-                resume_dir=None if self.resume_dir is None else str(self.resume_dir),
-            )
+        self.coordinator = self._make_coordinator(
+            instances, resume_dir=None if self.resume_dir is None else str(self.resume_dir)
         )
         info = ray.get(self.coordinator.setup.remote())
         self.steps_at_start = int(info["steps_done"])
@@ -339,6 +323,117 @@ class Deployment:
             seconds=round(time.monotonic() - self._t0, 1),
         )
         return self
+
+    def _make_rollout(self, i: int, *, pg_index: int | None = None) -> tuple[str, Any]:
+        import ray
+
+        from staleflow_trainer.actors.rollout import RolloutActor
+
+        cfg = self.cfg
+        assert self._opts is not None and self.model_path is not None
+        iid = f"{cfg.rollout.backend}-{i}"
+        handle = (
+            ray.remote(RolloutActor)
+            .options(
+                **self._opts(
+                    pg_index,
+                    num_cpus=cfg.rollout.cpus_per_instance,
+                    num_gpus=cfg.rollout.gpus_per_instance,
+                    max_concurrency=1000,
+                )
+            )
+            .remote(
+                instance_id=iid,
+                backend=cfg.rollout.backend,
+                engine_kwargs=_engine_kwargs(cfg, i, self.model_path),
+                ps_address=self._ps_addr,
+                ps_token=self._ps_token,
+            )
+        )
+        return iid, handle
+
+    def _make_coordinator(
+        self,
+        instances: dict[str, dict[str, Any]],
+        *,
+        resume_dir: str | None = None,
+        handover_state: dict[str, Any] | None = None,
+    ) -> Any:
+        import ray
+
+        from staleflow_trainer.actors.coordinator_loop import CoordinatorActor
+
+        return (
+            ray.remote(CoordinatorActor)
+            .options(num_cpus=0, max_concurrency=64)
+            .remote(
+                cfg=self._cfg_dict,
+                model_path=str(self.model_path),
+                ts_address=self._ts_addr,
+                ts_token=self._ts_token,
+                rollouts=self.rollouts,
+                instances=instances,
+                trainer=self.trainer,
+                rewards=self.rewards,
+                resume_dir=resume_dir,
+                handover_state=handover_state,
+            )
+        )
+
+    # ------------------------------------------------------------------------- faults
+
+    def kill_instance(self, instance_id: str) -> None:
+        """Kill a rollout instance's process (``ray.kill``); the loop notices at its next call
+        to it, returns its work to the queue and stops routing to it."""
+        import ray
+
+        ray.kill(self.rollouts.pop(instance_id), no_restart=True)
+
+    def add_instance(self) -> str:
+        """Start a new rollout instance, load the latest published version from the param
+        server, and let it join the running loop; returns its id. (With GPUs it is placed by
+        Ray outside the placement group.)"""
+        import ray
+
+        iid, handle = self._make_rollout(self._next_instance)
+        self._next_instance += 1
+        info = ray.get(handle.start.remote())
+        version = int(ray.get(handle.sync.remote(None))["version"])
+        ray.get(
+            self.coordinator.add_instance.remote(
+                iid, handle, kv_capacity_tokens=int(info["kv_capacity_tokens"]), version=version
+            )
+        )
+        self.rollouts[iid] = handle
+        log.info("instance_added", instance=iid, version=version)
+        return iid
+
+    def restart_coordinator(self) -> dict[str, Any]:
+        """Replace the coordinator actor: the old one stops and hands over its live state
+        (protocol + bookkeeping), its process is killed, and a new one rebuilds its view from
+        that state, the trajectory server and fresh instance snapshots. ``run()`` carries on
+        with the new one. Returns the new actor's set-up info."""
+        import ray
+
+        old = self.coordinator
+        state = ray.get(old.handover.remote())
+        self._pending_out.append(ray.get(old.drain.remote()))
+        live = set(ray.get(old.instances.remote()))
+        ray.kill(old, no_restart=True)
+        for iid in [i for i in self.rollouts if i not in live]:
+            self.rollouts.pop(iid)  # lost while the old loop ran
+        infos = ray.get([h.start.remote() for h in self.rollouts.values()])
+        instances = {
+            i["instance_id"]: {
+                "kv_capacity_tokens": i["kv_capacity_tokens"],
+                "version": i["version"],
+            }
+            for i in infos
+        }
+        self.coordinator = self._make_coordinator(instances, handover_state=state)
+        info = dict(ray.get(self.coordinator.setup.remote()))
+        log.info("coordinator_restarted", **info)
+        return info
 
     def _placement_group(self) -> Any:
         cfg = self.cfg
@@ -370,24 +465,30 @@ class Deployment:
             resume_step=self.steps_at_start if resumed else None,
         )
         timeline = TimelineWriter(self.run_dir)
-        run_ref = self.coordinator.run.remote()
+        coord: Any = None
+        run_ref: Any = None
         try:
             with ProgressBar(
                 cfg.trainer.steps, enabled=cfg.metrics.progress_bar, start_step=self.steps_at_start
             ) as bar:
                 while True:
+                    if coord is not self.coordinator:  # started, or replaced by on_record
+                        coord = self.coordinator
+                        run_ref = coord.run.remote()
                     ready, _ = ray.wait([run_ref], timeout=0.5)
-                    out = ray.get(self.coordinator.drain.remote())
-                    for rec in out["records"]:
-                        writer.log_step(rec)
-                        bar.update(int(rec["step"]), rec)
-                        if on_record is not None:
-                            on_record(rec)
-                    timeline.extend(out["timeline"])
-                    if ready:
+                    outs, self._pending_out = self._pending_out, []
+                    outs.append(ray.get(coord.drain.remote()))
+                    for out in outs:
+                        for rec in out["records"]:
+                            writer.log_step(rec)
+                            bar.update(int(rec["step"]), rec)
+                            if on_record is not None:
+                                on_record(rec)
+                        timeline.extend(out["timeline"])
+                    if ready and coord is self.coordinator:
                         break
             summary = ray.get(run_ref)
-            out = ray.get(self.coordinator.drain.remote())
+            out = ray.get(coord.drain.remote())
             for rec in out["records"]:
                 writer.log_step(rec)
             timeline.extend(out["timeline"])
@@ -420,10 +521,11 @@ class Deployment:
             closing.append(self.trainer.close.remote())
         if self.ps is not None:
             closing.append(self.ps.close.remote())
-        try:
-            ray.get(closing, timeout=60)
-        except Exception as e:  # shutting down anyway
-            log.warning("close_incomplete", error=repr(e))
+        for ref in closing:  # one dead component must not keep the others from closing
+            try:
+                ray.get(ref, timeout=60)
+            except Exception as e:  # shutting down anyway
+                log.warning("close_incomplete", error=repr(e)[:300])
         for h in [
             self.coordinator,
             *self.rollouts.values(),

@@ -31,6 +31,19 @@ Only the coordinator calls ``reserve`` and ``take_aborts``; this loop calls
 ``take_replacements``. Every admitted trajectory ends consumed, or dropped in the TS with the
 reason the protocol (or the reward runner, or the filter) gave — :meth:`CoordinatorActor.ledger`
 checks exactly that.
+
+Faults (docs/reliability.md)
+----------------------------
+* A rollout instance whose actor dies (any call to it raises ``RayActorError``) is *lost*:
+  ``ts.instance_lost`` puts what it held back in the queue with the payload the store held,
+  ``coordinator.remove_instance`` stops routing to it; the protocol keeps every reservation.
+  :meth:`CoordinatorActor.add_instance` lets a replacement join (between cycles) at the
+  version it already serves; the coordinator syncs it to the latest like any other instance.
+* The trainer dying makes :meth:`run` raise :class:`ComponentLost`; the app restarts from its
+  last checkpoint (``run.resume``).
+* :meth:`CoordinatorActor.handover` stops this loop cleanly and returns its live state; a new
+  actor built with ``handover_state=`` rebuilds its view from that state, the TS and fresh
+  snapshots (the restart path of a coordinator that is replaced, not crashed).
 """
 
 from __future__ import annotations
@@ -67,7 +80,7 @@ from staleflow_trainer.actors.payloads import (
 )
 from staleflow_trainer.config import AppConfig, from_dict
 from staleflow_trainer.data import DataCursor, load_records
-from staleflow_trainer.errors import CheckpointError, DataError
+from staleflow_trainer.errors import CheckpointError, ComponentLost, DataError
 from staleflow_trainer.metrics import staleness_summary
 from staleflow_trainer.trainer import should_drop_group
 from staleflow_trainer.trainer.checkpoint import atomic_write_bytes, read_verified_bytes
@@ -133,7 +146,7 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     pointer = Path(run_dir) / "checkpoints" / LATEST_FILE
     if not pointer.is_file():
         return None
-    d = pointer.parent / pointer.read_text().strip()
+    d = pointer.parent / read_verified_bytes(pointer).decode().strip()
     if not d.is_dir():
         raise CheckpointError(f"{pointer} names {d.name!r}, which does not exist", path=str(d))
     return d
@@ -154,8 +167,10 @@ class CoordinatorActor:
         trainer: Any,
         rewards: Sequence[Any],
         resume_dir: str | None = None,
+        handover_state: Mapping[str, Any] | None = None,
     ) -> None:
         self.cfg: AppConfig = from_dict(cfg)
+        self._handover = dict(handover_state) if handover_state is not None else None
         self._model_path = model_path
         self._ts_address = tuple(ts_address)
         self._ts_token = ts_token
@@ -194,6 +209,9 @@ class CoordinatorActor:
                 "stuck_resolved",
                 "generate_errors",
                 "ts_refusals",
+                "instances_lost",
+                "instances_joined",
+                "lost_requeued",
             ),
             0,
         )
@@ -217,6 +235,9 @@ class CoordinatorActor:
         self._last_cycle_t = time.monotonic()
         self._step_counters: dict[str, int] = dict(self._counters)
         self._stop = False
+        self._running = False
+        self._done = asyncio.Event()
+        self._lost: list[dict[str, Any]] = []  # instances lost: iid, requeued ids, when
         self._log = log.bind(component="coordinator_loop")
 
     # ------------------------------------------------------------------------------- set-up
@@ -233,7 +254,11 @@ class CoordinatorActor:
         )
         self._rng = np.random.default_rng([cfg.run.seed, 17])
         state: dict[str, Any] | None = None
-        if self._resume_dir is not None:
+        if self._handover is not None:
+            state = self._handover
+            self.protocol = StalenessProtocol.from_dict(state["protocol"])
+            self._restore_bookkeeping(state)
+        elif self._resume_dir is not None:
             state = json.loads(read_verified_bytes(self._resume_dir / STATE_FILE))
             self.protocol = StalenessProtocol.from_dict(state["protocol"])
             self._restore_bookkeeping(state)
@@ -245,12 +270,16 @@ class CoordinatorActor:
         )
         for iid, info in self._instances.items():
             self.coordinator.add_instance(
-                iid, kv_capacity_tokens=int(info["kv_capacity_tokens"]), version=version
+                iid,
+                kv_capacity_tokens=int(info["kv_capacity_tokens"]),
+                version=int(info.get("version", version)),
             )
             self._inst_state[iid] = ["idle", 0.0, version]
             self._busy_acc[iid] = 0.0
         self._ts = await TrajectoryClient.connect(*self._ts_address, token=self._ts_token)
         requeued = 0
+        if self._handover is not None:
+            await self._settle_instances()
         if state is not None:
             requeued = await self._recover()
         self._log.info(
@@ -296,6 +325,40 @@ class CoordinatorActor:
         self._dispatch_rewards(items)
         return requeued
 
+    async def _settle_instances(self) -> None:
+        """A replaced coordinator's instances: stop everything they run and put what they
+        produced into the TS (partials back in the queue, finished ones finished), so the view
+        this loop rebuilds from the TS is complete and nothing still runs unseen."""
+        for iid, h in list(self._rollouts.items()):
+            try:
+                await h.interrupt.remote(None)
+                p = await h.poll.remote()
+            except Exception as e:  # died meanwhile: the loop's first poll handles it
+                self._log.warning("settle_failed", instance=iid, error=repr(e))
+                continue
+            partial, finished = [], []
+            for d in p["results"]:
+                r = result_from_dict(d)
+                if self._proto_state(r.trajectory_id) is not TrajectoryState.IN_FLIGHT:
+                    continue  # the old loop already handled it or the protocol let it go
+                if r.finished or len(r.token_ids) >= self._max_new:
+                    finished.append(
+                        completion_of(r, finish_reason=None if r.finished else "length")
+                    )
+                else:
+                    partial.append(segment_of(r))
+            if partial:
+                await self._ts_batch("return_partial", iid, partial)
+            if finished:
+                await self._ts_batch("finish", iid, finished)
+            snap = p["snapshot"]
+            self.coordinator.remove_instance(iid)
+            self.coordinator.add_instance(
+                iid,
+                kv_capacity_tokens=int(snap["kv_capacity_tokens"]),
+                version=int(snap["version"]),
+            )
+
     async def _ts_instances(self) -> list[str]:
         stats = await self._ts.stats()
         return list(stats.running_by_instance)
@@ -305,18 +368,64 @@ class CoordinatorActor:
     async def run(self) -> dict[str, Any]:
         period = self.cfg.coordinator.snapshot_interval_s
         self._last_step_t = self._wait_since = time.monotonic()
-        while self._steps_done < self._steps_target and not self._stop:
-            t = time.monotonic()
-            await self._cycle()
-            await asyncio.sleep(max(0.0, period - (time.monotonic() - t)))
-        if self._train_task is not None:  # stop requested mid-step: let it land
-            await self._train_task
-            await self._apply_events()
-        await self._quiesce()
-        return await self.summary()
+        self._running = True
+        self._done.clear()
+        try:
+            while self._steps_done < self._steps_target and not self._stop:
+                t = time.monotonic()
+                await self._cycle()
+                await asyncio.sleep(max(0.0, period - (time.monotonic() - t)))
+            if self._train_task is not None:  # stop requested mid-step: let it land
+                await self._train_task
+                await self._apply_events()
+            await self._quiesce()
+            return await self.summary()
+        finally:
+            self._running = False
+            self._done.set()
 
     async def stop(self) -> None:
         self._stop = True
+
+    async def add_instance(
+        self, instance_id: str, handle: Any, *, kv_capacity_tokens: int, version: int
+    ) -> None:
+        """A new (or replacement) rollout instance joins at the next cycle, serving
+        ``version``; the coordinator syncs it to the latest published version as needed."""
+        self._events.append(("joined", (instance_id, handle, int(kv_capacity_tokens), version)))
+
+    async def instances(self) -> list[str]:
+        return list(self._rollouts)
+
+    async def lost_instances(self) -> list[dict[str, Any]]:
+        return list(self._lost)
+
+    async def handover(self, timeout_s: float = 120.0) -> dict[str, Any]:
+        """Stop the loop (a running step lands first), put everything the instances produced
+        into the TS, wait for outstanding rewards, and return the live state a replacement
+        coordinator starts from (``handover_state=``). This actor must not run again."""
+        self._stop = True
+        if self._running:
+            await asyncio.wait_for(self._done.wait(), timeout_s)
+        await self._collect_all()
+        deadline = time.monotonic() + timeout_s
+        while self._reward_pending and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            await self._apply_events()
+        await self._apply_events()
+        return self._state_dict()
+
+    async def _collect_all(self) -> None:
+        """Poll every instance once more and apply what it returned."""
+        iids = list(self._rollouts)
+        polls = await asyncio.gather(
+            *(self._rollouts[i].poll.remote() for i in iids), return_exceptions=True
+        )
+        for iid, p in zip(iids, polls, strict=True):
+            if isinstance(p, BaseException):
+                await self._instance_lost(iid, p)
+            elif p["results"]:
+                await self._handle_results(iid, p["results"])
 
     async def _cycle(self) -> None:
         # Routes held for a sync are not in the TS's view of things yet: keep them out of the
@@ -326,15 +435,26 @@ class CoordinatorActor:
         if self._steps_done >= self._steps_target:
             return
         await self._feed()
-        polls = await asyncio.gather(*(h.poll.remote() for h in self._rollouts.values()))
-        for iid, p in zip(self._rollouts, polls, strict=True):
+        iids = list(self._rollouts)
+        got = await asyncio.gather(
+            *(self._rollouts[i].poll.remote() for i in iids), return_exceptions=True
+        )
+        alive: list[str] = []
+        polls: list[Mapping[str, Any]] = []
+        for iid, p in zip(iids, got, strict=True):
+            if isinstance(p, BaseException):
+                await self._instance_lost(iid, p)
+                continue
+            alive.append(iid)
+            polls.append(p)
+        for iid, p in zip(alive, polls, strict=True):
             self._counters["generate_errors"] += len(p["errors"])
             if p["results"]:
                 await self._handle_results(iid, p["results"])
         entries = await self._ts.queue_view(4096)
         now = time.monotonic()
         snaps = [instance_snapshot(p["snapshot"], time_s=now) for p in polls]
-        self._account_timeline(polls, now)
+        self._account_timeline(alive, polls, now)
         held |= self.coordinator.pending.trajectory_ids()
         items = [queued(e) for e in entries if e.trajectory_id not in held]
         if self._reserved_unrouted:
@@ -459,6 +579,50 @@ class CoordinatorActor:
             done = await self._ts_batch("finish", iid, comps)
             self.coordinator.on_finished([r.trajectory_id for r in finished])
             self._dispatch_rewards([self._reward_item(ft.trajectory) for ft in done])
+
+    async def _instance_lost(self, iid: str, error: BaseException) -> None:
+        """``iid``'s actor died: what it held goes back to the queue (the protocol keeps the
+        reservations), the coordinator stops routing to it. Idempotent."""
+        if iid not in self._rollouts:
+            return
+        if not _is_actor_death(error):
+            raise error
+        del self._rollouts[iid]
+        self._instances.pop(iid, None)
+        task = self._syncing.pop(iid, None)
+        if task is not None:
+            task.cancel()
+        requeued = list(await self._ts.instance_lost(iid))
+        routed = self.coordinator.remove_instance(iid)
+        for tid in requeued:
+            self._known_len.pop(tid, None)
+        state = self._inst_state.pop(iid, None)
+        self._busy_acc.pop(iid, None)
+        t = time.monotonic() - self._t0
+        if state is not None and t > state[1]:
+            self._timeline.append(
+                {"instance": iid, "state": state[0], "start_s": state[1], "end_s": t,
+                 "version": state[2]}
+            )  # fmt: skip
+        self._counters["instances_lost"] += 1
+        self._counters["lost_requeued"] += len(requeued)
+        self._lost.append(
+            {"instance_id": iid, "requeued": requeued, "routed": routed, "error": repr(error)}
+        )
+        self._log.warning(
+            "instance_lost", instance=iid, requeued=len(requeued), error=repr(error)[:200]
+        )
+
+    def _instance_joined(self, iid: str, handle: Any, kv: int, version: int) -> None:
+        if iid in self._rollouts:
+            raise ValueError(f"rollout instance {iid!r} is already part of the run")
+        self._rollouts[iid] = handle
+        self._instances[iid] = {"kv_capacity_tokens": kv, "version": version}
+        self.coordinator.add_instance(iid, kv_capacity_tokens=kv, version=version)
+        self._inst_state[iid] = ["idle", time.monotonic() - self._t0, version]
+        self._busy_acc[iid] = 0.0
+        self._counters["instances_joined"] += 1
+        self._log.info("instance_joined", instance=iid, version=version)
 
     async def _ts_batch(self, op: str, iid: str, items: Sequence[Any]) -> list[Any]:
         """A batch TS call; if the store refuses the batch (all-or-nothing), retry one by one
@@ -603,7 +767,12 @@ class CoordinatorActor:
             self._counters["aborts"] += len(ids)
             self.coordinator.on_dropped(ids)
         self._counters["interrupts"] += len(ids)
-        await self._rollouts[c.instance_id].interrupt.remote(ids)
+        h = self._rollouts.get(c.instance_id)
+        if h is not None:
+            try:
+                await h.interrupt.remote(ids)
+            except Exception as e:
+                await self._instance_lost(c.instance_id, e)
         if not c.requeue:
             await self._discard(ids, str(c.reason))
 
@@ -633,9 +802,13 @@ class CoordinatorActor:
         for t in payloads:
             self._known_len[t.trajectory_id] = len(t.generated_token_ids)
             self._reserved_unrouted.pop(t.trajectory_id, None)
-        acks = await self._rollouts[iid].submit.remote(
-            [request_from_trajectory(t) for t in payloads]
-        )
+        try:
+            acks = await self._rollouts[iid].submit.remote(
+                [request_from_trajectory(t) for t in payloads]
+            )
+        except Exception as e:  # died between the poll and now: the TS requeues its work
+            await self._instance_lost(iid, e)
+            return
         refused = [a["trajectory_id"] for a in acks if not a["ok"]]
         if refused:
             self._log.warning("submit_refused", instance=iid, acks=[a for a in acks if not a["ok"]])
@@ -649,7 +822,12 @@ class CoordinatorActor:
             try:
                 info = await self._rollouts[iid].sync.remote(version)
                 self._events.append(("synced", (iid, int(info["version"]), info)))
+            except asyncio.CancelledError:
+                raise
             except Exception as e:
+                if _is_actor_death(e):
+                    self._events.append(("lost", (iid, e)))
+                    return
                 self._events.append(("sync_failed", (iid, repr(e))))
 
         self._syncing[iid] = asyncio.get_running_loop().create_task(job())
@@ -662,6 +840,18 @@ class CoordinatorActor:
             for kind, payload in events:
                 if kind == "rewarded":
                     await self._apply_rewards(payload)
+                elif kind == "joined":
+                    self._instance_joined(*payload)
+                elif kind == "lost":
+                    self._syncing.pop(payload[0], None)
+                    await self._instance_lost(*payload)
+                elif kind == "train_failed":
+                    self._train_task = None
+                    raise ComponentLost(
+                        f"the trainer failed during a step: {payload}", component="trainer"
+                    )
+                elif kind in ("synced", "sync_failed") and payload[0] not in self._rollouts:
+                    continue  # the instance was lost meanwhile
                 elif kind == "synced":
                     iid, version, _info = payload
                     self._syncing.pop(iid, None)
@@ -722,7 +912,12 @@ class CoordinatorActor:
 
         async def job() -> None:
             t0 = time.monotonic()
-            metrics = await self._trainer.train_step.remote(samples)
+            try:
+                metrics = await self._trainer.train_step.remote(samples)
+            except Exception as e:  # the trainer died or failed: the run cannot go on
+                self._log.error("train_step_failed", error=repr(e)[:500])
+                self._events.append(("train_failed", repr(e)[:500]))
+                return
             self._events.append(("trained", (batch.version, stale, samples, metrics, wait_s, t0)))
 
         self._train_task = asyncio.get_running_loop().create_task(job())
@@ -796,18 +991,7 @@ class CoordinatorActor:
         await self._trainer.save_checkpoint.remote(str(tmp))
         ts_path = await self._ts.save_checkpoint()
         shutil.copyfile(ts_path, tmp / TS_FILE)
-        state = {
-            "format": "staleflow-loop/1",
-            "steps_done": k,
-            "protocol": self.protocol.to_dict(),
-            "cursor": self._cursor.state_dict(),
-            "groups": self._groups,
-            "fresh": sorted(self._fresh),
-            "serial": self._serial,
-            "rewards": self._rewards_of,
-            "rewarded": self._rewarded,
-            "counters": self._counters,
-        }
+        state = self._state_dict()
         atomic_write_bytes(tmp / STATE_FILE, json.dumps(state).encode())
         shutil.rmtree(final, ignore_errors=True)
         tmp.replace(final)
@@ -818,13 +1002,30 @@ class CoordinatorActor:
         self._log.info("checkpoint_written", step=k, path=str(final))
         return str(final)
 
+    def _state_dict(self) -> dict[str, Any]:
+        """Everything a restarted loop needs besides the TS (JSON-serialisable)."""
+        return {
+            "format": "staleflow-loop/1",
+            "steps_done": self._steps_done,
+            "protocol": self.protocol.to_dict(),
+            "cursor": self._cursor.state_dict(),
+            "groups": dict(self._groups),
+            "fresh": sorted(self._fresh),
+            "serial": self._serial,
+            "rewards": dict(self._rewards_of),
+            "rewarded": {k: list(v) for k, v in self._rewarded.items()},
+            "counters": dict(self._counters),
+        }
+
     # --------------------------------------------------------------------------- timeline
 
-    def _account_timeline(self, polls: Sequence[Mapping[str, Any]], now: float) -> None:
+    def _account_timeline(
+        self, iids: Sequence[str], polls: Sequence[Mapping[str, Any]], now: float
+    ) -> None:
         dt = now - self._last_cycle_t
         self._last_cycle_t = now
         t = now - self._t0
-        for iid, p in zip(self._rollouts, polls, strict=True):
+        for iid, p in zip(iids, polls, strict=True):
             snap = p["snapshot"]
             if iid in self._syncing or p.get("syncing"):
                 state = "syncing"
@@ -857,7 +1058,9 @@ class CoordinatorActor:
                 await asyncio.wait_for(task, 60)
             except Exception as e:  # a failed sync at shutdown changes nothing
                 self._log.debug("sync_at_shutdown", error=repr(e))
-        await asyncio.gather(*(h.interrupt.remote(None) for h in self._rollouts.values()))
+        await asyncio.gather(
+            *(h.interrupt.remote(None) for h in self._rollouts.values()), return_exceptions=True
+        )
         t = time.monotonic() - self._t0
         for iid, (state, since, version) in self._inst_state.items():
             if t > since:
@@ -894,6 +1097,28 @@ class CoordinatorActor:
 
     async def protocol_state(self) -> dict[str, Any]:
         return self.protocol.to_dict()
+
+    async def groups(self) -> dict[str, int]:
+        """Every group submitted so far → the dataset row it was made from."""
+        return dict(self._groups)
+
+    async def held_by(self, instance_id: str) -> list[str]:
+        """What the TS says ``instance_id`` is generating now."""
+        return list(await self._ts.held_by(instance_id))
+
+    async def histories(self) -> dict[str, list[list[Any]]]:
+        """The TS ledger history of every trajectory submitted so far:
+        ``tid → [[kind, instance_id, version], ...]`` in order."""
+        out: dict[str, list[list[Any]]] = {}
+        for gid in self._groups:
+            for tid in await self._ts.group(gid):
+                out[tid] = [
+                    [str(e.kind), e.instance_id, e.version] for e in await self._ts.history(tid)
+                ]
+        return out
+
+    async def ts_stats(self) -> dict[str, Any]:
+        return attrs.asdict(await self._ts.stats())
 
     async def ledger(self) -> dict[str, Any]:
         """Every trajectory ever submitted: consumed, in flight, or dropped with a reason.
@@ -940,6 +1165,15 @@ class CoordinatorActor:
             "problems": problems,
             "steps_done": self._steps_done,
         }
+
+
+def _is_actor_death(e: BaseException) -> bool:
+    """True for Ray's "this actor is gone" errors (killed, crashed, its node died)."""
+    try:
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+    except ImportError:  # pragma: no cover - the loop only runs under Ray
+        return False
+    return isinstance(e, (RayActorError, ActorDiedError, ActorUnavailableError))
 
 
 def _as_result(t: Any) -> Any:

@@ -22,6 +22,7 @@ class ParamServerHost:
         *,
         num_workers: int = 1,
         keep_versions: int = 2,
+        replication: int = 1,
         host: str = "127.0.0.1",
         token: str | None = None,
         worker_pool_bytes: int = 64 << 20,
@@ -32,6 +33,7 @@ class ParamServerHost:
             ParamServerConfig(
                 num_workers=num_workers,
                 keep_versions=keep_versions,
+                replication=replication,
                 host=host,
                 token=token or None,
                 worker_pool_bytes=worker_pool_bytes,
@@ -48,6 +50,14 @@ class ParamServerHost:
 
     def worker_pids(self) -> dict[str, int]:
         return dict(self._server.worker_pids())
+
+    def kill_worker(self, worker: str) -> None:
+        """Kill a storage worker process (fault tests, operators)."""
+        self._server.kill_worker(worker)
+
+    def restart_worker(self, worker: str) -> None:
+        """Start a fresh process for a dead worker; returns once it rejoined (empty)."""
+        self._server.restart_worker(worker)
 
     def close(self) -> None:
         self._server.close()

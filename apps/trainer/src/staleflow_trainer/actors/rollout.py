@@ -205,6 +205,14 @@ class RolloutActor:
                 "seconds": seconds,
             }
 
+    async def check_pull(self, version: int | None = None) -> dict[str, Any]:
+        """Pull ``version`` (None = latest) from the PS without loading it: ``{"version",
+        "nbytes"}``. Fault tests use it to show a version stays pullable from a replica."""
+        client = self._client()
+        got, tensors = await asyncio.to_thread(client.pull, None, version=version)
+        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        return {"version": int(got), "nbytes": int(nbytes)}
+
     async def probe(
         self, prompt_token_ids: Sequence[int], max_new_tokens: int = 4
     ) -> dict[str, Any]:

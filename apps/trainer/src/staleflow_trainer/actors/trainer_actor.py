@@ -6,6 +6,7 @@ parameter server (NIXL), tagged with the trainer's version, so a rollout instanc
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,6 +18,8 @@ from staleflow_trainer.config import from_dict
 from staleflow_trainer.trainer import Trainer, TrainSample
 
 log = structlog.get_logger(__name__)
+
+_RETRY_EVERY_S = 0.5
 
 
 class TrainerActor:
@@ -44,16 +47,72 @@ class TrainerActor:
         from param_server import ParamServerClient
 
         self._ps = ParamServerClient(tuple(ps_address), token=ps_token or None, name="trainer-0")
+        self._push_retry_s = float(app.param_server.push_retry_s)
+        self._push_failures: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
         log.info("trainer_ready", version=self._trainer.version, resumed=checkpoint_dir is not None)
 
     def version(self) -> int:
         return self._trainer.version
 
     def push(self) -> dict[str, Any]:
-        """Push the current weights as version ``self.version`` to the parameter server."""
+        """Push the current weights as version ``self.version`` to the parameter server.
+
+        A push the server refuses or that breaks (a storage worker is down: ``PushFailed`` /
+        ``WorkerLost`` / ``TransferFailed``) is retried every ``_RETRY_EVERY_S`` for up to
+        ``param_server.push_retry_s``; each failure is logged and recorded
+        (:meth:`push_failures`). A version is published only by a commit that completed, so a
+        failed attempt never leaves a partial version for an instance to load.
+        """
+        from param_server.errors import ParamServerError, PushConflict
+
         t0 = time.perf_counter()
-        res = self._ps.push(self._trainer.version, _unshared(self._trainer.state_dict()))
-        return {"version": res.version, "nbytes": res.nbytes, "push_s": time.perf_counter() - t0}
+        version = self._trainer.version
+        deadline = time.monotonic() + self._push_retry_s
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                res = self._ps.push(version, _unshared(self._trainer.state_dict()))
+                break
+            except PushConflict as e:
+                # an earlier attempt may have committed after all: then the version is there
+                if self._ps.status().get("latest") == version:
+                    nbytes = sum(
+                        t.numel() * t.element_size() for t in self._trainer.state_dict().values()
+                    )
+                    return {"version": version, "nbytes": nbytes, "push_s": time.perf_counter() - t0,
+                            "push_attempts": attempts}  # fmt: skip
+                self._record_failure(version, attempts, e)
+                raise
+            except ParamServerError as e:
+                self._record_failure(version, attempts, e)
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(_RETRY_EVERY_S)
+        return {
+            "version": res.version,
+            "nbytes": res.nbytes,
+            "push_s": time.perf_counter() - t0,
+            "push_attempts": attempts,
+        }
+
+    def _record_failure(self, version: int, attempt: int, e: Exception) -> None:
+        with self._lock:
+            self._push_failures.append(
+                {"version": version, "attempt": attempt, "error": f"{type(e).__name__}: {e}"}
+            )
+        log.warning("push_failed", version=version, attempt=attempt, error=str(e))
+
+    def push_failures(self) -> list[dict[str, Any]]:
+        """Every failed push attempt so far: ``{"version", "attempt", "error"}``."""
+        with self._lock:
+            return list(self._push_failures)
+
+    def state_digest(self) -> dict[str, Any]:
+        """SHA-256 of the model weights and of the optimizer state, plus the version (tests
+        compare them across a checkpoint and a resume)."""
+        return state_digest(self._trainer)
 
     def train_step(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Train on the batch, push the new version; returns the trainer's metrics + push info."""
@@ -61,6 +120,7 @@ class TrainerActor:
         metrics: dict[str, Any] = dict(self._trainer.train_step(batch))
         pushed = self.push()
         metrics["push_s"] = pushed["push_s"]
+        metrics["push_attempts"] = pushed["push_attempts"]
         metrics["version"] = self._trainer.version
         return metrics
 
@@ -92,3 +152,36 @@ def _unshared(state: Mapping[str, Any]) -> dict[str, Any]:
         out[name] = t.clone() if ptr in seen else t
         seen.add(ptr)
     return out
+
+
+def state_digest(trainer: Trainer) -> dict[str, Any]:
+    """:func:`digest_of` the trainer's live model and optimizer."""
+    return digest_of(trainer.state_dict(), trainer.optimizer.state_dict(), trainer.version)
+
+
+def digest_of(model: Any, optimizer: Any, version: int) -> dict[str, Any]:
+    """SHA-256 over model tensors and over optimizer tensors/scalars (a checkpoint's
+    ``trainer.pt`` payload gives the same digest as the trainer it restores)."""
+    import hashlib
+
+    import torch
+
+    def feed(h: Any, obj: Any) -> None:
+        if isinstance(obj, torch.Tensor):
+            t = obj.detach().cpu().contiguous().reshape(-1)
+            h.update(str(t.dtype).encode())
+            h.update(t.view(torch.uint8).numpy().tobytes())
+        elif isinstance(obj, Mapping):
+            for k in sorted(obj, key=str):
+                h.update(str(k).encode())
+                feed(h, obj[k])
+        elif isinstance(obj, (list, tuple)):
+            for v in obj:
+                feed(h, v)
+        else:
+            h.update(repr(obj).encode())
+
+    m, o = hashlib.sha256(), hashlib.sha256()
+    feed(m, {k: v for k, v in model.items() if k != "lm_head.weight"})
+    feed(o, optimizer)
+    return {"version": int(version), "model": m.hexdigest(), "optimizer": o.hexdigest()}

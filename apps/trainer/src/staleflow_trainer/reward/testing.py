@@ -1,0 +1,38 @@
+"""Misbehaving reward plug-ins for fault tests (importable by Ray workers by dotted path).
+
+``raise_or_hang`` scores like :func:`staleflow_trainer.reward.default.compute_score`, except
+for prompts whose ground truth (an integer, as in the toy tasks) ends in 3 or 4 — it raises —
+or in 7 or 9 — it hangs for :data:`HANG_S` seconds (the runner's ``timeout_s`` abandons it).
+On the toy ``add`` task that is 16% and 33% of the prompts.
+Which prompts fail is a pure function of the data, so a test can predict the dropped groups.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from staleflow_trainer.reward.default import compute_score
+
+HANG_S = 30.0
+
+
+def failure_kind(ground_truth: str) -> str | None:
+    """``"raise"``, ``"hang"`` or None (scores normally) for this ground truth."""
+    gt = ground_truth.strip()
+    if gt[-1:] in ("3", "4"):
+        return "raise"
+    if gt[-1:] in ("7", "9"):
+        return "hang"
+    return None
+
+
+def raise_or_hang(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
+) -> Any:
+    kind = failure_kind(ground_truth)
+    if kind == "raise":
+        raise ValueError(f"reward plug-in failure injected for ground truth {ground_truth!r}")
+    if kind == "hang":
+        time.sleep(HANG_S)
+    return compute_score(data_source, solution_str, ground_truth, extra_info)
