@@ -178,7 +178,11 @@ class Coordinator:
         lost = list(self._routed.pop(instance_id, {}))
         for tid in lost:
             self._where.pop(tid, None)
-        for r in self.pending.orphan(instance_id):
+        # held for its sync, or released by a sync that finished but not yet emitted: never
+        # issued; new ones keep their reservation and V_traj, partials are still queued
+        released = [r for r in self._released if r.instance_id == instance_id]
+        self._released = [r for r in self._released if r.instance_id != instance_id]
+        for r in [*self.pending.orphan(instance_id), *released]:
             if r.new:
                 self._orphans[r.trajectory_id] = r.version
         return lost
