@@ -33,20 +33,31 @@ def main() -> None:
     ap.add_argument("--down-s", type=float, default=5.0)
     ap.add_argument("--crash-rate", type=float, default=0.002, help="trainer crashes per second")
     ap.add_argument("--checkpoint-every", type=int, default=50)
-    ap.add_argument("--check-every-fault", action="store_true",
-                    help="full ledger check after every fault (slow at this size)")
+    ap.add_argument(
+        "--check-every-fault",
+        action="store_true",
+        help="full ledger check after every fault (slow at this size)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="bench-results/soak_sim.json")
     a = ap.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
     spec = faulty_spec(
-        instances=a.instances, steps=a.steps, batch=a.batch, group=a.group, eta=a.eta,
-        seed=a.seed, response_len_median=a.response_len,
+        instances=a.instances,
+        steps=a.steps,
+        batch=a.batch,
+        group=a.group,
+        eta=a.eta,
+        seed=a.seed,
+        response_len_median=a.response_len,
     )
     plan = FaultPlan(
-        seed=a.seed, instance_death_rate=a.death_rate, down_s=a.down_s,
-        trainer_crash_rate=a.crash_rate, checkpoint_every=a.checkpoint_every,
+        seed=a.seed,
+        instance_death_rate=a.death_rate,
+        down_s=a.down_s,
+        trainer_crash_rate=a.crash_rate,
+        checkpoint_every=a.checkpoint_every,
         check_every_fault=a.check_every_fault,
     )
     t0 = time.perf_counter()
