@@ -106,6 +106,30 @@ def model_dir(cfg: AppConfig) -> Path:
     return make_tiny_model(cfg.run_dir / "model", spec)
 
 
+def preflight(cfg: AppConfig, model_path: Path) -> int:
+    """Load and tokenize every prompt before anything starts: a missing column, an empty
+    prompt or one longer than ``data.max_prompt_len`` (which fits the model context, see the
+    config rules) is a DataError naming the row and field. Returns the number of prompts."""
+    from transformers import AutoTokenizer
+
+    from staleflow_trainer.data import encode_prompts, load_records
+    from staleflow_trainer.errors import DataError
+
+    records = load_records(cfg)
+    tok = AutoTokenizer.from_pretrained(str(model_path))
+    encoded = encode_prompts(
+        records,
+        tok,
+        max_prompt_len=cfg.data.max_prompt_len,
+        apply_chat_template=cfg.data.apply_chat_template,
+    )
+    for rec, ids in zip(records, encoded, strict=True):
+        if not ids:
+            raise DataError(f"row {rec.index}: prompt encodes to no tokens", row=rec.index,
+                            field="prompt")  # fmt: skip
+    return len(records)
+
+
 def _engine_kwargs(cfg: AppConfig, i: int, model_path: Path) -> dict[str, Any]:
     r = cfg.rollout
     if r.backend == "vllm":
@@ -225,6 +249,8 @@ class Deployment:
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.resume_dir = resolve_resume(cfg)
+        self.model_path = model_dir(cfg)
+        preflight(cfg, self.model_path)  # bad data fails here: before Ray, nothing touched
         ckpt_root = self.run_dir / "checkpoints"
         ts_ckpt = ckpt_root / TS_FILE
         if self.resume_dir is None:
@@ -235,7 +261,6 @@ class Deployment:
             shutil.copyfile(self.resume_dir / TS_FILE, ts_ckpt)
         ckpt_root.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, self.run_dir / "config.yaml")
-        self.model_path = model_dir(cfg)
         self._started_ray = init_ray(cfg)
         cfg_dict = to_dict(cfg)
         pg = self._placement_group()
