@@ -5,10 +5,27 @@ their keys into the JSON file (other parts' keys already there are kept), so par
 (e.g. the vLLM ``adapter_overhead_pct``) without touching the others.
 
 Parts:
-* ``sim`` — ``sim_events_per_s`` and ``sim_speedup_vs_realtime`` for the paper-like preset:
-  32 instances of the Qwen3-30B-A3B/H20 cost model, 1,024 trajectories each, lognormal
-  response lengths capped at 20K tokens, all simulated in virtual time until every trajectory
-  finishes. Also the wall time of one 1,024-trajectory step spread over 32 instances.
+* ``sim`` — the sim engine in virtual time, ``sim_events_per_s`` and
+  ``sim_speedup_vs_realtime`` for the 32-instance paper-like preset.
+
+  What "a step of 32 instances × 1,024 trajectories" means here (issue 3): the paper's batch is
+  B × n = 64 prompts × 16 samples = **1,024 trajectories per training step, spread over the 32
+  rollout instances** (32 each), up to 20K tokens long. The engine settings are those of
+  ``examples/sim-paper-30b-a3b.yaml`` (Qwen3-30B-A3B/H20 cost model, 256 max running, 400K KV
+  tokens, 22,528 max model length, 2e-6 s prefill per token); response lengths are lognormal
+  (median 3,000, sigma 1.0, group correlation 0.5) capped at 20,480; prompts are 512 tokens.
+  Three loads are timed, each routed round-robin at t=0 and run until every trajectory ends:
+
+  - ``sim_paper_step_*`` (the headline, and ``sim_speedup_vs_realtime``): 1,024 trajectories;
+  - ``sim_eta3_inflight_*``: 4,096 = (η + 1) · B · n, the most a staleness bound η = 3 keeps in
+    flight (128 per instance);
+  - ``sim_stress_*``: 32,768 = 1,024 per instance, 4× what fits in 256 running slots, so the KV
+    budget runs out over and over (~10^5 preemptions, each a boundary) — the worst case for the
+    closed-form core (before 2026-11-30 this was the headline).
+
+  The wall time covers the engine only (``add_many`` + driving every core to the end); the
+  ``GenerateRequest`` objects are built before the timer (their token-tuple conversion is the
+  caller's cost). CPU seconds are reported beside wall seconds because the machine is shared.
 
 Usage: ``python benchmarks/bench_engine.py [--parts sim] [--out bench-results/engine.json]``
 """
@@ -30,42 +47,42 @@ from engine_adapters.workload import LengthSampler, WorkloadConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 EOS = 2
+NUM_INSTANCES = 32
+BATCH, GROUP, ETA = 64, 16, 3  # the paper's B, n and the preset's staleness bound
 
-PAPER_INSTANCE = SimConfig(
+PAPER_INSTANCE = SimConfig(  # = examples/sim-paper-30b-a3b.yaml's engine settings
     cost="qwen3-30b-a3b-h20",
-    max_running=256,  # the engines' usual max running requests
-    kv_capacity_tokens=300_000,  # ~ KV room of one H20 (96 GB) after the 30B-A3B bf16 weights
-    max_model_len=24_576,
-    prefill_s_per_token=2e-5,
+    max_running=256,
+    kv_capacity_tokens=400_000,  # KV tokens one H20 (96 GB) holds beside the 30B-A3B weights
+    max_model_len=22_528,
+    prefill_s_per_token=2e-6,
 )
 PAPER_WORKLOAD = WorkloadConfig(
     kind="lognormal", median=3_000, sigma=1.0, max_length=20_480, group_correlation=0.5, seed=1
 )
 
 
-def simulate_step(
-    num_instances: int, per_instance: int, *, group_size: int = 16, prompt_len: int = 512
-) -> dict[str, float]:
-    """Route ``num_instances × per_instance`` trajectories round-robin at t=0; run to the end."""
-    total = num_instances * per_instance
-    lengths = LengthSampler(PAPER_WORKLOAD).groups(math.ceil(total / group_size), group_size)
-    flat = lengths.reshape(-1)[:total]
-    cores = [SimEngineCore(PAPER_INSTANCE, instance_id=f"i{i}") for i in range(num_instances)]
+def build_requests(total: int, *, prompt_len: int = 512) -> list[GenerateRequest]:
+    """``total`` requests in groups of ``GROUP`` with the paper workload's lengths."""
+    lengths = LengthSampler(PAPER_WORKLOAD).groups(math.ceil(total / GROUP), GROUP)
     prompt = tuple(range(100, 100 + prompt_len))
     sampling = SamplingParams(max_new_tokens=20_480, stop_token_ids=(EOS,))
-    wall0 = time.perf_counter()
-    batches: list[list[GenerateRequest]] = [[] for _ in cores]
-    for k, target in enumerate(flat.tolist()):
-        batches[k % num_instances].append(
-            GenerateRequest(
-                trajectory_id=f"t{k}",
-                prompt_token_ids=prompt,
-                sampling=sampling,
-                target_length=target,
-            )
+    return [
+        GenerateRequest(
+            trajectory_id=f"t{k}", prompt_token_ids=prompt, sampling=sampling, target_length=target
         )
-    for core, batch in zip(cores, batches, strict=True):
-        core.add_many(batch, now=0.0)
+        for k, target in enumerate(lengths.reshape(-1)[:total].tolist())
+    ]
+
+
+def simulate_step(num_instances: int, total: int) -> dict[str, float]:
+    """Route ``total`` trajectories round-robin over ``num_instances`` at t=0; run to the end."""
+    requests = build_requests(total)
+    cores = [SimEngineCore(PAPER_INSTANCE, instance_id=f"i{i}") for i in range(num_instances)]
+    cpu0 = time.process_time()
+    wall0 = time.perf_counter()
+    for i, core in enumerate(cores):
+        core.add_many(requests[i::num_instances], now=0.0)
     heap = [(c.next_event_time(), i) for i, c in enumerate(cores)]
     heapq.heapify(heap)
     finished = 0
@@ -79,14 +96,15 @@ def simulate_step(
         end = max(end, t)
         heapq.heappush(heap, (cores[i].next_event_time(), i))
     wall = time.perf_counter() - wall0
+    cpu = time.process_time() - cpu0
     assert finished == total, (finished, total)
     events = sum(c.events for c in cores) + num_instances  # boundaries + add_many commands
-    tokens = sum(c.total_generated_tokens for c in cores)
     return {
         "wall_s": wall,
+        "cpu_s": cpu,
         "simulated_s": end,
         "events": events,
-        "tokens": tokens,
+        "tokens": sum(c.total_generated_tokens for c in cores),
         "preemptions": sum(c.preemptions for c in cores),
     }
 
@@ -96,26 +114,49 @@ def _best_of(repeats: int, fn: Callable[[], dict[str, float]]) -> dict[str, floa
     return min((fn() for _ in range(repeats)), key=lambda r: r["wall_s"])
 
 
-def part_sim(repeats: int = 3) -> dict[str, Any]:
-    paper = _best_of(repeats, lambda: simulate_step(32, 1024))
-    small = _best_of(repeats, lambda: simulate_step(32, 32))
-    out = {
-        "sim_events_per_s": paper["events"] / paper["wall_s"],
-        "sim_speedup_vs_realtime": paper["simulated_s"] / paper["wall_s"],
-        "sim_paper_step_wall_s": paper["wall_s"],
-        "sim_paper_step_simulated_s": paper["simulated_s"],
-        "sim_paper_step_events": paper["events"],
-        "sim_paper_step_tokens": paper["tokens"],
-        "sim_paper_step_preemptions": paper["preemptions"],
-        "sim_1024_traj_step_wall_s": small["wall_s"],
-        "sim_1024_traj_step_speedup_vs_realtime": small["simulated_s"] / small["wall_s"],
-        "sim_preset": "32 instances x 1024 trajectories, qwen3-30b-a3b-h20, lognormal<=20480",
-        "sim_repeats_best_of": repeats,
+def _load_metrics(prefix: str, run: dict[str, float]) -> dict[str, float]:
+    return {
+        f"{prefix}_trajectories": run["trajectories"],
+        f"{prefix}_wall_s": run["wall_s"],
+        f"{prefix}_cpu_s": run["cpu_s"],
+        f"{prefix}_simulated_s": run["simulated_s"],
+        f"{prefix}_speedup_vs_realtime": run["simulated_s"] / run["wall_s"],
+        f"{prefix}_events": run["events"],
+        f"{prefix}_events_per_s": run["events"] / run["wall_s"],
+        f"{prefix}_tokens": run["tokens"],
+        f"{prefix}_preemptions": run["preemptions"],
     }
+
+
+def part_sim(repeats: int = 3) -> dict[str, Any]:
+    step = BATCH * GROUP
+    loads = {
+        "sim_paper_step": step,
+        "sim_eta3_inflight": (ETA + 1) * step,
+        "sim_stress": NUM_INSTANCES * 1024,
+    }
+    out: dict[str, Any] = {}
+    for prefix, total in loads.items():
+        run = _best_of(
+            repeats if total <= 4 * step else 2,
+            lambda total=total: simulate_step(NUM_INSTANCES, total),
+        )
+        out.update(_load_metrics(prefix, {**run, "trajectories": total}))
+    out["sim_events_per_s"] = out["sim_paper_step_events_per_s"]
+    out["sim_speedup_vs_realtime"] = out["sim_paper_step_speedup_vs_realtime"]
+    out["sim_preset"] = (
+        f"{NUM_INSTANCES} instances, B x n = {BATCH} x {GROUP} = {step} trajectories per step "
+        "(32 per instance), qwen3-30b-a3b-h20, 256 running, 400K KV, lognormal<=20480"
+    )
+    out["sim_repeats_best_of"] = repeats
     return out
 
 
 PARTS: dict[str, Callable[[], dict[str, Any]]] = {"sim": part_sim}
+
+
+# keys earlier versions of the sim part wrote, under other meanings; dropped on merge
+OBSOLETE = ("sim_1024_traj_step_wall_s", "sim_1024_traj_step_speedup_vs_realtime")
 
 
 def merge_into(path: Path, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -123,6 +164,8 @@ def merge_into(path: Path, metrics: dict[str, Any]) -> dict[str, Any]:
     data: dict[str, Any] = {}
     if path.exists():
         data = json.loads(path.read_text() or "{}")
+    for key in OBSOLETE:
+        data.pop(key, None)
     data.update(metrics)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

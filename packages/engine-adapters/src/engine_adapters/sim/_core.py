@@ -170,10 +170,11 @@ class SimEngineCore:
         self._pending_load: tuple[int, float] | None = None  # (version, seconds)
         self._paused = False
         self._outbox: list[SimCompletion] = []
-        # GRPO groups share one prompt tuple: validate it and derive its stream key once.
-        # Keyed by id(); the entry holds the tuple itself, so the id cannot be reused meanwhile.
-        self._prompt_cache: dict[int, tuple[tuple[int, ...], dict[int | None, int]]] = {}
         self._snapshot_seq = 0
+        cost = self.config.cost
+        self._batch_terms = [
+            cost.batch_term(n) for n in range(min(self.config.max_running, 4096) + 1)
+        ]
         self.total_generated_tokens = 0
         self.preemptions = 0
         self.events = 0
@@ -253,17 +254,12 @@ class SimEngineCore:
             )
         cfg = self.config
         prompt = request.prompt_token_ids
-        cached = self._prompt_cache.get(id(prompt))
-        if cached is None or cached[0] is not prompt:
-            if min(prompt) < 0 or max(prompt) >= cfg.vocab_size:
-                raise InvalidRequest(
-                    f"prompt_token_ids of {tid!r} must lie in [0, {cfg.vocab_size})",
-                    field="prompt_token_ids",
-                )
-            cached = (prompt, {})
-            if len(self._prompt_cache) >= _PROMPT_CACHE_SIZE:
-                self._prompt_cache.pop(next(iter(self._prompt_cache)))
-            self._prompt_cache[id(prompt)] = cached
+        facts = _prompt_facts(prompt)
+        if facts.lo < 0 or facts.hi >= cfg.vocab_size:
+            raise InvalidRequest(
+                f"prompt_token_ids of {tid!r} must lie in [0, {cfg.vocab_size})",
+                field="prompt_token_ids",
+            )
         n_prior = len(request.generated_token_ids)
         context = len(prompt) + n_prior
         if context >= cfg.max_model_len:
@@ -272,11 +268,10 @@ class SimEngineCore:
                 f"{context} leaves no room in max_model_len={cfg.max_model_len}",
                 field="prompt_token_ids",
             )
-        key = cached[1].get(request.sampling.seed)
+        seeds = (cfg.seed, request.sampling.seed)
+        key = facts.keys.get(seeds)
         if key is None:
-            key = cached[1][request.sampling.seed] = _tokens.stream_key(
-                cfg.seed, request.sampling.seed, prompt
-            )
+            key = facts.keys[seeds] = _tokens.stream_key(cfg.seed, request.sampling.seed, prompt)
         stop_len, reason, eos_pos = self._stop_point(request, key)
         return _Traj(
             request=request,
@@ -540,8 +535,59 @@ class SimEngineCore:
             self.events += 1
             self._steps += j
             self.total_generated_tokens += st.n * j
-            self._boundary(te, carry_prefill=st.prefill_s if j == 0 else 0.0)
+            if j == 0 or not self._kv_boundary(st, te):
+                self._boundary(te, carry_prefill=st.prefill_s if j == 0 else 0.0)
         self._now = t
+
+    def _kv_boundary(self, st: _Stretch, t: float) -> bool:
+        """Fast path of :meth:`_boundary` for a boundary where only preemption happens.
+
+        When the KV budget runs out mid-generation the engine walks through a cascade of such
+        boundaries (one preemption each, no completion, no admission); this does exactly what
+        :meth:`_boundary` would do there, reusing ``st``. Returns False (changing nothing) when
+        the boundary is anything else, for :meth:`_boundary` to handle.
+        """
+        heap = self._heap
+        steps = self._steps
+        if (heap and heap[0][0] <= steps) or self._pending_load is not None or self._paused:
+            return False
+        cap = self.config.kv_capacity_tokens
+        running = self._running
+        n = len(running)  # not st.n: an interrupt may have removed some since the stretch began
+        k = self._k
+        if not n or k + n * steps + n <= cap:
+            return False  # no preemption: admission may happen
+        waiting = self._waiting
+        waiting_ids = self._waiting_ids
+        # the same preemption loop as _boundary (its admission is skipped after a preemption)
+        while n and k + n * steps + n > cap:
+            tid, tr = running.popitem()
+            k -= tr.context_at_admit - tr.admit_step
+            tr.generated += steps - tr.admit_step
+            waiting.appendleft(tr)
+            waiting_ids[tid] = tr
+            self.preemptions += 1
+            n -= 1
+        self._k = k
+        if not n:
+            self._stretch = None
+            return True
+        while heap[0][2] not in running or running[heap[0][2]].admit_seq != heap[0][1]:
+            heapq.heappop(heap)
+        kv = k + n * steps
+        st.t0 = t
+        st.n = n
+        st.kv0 = kv
+        st.prefill_s = 0.0
+        st.batch_s = self._batch_term(n)
+        st.m_end = min(heap[0][0] - steps, (cap - kv) // n)
+        return True
+
+    def _batch_term(self, n: int) -> float:
+        terms = self._batch_terms
+        if n < len(terms):
+            return terms[n]
+        return self.config.cost.batch_term(n)
 
     def _boundary(self, t: float, *, carry_prefill: float) -> None:
         self._stretch = None
@@ -579,27 +625,38 @@ class SimEngineCore:
             n -= 1
             kv = self._k + n * steps
         prefill = carry_prefill
-        if not preempted:
+        if not preempted and self._waiting:
             waiting = self._waiting
-            while waiting and n < cfg.max_running:
+            waiting_ids = self._waiting_ids
+            max_running = cfg.max_running
+            per_token = cfg.prefill_s_per_token
+            version = self._version
+            seq = self._seq
+            k = self._k
+            while waiting and n < max_running:
                 tr = waiting[0]
-                context = tr.prompt_len + tr.generated
+                generated = tr.generated
+                context = tr.prompt_len + generated
                 if kv + context + n + 1 > cap:
                     break
                 waiting.popleft()
                 tid = tr.request.trajectory_id
-                del self._waiting_ids[tid]
-                self._seq += 1
-                tr.admit_seq = self._seq
+                del waiting_ids[tid]
+                seq += 1
+                tr.admit_seq = seq
                 tr.admit_step = steps
                 tr.context_at_admit = context
-                _mark(tr, tr.generated, self._version)
+                marks = tr.marks
+                if not marks or marks[-1][1] != version:
+                    _mark(tr, generated, version)
                 running[tid] = tr
-                self._k += context - steps
-                heapq.heappush(heap, (steps + tr.stop_len - tr.generated, tr.admit_seq, tid))
-                prefill += cfg.prefill_s_per_token * context
+                k += context - steps
+                heapq.heappush(heap, (steps + tr.stop_len - generated, seq, tid))
+                prefill += per_token * context
                 n += 1
                 kv += context
+            self._seq = seq
+            self._k = k
         if not n:
             return
         while heap and (heap[0][2] not in running or running[heap[0][2]].admit_seq != heap[0][1]):
@@ -611,7 +668,7 @@ class SimEngineCore:
             n=n,
             kv0=kv,
             prefill_s=prefill,
-            batch_s=cfg.cost.batch_term(n),
+            batch_s=self._batch_term(n),
             m_end=min(m_fin, m_kv),
         )
 
@@ -666,6 +723,30 @@ class SimEngineCore:
                     best, reason = hits[0] + 1, FinishReason.STOP
                     break
         return best, reason, eos_pos
+
+
+@attrs.define(slots=True, eq=False)
+class _PromptFacts:
+    prompt: tuple[int, ...]  # held, so its id() cannot be reused while the entry lives
+    lo: int
+    hi: int
+    keys: dict[tuple[int, int | None], int]  # (engine seed, sampling seed) -> stream key
+
+
+# GRPO groups (and the simulator's synthetic prompts) share one prompt tuple across requests and
+# instances: scan it for the vocabulary check and hash it for its stream key once per process,
+# not once per request and core. Keyed by id(); FIFO-bounded.
+_PROMPT_FACTS: dict[int, _PromptFacts] = {}
+
+
+def _prompt_facts(prompt: tuple[int, ...]) -> _PromptFacts:
+    facts = _PROMPT_FACTS.get(id(prompt))
+    if facts is None or facts.prompt is not prompt:
+        facts = _PromptFacts(prompt=prompt, lo=min(prompt), hi=max(prompt), keys={})
+        if len(_PROMPT_FACTS) >= _PROMPT_CACHE_SIZE:
+            _PROMPT_FACTS.pop(next(iter(_PROMPT_FACTS)))
+        _PROMPT_FACTS[id(prompt)] = facts
+    return facts
 
 
 def _mark(tr: _Traj, position: int, version: int) -> None:
