@@ -87,6 +87,7 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
     t0 = time.monotonic()
     dep = Deployment(tiny_config(run_dir, *_overrides(run_dir, STEPS_RUN1, "never"))).start()
     out["start_s"] = time.monotonic() - t0
+    out["security"] = _probe_security(dep)
     done: set[int] = set()
 
     def fault1() -> None:  # kill a rollout instance mid-generation; a replacement joins
@@ -187,6 +188,38 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
         dep2.close()
     out["run2_s"] = time.monotonic() - t1
     out["metrics2"] = read_jsonl(run_dir / "metrics.jsonl")
+    return out
+
+
+def _probe_security(dep: Any) -> dict[str, Any]:
+    """Both services the app starts listen on loopback and refuse a peer without the token."""
+    import asyncio
+
+    from param_server import ParamServerClient
+    from trajectory_server.client import TrajectoryClient
+
+    out: dict[str, Any] = {"ts": tuple(dep._ts_addr), "ps": tuple(dep._ps_addr)}
+
+    async def ts_no_token() -> str:
+        try:
+            c = await TrajectoryClient.connect(*dep._ts_addr, token=None)
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
+        try:
+            await c.ping()
+            return "accepted"
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
+        finally:
+            await c.close()
+
+    out["ts_without_token"] = asyncio.run(ts_no_token())
+    try:
+        with ParamServerClient(tuple(dep._ps_addr), token="wrong", name="intruder") as c:
+            c.status()
+        out["ps_wrong_token"] = "accepted"
+    except Exception as e:
+        out["ps_wrong_token"] = f"{type(e).__name__}: {e}"
     return out
 
 
@@ -359,3 +392,53 @@ def test_fault5_reward_raises_or_hangs(sc: dict[str, Any]) -> None:
     assert failure_kind("3") == failure_kind("4") == "raise"
     assert failure_kind("7") == failure_kind("9") == "hang"
     assert failure_kind("5") is None
+
+
+def test_security_loopback_and_tokens(sc: dict[str, Any]) -> None:
+    sec = sc["security"]
+    assert sec["ts"][0] == "127.0.0.1" and sec["ps"][0] == "127.0.0.1"
+    assert sec["ts_without_token"] != "accepted" and "token" in sec["ts_without_token"].lower()
+    assert sec["ps_wrong_token"] != "accepted" and "token" in sec["ps_wrong_token"].lower()
+
+
+def test_every_checkpoint_file_is_verified_on_load(sc: dict[str, Any], tmp_path: Path) -> None:
+    """Each file the app writes into a checkpoint is checksummed and a flipped byte is
+    refused on load, naming the file; so is a damaged ``latest`` pointer."""
+    import shutil
+
+    from staleflow_trainer.actors.coordinator_loop import (
+        STATE_FILE,
+        TRAINER_FILE,
+        TS_FILE,
+        latest_checkpoint,
+    )
+    from staleflow_trainer.errors import CheckpointError
+    from staleflow_trainer.trainer.checkpoint import load_torch, read_verified_bytes
+    from trajectory_server.checkpoint import load_checkpoint
+    from trajectory_server.errors import CheckpointCorrupt
+
+    src: Path = sc["ckpt"]
+    files = sorted(p.name for p in src.iterdir())
+    data_files = [f for f in files if not f.endswith(".sha256")]
+    assert set(data_files) == {TRAINER_FILE, STATE_FILE, TS_FILE}
+    for f in data_files:  # a side checksum, or (the TS store) one in its own header
+        assert f"{f}.sha256" in files or f == TS_FILE
+    loaders = {
+        TRAINER_FILE: (load_torch, CheckpointError),
+        STATE_FILE: (read_verified_bytes, CheckpointError),
+        TS_FILE: (load_checkpoint, CheckpointCorrupt),
+    }
+    for name, (load, err) in loaders.items():
+        run = tmp_path / name / "checkpoints"
+        d = run / src.name
+        shutil.copytree(src, d)
+        load(d / name)  # intact: loads
+        raw = bytearray((d / name).read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        (d / name).write_bytes(bytes(raw))
+        with pytest.raises(err, match=name):
+            load(d / name)
+    run_dir = tmp_path / TS_FILE
+    (run_dir / "checkpoints" / "latest").write_text("step_999999")
+    with pytest.raises(CheckpointError, match="latest"):
+        latest_checkpoint(run_dir)
