@@ -1,0 +1,106 @@
+"""The convergence study, shortened for CI: learning happens at η = 0 and at η = 3.
+
+Two deployments of ``examples/convergence.yaml`` (2 real vLLM-CPU instances, NIXL param
+server, StaleFlow coordinator; Ray started once for the module), ``STEPS`` steps each at a
+fixed seed. Asserted per setting: the reward of the consumed batches rises from its first
+``WINDOW`` steps to its last ``WINDOW`` steps by at least ``MARGIN``; the trained policy,
+evaluated on every prompt with the HF sampler, beats the initial one by ``POLICY_MARGIN``;
+consumed staleness stays within η, and at η = 3 some samples really are stale (so the second
+run is not a synchronous run in disguise).
+
+The margins come from the full study (docs/convergence.md, results/convergence/summary.json):
+see the constants' comments.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 20
+SEED = 0
+WINDOW = 5
+# consumed-batch reward, mean of steps 16-20 minus mean of steps 1-5
+MARGIN = 0.15
+# expected reward of the final policy minus that of the initial policy
+POLICY_MARGIN = 0.2
+
+
+def _study() -> Any:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import convergence_study
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return convergence_study
+
+
+def _train(run_dir: Path, eta: int) -> dict[str, Any]:
+    from staleflow_trainer.config import load_config
+    from staleflow_trainer.metrics import read_jsonl
+    from staleflow_trainer.wiring import Deployment
+
+    study = _study()
+    setting = study.BY_NAME[f"eta{eta}"]
+    cfg = load_config(
+        study.CONFIG,
+        [*study.overrides(setting, SEED, STEPS, run_dir), "coordinator.snapshot_interval_s=0.1"],
+    )
+    dep = Deployment(cfg).start()
+    try:
+        summary = dep.run()
+        ledger = dep.ledger()
+    finally:
+        dep.close()
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    return {
+        "summary": summary,
+        "ledger": ledger,
+        "rows": rows,
+        "policy_start": study.policy_reward(run_dir, final=False),
+        "policy_end": study.policy_reward(run_dir, final=True),
+    }
+
+
+@pytest.fixture(scope="module")
+def runs(
+    ray_session: None, tmp_path_factory: pytest.TempPathFactory, engine_required: Any
+) -> Iterator[dict[int, dict[str, Any]]]:
+    engine_required("vllm")
+    root = tmp_path_factory.mktemp("convergence")
+    yield {eta: _train(root / f"eta{eta}", eta) for eta in (0, 3)}
+
+
+@pytest.mark.parametrize("eta", [0, 3])
+def test_reward_of_consumed_batches_rises(runs: dict[int, dict[str, Any]], eta: int) -> None:
+    rows = runs[eta]["rows"]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    rewards = [r["reward_mean"] for r in rows]
+    start = sum(rewards[:WINDOW]) / WINDOW
+    end = sum(rewards[-WINDOW:]) / WINDOW
+    assert end - start >= MARGIN, f"eta={eta}: reward {start:.3f} -> {end:.3f}: {rewards}"
+
+
+@pytest.mark.parametrize("eta", [0, 3])
+def test_trained_policy_beats_the_initial_one(runs: dict[int, dict[str, Any]], eta: int) -> None:
+    start, end = runs[eta]["policy_start"], runs[eta]["policy_end"]
+    assert end - start >= POLICY_MARGIN, f"eta={eta}: policy reward {start:.3f} -> {end:.3f}"
+
+
+@pytest.mark.parametrize("eta", [0, 3])
+def test_staleness_within_bound_and_nothing_lost(runs: dict[int, dict[str, Any]], eta: int) -> None:
+    rows = runs[eta]["rows"]
+    assert max(r["max_staleness"] for r in rows) <= eta
+    for r in rows:
+        assert sum(r["staleness_hist"].values()) == 8 * 16
+        assert all(0 <= int(s) <= eta for s in r["staleness_hist"])
+    assert not runs[eta]["ledger"].get("problems")
+    if eta > 0:  # the bounded run really trained on stale data
+        assert sum(r["mean_staleness"] for r in rows) / len(rows) > 0.5
