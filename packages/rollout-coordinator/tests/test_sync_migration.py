@@ -166,3 +166,22 @@ def test_bounce_before_preemption_into_long_queue():
         interrupts(coord.step([snap("a", n=10, tokens_each=CAP // 10, waiting=5)], [], now=0.0))
         == []
     )
+
+
+def test_removed_instance_gets_no_route_released_by_its_finished_sync():
+    """A sync finished, releasing the routes held for it; the instance dies before the next
+    cycle emits them: no Route to it is emitted, the trajectory stays reserved and is served
+    elsewhere at its V_traj (found by the randomized sim fault test)."""
+    coord, proto, _ = make(instances=[("a", 0), ("b", 1)], start_version=1)
+    proto.reserve("gp", "p1", 1)
+    cmds = coord.step(
+        [snap("a", version=0), snap("b", version=1, n=64, tokens_each=CAP // 64)],
+        [partial("p1", 1)],
+        now=0.0,
+    )
+    assert syncs(cmds) == {"a": 1}
+    coord.on_sync_done("a", 1)
+    coord.remove_instance("a")
+    cmds = coord.step([snap("b", version=1, t=1.0)], [partial("p1", 1)], now=1.0)
+    assert not any(isinstance(c, Route) and c.instance_id == "a" for c in cmds)
+    assert proto.trajectory("p1").state.value == "in_flight"
