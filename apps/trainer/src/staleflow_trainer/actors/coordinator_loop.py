@@ -1108,12 +1108,14 @@ class CoordinatorActor:
 
     async def histories(self) -> dict[str, list[list[Any]]]:
         """The TS ledger history of every trajectory submitted so far:
-        ``tid → [[kind, instance_id, version], ...]`` in order."""
+        ``tid → [[kind, instance_id, version, seq], ...]`` in order (``seq`` is the store's
+        global event sequence number)."""
         out: dict[str, list[list[Any]]] = {}
         for gid in self._groups:
             for tid in await self._ts.group(gid):
                 out[tid] = [
-                    [str(e.kind), e.instance_id, e.version] for e in await self._ts.history(tid)
+                    [str(e.kind), e.instance_id, e.version, e.seq]
+                    for e in await self._ts.history(tid)
                 ]
         return out
 
