@@ -55,7 +55,7 @@ import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import numpy as np
@@ -480,7 +480,7 @@ class CoordinatorActor:
             )
         else:
             ids = self._tok(rec.prompt_text())["input_ids"]
-        ids = [int(i) for i in ids]
+        ids = [int(i) for i in cast(list[int], ids)]
         if not ids or len(ids) > self.cfg.data.max_prompt_len:
             raise DataError(
                 f"row {rec.index}: prompt has {len(ids)} tokens; allowed 1..data.max_prompt_len="
@@ -902,7 +902,7 @@ class CoordinatorActor:
                         "prompt_ids": list(t.prompt_token_ids),
                         "response_ids": list(t.generated_token_ids),
                         "rollout_logprobs": list(t.generated_logprobs),
-                        "reward": self._rewards_of.pop(tid),
+                        "reward": self._rewards_of.pop(str(tid)),
                         "truncated": str(ft.finish_reason) == "length",
                         "v_traj": int(t.v_traj or 0),
                         "staleness": int(s),

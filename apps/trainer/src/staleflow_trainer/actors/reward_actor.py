@@ -27,7 +27,7 @@ class RewardActor:
         "extra_info"}`` → ``{"trajectory_id", "score" | None, "dropped", "reason", "text"}``."""
         out = []
         for it in items:
-            text = self._tok.decode(list(it["response_ids"]), skip_special_tokens=True)
+            text = str(self._tok.decode(list(it["response_ids"]), skip_special_tokens=True))
             o = self._runner.score(
                 trajectory_id=str(it["trajectory_id"]),
                 data_source=str(it.get("data_source", "unknown")),
