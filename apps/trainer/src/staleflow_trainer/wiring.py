@@ -650,8 +650,8 @@ def profile(cfg: AppConfig, *, steps: int = 8) -> int:
         engine = create_engine(r.backend, instance_id="profile-0", **_engine_kwargs(cfg, 0, path))
         await engine.start()
         try:
-            # warm-up, discarded: an engine's first decode steps pay one-off costs (measured
-            # on vLLM-CPU: the first point read ~10x slower than the same point re-measured)
+            # warm-up, discarded: an engine's first decode steps pay one-off costs (on vLLM-CPU
+            # the first point once read 14x slower than its neighbour and broke the fit)
             await engine.profile(points[:1], steps=steps)
             return list(await engine.profile(points, steps=steps))
         finally:
