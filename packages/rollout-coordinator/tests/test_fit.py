@@ -77,3 +77,24 @@ def test_bad_profiles(tmp_path, lines, match):
     with pytest.raises(FitError, match=match):
         load_profile(p)
     assert fit_cost_model_main([str(p)]) == 2
+
+
+def test_a_profile_whose_free_fit_has_a_negative_intercept_still_fits_non_negative():
+    """A linear regime whose best free line has a negative intercept (what a noisy CPU
+    profile produces): the fit must pin that intercept at 0 and re-solve, not fail."""
+    from rollout_coordinator.fit import fit_records, mape
+
+    rng = np.random.default_rng(0)
+    n = rng.integers(1, 64, size=300).astype(float)
+    kv = rng.uniform(1e3, 1e5, size=300)
+    linear = -0.001 + 2e-4 * n  # negative intercept, positive for n >= 9
+    tau = np.maximum(0.003, linear) + 1e-8 * kv + 1e-5 * rng.standard_normal(300)
+    data = np.stack([n, kv, tau], axis=1)
+    lin = n > 15
+    free, *_ = np.linalg.lstsq(
+        np.stack([np.ones(lin.sum()), n[lin], kv[lin]], axis=1), tau[lin], rcond=None
+    )
+    assert free[0] < 0  # the unconstrained intercept of the linear regime really is negative
+    model = fit_records(data)
+    assert min(model.k1, model.k2, model.k3, model.b, model.k4) >= 0
+    assert mape(model, data) < 0.1

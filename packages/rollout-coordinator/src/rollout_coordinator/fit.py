@@ -10,8 +10,8 @@ reports ``k4 = 0`` with the sums folded into ``k2`` and ``b`` — the same τ ev
 candidate knee (each distinct ``n``, plus "all flat" and "all linear") the records split into
 a flat regime (``τ = c_flat + k1·kv``) and a linear one (``τ = c_lin + k3·n + k1·kv``) with a
 shared ``k1``; one linear least-squares solve per knee, the knee with the smallest squared
-error wins. Coefficients must be ≥ 0: a negative ``k1`` or ``k3`` is fixed at 0 and the rest
-re-solved (never clamped after the fact). A held-out fraction of the records is scored by the
+error wins. Coefficients must be ≥ 0: a negative ``k1``, ``k3`` or intercept is fixed at 0 and
+the rest re-solved (never clamped after the fact), so noisy profiles still give a usable fit. A held-out fraction of the records is scored by the
 mean absolute percentage error (MAPE).
 """
 
@@ -78,17 +78,17 @@ def load_profile(path: str | Path) -> np.ndarray:
 def _solve(
     n: np.ndarray, kv: np.ndarray, y: np.ndarray, flat: np.ndarray
 ) -> tuple[float, np.ndarray]:
-    """Least squares for one knee; returns (SSE, [c_flat, c_lin, k3, k1]) with k1, k3 >= 0."""
+    """Least squares for one knee; returns (SSE, [c_flat, c_lin, k3, k1]), all >= 0."""
     lin = ~flat
     cols = [flat.astype(float), lin.astype(float), np.where(lin, n, 0.0), kv]
     active = [i for i in range(4) if np.any(cols[i])]
     coef = np.zeros(4)
-    for _ in range(3):
+    for _ in range(5):
         a = np.stack([cols[i] for i in active], axis=1)
         sol, *_ = np.linalg.lstsq(a, y, rcond=None)
         coef[:] = 0.0
         coef[active] = sol
-        negative = [i for i in (2, 3) if i in active and coef[i] < 0]
+        negative = [i for i in active if coef[i] < 0]
         if not negative:
             break
         active = [i for i in active if i not in negative]
