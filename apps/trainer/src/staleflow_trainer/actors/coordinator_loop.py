@@ -391,7 +391,17 @@ class CoordinatorActor:
         self, instance_id: str, handle: Any, *, kv_capacity_tokens: int, version: int
     ) -> None:
         """A new (or replacement) rollout instance joins at the next cycle, serving
-        ``version``; the coordinator syncs it to the latest published version as needed."""
+        ``version``; the coordinator syncs it to the latest published version as needed.
+        A duplicate id, a non-positive KV capacity or a version outside [0, current] is refused
+        here (ValueError naming the field), never inside the loop."""
+        joining = {p[0] for k, p in self._events if k == "joined"}
+        if not instance_id or instance_id in self._rollouts or instance_id in joining:
+            raise ValueError(f"instance_id {instance_id!r} is empty or already part of the run")
+        if int(kv_capacity_tokens) <= 0:
+            raise ValueError(f"kv_capacity_tokens must be > 0, got {kv_capacity_tokens!r}")
+        current = self.protocol.current_version
+        if not 0 <= int(version) <= current:
+            raise ValueError(f"version must be in [0, {current}], got {version!r}")
         self._events.append(("joined", (instance_id, handle, int(kv_capacity_tokens), version)))
 
     async def instances(self) -> list[str]:
