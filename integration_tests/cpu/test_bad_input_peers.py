@@ -259,3 +259,35 @@ def test_stale_version_route_is_refused() -> None:
     with pytest.raises(TrajectoryServerError, match="g0/0"):
         store.route("b", ["g0/0"], 2)
     assert (store.stats(), store.history("g0/0")) == before
+
+
+async def test_coordinator_actor_refuses_bad_joins_at_the_call() -> None:
+    """``CoordinatorActor.add_instance`` (what a joining rollout instance sends) refuses a
+    duplicate id, a bad KV capacity or a version outside [0, current] before anything reaches
+    the loop; a good join is queued for the next cycle."""
+    from pathlib import Path
+
+    from staleflow_trainer.actors.coordinator_loop import CoordinatorActor, protocol_config
+    from staleflow_trainer.config import load_config, to_dict
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml")
+    actor = CoordinatorActor(
+        cfg=to_dict(cfg), model_path="unused", ts_address=("127.0.0.1", 1), ts_token="t",
+        rollouts={"vllm-0": object()}, instances={}, trainer=None, rewards=[],
+    )  # fmt: skip
+    actor.protocol = StalenessProtocol(protocol_config(cfg))
+    for kw, field in [
+        ({"instance_id": "vllm-0", "kv_capacity_tokens": 10, "version": 0}, "instance_id"),
+        ({"instance_id": "", "kv_capacity_tokens": 10, "version": 0}, "instance_id"),
+        ({"instance_id": "vllm-5", "kv_capacity_tokens": 0, "version": 0}, "kv_capacity_tokens"),
+        ({"instance_id": "vllm-5", "kv_capacity_tokens": 10, "version": 3}, "version"),
+        ({"instance_id": "vllm-5", "kv_capacity_tokens": 10, "version": -1}, "version"),
+    ]:
+        iid = kw.pop("instance_id")
+        with pytest.raises(ValueError, match=field):
+            await actor.add_instance(iid, object(), **kw)
+        assert actor._events == []
+    await actor.add_instance("vllm-5", object(), kv_capacity_tokens=10, version=0)
+    assert [k for k, _ in actor._events] == ["joined"]
+    with pytest.raises(ValueError, match="instance_id"):  # the same id, still joining
+        await actor.add_instance("vllm-5", object(), kv_capacity_tokens=10, version=0)
