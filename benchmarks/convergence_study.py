@@ -305,6 +305,7 @@ def plot(entries: Sequence[dict[str, Any]], out: Path) -> list[Path]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
     overlay.set_title("all settings (seed mean, smoothed)")
+    overlay.tick_params(labelleft=True)
     overlay.grid(alpha=0.3)
     overlay.legend(fontsize=7, loc="upper left")
     for ax in flat[len(names) : -1]:
@@ -410,6 +411,34 @@ def table(entries: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def setting_table(entries: Sequence[dict[str, Any]]) -> str:
+    """Seed means per setting (finished runs only), in SETTINGS order."""
+
+    def mean(xs: list[float], p: int = 3) -> str:
+        return f"{sum(xs) / len(xs):.{p}f}" if xs else "—"
+
+    lines = [
+        "| setting | seeds | reward start → end | reward AUC | policy reward end"
+        " | mean staleness | max staleness | tokens/s | wall s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in SETTINGS:
+        ok = [e for e in entries if e["setting"] == s.name and e["status"] == "ok"]
+        if not any(e["setting"] == s.name for e in entries):
+            continue
+
+        def col(k: str, ok: list[dict[str, Any]] = ok) -> list[float]:
+            return [float(e[k]) for e in ok if e.get(k) is not None]
+
+        lines.append(
+            f"| {s.label} | {len(ok)} | {mean(col('reward_start'))} → {mean(col('reward_end'))} "
+            f"| {mean(col('reward_auc'))} | {mean(col('policy_reward_end'))} "
+            f"| {mean(col('mean_staleness'), 2)} | {max(map(int, col('max_staleness')), default='—')} "
+            f"| {mean(col('tokens_per_s'), 0)} | {mean(col('wall_s'), 0)} |"
+        )
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------------- main
 
 
@@ -491,6 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             write(entries, args.out)  # after every run: a cut-short study keeps what ran
     write(entries, args.out)
+    print(setting_table(entries))
     print(table(entries))
     print(f"study wall time: {time.monotonic() - t0:.0f} s")
     return 0 if all(e["status"] == "ok" for e in entries) else 1
@@ -503,7 +533,7 @@ def write(entries: Sequence[dict[str, Any]], out: Path) -> None:
     (out / "reward_curves.json").write_text(json.dumps(curves) + "\n")
     if any(e["status"] == "ok" for e in entries):
         plot(entries, out)
-    (out / "table.md").write_text(table(entries) + "\n")
+    (out / "table.md").write_text(setting_table(entries) + "\n\n" + table(entries) + "\n")
 
 
 if __name__ == "__main__":

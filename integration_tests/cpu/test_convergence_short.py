@@ -2,11 +2,13 @@
 
 Two deployments of ``examples/convergence.yaml`` (2 real vLLM-CPU instances, NIXL param
 server, StaleFlow coordinator; Ray started once for the module), ``STEPS`` steps each at a
-fixed seed. Asserted per setting: the reward of the consumed batches rises from its first
-``WINDOW`` steps to its last ``WINDOW`` steps by at least ``MARGIN``; the trained policy,
-evaluated on every prompt with the HF sampler, beats the initial one by ``POLICY_MARGIN``;
-consumed staleness stays within η, and at η = 3 some samples really are stale (so the second
-run is not a synchronous run in disguise).
+fixed seed — the study's own run length: a step takes ~0.5 s, the deployment's start-up
+(~1-3 min) dominates, and shorter runs only learn the answer format (reward ~0.2), not the
+answers. Asserted per setting: the reward of the consumed batches rises from its first to its
+last ``window(STEPS)`` steps (as the study's reward_start / reward_end) by at least
+``MARGIN``; the trained policy, evaluated on every prompt with the HF sampler, beats the initial
+one by ``POLICY_MARGIN``; consumed staleness stays within η, and at η = 3 most samples really
+are stale (so the second run is not a synchronous run in disguise).
 
 The margins come from the full study (docs/convergence.md, results/convergence/summary.json):
 see the constants' comments.
@@ -24,10 +26,9 @@ import pytest
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 20
+STEPS = 60
 SEED = 0
-WINDOW = 5
-# consumed-batch reward, mean of steps 16-20 minus mean of steps 1-5
+# consumed-batch reward, mean of the last 6 steps minus mean of the first 6
 MARGIN = 0.15
 # expected reward of the final policy minus that of the initial policy
 POLICY_MARGIN = 0.2
@@ -83,8 +84,9 @@ def test_reward_of_consumed_batches_rises(runs: dict[int, dict[str, Any]], eta: 
     rows = runs[eta]["rows"]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     rewards = [r["reward_mean"] for r in rows]
-    start = sum(rewards[:WINDOW]) / WINDOW
-    end = sum(rewards[-WINDOW:]) / WINDOW
+    w = _study().window(STEPS)
+    start = sum(rewards[:w]) / w
+    end = sum(rewards[-w:]) / w
     assert end - start >= MARGIN, f"eta={eta}: reward {start:.3f} -> {end:.3f}: {rewards}"
 
 
@@ -103,4 +105,4 @@ def test_staleness_within_bound_and_nothing_lost(runs: dict[int, dict[str, Any]]
         assert all(0 <= int(s) <= eta for s in r["staleness_hist"])
     assert not runs[eta]["ledger"].get("problems")
     if eta > 0:  # the bounded run really trained on stale data
-        assert sum(r["mean_staleness"] for r in rows) / len(rows) > 0.5
+        assert sum(r["mean_staleness"] for r in rows) / len(rows) > 1.0
