@@ -174,10 +174,15 @@ def _engine_kwargs(cfg: AppConfig, i: int, model_path: Path) -> dict[str, Any]:
             key="rollout.sglang_url",
             allowed="http://host:port[,http://host:port...]",
         )
+    shapes = {k: list(v) for k, v in model_weight_shapes(model_path).items()}
+    # Tied embeddings: the checkpoint has no lm_head.weight, but the trainer pushes it (as its
+    # own copy); SGLang's loader skips it for tied models, so accept it with the tied shape.
+    if "lm_head.weight" not in shapes and "model.embed_tokens.weight" in shapes:
+        shapes["lm_head.weight"] = shapes["model.embed_tokens.weight"]
     return {
         "base_url": urls[i % len(urls)],
         "weights_dir": str(cfg.run_dir / "sglang-weights" / f"instance-{i}"),
-        "weight_shapes": {k: list(v) for k, v in model_weight_shapes(model_path).items()},
+        "weight_shapes": shapes,
     }
 
 
