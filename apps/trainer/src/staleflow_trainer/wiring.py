@@ -48,6 +48,10 @@ from staleflow_trainer.metrics import MetricsWriter, ProgressBar, TimelineWriter
 log = structlog.get_logger(__name__)
 
 _ENV = {
+    # Ray >= 2.4x re-launches workers with `uv run` when the driver runs under `uv run`; in a
+    # workspace that makes workers build a fresh environment without ray. Workers must use the
+    # driver's interpreter (the locked .venv).
+    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
     "RAY_USAGE_STATS_ENABLED": "0",
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -190,7 +194,11 @@ def init_ray(cfg: AppConfig) -> bool:
     """Start a local Ray (or join ``ray.address``); returns True if this call started it."""
     for k, v in _ENV.items():
         os.environ.setdefault(k, v)
+    os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
     import ray
+    from ray._private import ray_constants
+
+    ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = False  # read at import; ray may be imported
 
     if ray.is_initialized():
         return False
