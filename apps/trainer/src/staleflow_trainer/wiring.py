@@ -93,21 +93,9 @@ def resolve_resume(cfg: AppConfig) -> Path | None:
 
 def model_dir(cfg: AppConfig) -> Path:
     """``model.path``, or a tiny Qwen2 + character tokenizer created in ``RUN_DIR/model``."""
-    if cfg.model.path:
-        return Path(cfg.model.path)
-    from staleflow_trainer.tiny_model import TinyModelSpec, make_tiny_model
+    from staleflow_trainer.tiny_model import resolve_model_path
 
-    t = cfg.model.tiny
-    spec = TinyModelSpec(
-        hidden_size=t.hidden_size,
-        intermediate_size=t.intermediate_size,
-        num_layers=t.num_layers,
-        num_heads=t.num_heads,
-        num_kv_heads=t.num_kv_heads,
-        max_position_embeddings=t.max_position_embeddings,
-        seed=cfg.run.seed,
-    )
-    return make_tiny_model(cfg.run_dir / "model", spec)
+    return resolve_model_path(cfg)
 
 
 def preflight(cfg: AppConfig, model_path: Path) -> int:
