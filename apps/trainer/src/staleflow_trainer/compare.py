@@ -75,6 +75,19 @@ def _run_one(args: tuple[SimSpec, str]) -> dict[str, Any]:
     return run_and_write(spec, Path(run_dir), plots=False)
 
 
+def run_specs(
+    jobs: list[tuple[SimSpec, Path]], *, workers: int | None = None
+) -> list[dict[str, Any]]:
+    """Simulate every ``(spec, run_dir)`` (one process per core unless ``workers`` says
+    otherwise); returns their summaries in job order. Shared by compare and plan."""
+    args = [(s, str(d)) for s, d in jobs]
+    n = workers if workers is not None else min(len(args), os.cpu_count() or 1)
+    if n <= 1:
+        return [_run_one(a) for a in args]
+    with ProcessPoolExecutor(max_workers=n) as pool:
+        return list(pool.map(_run_one, args))
+
+
 def run_comparison(
     base: SimSpec,
     out_dir: Path,
@@ -86,13 +99,9 @@ def run_comparison(
 ) -> dict[str, Any]:
     """Run every (policy, η) of ``base`` and write compare.json, the table and the plots."""
     specs = plan_runs(base, policies, etas)
-    jobs = [(s, str(out_dir / "runs" / f"{s.policy}-eta{s.eta}")) for s in specs]
-    n = workers if workers is not None else min(len(jobs), os.cpu_count() or 1)
-    if n <= 1:
-        summaries = [_run_one(j) for j in jobs]
-    else:
-        with ProcessPoolExecutor(max_workers=n) as pool:
-            summaries = list(pool.map(_run_one, jobs))
+    summaries = run_specs(
+        [(s, out_dir / "runs" / f"{s.policy}-eta{s.eta}") for s in specs], workers=workers
+    )
     disagg = base if base.policy != "sync" else attrs.evolve(base, policy="staleflow")
     ideal = ideal_throughput(disagg)
     results = []
