@@ -2,6 +2,8 @@
 
     from staleness_protocol import StalenessProtocol, ProtocolConfig, NotAdmissible
     p = StalenessProtocol(ProtocolConfig(batch_size=B, group_size=n, eta=eta))
+    # no staleness control (the bound taken out; same interface):
+    p = UnboundedFifo(UnboundedConfig(batch_size=B, group_size=n, max_inflight_groups=2 * B))
 
 See the package README for the rules and the full API.
 """
@@ -23,6 +25,7 @@ from ._records import (
     TrajectoryRecord,
     TrajectoryState,
 )
+from ._unbounded import UNBOUNDED_FORMAT, UnboundedConfig, UnboundedFifo, protocol_from_dict
 from .errors import (
     BadInput,
     BelowAbortFloor,
@@ -49,6 +52,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "FORMAT",
+    "UNBOUNDED_FORMAT",
     "Abort",
     "AbortReason",
     "BadInput",
@@ -81,7 +85,10 @@ __all__ = [
     "TrajectoryNotInFlight",
     "TrajectoryRecord",
     "TrajectoryState",
+    "UnboundedConfig",
+    "UnboundedFifo",
     "UnknownGroup",
     "UnknownTrajectory",
     "__version__",
+    "protocol_from_dict",
 ]

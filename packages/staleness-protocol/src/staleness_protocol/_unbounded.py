@@ -1,0 +1,685 @@
+"""UnboundedFifo: no staleness control — the protocol's interface with the bound taken out.
+
+Theory of operation
+===================
+
+What it models. Systems that give no per-trajectory staleness guarantee: verl fully-async with
+no staleness threshold, AReaL with ``max_staleness`` unset. They keep the rollout busy with a
+concurrency cap, put every finished group into one queue, and the trainer takes the first
+``B`` groups, whatever version generated them. This class is that, behind the same methods the
+coordinator and the app's loop call on :class:`~staleness_protocol.StalenessProtocol`, so a
+run switches mode by constructing one or the other.
+
+Admission. A new group is admitted (``can_reserve``/``reserve``) while fewer than
+``max_inflight_groups`` groups are in flight (admitted, not yet complete: RESERVED). The
+version plays no part: any ``0 ≤ v ≤ current_version`` is accepted. A sibling joins while its
+group is in flight and has fewer than ``n' = n + group_redundancy`` live members. The only
+refusal is :class:`~staleness_protocol.NoFreeSlot` (the cap is reached).
+
+Finish. When ``n`` members of a group have finished, the rest are aborted (``group_surplus``,
+queued in ``take_aborts``) and the group becomes OCCUPIED at the tail of the FIFO.
+
+Consume. ``ready()`` once the FIFO holds ``B`` groups; ``consume()`` takes the first ``B`` (FIFO,
+never reordered by version), trains version ``c`` into ``c + 1``, and returns a
+:class:`~staleness_protocol.Batch` whose staleness ``c − V_traj`` is *measured*, never bounded
+(histograms in ``stats()``). The FIFO is shown as consecutive virtual buffers ``c, c+1, ...`` of
+``B`` groups each (``buffer_fill``, ``stats().buffers``).
+
+What does not exist here. Nothing is ever too stale: ``abort_floor`` is ``-1``, ``must_sync``
+is always False, there are no ``stale`` or ``batch_surplus`` aborts, and no stuck buffers
+(``resolve_stuck`` reports nothing resolved; ``config.stuck_threshold`` is None). Filtering
+(``drop_group``, replacement requests with ``filtering``), caller aborts (``abort``), partial
+rollout (``can_resume``: ``V_traj ≤ instance version``), the ledger queries, the outboxes and
+checkpoint/restore (``to_dict``/``from_dict``, format ``staleness-protocol-unbounded/1``) behave
+as in the bounded protocol. Every error leaves the state unchanged.
+
+Sans-IO like the rest of the package.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import attrs
+
+from ._config import _check_filtering, _int_at_least
+from ._ledger import Group, Traj
+from ._protocol import FORMAT, StalenessProtocol, _check_id
+from ._records import (
+    Abort,
+    AbortReason,
+    Batch,
+    BufferFill,
+    GroupRecord,
+    GroupState,
+    ProtocolStats,
+    ReplacementRequest,
+    SlotState,
+    StuckResolution,
+    TrajectoryRecord,
+    TrajectoryState,
+)
+from .errors import (
+    ConfigError,
+    CorruptState,
+    DuplicateTrajectory,
+    GroupClosed,
+    GroupFull,
+    InvalidId,
+    InvalidVersion,
+    NoFreeSlot,
+    NotReady,
+    ProtocolError,
+    TrajectoryNotInFlight,
+    UnknownGroup,
+    UnknownTrajectory,
+)
+
+Id = str | int
+
+UNBOUNDED_FORMAT = "staleness-protocol-unbounded/1"
+
+_IN_FLIGHT = TrajectoryState.IN_FLIGHT
+_FINISHED = TrajectoryState.FINISHED
+_OCCUPIED = TrajectoryState.OCCUPIED
+_CONSUMED = TrajectoryState.CONSUMED
+_RESERVED_G = GroupState.RESERVED
+_OCCUPIED_G = GroupState.OCCUPIED
+
+
+@attrs.frozen(kw_only=True)
+class UnboundedConfig:
+    """What :class:`UnboundedFifo` needs: no ``eta``, a concurrency cap instead.
+
+    Required:
+        batch_size: ``B``, groups per training batch (>= 1).
+        group_size: ``n``, trajectories per group that are trained on (>= 1).
+        max_inflight_groups: how many groups may be admitted and not yet complete at once
+            (>= 1): the rollout's concurrency cap. Finished groups waiting in the FIFO do not
+            count (their number is not bounded).
+
+    Optional:
+        group_redundancy: extra samples per group, ``n' = n + group_redundancy``.
+        filtering: when True every ``drop_group`` queues a replacement-prompt request.
+
+    ``eta`` and ``stuck_threshold`` are None and ``batch_redundancy`` is 0: the mechanisms they
+    configure in :class:`~staleness_protocol.ProtocolConfig` do not exist without buffers.
+    """
+
+    batch_size: int = attrs.field(validator=_int_at_least(1))
+    group_size: int = attrs.field(validator=_int_at_least(1))
+    max_inflight_groups: int = attrs.field(validator=_int_at_least(1))
+    group_redundancy: int = attrs.field(default=0, validator=_int_at_least(0))
+    filtering: bool = attrs.field(default=False, validator=_check_filtering)
+
+    @property
+    def eta(self) -> None:
+        """No staleness bound."""
+        return None
+
+    @property
+    def stuck_threshold(self) -> None:
+        return None
+
+    @property
+    def batch_redundancy(self) -> int:
+        return 0
+
+    @property
+    def slots_per_buffer(self) -> int:
+        return self.batch_size
+
+    @property
+    def samples_per_group(self) -> int:
+        return self.group_size + self.group_redundancy
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> UnboundedConfig:
+        known = {f.name for f in attrs.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(unknown[0], data[unknown[0]], f"one of {sorted(known)}")
+        return cls(**data)
+
+
+class UnboundedFifo:
+    """Admission by a concurrency cap, FIFO consumption, staleness measured but not bounded."""
+
+    __slots__ = (
+        "_aborts",
+        "_aborts_by_reason",
+        "_config",
+        "_consumed_batches",
+        "_fifo",
+        "_gcount",
+        "_group_hist",
+        "_groups",
+        "_inflight",
+        "_next_replacement",
+        "_replacements",
+        "_replacements_requested",
+        "_tcount",
+        "_traj_hist",
+        "_trajs",
+        "_version",
+    )
+
+    def __init__(self, config: UnboundedConfig, *, start_version: int = 0) -> None:
+        if not isinstance(config, UnboundedConfig):
+            raise TypeError(f"config must be an UnboundedConfig, got {type(config).__name__}")
+        if type(start_version) is not int or start_version < 0:
+            raise InvalidVersion(
+                f"start_version={start_version!r} is invalid: allowed an int >= 0",
+                version=start_version,
+                current_version=0,
+            )
+        self._config = config
+        self._version = start_version
+        self._groups: dict[Id, Group] = {}
+        self._trajs: dict[Id, Traj] = {}
+        self._fifo: deque[Id] = deque()  # OCCUPIED groups, in completion order
+        self._inflight = 0  # RESERVED groups
+        self._aborts: list[Abort] = []
+        self._replacements: list[ReplacementRequest] = []
+        self._next_replacement = 0
+        self._replacements_requested = 0
+        self._tcount: dict[TrajectoryState, int] = dict.fromkeys(TrajectoryState, 0)
+        self._gcount: dict[GroupState, int] = dict.fromkeys(GroupState, 0)
+        self._traj_hist: dict[int, int] = {}
+        self._group_hist: dict[int, int] = {}
+        self._aborts_by_reason: dict[str, int] = {}
+        self._consumed_batches = 0
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def config(self) -> UnboundedConfig:
+        return self._config
+
+    @property
+    def current_version(self) -> int:
+        """Newest published model version; the next ``consume`` trains it."""
+        return self._version
+
+    @property
+    def abort_floor(self) -> int:
+        """Always -1: no version is ever too stale to place work."""
+        return -1
+
+    @property
+    def inflight_groups(self) -> int:
+        """Groups admitted and not yet complete (what the cap counts)."""
+        return self._inflight
+
+    @property
+    def queued_groups(self) -> int:
+        """Complete groups waiting in the FIFO."""
+        return len(self._fifo)
+
+    def must_sync(self, instance_version: int) -> bool:
+        """Always False (validates the version): nothing forces a sync without a bound."""
+        self._check_version(instance_version, "instance_version")
+        return False
+
+    # ------------------------------------------------------------------ admission
+
+    def _check_version(self, version: Any, field: str = "version") -> None:
+        if (
+            isinstance(version, int)
+            and not isinstance(version, bool)
+            and 0 <= version <= self._version
+        ):
+            return
+        raise InvalidVersion(
+            f"{field}={version!r} is invalid: allowed an int in [0, {self._version}] "
+            "(no instance can be ahead of the current version)",
+            version=version,
+            current_version=self._version,
+        )
+
+    def can_reserve(self, group_id: Id, version: int) -> bool:
+        """Would ``reserve(group_id, <new id>, version)`` succeed? No side effects."""
+        _check_id(group_id, "group_id")
+        self._check_version(version)
+        g = self._groups.get(group_id)
+        if g is None:
+            return self._inflight < self._config.max_inflight_groups
+        return g.state is _RESERVED_G and len(g.members) < self._config.samples_per_group
+
+    def reserve(self, group_id: Id, trajectory_id: Id, version: int) -> int:
+        """Admit a trajectory first routed at ``version`` (its V_traj).
+
+        A new group needs the cap to have room (else NoFreeSlot); siblings join an in-flight
+        group. Returns the version the group would be trained at if the FIFO were consumed
+        with nothing ahead of it (``current_version``): there is no reservation to report.
+        """
+        _check_id(group_id, "group_id")
+        _check_id(trajectory_id, "trajectory_id")
+        self._check_version(version)
+        if trajectory_id in self._trajs:
+            raise DuplicateTrajectory(
+                f"trajectory_id {trajectory_id!r} is already in the ledger "
+                f"({self._trajs[trajectory_id].state.value})",
+                trajectory_id=trajectory_id,
+                group_id=group_id,
+            )
+        g = self._groups.get(group_id)
+        if g is None:
+            cap = self._config.max_inflight_groups
+            if self._inflight >= cap:
+                raise NoFreeSlot(
+                    f"{self._inflight} groups in flight: max_inflight_groups={cap} reached; "
+                    f"group {group_id!r} stays queued",
+                    version=version,
+                    group_id=group_id,
+                )
+            g = Group(group_id, None)
+            self._groups[group_id] = g
+            self._gcount[_RESERVED_G] += 1
+            self._inflight += 1
+        elif g.state is not _RESERVED_G:
+            raise GroupClosed(
+                f"group {group_id!r} is {g.state.value}; it takes no new members",
+                group_id=group_id,
+                state=g.state.value,
+            )
+        elif len(g.members) >= self._config.samples_per_group:
+            raise GroupFull(
+                f"group {group_id!r} already has {len(g.members)} live members "
+                f"(group_size + group_redundancy = {self._config.samples_per_group})",
+                group_id=group_id,
+            )
+        g.members[trajectory_id] = None
+        self._trajs[trajectory_id] = Traj(trajectory_id, group_id, version, _IN_FLIGHT, None)
+        self._tcount[_IN_FLIGHT] += 1
+        return self._version
+
+    def can_resume(self, trajectory_id: Id, instance_version: int) -> bool:
+        """True iff the trajectory is in flight and ``V_traj ≤ instance_version``."""
+        t = self._traj(trajectory_id)
+        self._check_version(instance_version, "instance_version")
+        return t.state is _IN_FLIGHT and t.version <= instance_version
+
+    # ------------------------------------------------------------------ transitions
+
+    def _traj(self, trajectory_id: Id) -> Traj:
+        t = self._trajs.get(trajectory_id)
+        if t is None:
+            _check_id(trajectory_id, "trajectory_id")
+            raise UnknownTrajectory(
+                f"unknown trajectory_id {trajectory_id!r}", trajectory_id=trajectory_id
+            )
+        return t
+
+    def _group(self, group_id: Id) -> Group:
+        g = self._groups.get(group_id)
+        if g is None:
+            _check_id(group_id, "group_id")
+            raise UnknownGroup(f"unknown group_id {group_id!r}", group_id=group_id)
+        return g
+
+    def _set_state(self, t: Traj, state: TrajectoryState) -> None:
+        self._tcount[t.state] -= 1
+        self._tcount[state] += 1
+        t.state = state
+
+    def _set_group_state(self, g: Group, state: GroupState) -> None:
+        if g.state is _RESERVED_G:
+            self._inflight -= 1
+        self._gcount[g.state] -= 1
+        self._gcount[state] += 1
+        g.state = state
+
+    def _kill(self, t: Traj, state: TrajectoryState, reason: str) -> Abort:
+        was_running = t.state is _IN_FLIGHT
+        reason = str(reason)
+        self._set_state(t, state)
+        t.reason = reason
+        t.buffer = None
+        if state is TrajectoryState.ABORTED:
+            self._aborts_by_reason[reason] = self._aborts_by_reason.get(reason, 0) + 1
+        return Abort(
+            trajectory_id=t.trajectory_id,
+            group_id=t.group_id,
+            version=t.version,
+            reason=reason,
+            was_running=was_running,
+        )
+
+    @staticmethod
+    def _check_reason(reason: Any) -> None:
+        if not isinstance(reason, str) or not reason:
+            raise InvalidId(
+                f"reason={reason!r} is invalid: allowed a non-empty str",
+                field="reason",
+                value=reason,
+            )
+
+    def finish(self, trajectory_id: Id) -> int | None:
+        """A trajectory finished and was rewarded. The ``n``-th finished member completes its
+        group: the other live members are aborted (``group_surplus``) and the group joins the
+        FIFO. Returns the version the group will be trained at (``current_version`` plus the
+        batches ahead of it), or None while the group is incomplete."""
+        t = self._traj(trajectory_id)
+        if t.state is not _IN_FLIGHT:
+            raise TrajectoryNotInFlight(
+                f"cannot finish trajectory {trajectory_id!r}: it is {t.state.value}"
+                + (f" ({t.reason})" if t.reason else ""),
+                trajectory_id=trajectory_id,
+                group_id=t.group_id,
+                state=t.state.value,
+            )
+        g = self._groups[t.group_id]
+        self._set_state(t, _FINISHED)
+        g.finished.append(trajectory_id)
+        if len(g.finished) < self._config.group_size:
+            return None
+        trajs = self._trajs
+        for tid in [m for m in g.members if trajs[m].state is _IN_FLIGHT]:
+            del g.members[tid]
+            self._aborts.append(
+                self._kill(trajs[tid], TrajectoryState.ABORTED, AbortReason.GROUP_SURPLUS)
+            )
+        for tid in g.finished:
+            self._set_state(trajs[tid], _OCCUPIED)
+        self._set_group_state(g, _OCCUPIED_G)
+        self._fifo.append(g.group_id)
+        return self._version + (len(self._fifo) - 1) // self._config.batch_size
+
+    def abort(self, trajectory_id: Id, reason: str) -> None:
+        """The caller aborted an in-flight trajectory; its group stays in flight (a new sibling
+        may replace it, or the caller drops the group). Not queued in ``take_aborts``."""
+        t = self._traj(trajectory_id)
+        self._check_reason(reason)
+        if t.state is not _IN_FLIGHT:
+            raise TrajectoryNotInFlight(
+                f"cannot abort trajectory {trajectory_id!r}: it is {t.state.value}",
+                trajectory_id=trajectory_id,
+                group_id=t.group_id,
+                state=t.state.value,
+            )
+        del self._groups[t.group_id].members[trajectory_id]
+        self._kill(t, TrajectoryState.ABORTED, reason)
+
+    def drop_group(self, group_id: Id, reason: str) -> tuple[Abort, ...]:
+        """Filter a group out: an in-flight group, or a complete one still in the FIFO. Every
+        live member becomes DROPPED (one Abort each, queued and returned); with ``filtering``
+        a replacement prompt is requested."""
+        g = self._group(group_id)
+        self._check_reason(reason)
+        if g.state is not _RESERVED_G and g.state is not _OCCUPIED_G:
+            raise GroupClosed(
+                f"cannot drop group {group_id!r}: it is {g.state.value}",
+                group_id=group_id,
+                state=g.state.value,
+            )
+        if g.state is _OCCUPIED_G:
+            self._fifo.remove(group_id)
+        trajs = self._trajs
+        aborts = [self._kill(trajs[t], TrajectoryState.DROPPED, reason) for t in g.members]
+        self._aborts.extend(aborts)
+        g.members.clear()
+        g.finished.clear()
+        g.reason = str(reason)
+        self._set_group_state(g, GroupState.DROPPED)
+        if self._config.filtering:
+            self._replacements.append(
+                ReplacementRequest(
+                    request_id=self._next_replacement,
+                    replaces_group_id=group_id,
+                    reason=str(reason),
+                )
+            )
+            self._next_replacement += 1
+            self._replacements_requested += 1
+        return tuple(aborts)
+
+    # ------------------------------------------------------------------ consume
+
+    def ready(self) -> bool:
+        """Does the FIFO hold a batch (``B`` complete groups)?"""
+        return len(self._fifo) >= self._config.batch_size
+
+    def consume(self) -> Batch:
+        """Take the first ``B`` complete groups (FIFO); the version advances by one."""
+        need = self._config.batch_size
+        c = self._version
+        if len(self._fifo) < need:
+            raise NotReady(
+                f"the FIFO holds {len(self._fifo)} of the {need} complete groups a batch needs",
+                buffer=c,
+            )
+        trajs = self._trajs
+        gids, members, gversions, gstale, tstale = [], [], [], [], []
+        for _ in range(need):
+            gid = self._fifo.popleft()
+            g = self._groups[gid]
+            kept = tuple(g.finished)
+            vs = [trajs[t].version for t in kept]
+            vmin = min(vs)
+            for t, v in zip(kept, vs, strict=True):
+                tr = trajs[t]
+                self._set_state(tr, _CONSUMED)
+                tr.buffer = c
+                self._traj_hist[c - v] = self._traj_hist.get(c - v, 0) + 1
+            g.buffer = c
+            self._set_group_state(g, GroupState.CONSUMED)
+            self._group_hist[c - vmin] = self._group_hist.get(c - vmin, 0) + 1
+            gids.append(gid)
+            members.append(kept)
+            gversions.append(vmin)
+            gstale.append(c - vmin)
+            tstale.append(tuple(c - v for v in vs))
+        self._version = c + 1
+        self._consumed_batches += 1
+        return Batch(
+            version=c,
+            group_ids=tuple(gids),
+            trajectory_ids=tuple(members),
+            group_versions=tuple(gversions),
+            staleness=tuple(gstale),
+            trajectory_staleness=tuple(tstale),
+        )
+
+    def resolve_stuck(self) -> StuckResolution:
+        """Nothing to resolve: a FIFO batch is any ``B`` complete groups, so none gets stuck."""
+        return StuckResolution(resolved=False, buffer=self._version)
+
+    # ------------------------------------------------------------------ outboxes
+
+    def take_aborts(self) -> tuple[Abort, ...]:
+        out = tuple(self._aborts)
+        self._aborts.clear()
+        return out
+
+    def take_replacements(self) -> tuple[ReplacementRequest, ...]:
+        out = tuple(self._replacements)
+        self._replacements.clear()
+        return out
+
+    @property
+    def pending_aborts(self) -> int:
+        return len(self._aborts)
+
+    @property
+    def pending_replacements(self) -> int:
+        return len(self._replacements)
+
+    # ------------------------------------------------------------------ queries
+
+    def trajectory(self, trajectory_id: Id) -> TrajectoryRecord:
+        """Ledger entry; ``buffer`` is the version it was trained at once consumed, else None."""
+        return self._traj(trajectory_id).record()
+
+    def group(self, group_id: Id) -> GroupRecord:
+        return self._group(group_id).record()
+
+    def in_flight(self) -> tuple[Id, ...]:
+        return tuple(tid for tid, t in self._trajs.items() if t.state is _IN_FLIGHT)
+
+    def fifo(self) -> tuple[Id, ...]:
+        """Complete groups waiting to be consumed, oldest first."""
+        return tuple(self._fifo)
+
+    def buffer_fill(self, version: int) -> BufferFill:
+        """The FIFO seen as buffers of ``B`` groups: buffer ``c + i`` holds groups
+        ``[i·B, (i+1)·B)`` of the FIFO. Any version ``≥ current_version`` exists."""
+        c = self._version
+        if not isinstance(version, int) or isinstance(version, bool) or version < c:
+            raise InvalidVersion(
+                f"buffer {version!r} does not exist: allowed an int >= {c}",
+                version=version,
+                current_version=c,
+            )
+        b = self._config.batch_size
+        occ = min(b, max(0, len(self._fifo) - (version - c) * b))
+        return BufferFill(version=version, occupied=occ, reserved=0, free=b - occ, ready=occ == b)
+
+    def buffer_slots(self, version: int) -> tuple[SlotState, ...]:
+        fill = self.buffer_fill(version)
+        return (SlotState.OCCUPIED,) * fill.occupied + (SlotState.EMPTY,) * fill.free
+
+    def stats(self) -> ProtocolStats:
+        n_buf = -(-len(self._fifo) // self._config.batch_size)
+        return ProtocolStats(
+            current_version=self._version,
+            abort_floor=-1,
+            trajectories_by_state={s.value: n for s, n in self._tcount.items()},
+            groups_by_state={s.value: n for s, n in self._gcount.items()},
+            buffers=tuple(self.buffer_fill(self._version + i) for i in range(n_buf)),
+            staleness_histogram=dict(sorted(self._traj_hist.items())),
+            group_staleness_histogram=dict(sorted(self._group_hist.items())),
+            aborts_by_reason=dict(sorted(self._aborts_by_reason.items())),
+            consumed_batches=self._consumed_batches,
+            replacements_requested=self._replacements_requested,
+            pending_aborts=len(self._aborts),
+            pending_replacements=len(self._replacements),
+        )
+
+    # ------------------------------------------------------------------ checkpoint
+
+    def to_dict(self) -> dict[str, Any]:
+        """The full state as plain JSON types; exact round trip through ``from_dict``."""
+        return {
+            "format": UNBOUNDED_FORMAT,
+            "config": self._config.to_dict(),
+            "current_version": self._version,
+            "fifo": list(self._fifo),
+            "groups": [
+                [g.group_id, g.state.value, g.buffer, list(g.members), list(g.finished), g.reason]
+                for g in self._groups.values()
+            ],
+            "trajectories": [
+                [t.trajectory_id, t.group_id, t.version, t.state.value, t.buffer, t.reason]
+                for t in self._trajs.values()
+            ],
+            "pending_aborts": [
+                [a.trajectory_id, a.group_id, a.version, a.reason, a.was_running]
+                for a in self._aborts
+            ],
+            "pending_replacements": [
+                [r.request_id, r.replaces_group_id, r.reason] for r in self._replacements
+            ],
+            "next_replacement_id": self._next_replacement,
+            "replacements_requested": self._replacements_requested,
+            "staleness_histogram": [[s, n] for s, n in sorted(self._traj_hist.items())],
+            "group_staleness_histogram": [[s, n] for s, n in sorted(self._group_hist.items())],
+            "aborts_by_reason": dict(sorted(self._aborts_by_reason.items())),
+            "consumed_batches": self._consumed_batches,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> UnboundedFifo:
+        """Restore a state written by ``to_dict`` (also after a JSON round trip); a dict that
+        is not a consistent state raises CorruptState."""
+        try:
+            return _restore(cls, data)
+        except ProtocolError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            raise CorruptState(
+                f"not a {UNBOUNDED_FORMAT} state: {type(exc).__name__}: {exc}"
+            ) from exc
+
+
+def _restore(cls: type[UnboundedFifo], data: dict[str, Any]) -> UnboundedFifo:
+    if not isinstance(data, dict) or data.get("format") != UNBOUNDED_FORMAT:
+        got = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise CorruptState(f"format={got!r} is invalid: allowed {UNBOUNDED_FORMAT!r}")
+    p = cls(UnboundedConfig.from_dict(dict(data["config"])), start_version=data["current_version"])
+    for gid, state, buffer, members, finished, reason in data["groups"]:
+        _check_id(gid, "group_id")
+        g = Group(gid, buffer, GroupState(state), reason)
+        g.members = dict.fromkeys(members)
+        g.finished = list(finished)
+        if gid in p._groups:
+            raise CorruptState(f"group {gid!r} appears twice", group_id=gid)
+        p._groups[gid] = g
+        p._gcount[g.state] += 1
+        if g.state is _RESERVED_G:
+            p._inflight += 1
+    for tid, gid, version, state, buffer, reason in data["trajectories"]:
+        _check_id(tid, "trajectory_id")
+        if tid in p._trajs:
+            raise CorruptState(f"trajectory {tid!r} appears twice", trajectory_id=tid)
+        if gid not in p._groups:
+            raise CorruptState(f"trajectory {tid!r} names unknown group {gid!r}", group_id=gid)
+        if type(version) is not int or not 0 <= version <= p._version:
+            raise CorruptState(f"trajectory {tid!r} has version {version!r}", trajectory_id=tid)
+        t = Traj(tid, gid, version, TrajectoryState(state), buffer, reason)
+        p._trajs[tid] = t
+        p._tcount[t.state] += 1
+    live = {_IN_FLIGHT, _FINISHED, _OCCUPIED, _CONSUMED}
+    for g in p._groups.values():
+        for tid in g.members:
+            if tid not in p._trajs or p._trajs[tid].state not in live:
+                raise CorruptState(
+                    f"group {g.group_id!r} lists {tid!r}, which is not a live or consumed trajectory",
+                    group_id=g.group_id,
+                )
+        for tid in g.finished:
+            if tid not in g.members:
+                raise CorruptState(
+                    f"group {g.group_id!r}: finished {tid!r} is not a member", group_id=g.group_id
+                )
+    fifo = list(data["fifo"])
+    if len(set(fifo)) != len(fifo) or {
+        gid for gid, g in p._groups.items() if g.state is _OCCUPIED_G
+    } != set(fifo):
+        raise CorruptState("fifo does not list exactly the occupied groups, once each")
+    p._fifo.extend(fifo)
+    if p._inflight > p._config.max_inflight_groups:
+        raise CorruptState(
+            f"{p._inflight} groups in flight exceed max_inflight_groups="
+            f"{p._config.max_inflight_groups}"
+        )
+    p._aborts = [
+        Abort(trajectory_id=a[0], group_id=a[1], version=a[2], reason=a[3], was_running=a[4])
+        for a in data["pending_aborts"]
+    ]
+    p._replacements = [
+        ReplacementRequest(request_id=r[0], replaces_group_id=r[1], reason=r[2])
+        for r in data["pending_replacements"]
+    ]
+    p._next_replacement = int(data["next_replacement_id"])
+    p._replacements_requested = int(data["replacements_requested"])
+    p._traj_hist = {int(s): int(n) for s, n in data["staleness_histogram"]}
+    p._group_hist = {int(s): int(n) for s, n in data["group_staleness_histogram"]}
+    p._aborts_by_reason = {str(k): int(v) for k, v in data["aborts_by_reason"].items()}
+    p._consumed_batches = int(data["consumed_batches"])
+    return p
+
+
+def protocol_from_dict(data: dict[str, Any]) -> StalenessProtocol | UnboundedFifo:
+    """Restore whichever protocol wrote ``data`` (bounded ``StalenessProtocol`` or
+    ``UnboundedFifo``), chosen by its ``format``; CorruptState for anything else."""
+    fmt = data.get("format") if isinstance(data, dict) else None
+    if fmt == UNBOUNDED_FORMAT:
+        return UnboundedFifo.from_dict(data)
+    if fmt == FORMAT:
+        return StalenessProtocol.from_dict(data)
+    raise CorruptState(f"format={fmt!r} is invalid: allowed {FORMAT!r} or {UNBOUNDED_FORMAT!r}")
