@@ -38,6 +38,7 @@ def test_override_values_are_yaml_scalars() -> None:
             "trainer.lr=3e-4",
             "trainer.use_tis=false",
             "protocol.eta=unbounded",
+            "coordinator.policy=all-vanilla",
             "ray.num_cpus=8",
             "trainer.betas=[0.9, 0.95]",
             "rollout.sampling.temperature=1",
@@ -142,7 +143,19 @@ def test_cross_field_rules() -> None:
     load_config(None, ["param_server.bind_host=0.0.0.0", "param_server.auth_token=s3cret"])
     assert _err(["sim.cost_model=custom"]).key == "sim.k1"
     assert _err(["coordinator.cost_model=fast"]).key == "coordinator.cost_model"
-    assert _err(["coordinator.policy=sync", "protocol.eta=unbounded"]).key == "protocol.eta"
+    # eta unbounded: only with a greedy-sync policy that admits by the protocol alone
+    for policy in ("sync", "one-step", "coarse-async", "staleflow", "vanilla-routing"):
+        e = _err([f"coordinator.policy={policy}", "protocol.eta=unbounded"])
+        assert e.key == "coordinator.policy" and "all-vanilla" in (e.allowed or "")
+    for policy in ("all-vanilla", "vanilla-sync"):
+        load_config(None, [f"coordinator.policy={policy}", "protocol.eta=unbounded"])
+    e = _err(
+        ["coordinator.policy=all-vanilla", "protocol.eta=unbounded", "protocol.batch_redundancy=2"]
+    )
+    assert e.key == "protocol.batch_redundancy"
+    assert (
+        _err(["protocol.unbounded_inflight_batches=0"]).key == "protocol.unbounded_inflight_batches"
+    )
 
 
 def test_section_and_malformed_overrides() -> None:
@@ -173,7 +186,15 @@ def test_direct_construction_validates() -> None:
 
 
 def test_dump_round_trip(tmp_path: Path) -> None:
-    cfg = load_config(None, ["trainer.steps=3", "protocol.eta=unbounded", "run_dir=/x"])
+    cfg = load_config(
+        None,
+        [
+            "trainer.steps=3",
+            "protocol.eta=unbounded",
+            "coordinator.policy=all-vanilla",
+            "run_dir=/x",
+        ],
+    )
     out = dump_config(cfg, tmp_path / "resolved.yaml")
     again = load_config(out)
     assert again == cfg

@@ -305,6 +305,11 @@ class ProtocolConfig:
     batch_redundancy: int = _f(0, ge=0, doc="B' - B spare slots per buffer")
     group_redundancy: int = _f(0, ge=0, doc="n' - n extra responses per group")
     stuck_threshold: int = _f(4, ge=0, doc="abort stragglers of a buffer lacking <= this many")
+    unbounded_inflight_batches: int = _f(
+        2,
+        ge=1,
+        doc="eta 'unbounded' only: groups admitted and not yet complete <= this x batch_size",
+    )
 
 
 POLICIES = (
@@ -319,6 +324,9 @@ POLICIES = (
 )
 COST_MODEL_PRESETS = ("qwen3-30b-a3b-h20", "qwen-7b-h20", "qwen-14b-h20")
 _BASELINES = ("sync", "one-step", "coarse-async")
+#: Policies ``protocol.eta: unbounded`` runs with: greedy global sync on publish and admission
+#: by the protocol alone (its in-flight cap), as systems without a staleness guarantee do.
+UNBOUNDED_POLICIES = ("all-vanilla", "vanilla-sync")
 
 
 @_section("coordinator")
@@ -613,11 +621,20 @@ def validate(cfg: AppConfig) -> None:
             f"{r.sampling.max_new_tokens}",
             f"<= {r.sampling.max_new_tokens}",
         )
-    if cfg.protocol.eta == "unbounded" and cfg.coordinator.policy in _BASELINES:
+    if cfg.protocol.eta == "unbounded" and cfg.coordinator.policy not in UNBOUNDED_POLICIES:
         raise _err(
-            "protocol.eta",
-            f"'unbounded' is not meaningful with the {cfg.coordinator.policy!r} baseline",
-            "an integer >= 0",
+            "coordinator.policy",
+            f"{cfg.coordinator.policy!r} cannot run protocol.eta 'unbounded' (no staleness "
+            "control syncs greedily like the systems it models; the baselines model a fixed "
+            "eta or budget it)",
+            f"one of {list(UNBOUNDED_POLICIES)} (or an integer protocol.eta)",
+        )
+    if cfg.protocol.eta == "unbounded" and cfg.protocol.batch_redundancy:
+        raise _err(
+            "protocol.batch_redundancy",
+            f"{cfg.protocol.batch_redundancy}: spare buffer slots mean nothing with eta "
+            "'unbounded' (a FIFO, no buffers; protocol.unbounded_inflight_batches sets admission)",
+            "0 with eta 'unbounded'",
         )
     if not _is_loopback(cfg.param_server.bind_host) and not cfg.param_server.auth_token:
         raise _err(

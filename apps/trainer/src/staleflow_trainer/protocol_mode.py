@@ -1,0 +1,88 @@
+"""Which staleness protocol a run's control loop owns.
+
+* ``protocol.eta`` an int ≥ 0 → :class:`staleness_protocol.StalenessProtocol` (Reserve /
+  Occupy / Consume, the bound η guaranteed per trajectory);
+* ``protocol.eta: unbounded`` → :class:`staleness_protocol.UnboundedFifo`: no staleness
+  control, as in systems without a guarantee (verl fully-async with no staleness threshold,
+  AReaL with ``max_staleness`` unset). New groups are admitted while fewer than
+  ``protocol.unbounded_inflight_batches × batch_size`` groups are admitted and not yet complete
+  (enough to keep every instance busy; finished groups waiting for the trainer are not
+  counted, so their queue is unbounded), the trainer takes the first ``B`` complete groups
+  FIFO, and staleness ``b − V_traj`` is measured per consumed sample, never enforced. The
+  config only allows it with a greedy-global-sync policy (``config.UNBOUNDED_POLICIES``):
+  every instance pulls each version as soon as it is published, interrupted work is kept
+  (partial rollout) and resumes at the new version with its V_traj.
+
+Both expose the same methods; the loop and the coordinator call nothing else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from staleflow_trainer.config import AppConfig
+from staleflow_trainer.errors import CheckpointError, ConfigError
+from staleness_protocol import (
+    ProtocolConfig,
+    StalenessProtocol,
+    UnboundedConfig,
+    UnboundedFifo,
+    protocol_from_dict,
+)
+
+LoopProtocol = StalenessProtocol | UnboundedFifo
+
+
+def is_unbounded(cfg: AppConfig) -> bool:
+    return cfg.protocol.eta == "unbounded"
+
+
+def protocol_config(cfg: AppConfig) -> ProtocolConfig:
+    """The bounded protocol's config; ``eta: unbounded`` has none (see :func:`build_protocol`)."""
+    p = cfg.protocol
+    if p.eta == "unbounded":
+        raise ConfigError(
+            "protocol.eta: 'unbounded' runs without the bounded protocol; use build_protocol",
+            key="protocol.eta",
+            allowed="an integer >= 0",
+        )
+    return ProtocolConfig(
+        batch_size=p.batch_size,
+        group_size=p.group_size,
+        eta=int(p.eta),
+        batch_redundancy=p.batch_redundancy,
+        group_redundancy=p.group_redundancy,
+        filtering=cfg.trainer.dynamic_sampling,
+        stuck_threshold=p.stuck_threshold or None,
+    )
+
+
+def unbounded_config(cfg: AppConfig) -> UnboundedConfig:
+    p = cfg.protocol
+    return UnboundedConfig(
+        batch_size=p.batch_size,
+        group_size=p.group_size,
+        max_inflight_groups=p.unbounded_inflight_batches * p.batch_size,
+        group_redundancy=p.group_redundancy,
+        filtering=cfg.trainer.dynamic_sampling,
+    )
+
+
+def build_protocol(cfg: AppConfig) -> LoopProtocol:
+    """A fresh protocol for a new run."""
+    if is_unbounded(cfg):
+        return UnboundedFifo(unbounded_config(cfg))
+    return StalenessProtocol(protocol_config(cfg))
+
+
+def restore_protocol(data: dict[str, Any], cfg: AppConfig) -> LoopProtocol:
+    """The protocol a checkpoint (or a handover) holds; refused when its mode differs from the
+    config's (a bounded run cannot resume as unbounded, nor the reverse)."""
+    proto = protocol_from_dict(data)
+    if isinstance(proto, UnboundedFifo) != is_unbounded(cfg):
+        saved = "unbounded" if isinstance(proto, UnboundedFifo) else f"eta={proto.config.eta}"
+        raise CheckpointError(
+            f"the checkpoint's protocol state is {saved}, the config has "
+            f"protocol.eta={cfg.protocol.eta!r}: resume with the config it was written with"
+        )
+    return proto
