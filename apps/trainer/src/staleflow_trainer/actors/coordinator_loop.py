@@ -82,11 +82,12 @@ from staleflow_trainer.config import AppConfig, from_dict
 from staleflow_trainer.data import DataCursor, load_records
 from staleflow_trainer.errors import CheckpointError, ComponentLost, DataError
 from staleflow_trainer.metrics import staleness_summary
+from staleflow_trainer.protocol_mode import build_protocol, restore_protocol
+from staleflow_trainer.protocol_mode import protocol_config as protocol_config  # re-export
 from staleflow_trainer.trainer import should_drop_group
 from staleflow_trainer.trainer.checkpoint import atomic_write_bytes, read_verified_bytes
 from staleness_protocol import (
     GroupState,
-    ProtocolConfig,
     ProtocolError,
     StalenessProtocol,
     TrajectoryState,
@@ -108,22 +109,6 @@ _CLOSED = (GroupState.ABORTED, GroupState.DROPPED)
 def group_of(trajectory_id: str) -> str:
     """The trajectory server names group members ``<group_id>/<i>``."""
     return trajectory_id.rsplit("/", 1)[0]
-
-
-def protocol_config(cfg: AppConfig) -> ProtocolConfig:
-    """The protocol's config from the app's: ``eta: unbounded`` = the run's step count (no
-    buffer a run can reach is ever refused), i.e. no staleness control."""
-    p = cfg.protocol
-    eta = cfg.trainer.steps if p.eta == "unbounded" else int(p.eta)
-    return ProtocolConfig(
-        batch_size=p.batch_size,
-        group_size=p.group_size,
-        eta=eta,
-        batch_redundancy=p.batch_redundancy,
-        group_redundancy=p.group_redundancy,
-        filtering=cfg.trainer.dynamic_sampling,
-        stuck_threshold=p.stuck_threshold or None,
-    )
 
 
 def coordinator_config(cfg: AppConfig) -> CoordinatorConfig:
@@ -256,17 +241,20 @@ class CoordinatorActor:
         state: dict[str, Any] | None = None
         if self._handover is not None:
             state = self._handover
-            self.protocol = StalenessProtocol.from_dict(state["protocol"])
+            self.protocol = restore_protocol(state["protocol"], cfg)
             self._restore_bookkeeping(state)
         elif self._resume_dir is not None:
             state = json.loads(read_verified_bytes(self._resume_dir / STATE_FILE))
-            self.protocol = StalenessProtocol.from_dict(state["protocol"])
+            self.protocol = restore_protocol(state["protocol"], cfg)
             self._restore_bookkeeping(state)
         else:
-            self.protocol = StalenessProtocol(protocol_config(cfg))
+            self.protocol = build_protocol(cfg)  # eta unbounded: an UnboundedFifo, same methods
         version = self.protocol.current_version
         self.coordinator = Coordinator(
-            coordinator_config(cfg), self.protocol, time.monotonic, latest_version=version
+            coordinator_config(cfg),
+            cast(StalenessProtocol, self.protocol),
+            time.monotonic,
+            latest_version=version,
         )
         for iid, info in self._instances.items():
             self.coordinator.add_instance(
