@@ -5,6 +5,7 @@
     staleflow train CONFIG [key=value ...]        the real system (Ray, engines, trainer)
     staleflow simulate CONFIG [key=value ...]     same wiring, sim engines, virtual clock
     staleflow compare CONFIG [key=value ...] [--policies a,b,...]
+    staleflow plan CONFIG [key=value ...] [--policy P] [--fractions F,...] [--etas E,...]
     staleflow fit-cost-model PROFILE.jsonl [-o OUT.json] ...
     staleflow profile CONFIG [key=value ...]      profile an engine's decode-step latency
     staleflow plot RUN_DIR                        PNGs from metrics.jsonl / timeline.jsonl
@@ -66,6 +67,18 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return int(result or 0) if isinstance(result, int) else 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    result = _lazy("staleflow_trainer.plan").plan_main(
+        cfg,
+        policy=args.policy,
+        fractions=args.fractions,
+        etas=args.etas,
+        tolerance=args.tolerance,
+    )
+    return int(result or 0) if isinstance(result, int) else 0
+
+
 def _cmd_profile(args: argparse.Namespace) -> int:
     cfg = _load(args)
     result = _lazy("staleflow_trainer.wiring").profile(cfg)
@@ -108,6 +121,16 @@ def build_parser() -> argparse.ArgumentParser:
     cmp = with_config("compare", "simulate several coordinator policies side by side")
     cmp.add_argument("--policies", default="", help="comma-separated policy names")
     cmp.set_defaults(fn=_cmd_compare)
+    pln = with_config("plan", "search the rollout/training split and eta (capacity planning)")
+    pln.add_argument("--policy", default="", help="policy to plan (default: the config's)")
+    pln.add_argument(
+        "--fractions", default="", help="rollout fractions of sim.total_gpus (0.25,...,0.75)"
+    )
+    pln.add_argument("--etas", default="", help="staleness bounds to try (default 1,2,3)")
+    pln.add_argument(
+        "--tolerance", default="0.05", help="recommend the smallest eta within this of the best"
+    )
+    pln.set_defaults(fn=_cmd_plan)
     with_config("profile", "profile an engine's decode-step latency").set_defaults(fn=_cmd_profile)
     with_config("config", "print the resolved config").set_defaults(fn=_cmd_config)
     fit = sub.add_parser("fit-cost-model", help="fit the cost model to profile records")
