@@ -15,15 +15,19 @@ path: :func:`staleflow_trainer.compare.run_comparison`) with one knob changed::
   the length distribution (lognormal, median 3000) is unchanged, so the cap moves the tail.
 * ``batch``: ``protocol.batch_size=B`` prompts (× 16 samples).
 
-Writes ``bench-results/sim_sweep_<sweep>.json`` (per point and seed: every policy's tokens/s,
-% of the split's ideal, max staleness, staleflow's ratio to each baseline), ``.md`` (the
-table) and ``.png`` (ratio vs the swept value, mean over seeds with the min–max band), plus
-each point's ``compare.json`` under ``bench-results/sim_sweep/<sweep>/<value>-seed<s>/``.
+Writes ``bench-results/sim_sweep_<sweep>.json`` (in general ``<out-dir>_<sweep>.json``: per
+point and seed every policy's tokens/s, % of the split's ideal, max staleness and staleflow's
+ratio to each baseline), ``.md`` (the table) and ``.png`` (ratio vs the swept value, mean over
+seeds with the min–max band), plus each point's ``compare.json`` under
+``bench-results/sim_sweep/<sweep>/<value>-seed<s>/``. A point an earlier sweep already ran
+with the identical spec (the preset's own point is in all three) is reused unless
+``--no-reuse``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import subprocess
@@ -35,7 +39,7 @@ import structlog
 
 from staleflow_trainer.compare import run_comparison
 from staleflow_trainer.config import AppConfig, load_config
-from staleflow_trainer.sim.spec import spec_from_app_config
+from staleflow_trainer.sim.spec import SimSpec, spec_from_app_config
 
 SWEEPS: dict[str, dict[str, Any]] = {
     "gpus": {"values": [32, 64, 128, 256], "label": "total GPUs (half rollout, half training)"},
@@ -78,6 +82,23 @@ def _git_head() -> str:
     return out.stdout.strip()
 
 
+def spec_key(base: SimSpec, policies: list[str], eta: int) -> str:
+    """Identifies a sweep point's comparison: the resolved spec, the policies and η."""
+    blob = json.dumps([base.to_dict(), sorted(policies), eta], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _cached(root: Path, key: str) -> dict[str, Any] | None:
+    """A comparison of the identical point run by an earlier sweep (the sweeps share the
+    preset's own point), or None."""
+    for kf in root.glob("*/*/spec_key.txt"):
+        if kf.read_text().strip() == key and (kf.parent / "compare.json").is_file():
+            rep: dict[str, Any] = json.loads((kf.parent / "compare.json").read_text())
+            rep["_dir"] = str(kf.parent)
+            return rep
+    return None
+
+
 def run_sweep(a: argparse.Namespace) -> dict[str, Any]:
     values = [int(v) for v in a.values.split(",")] if a.values else SWEEPS[a.sweep]["values"]
     seeds = [int(s) for s in a.seeds.split(",")]
@@ -96,14 +117,21 @@ def run_sweep(a: argparse.Namespace) -> dict[str, Any]:
             cfg = load_config(a.config, over)
             base = spec_from_app_config(cfg)
             out = root / a.sweep / f"{v}-seed{seed}"
-            rep = run_comparison(
-                base, out, policies=policies, etas=(a.eta,), workers=a.workers, plots=False
-            )
+            key = spec_key(base, policies, a.eta)
+            rep = _cached(root, key) if a.reuse else None
+            if rep is None:
+                rep = run_comparison(
+                    base, out, policies=policies, etas=(a.eta,), workers=a.workers, plots=False
+                )
+                (out / "spec_key.txt").write_text(key + "\n")
+            else:
+                print(f"{a.sweep}={v} seed {seed}: reusing {rep['_dir']}", flush=True)
             rows = {r["policy"]: r for r in rep["results"]}
             by_seed.append(
                 {
                     "seed": seed,
                     "overrides": over,
+                    "compare_dir": rep.get("_dir", str(out)),
                     "ideal_tokens_per_s": rep["ideal_tokens_per_s"],
                     "split": rep["split"],
                     "tokens_per_s": {p: r["tokens_per_s"] for p, r in rows.items()},
@@ -225,12 +253,19 @@ def main() -> None:
     ap.add_argument("--policies", default="staleflow,coarse-async,one-step,sync,all-vanilla")
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--out-dir", default="bench-results/sim_sweep")
+    ap.add_argument(
+        "--no-reuse",
+        dest="reuse",
+        action="store_false",
+        help="rerun points an earlier sweep already ran with the identical spec",
+    )
     a = ap.parse_intermixed_args()
     if "staleflow" not in a.policies.split(","):
         ap.error("--policies must include staleflow (the ratios are staleflow's)")
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     res = run_sweep(a)
-    stem = Path("bench-results") / f"sim_sweep_{a.sweep}"
+    root = Path(a.out_dir)
+    stem = root.parent / f"{root.name}_{a.sweep}"
     stem.parent.mkdir(parents=True, exist_ok=True)
     stem.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
     table = markdown(res)
