@@ -14,7 +14,7 @@ from staleflow_trainer.actors.write_ahead import (
     replay_state,
 )
 from staleflow_trainer.errors import CheckpointError
-from staleness_protocol import ProtocolConfig, ProtocolError, TrajectoryState
+from staleness_protocol import ProtocolConfig, ProtocolError, StalenessProtocol, TrajectoryState
 
 
 def _drive(p: JournaledProtocol, rng: random.Random, steps: int, start: int = 0) -> int:
@@ -55,7 +55,7 @@ def _drive(p: JournaledProtocol, rng: random.Random, steps: int, start: int = 0)
 def test_replay_reproduces_the_protocol_exactly(tmp_path: Path, seed: int) -> None:
     rng = random.Random(seed)
     cfg = ProtocolConfig(batch_size=4, group_size=4, eta=2, group_redundancy=1, filtering=True)
-    p = JournaledProtocol(cfg)
+    p = JournaledProtocol(StalenessProtocol(cfg))
     wal = WriteAheadLog(tmp_path)
     wal.reset({"protocol": p.to_dict(), "groups": {}, "serial": 0})
     g = 0
@@ -73,22 +73,24 @@ def test_replay_reproduces_the_protocol_exactly(tmp_path: Path, seed: int) -> No
     assert st_p.consumed_batches >= 2 and st_p.replacements_requested > 0
     assert st["serial"] == 39 and st["groups"] == {f"x{k}": k for k in range(40)}
     assert not q.dirty  # replay is not re-recorded
+    assert isinstance(q.inner, StalenessProtocol)
 
 
 def test_failed_calls_are_not_recorded() -> None:
-    p = JournaledProtocol(ProtocolConfig(batch_size=1, group_size=2, eta=0))
+    p = JournaledProtocol(StalenessProtocol(ProtocolConfig(batch_size=1, group_size=2, eta=0)))
     p.reserve("g", "g/0", 0)
     with pytest.raises(ProtocolError):
         p.reserve("g", "g/0", 0)  # twice
     with pytest.raises(ProtocolError):
         p.finish("nope")
     assert p.take_ops() == [["reserve", "g", "g/0", 0]]
+    assert p.take_ops() == []
     assert p.trajectory("g/0").state is TrajectoryState.IN_FLIGHT
 
 
 def _wal_with_records(tmp_path: Path, n: int = 3) -> WriteAheadLog:
     wal = WriteAheadLog(tmp_path)
-    p = JournaledProtocol(ProtocolConfig(batch_size=1, group_size=1, eta=0))
+    p = JournaledProtocol(StalenessProtocol(ProtocolConfig(batch_size=1, group_size=1, eta=0)))
     wal.reset({"protocol": p.to_dict(), "groups": {}})
     for k in range(n):
         p.reserve(f"g{k}", f"g{k}/0", 0) if k == 0 else None

@@ -210,6 +210,12 @@ class RunConfig:
     checkpoint_every: int = _f(10, ge=0, doc="steps between checkpoints; 0 = only at the end")
     keep_checkpoints: int = _f(2, ge=1)
     resume: Literal["auto", "never", "must"] = _f("auto")
+    coordinator_restarts: int = _f(
+        3,
+        ge=0,
+        doc="a crashed coordinator is replaced from its write-ahead journal at most this often "
+        "per deployment; then the run stops (restart it from its last checkpoint)",
+    )
 
 
 @_section("model.tiny")

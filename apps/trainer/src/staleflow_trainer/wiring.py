@@ -42,7 +42,7 @@ from staleflow_trainer.actors.coordinator_loop import (
     latest_checkpoint,
 )
 from staleflow_trainer.config import AppConfig, dump_config, to_dict
-from staleflow_trainer.errors import CheckpointError, ConfigError
+from staleflow_trainer.errors import CheckpointError, ComponentLost, ConfigError
 from staleflow_trainer.metrics import MetricsWriter, ProgressBar, TimelineWriter
 
 log = structlog.get_logger(__name__)
@@ -226,6 +226,7 @@ class Deployment:
         self.rewards: list[Any] = []
         self.coordinator: Any = None
         self.steps_at_start = 0
+        self.coordinator_crashes: list[dict[str, Any]] = []  # replaced after a crash
         self._pending_out: list[dict[str, Any]] = []
         self._next_instance = 0
         self._ps_addr: Any = None
@@ -384,6 +385,7 @@ class Deployment:
         *,
         resume_dir: str | None = None,
         handover_state: dict[str, Any] | None = None,
+        recover: bool = False,
     ) -> Any:
         import ray
 
@@ -403,6 +405,7 @@ class Deployment:
                 rewards=self.rewards,
                 resume_dir=resume_dir,
                 handover_state=handover_state,
+                recover=recover,
             )
         )
 
@@ -461,6 +464,65 @@ class Deployment:
         log.info("coordinator_restarted", **info)
         return info
 
+    def replace_crashed_coordinator(self, error: BaseException | None = None) -> dict[str, Any]:
+        """The coordinator actor died without handing over (crash, ``ray.kill``): start a new
+        one that replays the write-ahead journal and reconciles the TS, the instances and the
+        trainer with it (``CoordinatorActor(recover=True)``). At most
+        ``run.coordinator_restarts`` times per deployment; then :class:`ComponentLost`
+        (restart the app from its last checkpoint). Returns the new actor's set-up info."""
+        import ray
+
+        limit = self.cfg.run.coordinator_restarts
+        if len(self.coordinator_crashes) >= limit:
+            raise ComponentLost(
+                f"the coordinator died again after {len(self.coordinator_crashes)} replacement(s);"
+                f" run.coordinator_restarts={limit} is exhausted — restart the app from its last "
+                f"checkpoint (run.resume=must): {error!r:.300}",
+                component="coordinator",
+            )
+        t0 = time.monotonic()
+        ray.kill(self.coordinator, no_restart=True)  # make sure: it must not write any more
+        refs = {iid: h.start.remote() for iid, h in self.rollouts.items()}
+        instances: dict[str, dict[str, Any]] = {}
+        for iid, ref in refs.items():
+            try:
+                i = ray.get(ref)
+            except Exception as e:  # lost too: the TS still shows its work; recovery requeues it
+                log.warning("instance_gone_at_coordinator_restart", instance=iid, error=repr(e))
+                self.rollouts.pop(iid)
+                continue
+            instances[iid] = {
+                "kv_capacity_tokens": i["kv_capacity_tokens"],
+                "version": i["version"],
+            }
+        self.coordinator = self._make_coordinator(instances, recover=True)
+        info = dict(ray.get(self.coordinator.setup.remote()))
+        info["restart_s"] = time.monotonic() - t0
+        info["error"] = repr(error)[:300]
+        self.coordinator_crashes.append(info)
+        log.warning("coordinator_replaced_after_crash", **info)
+        return info
+
+    def hold_between_steps(self, timeout_s: float = 300.0) -> dict[str, Any]:
+        """Hold the coordinator loop right after its next training step completes (record
+        committed, checkpoint written if due, no other step started) and return where it holds;
+        :meth:`release_hold` lets it go on. Fault tests kill the trainer in between."""
+        import ray
+
+        ray.get(self.coordinator.hold_after_next_step.remote())
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            held = ray.get(self.coordinator.held.remote())
+            if held is not None:
+                return dict(held)
+            time.sleep(0.05)
+        raise TimeoutError(f"the loop completed no training step within {timeout_s} s")
+
+    def release_hold(self) -> None:
+        import ray
+
+        ray.get(self.coordinator.release_hold.remote())
+
     def _placement_group(self) -> Any:
         cfg = self.cfg
         if not (cfg.rollout.gpus_per_instance or cfg.trainer.num_gpus):
@@ -493,31 +555,47 @@ class Deployment:
         timeline = TimelineWriter(self.run_dir)
         coord: Any = None
         run_ref: Any = None
+        last_step = self.steps_at_start
+        summary: Any = None
+
+        def emit(outs: list[dict[str, Any]], bar: Any) -> None:
+            nonlocal last_step
+            for out in outs:
+                for rec in out["records"]:
+                    if int(rec["step"]) <= last_step:
+                        continue  # re-sent by a coordinator recovered from its journal
+                    last_step = int(rec["step"])
+                    writer.log_step(rec)
+                    if bar is not None:
+                        bar.update(int(rec["step"]), rec)
+                    if on_record is not None:
+                        on_record(rec)
+                timeline.extend(out["timeline"])
+
         try:
             with ProgressBar(
                 cfg.trainer.steps, enabled=cfg.metrics.progress_bar, start_step=self.steps_at_start
             ) as bar:
                 while True:
-                    if coord is not self.coordinator:  # started, or replaced by on_record
+                    if coord is not self.coordinator:  # started, or replaced
                         coord = self.coordinator
                         run_ref = coord.run.remote()
                     ready, _ = ray.wait([run_ref], timeout=0.5)
                     outs, self._pending_out = self._pending_out, []
-                    outs.append(ray.get(coord.drain.remote()))
-                    for out in outs:
-                        for rec in out["records"]:
-                            writer.log_step(rec)
-                            bar.update(int(rec["step"]), rec)
-                            if on_record is not None:
-                                on_record(rec)
-                        timeline.extend(out["timeline"])
+                    try:
+                        outs.append(ray.get(coord.drain.remote()))
+                        if ready and coord is self.coordinator:
+                            summary = ray.get(run_ref)
+                    except Exception as e:
+                        if not _is_actor_death(e) or coord is not self.coordinator:
+                            raise
+                        emit(outs, bar)
+                        self.replace_crashed_coordinator(e)
+                        continue
+                    emit(outs, bar)
                     if ready and coord is self.coordinator:
                         break
-            summary = ray.get(run_ref)
-            out = ray.get(coord.drain.remote())
-            for rec in out["records"]:
-                writer.log_step(rec)
-            timeline.extend(out["timeline"])
+            emit([ray.get(coord.drain.remote())], None)
         finally:
             writer.close()
             timeline.close()
@@ -573,6 +651,12 @@ class Deployment:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _is_actor_death(e: BaseException) -> bool:
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+    return isinstance(e, (RayActorError, ActorDiedError, ActorUnavailableError))
 
 
 def train(cfg: AppConfig) -> RunSummary:

@@ -44,6 +44,17 @@ Faults (docs/reliability.md)
 * :meth:`CoordinatorActor.handover` stops this loop cleanly and returns its live state; a new
   actor built with ``handover_state=`` rebuilds its view from that state, the TS and fresh
   snapshots (the restart path of a coordinator that is replaced, not crashed).
+* A coordinator that *crashes* loses nothing it decided: every protocol and bookkeeping change
+  is committed to the write-ahead journal (:mod:`.write_ahead`, ``RUN_DIR/coordinator_wal``)
+  before any effect that depends on it leaves this process (``_commit`` before TS submits,
+  drops and routes, instance commands and the trainer call). A replacement built with
+  ``recover=True`` replays the journal and reconciles the other processes forward to it
+  (``_recover``): groups committed but never submitted are submitted, reservations never
+  routed are served at their V_traj, work the TS shows on an instance that no longer runs it
+  goes back to the queue, trajectories the protocol let go are dropped in the TS,
+  finished-but-unrewarded ones are re-scored, and a batch consumed but not yet trained is
+  trained (``TrainerActor.train_step`` is idempotent per consumed version: a step that already
+  ran, or still runs, is not trained twice).
 """
 
 from __future__ import annotations
@@ -51,6 +62,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import shutil
 import time
 from collections.abc import Mapping, Sequence
@@ -78,6 +90,12 @@ from staleflow_trainer.actors.payloads import (
     result_from_dict,
     segment_of,
 )
+from staleflow_trainer.actors.write_ahead import (
+    WAL_DIR,
+    JournaledProtocol,
+    WriteAheadLog,
+    replay_state,
+)
 from staleflow_trainer.config import AppConfig, from_dict
 from staleflow_trainer.data import DataCursor, load_records
 from staleflow_trainer.errors import CheckpointError, ComponentLost, DataError
@@ -104,6 +122,14 @@ TS_FILE = "trajectory_store.bin"
 TRAINER_FILE = "trainer.pt"
 LATEST_FILE = "latest"
 _CLOSED = (GroupState.ABORTED, GroupState.DROPPED)
+#: where :meth:`CoordinatorActor.inject_crash` can make the process exit (fault tests)
+CRASH_POINTS = ("after_commit_before_execute", "after_consume_commit", "mid_routes")
+#: the small bookkeeping a commit writes per key when it changed (the group index is journaled
+#: as new entries; the protocol as its calls)
+_BOOK_KEYS = (
+    "steps_done", "cursor", "fresh", "serial", "rewards", "rewarded", "counters", "training",
+    "outbox",
+)  # fmt: skip
 
 
 def group_of(trajectory_id: str) -> str:
@@ -153,8 +179,10 @@ class CoordinatorActor:
         rewards: Sequence[Any],
         resume_dir: str | None = None,
         handover_state: Mapping[str, Any] | None = None,
+        recover: bool = False,
     ) -> None:
         self.cfg: AppConfig = from_dict(cfg)
+        self._recover_wal = bool(recover)
         self._handover = dict(handover_state) if handover_state is not None else None
         self._model_path = model_path
         self._ts_address = tuple(ts_address)
@@ -213,7 +241,18 @@ class CoordinatorActor:
         self._tokens_total = 0
         self._last_step_t = time.monotonic()
         self._wait_since = time.monotonic()
-        self._records: list[dict[str, Any]] = []
+        self._records: list[dict[str, Any]] = []  # committed, not yet drained
+        self._uncommitted: list[dict[str, Any]] = []  # step records awaiting their commit
+        # write-ahead journal (see .write_ahead): the batch being trained, groups not yet
+        # journaled, and the bookkeeping as last written
+        self._wal = WriteAheadLog(self._run_dir / WAL_DIR)
+        self._training: dict[str, Any] | None = None
+        self._new_groups: list[list[Any]] = []
+        self._book_written: dict[str, Any] = {}
+        self._crash_at: str | None = None
+        self._hold_armed = False
+        self._held_at: dict[str, Any] | None = None
+        self._hold_release = asyncio.Event()
         self._timeline: list[dict[str, Any]] = []
         self._inst_state: dict[str, list[Any]] = {}  # iid -> [state, since_s, version]
         self._busy_acc: dict[str, float] = {}
@@ -239,7 +278,14 @@ class CoordinatorActor:
         )
         self._rng = np.random.default_rng([cfg.run.seed, 17])
         state: dict[str, Any] | None = None
-        if self._handover is not None:
+        if self._recover_wal:  # the previous coordinator crashed: its journal is the truth
+            base, records = self._wal.load()
+            journaled, state = replay_state(
+                base, records, restore=lambda d: restore_protocol(d, cfg)
+            )
+            self.protocol = journaled.inner
+            self._restore_bookkeeping(state)
+        elif self._handover is not None:
             state = self._handover
             self.protocol = restore_protocol(state["protocol"], cfg)
             self._restore_bookkeeping(state)
@@ -249,6 +295,7 @@ class CoordinatorActor:
             self._restore_bookkeeping(state)
         else:
             self.protocol = build_protocol(cfg)  # eta unbounded: an UnboundedFifo, same methods
+        self.protocol = JournaledProtocol(self.protocol)
         version = self.protocol.current_version
         self.coordinator = Coordinator(
             coordinator_config(cfg),
@@ -266,18 +313,30 @@ class CoordinatorActor:
             self._busy_acc[iid] = 0.0
         self._ts = await TrajectoryClient.connect(*self._ts_address, token=self._ts_token)
         requeued = 0
-        if self._handover is not None:
+        if self._handover is not None or self._recover_wal:
             await self._settle_instances()
         if state is not None:
             requeued = await self._recover()
+        if not self._recover_wal:  # a new journal from this state
+            self.protocol.take_ops()
+            self._wal.reset(self._state_dict(wal=True))
+            self._book_written = self._book()
+        self._commit()
         self._log.info(
             "loop_ready",
             version=version,
             resumed=state is not None,
+            recovered=self._recover_wal,
             requeued=requeued,
             steps_done=self._steps_done,
         )
-        return {"version": version, "steps_done": self._steps_done, "requeued": requeued}
+        return {
+            "version": version,
+            "steps_done": self._steps_done,
+            "requeued": requeued,
+            "recovered": self._recover_wal,
+            "training": None if self._training is None else int(self._training["version"]),
+        }
 
     def _restore_bookkeeping(self, state: Mapping[str, Any]) -> None:
         self._cursor.load_state_dict(state["cursor"])
@@ -290,11 +349,15 @@ class CoordinatorActor:
         self._counters.update(state["counters"])
         self._step_counters = dict(self._counters)
         self._rng = np.random.default_rng([self.cfg.run.seed, 17, self._steps_done])
+        self._training = state.get("training")
+        self._records = list(state.get("outbox", []))
+        self._book_written = self._book()
 
     async def _recover(self) -> int:
         """After a restart: work the checkpoint saw on instances goes back to the queue (the
         protocol keeps its reservations); finished-but-unrewarded trajectories are re-scored."""
         requeued = 0
+        await self._submit_missing_groups()
         for e in await self._ts.queue_view(None, level=None):
             if self._proto_state(e.trajectory_id) is TrajectoryState.IN_FLIGHT:
                 self._reserved_unrouted[e.trajectory_id] = self.protocol.trajectory(
@@ -303,15 +366,57 @@ class CoordinatorActor:
         self._fresh = {g for g in self._fresh if not self._known_group(g)}
         for iid in set(await self._ts_instances()):
             requeued += len(await self._ts.instance_lost(iid))
+        await self._drop_let_go()
+        training = {t for m in (self._training or {}).get("tids", []) for t in m}
         items = []
         for ft in await self._ts.finished():
             tid = ft.trajectory.trajectory_id
-            if tid in self._rewards_of:
+            if tid in self._rewards_of or tid in training:
                 continue
             if self._proto_state(tid) is TrajectoryState.IN_FLIGHT:
                 items.append(self._reward_item(ft.trajectory))
         self._dispatch_rewards(items)
+        if self._training is not None:  # consumed, maybe trained: finish it (idempotent)
+            self._launch_training()
+        elif self._checkpoint_due() and self._checkpoint_missing():
+            await self.checkpoint()  # the crash hit between a step and its checkpoint
         return requeued
+
+    async def _submit_missing_groups(self) -> None:
+        """Groups committed to the journal whose submission never reached the TS."""
+        for gid in sorted(self._fresh):
+            try:
+                await self._ts.group(gid)
+            except TrajectoryServerError:
+                self._log.info("group_resubmitted", group_id=gid)
+                await self._submit_group(gid, self._groups[gid])
+
+    async def _drop_let_go(self) -> None:
+        """Drop in the TS what the protocol already let go (aborted, dropped, closed groups)
+        but the crashed loop had not dropped yet."""
+        live = [e.trajectory_id for e in await self._ts.queue_view(None, level=None)]
+        live += [ft.trajectory.trajectory_id for ft in await self._ts.finished()]
+        gone = [
+            t
+            for t in live
+            if self._proto_state(t) in (TrajectoryState.ABORTED, TrajectoryState.DROPPED)
+            or (self._proto_state(t) is None and self._group_closed(group_of(t)))
+        ]
+        if gone:
+            self._log.info("recover_dropped", count=len(gone))
+            await self._discard(gone, "aborted")
+
+    def _checkpoint_due(self) -> bool:
+        every = self.cfg.run.checkpoint_every
+        k = self._steps_done
+        return k > 0 and ((every and k % every == 0) or k >= self._steps_target)
+
+    def _checkpoint_missing(self) -> bool:
+        try:
+            latest = latest_checkpoint(self._run_dir)
+        except CheckpointError:
+            return True
+        return latest is None or latest.name != f"step_{self._steps_done:06d}"
 
     async def _settle_instances(self) -> None:
         """A replaced coordinator's instances: stop everything they run and put what they
@@ -319,8 +424,7 @@ class CoordinatorActor:
         this loop rebuilds from the TS is complete and nothing still runs unseen."""
         for iid, h in list(self._rollouts.items()):
             try:
-                await h.interrupt.remote(None)
-                p = await h.poll.remote()
+                p = await h.quiesce.remote()
             except Exception as e:  # died meanwhile: the loop's first poll handles it
                 self._log.warning("settle_failed", instance=iid, error=repr(e))
                 continue
@@ -411,7 +515,8 @@ class CoordinatorActor:
             await asyncio.sleep(0.05)
             await self._apply_events()
         await self._apply_events()
-        return self._state_dict()
+        self._commit()
+        return self._state_dict(wal=True)
 
     async def _collect_all(self) -> None:
         """Poll every instance once more and apply what it returned."""
@@ -467,6 +572,7 @@ class CoordinatorActor:
         commands = self.coordinator.step(snaps, queue, now)
         await self._execute(commands)
         await self._maybe_train()
+        self._commit()
 
     # --------------------------------------------------------------------------- feeding
 
@@ -501,39 +607,48 @@ class CoordinatorActor:
         reqs = self.protocol.take_replacements()
         self._counters["replacements"] += len(reqs)
         need = max(self.cfg.protocol.batch_size - len(self._fresh), 0) + len(reqs)
-        s = self.cfg.rollout.sampling
+        planned = []
         for _ in range(need):
             idx = self._cursor.next_index()
-            rec = self._records_data[idx]
             gid = f"g{self._serial:06d}"
             self._serial += 1
-            await self._ts.submit_group(
-                gid,
-                self._encode(idx),
-                self._n_submit,
-                sampling=SamplingParams(
-                    temperature=s.temperature,
-                    top_p=s.top_p,
-                    max_new_tokens=s.max_new_tokens,
-                    stop_token_ids=() if self._eos is None else (int(self._eos),),
-                    seed=(self.cfg.run.seed * 1_000_003 + self._serial * 64) % (2**31),
-                ),
-                metadata={
-                    "index": rec.index,
-                    "ground_truth": rec.ground_truth,
-                    "data_source": rec.data_source,
-                    "extra_info": rec.extra_info,
-                },
-                target_lengths=self._target_lengths(),
-            )
-            self._groups[gid] = rec.index
+            self._groups[gid] = idx
+            self._new_groups.append([gid, idx])
             self._fresh.add(gid)
+            planned.append((gid, idx))
+        self._commit()  # write-ahead: a crash from here on resubmits what the TS lacks
+        for gid, idx in planned:
+            await self._submit_group(gid, idx)
+
+    async def _submit_group(self, gid: str, idx: int) -> None:
+        rec = self._records_data[idx]
+        s = self.cfg.rollout.sampling
+        serial = int(gid[1:]) + 1  # the serial after this group's (the seed it always used)
+        await self._ts.submit_group(
+            gid,
+            self._encode(idx),
+            self._n_submit,
+            sampling=SamplingParams(
+                temperature=s.temperature,
+                top_p=s.top_p,
+                max_new_tokens=s.max_new_tokens,
+                stop_token_ids=() if self._eos is None else (int(self._eos),),
+                seed=(self.cfg.run.seed * 1_000_003 + serial * 64) % (2**31),
+            ),
+            metadata={
+                "index": rec.index,
+                "ground_truth": rec.ground_truth,
+                "data_source": rec.data_source,
+                "extra_info": rec.extra_info,
+            },
+            target_lengths=self._target_lengths(),
+        )
 
     # --------------------------------------------------------------------------- results
 
     def _proto_state(self, tid: str) -> TrajectoryState | None:
         try:
-            return self.protocol.trajectory(tid).state
+            return cast(TrajectoryState, self.protocol.trajectory(tid).state)
         except ProtocolError:
             return None
 
@@ -644,6 +759,7 @@ class CoordinatorActor:
     async def _discard(self, ids: Sequence[str], reason: str) -> None:
         """Drop in the TS what the protocol no longer holds; a closed group's never-admitted
         siblings go with it (otherwise they would sit in the queue forever)."""
+        self._commit()  # write-ahead: the protocol decision first
         groups = {group_of(t) for t in ids}
         closed = {g for g in groups if self._group_closed(g)}
         for g in sorted(closed):
@@ -738,6 +854,9 @@ class CoordinatorActor:
     # --------------------------------------------------------------------------- commands
 
     async def _execute(self, commands: Sequence[Any]) -> None:
+        self._commit()  # write-ahead: reservations and aborts before routes and drops
+        if commands:
+            self._maybe_crash("after_commit_before_execute")
         routes: dict[tuple[str, int], list[Route]] = {}
         jobs = []
         for c in commands:
@@ -800,6 +919,7 @@ class CoordinatorActor:
         for t in payloads:
             self._known_len[t.trajectory_id] = len(t.generated_token_ids)
             self._reserved_unrouted.pop(t.trajectory_id, None)
+        self._maybe_crash("mid_routes")  # routed in the TS, not yet on the instance
         try:
             acks = await self._rollouts[iid].submit.remote(
                 [request_from_trajectory(t) for t in payloads]
@@ -883,62 +1003,98 @@ class CoordinatorActor:
                 return
         wait_s = now - self._wait_since
         batch = self.protocol.consume()
-        tids = [t for group in batch.trajectory_ids for t in group]
-        released = {ft.trajectory.trajectory_id: ft for ft in await self._ts.release(tids)}
+        self._training = {
+            "version": int(batch.version),
+            "groups": [str(g) for g in batch.group_ids],
+            "tids": [[str(t) for t in m] for m in batch.trajectory_ids],
+            "staleness": [[int(x) for x in st] for st in batch.trajectory_staleness],
+            "rewards": {
+                str(t): self._rewards_of.pop(str(t)) for m in batch.trajectory_ids for t in m
+            },
+            "wait_s": wait_s,
+        }
+        for gid in batch.group_ids:
+            self._rewarded.pop(str(gid), None)
+        self._commit()  # write-ahead: a crash from here on trains this batch exactly once
+        self._maybe_crash("after_consume_commit")
+        self._launch_training()
+
+    def _launch_training(self) -> None:
+        """Train the committed batch (``self._training``) in the background: its samples are
+        read from the TS (released only once the step is done), the trainer call is idempotent
+        per consumed version."""
+        tr = self._training
+        assert tr is not None
+        tids = [t for m in tr["tids"] for t in m]
+
+        async def job() -> None:
+            t0 = time.monotonic()
+            try:
+                samples = await self._samples(tr, tids)
+                metrics = await self._trainer.train_step.remote(
+                    samples, consumed_version=tr["version"]
+                )
+            except Exception as e:  # the trainer died or failed: the run cannot go on
+                self._log.error("train_step_failed", error=repr(e)[:500])
+                self._events.append(("train_failed", repr(e)[:500]))
+                return
+            stale = [s for st in tr["staleness"] for s in st]
+            rewards = [tr["rewards"][t] for t in tids]
+            self._events.append(
+                ("trained", (tr["version"], stale, rewards, metrics, tr["wait_s"], t0, tids))
+            )
+
+        self._train_task = asyncio.get_running_loop().create_task(job())
+
+    async def _samples(self, tr: Mapping[str, Any], tids: list[str]) -> list[dict[str, Any]]:
+        """The training samples of a committed batch, from the TS's unreleased finished
+        trajectories; none when the TS already released them (the step then ran: the trainer
+        answers from its record of it)."""
+        try:
+            finished = {ft.trajectory.trajectory_id: ft for ft in await self._ts.finished(tids)}
+        except TrajectoryServerError as e:
+            self._log.info("training_batch_released", version=tr["version"], error=str(e)[:200])
+            return []
         samples = []
-        stale: list[int] = []
-        for gid, members, st in zip(
-            batch.group_ids, batch.trajectory_ids, batch.trajectory_staleness, strict=True
-        ):
+        for gid, members, st in zip(tr["groups"], tr["tids"], tr["staleness"], strict=True):
             for tid, s in zip(members, st, strict=True):
-                ft = released[tid]
+                ft = finished[tid]
                 t = ft.trajectory
-                stale.append(int(s))
                 samples.append(
                     {
                         "group_id": str(gid),
                         "prompt_ids": list(t.prompt_token_ids),
                         "response_ids": list(t.generated_token_ids),
                         "rollout_logprobs": list(t.generated_logprobs),
-                        "reward": self._rewards_of.pop(str(tid)),
+                        "reward": float(tr["rewards"][tid]),
                         "truncated": str(ft.finish_reason) == "length",
                         "v_traj": int(t.v_traj or 0),
                         "staleness": int(s),
                     }
                 )
-            self._rewarded.pop(str(gid), None)
-
-        async def job() -> None:
-            t0 = time.monotonic()
-            try:
-                metrics = await self._trainer.train_step.remote(samples)
-            except Exception as e:  # the trainer died or failed: the run cannot go on
-                self._log.error("train_step_failed", error=repr(e)[:500])
-                self._events.append(("train_failed", repr(e)[:500]))
-                return
-            self._events.append(("trained", (batch.version, stale, samples, metrics, wait_s, t0)))
-
-        self._train_task = asyncio.get_running_loop().create_task(job())
+        return samples
 
     async def _apply_trained(
         self,
         consumed: int,
         stale: list[int],
-        samples: list[dict[str, Any]],
+        rewards: list[float],
         metrics: Mapping[str, Any],
         wait_s: float,
         t_start: float,
+        tids: list[str],
     ) -> None:
         version = int(metrics["version"])
         if version != consumed + 1:
             raise RuntimeError(f"trainer produced version {version} for buffer {consumed}")
+        await self._release(tids)
+        self._training = None
         self.coordinator.on_version_published(version)
         self._steps_done += 1
         now = time.monotonic()
         span = max(now - self._last_step_t, 1e-9)
         stats = await self._ts.stats()
         step_counts = {k: v - self._step_counters.get(k, 0) for k, v in self._counters.items()}
-        rewards = [s["reward"] for s in samples]
         record: dict[str, Any] = {
             "step": self._steps_done,
             "version": version,
@@ -965,21 +1121,45 @@ class CoordinatorActor:
             },
             "trainer": {k: v for k, v in metrics.items() if k not in ("version", "reward_mean")},
         }
-        self._records.append(record)
+        self._uncommitted.append(record)
         self._tokens_step = 0
         self._last_step_t = now
         self._wait_since = now
         self._busy_acc = dict.fromkeys(self._busy_acc, 0.0)
         self._step_counters = dict(self._counters)
         self._train_task = None
-        every = self.cfg.run.checkpoint_every
-        if (every and self._steps_done % every == 0) or self._steps_done >= self._steps_target:
+        self._commit()  # the step is durable (and its record visible to drain) from here
+        if self._checkpoint_due():
             await self.checkpoint()
+        if self._hold_armed:  # a fault test kills the trainer here: between two steps
+            self._hold_armed = False
+            self._hold_release.clear()
+            self._held_at = {
+                "steps_done": self._steps_done,
+                "version": version,
+                "train_in_flight": self._train_task is not None,
+                "checkpoint": str(latest_checkpoint(self._run_dir)),
+            }
+            self._log.info("held_between_steps", **self._held_at)
+            await self._hold_release.wait()
+            self._held_at = None
+
+    async def _release(self, tids: list[str]) -> None:
+        """Free a trained batch's payloads in the TS; after a crash some may be freed."""
+        try:
+            await self._ts.release(tids)
+        except TrajectoryServerError:
+            for t in tids:
+                try:
+                    await self._ts.release([t])
+                except TrajectoryServerError as e:
+                    self._log.debug("release_noop", trajectory_id=t, error=str(e)[:200])
 
     # --------------------------------------------------------------------------- checkpoint
 
     async def checkpoint(self) -> str:
         """Write ``checkpoints/step_<k>`` atomically (temp dir + rename + ``latest`` pointer)."""
+        self._commit()
         k = self._steps_done
         self._ckpt_root.mkdir(parents=True, exist_ok=True)
         final = self._ckpt_root / f"step_{k:06d}"
@@ -998,22 +1178,84 @@ class CoordinatorActor:
         for old in kept[: -self.cfg.run.keep_checkpoints]:
             shutil.rmtree(old, ignore_errors=True)
         self._log.info("checkpoint_written", step=k, path=str(final))
+        self._wal.compact(self._state_dict(wal=True))  # the journal restarts from here
         return str(final)
 
-    def _state_dict(self) -> dict[str, Any]:
-        """Everything a restarted loop needs besides the TS (JSON-serialisable)."""
+    def _state_dict(self, *, wal: bool = False) -> dict[str, Any]:
+        """Everything a restarted loop needs besides the TS (JSON-serialisable). ``wal``: the
+        write-ahead base, which also holds the batch being trained and undrained records."""
+        book = self._book()
+        if not wal:
+            book.pop("training")
+            book.pop("outbox")
         return {
             "format": "staleflow-loop/1",
-            "steps_done": self._steps_done,
             "protocol": self.protocol.to_dict(),
-            "cursor": self._cursor.state_dict(),
             "groups": dict(self._groups),
+            **book,
+        }
+
+    def _book(self) -> dict[str, Any]:
+        """The bookkeeping besides protocol and group index, as fresh plain copies."""
+        return {
+            "steps_done": self._steps_done,
+            "cursor": self._cursor.state_dict(),
             "fresh": sorted(self._fresh),
             "serial": self._serial,
             "rewards": dict(self._rewards_of),
             "rewarded": {k: list(v) for k, v in self._rewarded.items()},
             "counters": dict(self._counters),
+            "training": None if self._training is None else dict(self._training),
+            "outbox": [*self._records, *self._uncommitted],
         }
+
+    def _commit(self) -> None:
+        """Write-ahead: make every change since the last commit durable (protocol calls, new
+        groups, changed bookkeeping keys) before an effect that depends on it leaves this
+        process. A no-op when nothing changed."""
+        ops = self.protocol.take_ops()
+        book = self._book()
+        changed = {k: v for k, v in book.items() if self._book_written.get(k) != v}
+        if not ops and not self._new_groups and not changed:
+            return
+        groups, self._new_groups = self._new_groups, []
+        self._wal.append({"ops": ops, "groups": groups, "book": changed})
+        self._book_written.update(changed)
+        if self._uncommitted:
+            self._records.extend(self._uncommitted)
+            self._uncommitted = []
+        if self._wal.journal_bytes() > self._wal.compact_bytes:
+            self._wal.compact(self._state_dict(wal=True))
+
+    def _maybe_crash(self, point: str) -> None:
+        if self._crash_at == point:
+            self._log.warning("injected_crash", point=point)
+            os._exit(17)  # no handover, no cleanup: what a crashed process leaves behind
+
+    # --------------------------------------------------------------------------- fault hooks
+
+    async def inject_crash(self, point: str) -> None:
+        """Make this process exit at the next ``point`` (one of :data:`CRASH_POINTS`)."""
+        if point not in CRASH_POINTS:
+            raise ValueError(f"point must be one of {CRASH_POINTS}, got {point!r}")
+        self._crash_at = point
+
+    async def hold_after_next_step(self) -> None:
+        """Hold the loop after the next training step completes (its record committed, its
+        checkpoint written if due, no other step started) until :meth:`release_hold`."""
+        self._hold_armed = True
+
+    async def held(self) -> dict[str, Any] | None:
+        """Where the loop is held (``steps_done``, ``version``, ``train_in_flight``,
+        ``checkpoint``), or None."""
+        return None if self._held_at is None else dict(self._held_at)
+
+    async def release_hold(self) -> None:
+        self._hold_release.set()
+
+    async def wal_stats(self) -> dict[str, Any]:
+        """Write-ahead journal figures: appends, bytes, seconds (fsync included), max."""
+        return {**self._wal.stats, "journal_bytes": self._wal.journal_bytes()}
 
     # --------------------------------------------------------------------------- timeline
 
@@ -1077,7 +1319,7 @@ class CoordinatorActor:
 
     async def drain(self) -> dict[str, Any]:
         """Step records and timeline rows produced since the last call (for the driver)."""
-        records, self._records = self._records, []
+        records, self._records = self._records, []  # committed ones only
         timeline, self._timeline = self._timeline, []
         return {"records": records, "timeline": timeline, "steps_done": self._steps_done}
 
@@ -1094,7 +1336,7 @@ class CoordinatorActor:
         }
 
     async def protocol_state(self) -> dict[str, Any]:
-        return self.protocol.to_dict()
+        return cast(dict[str, Any], self.protocol.to_dict())
 
     async def groups(self) -> dict[str, int]:
         """Every group submitted so far → the dataset row it was made from."""

@@ -10,6 +10,8 @@ The control loop talks to it with short calls only:
 * ``interrupt(ids)`` stops trajectories; their partial results arrive through ``poll``;
 * ``sync(version)`` interrupts everything, pulls the latest version from the parameter server
   over NIXL and loads it in place (the engine never serves half-loaded weights);
+* ``quiesce()`` waits for a running sync, interrupts everything and polls (a replacement
+  coordinator's first call);
 * ``probe(prompt_ids, n)`` greedy-decodes ``n`` tokens of a fixed prompt (tests check that
   served weights really change after a sync).
 """
@@ -165,6 +167,13 @@ class RolloutActor:
         if tasks:
             await asyncio.wait(tasks, timeout=30)
         return len(live)
+
+    async def quiesce(self) -> dict[str, Any]:
+        """For a replacement coordinator: wait out a sync in progress (so the version it
+        reports is final), stop everything, and :meth:`poll` — every result so far, each once."""
+        async with self._sync_lock:
+            await self.interrupt(None)
+        return await self.poll()
 
     # ---------------------------------------------------------------------------------- weights
 

@@ -50,6 +50,9 @@ class TrainerActor:
         self._push_retry_s = float(app.param_server.push_retry_s)
         self._push_failures: list[dict[str, Any]] = []
         self._lock = threading.Lock()
+        self._step_lock = threading.Lock()
+        # (consumed version, metrics, pushed) of the last step: replayed, not retrained
+        self._last_step: tuple[int, dict[str, Any], bool] | None = None
         log.info("trainer_ready", version=self._trainer.version, resumed=checkpoint_dir is not None)
 
     def version(self) -> int:
@@ -114,15 +117,46 @@ class TrainerActor:
         compare them across a checkpoint and a resume)."""
         return state_digest(self._trainer)
 
-    def train_step(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """Train on the batch, push the new version; returns the trainer's metrics + push info."""
-        batch = [TrainSample(**s) for s in samples]
-        metrics: dict[str, Any] = dict(self._trainer.train_step(batch))
+    def train_step(
+        self, samples: Sequence[Mapping[str, Any]], *, consumed_version: int | None = None
+    ) -> dict[str, Any]:
+        """Train on the batch, push the new version; returns the trainer's metrics + push info.
+
+        ``consumed_version`` (the protocol version of the consumed batch) makes the call
+        idempotent across a coordinator crash: a step for a batch this trainer already trained
+        returns that step's metrics (pushing again if its push had not completed) instead of
+        training twice, and one still running is waited for (steps run one at a time).
+        """
+        with self._step_lock:
+            v = self._trainer.version
+            last = self._last_step
+            if consumed_version is not None and last is not None and last[0] == consumed_version:
+                metrics = dict(last[1])
+                if not last[2]:  # trained, but the push never completed
+                    metrics.update(self._push_metrics())
+                    self._last_step = (consumed_version, metrics, True)
+                log.info("train_step_replayed", consumed_version=consumed_version, version=v)
+                return metrics
+            if consumed_version is not None and consumed_version != v:
+                raise RuntimeError(
+                    f"train_step for consumed version {consumed_version}, but the trainer is at "
+                    f"version {v} (last step trained {None if last is None else last[0]})"
+                )
+            batch = [TrainSample(**s) for s in samples]
+            metrics = dict(self._trainer.train_step(batch))
+            metrics["version"] = self._trainer.version
+            self._last_step = (v, metrics, False)
+            metrics.update(self._push_metrics())
+            self._last_step = (v, metrics, True)
+            return metrics
+
+    def _push_metrics(self) -> dict[str, Any]:
         pushed = self.push()
-        metrics["push_s"] = pushed["push_s"]
-        metrics["push_attempts"] = pushed["push_attempts"]
-        metrics["version"] = self._trainer.version
-        return metrics
+        return {
+            "push_s": pushed["push_s"],
+            "push_attempts": pushed["push_attempts"],
+            "version": self._trainer.version,
+        }
 
     def logprobs(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
         """Per-token log-probs of ``response_ids`` after ``prompt_ids`` under current weights."""

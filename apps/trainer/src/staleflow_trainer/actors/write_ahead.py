@@ -12,7 +12,7 @@ state and reconciles the other processes forward to it (see ``coordinator_loop._
 
 Cheap per change: the protocol keeps every trajectory it ever saw (its state grows with the run:
 ~9 MB of JSON after 100 steps at B=64, n=16), so a commit does not rewrite it. Instead
-:class:`JournaledProtocol` records each successful state-changing call (``reserve``,
+:class:`JournaledProtocol` (a wrapper) records each successful state-changing call (``reserve``,
 ``finish``, ``abort``, ``drop_group``, ``consume``, ``resolve_stuck``, ``take_aborts``,
 ``take_replacements``); the protocol is deterministic and sans-IO, so replaying those calls on
 the last base state reproduces it exactly. The bookkeeping is small except the group index
@@ -39,7 +39,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,19 +77,21 @@ def _plain(v: Any) -> Any:
     return str(v)
 
 
-class JournaledProtocol(StalenessProtocol):
-    """A :class:`StalenessProtocol` that records its successful state-changing calls.
+class JournaledProtocol:
+    """Wraps the loop's protocol (a ``StalenessProtocol`` or any object with the same
+    methods) and records its successful state-changing calls; everything else passes through.
 
     :meth:`take_ops` hands the calls made since the last take (``[name, *args]``, JSON-plain);
     :meth:`replay` applies such calls without recording them. A call that raises changed
     nothing (the protocol's contract) and is not recorded.
     """
 
-    __slots__ = ("_ops",)
-
-    def __init__(self, config: Any, *, start_version: int = 0) -> None:
-        super().__init__(config, start_version=start_version)
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
         self._ops: list[list[Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
     def take_ops(self) -> list[list[Any]]:
         ops, self._ops = self._ops, []
@@ -104,45 +106,46 @@ class JournaledProtocol(StalenessProtocol):
             name, *args = op
             if name not in MUTATORS:
                 raise CheckpointError(f"journal op {i}: unknown protocol call {name!r}")
-            getattr(StalenessProtocol, name)(self, *args)
+            getattr(self.inner, name)(*args)
 
-    def reserve(self, group_id: Any, trajectory_id: Any, version: int) -> int:
-        r = super().reserve(group_id, trajectory_id, version)
+    def reserve(self, group_id: Any, trajectory_id: Any, version: int) -> Any:
+        r = self.inner.reserve(group_id, trajectory_id, version)
         self._ops.append(["reserve", _plain(group_id), _plain(trajectory_id), int(version)])
         return r
 
-    def finish(self, trajectory_id: Any) -> int | None:
-        r = super().finish(trajectory_id)
+    def finish(self, trajectory_id: Any) -> Any:
+        r = self.inner.finish(trajectory_id)
         self._ops.append(["finish", _plain(trajectory_id)])
         return r
 
-    def abort(self, trajectory_id: Any, reason: str) -> None:
-        super().abort(trajectory_id, reason)
+    def abort(self, trajectory_id: Any, reason: str) -> Any:
+        r = self.inner.abort(trajectory_id, reason)
         self._ops.append(["abort", _plain(trajectory_id), str(reason)])
+        return r
 
     def drop_group(self, group_id: Any, reason: str) -> Any:
-        r = super().drop_group(group_id, reason)
+        r = self.inner.drop_group(group_id, reason)
         self._ops.append(["drop_group", _plain(group_id), str(reason)])
         return r
 
     def consume(self) -> Any:
-        r = super().consume()
+        r = self.inner.consume()
         self._ops.append(["consume"])
         return r
 
     def resolve_stuck(self) -> Any:
-        r = super().resolve_stuck()
+        r = self.inner.resolve_stuck()
         self._ops.append(["resolve_stuck"])
         return r
 
     def take_aborts(self) -> Any:
-        r = super().take_aborts()
+        r = self.inner.take_aborts()
         if r:
             self._ops.append(["take_aborts"])
         return r
 
     def take_replacements(self) -> Any:
-        r = super().take_replacements()
+        r = self.inner.take_replacements()
         if r:
             self._ops.append(["take_replacements"])
         return r
@@ -312,16 +315,17 @@ class WriteAheadLog:
 
 
 def replay_state(
-    base: Mapping[str, Any], records: Sequence[Mapping[str, Any]]
+    base: Mapping[str, Any],
+    records: Sequence[Mapping[str, Any]],
+    restore: Callable[[dict[str, Any]], Any] = StalenessProtocol.from_dict,
 ) -> tuple[JournaledProtocol, dict[str, Any]]:
-    """The loop state after ``records``: the protocol (base + replayed calls) and the
-    bookkeeping (base, new groups added, changed keys overwritten)."""
+    """The loop state after ``records``: the protocol (``restore(base["protocol"])`` + the
+    replayed calls, journaled from here on) and the bookkeeping (base, new groups added,
+    changed keys overwritten)."""
     try:
-        protocol = JournaledProtocol.from_dict(dict(base["protocol"]))
+        protocol = JournaledProtocol(restore(dict(base["protocol"])))
     except Exception as e:
         raise CheckpointError(f"write-ahead base: protocol state unreadable: {e}") from e
-    if not isinstance(protocol, JournaledProtocol):  # pragma: no cover - from_dict uses cls
-        raise CheckpointError("write-ahead base: protocol did not restore as journaled")
     state = {k: v for k, v in base.items() if k != "protocol"}
     groups = dict(state.get("groups", {}))
     for rec in records:
@@ -337,5 +341,4 @@ def replay_state(
             groups[str(gid)] = int(idx)
         state.update(rec.get("book", {}))
     state["groups"] = groups
-    protocol.take_ops()
     return protocol, state

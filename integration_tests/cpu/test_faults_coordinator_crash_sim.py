@@ -1,0 +1,150 @@
+"""Coordinator crashes (no handover) on the real deployment with sim engines: Ray, the TS over
+TCP, the NIXL param server, the real trainer; only the engines are simulated, so one run can
+crash the coordinator at every write-ahead point within a minute or two.
+
+The coordinator is killed four times in one run — ``ray.kill`` at a random moment while the
+instances generate, and ``os._exit`` at three fixed points of the control loop (after a commit
+before its commands run; between a route in the TS and the submit to the instance; after a
+consume was committed, before the trainer is called). Each time the driver replaces it from
+the write-ahead journal and the run goes on. Then: the run completed its steps, no trajectory
+was routed twice, the ledger balances (every admitted trajectory consumed once, in flight, or
+dropped with a reason), consumed staleness <= eta, and no step was trained twice (trainer
+version = steps, metrics rows 1..steps exactly once).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.fault, pytest.mark.ray, pytest.mark.sim, pytest.mark.timeout(600)]
+
+BATCH, GROUP, ETA, STEPS = 4, 4, 1, 9
+_ROUTABLE_AFTER = {"submitted", "returned", "lost"}
+
+
+def _conftest() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "_crash_conftest", Path(__file__).resolve().parents[1] / "conftest.py"
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def crashed(
+    ray_session: None,
+    tmp_path_factory: pytest.TempPathFactory,
+    engine_required: Callable[[str], None],
+) -> dict[str, Any]:
+    engine_required("sim")
+    import ray
+
+    from staleflow_trainer.metrics import read_jsonl
+    from staleflow_trainer.wiring import Deployment
+
+    run_dir = tmp_path_factory.mktemp("coord_crash_sim")
+    cfg = _conftest().tiny_config(
+        run_dir,
+        f"trainer.steps={STEPS}",
+        "run.checkpoint_every=3",
+        "run.resume=never",
+        "run.coordinator_restarts=4",
+        f"protocol.batch_size={BATCH}",
+        f"protocol.group_size={GROUP}",
+        f"protocol.eta={ETA}",
+        "rollout.sampling.max_new_tokens=6",
+        "sim.workload.response_len_median=4",
+        backend="sim",
+    )
+    out: dict[str, Any] = {"crashes": []}
+    rng = random.Random(0)
+    dep = Deployment(cfg).start()
+
+    def kill_now() -> None:  # ray.kill at a random moment, instances generating
+        time.sleep(rng.uniform(0.0, 0.4))
+        ray.kill(dep.coordinator, no_restart=True)
+        out["crashes"].append("ray.kill")
+
+    def arm(point: str) -> Callable[[], None]:
+        def go() -> None:
+            ray.get(dep.coordinator.inject_crash.remote(point))
+            out["crashes"].append(point)
+
+        return go
+
+    plan = {
+        2: kill_now,
+        3: arm("after_commit_before_execute"),
+        5: arm("mid_routes"),
+        6: arm("after_consume_commit"),
+    }
+
+    def on_record(rec: dict[str, Any]) -> None:
+        fn = plan.pop(int(rec["step"]), None)
+        if fn is not None:
+            fn()
+
+    try:
+        out["summary"] = dep.run(on_record=on_record)
+        out["ledger"] = dep.ledger()
+        out["histories"] = ray.get(dep.coordinator.histories.remote())
+        out["replacements"] = list(dep.coordinator_crashes)
+        out["trainer_version"] = ray.get(dep.trainer.version.remote())
+        out["wal"] = ray.get(dep.coordinator.wal_stats.remote())
+    finally:
+        dep.close()
+    out["metrics"] = read_jsonl(run_dir / "metrics.jsonl")
+    return out
+
+
+def test_every_crash_was_replaced_and_the_run_completed(crashed: dict[str, Any]) -> None:
+    assert crashed["crashes"] == [
+        "ray.kill",
+        "after_commit_before_execute",
+        "mid_routes",
+        "after_consume_commit",
+    ]
+    assert len(crashed["replacements"]) == 4
+    assert all(r["recovered"] for r in crashed["replacements"])
+    # the consume-commit crash left a committed batch for the replacement to train
+    assert any(r["training"] is not None for r in crashed["replacements"])
+    assert crashed["summary"]["steps_done"] == STEPS
+
+
+def test_no_step_trained_twice_or_lost(crashed: dict[str, Any]) -> None:
+    assert crashed["trainer_version"] == STEPS
+    assert [r["step"] for r in crashed["metrics"]] == list(range(1, STEPS + 1))
+    for r in crashed["metrics"]:
+        assert 0 <= r["max_staleness"] <= ETA
+        assert sum(r["staleness_hist"].values()) == BATCH * GROUP
+
+
+def test_ledger_balances_and_nothing_routed_twice(crashed: dict[str, Any]) -> None:
+    led = crashed["ledger"]
+    assert led["problems"] == []
+    assert led["consumed"] == STEPS * BATCH * GROUP
+    assert (
+        led["consumed"] + led["in_flight"] + led["waiting_consume"] + led["dropped"]
+        == led["trajectories"]
+    )
+    assert all(reason and reason != "?" for reason in led["dropped_reasons"])
+    for tid, events in crashed["histories"].items():
+        prev = None
+        for kind, _instance, _version, _seq in events:
+            if kind == "routed":
+                assert prev in _ROUTABLE_AFTER, f"{tid} routed after {prev}: {events}"
+            prev = kind
+
+
+def test_the_journal_was_written(crashed: dict[str, Any]) -> None:
+    wal = crashed["wal"]
+    assert wal["appends"] > 0 and wal["bytes"] > 0
