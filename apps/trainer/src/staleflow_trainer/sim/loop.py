@@ -30,7 +30,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
@@ -53,7 +53,13 @@ from staleflow_trainer.sim.metrics import RunRecorder
 from staleflow_trainer.sim.requests import build_request
 from staleflow_trainer.sim.spec import SimSpec
 from staleflow_trainer.sim.workload import PromptStream
-from staleness_protocol import ProtocolConfig, StalenessProtocol, TrajectoryState
+from staleness_protocol import (
+    ProtocolConfig,
+    StalenessProtocol,
+    TrajectoryState,
+    UnboundedConfig,
+    UnboundedFifo,
+)
 
 _log = structlog.get_logger("staleflow.simulate")
 
@@ -72,17 +78,31 @@ class Simulation:
         self.spec = spec
         self.now = 0.0
         s = spec
-        self.protocol = StalenessProtocol(
-            ProtocolConfig(
-                batch_size=s.batch_size,
-                group_size=s.group_size,
-                eta=s.eta,
-                filtering=s.dynamic_sampling,
-                stuck_threshold=(s.stuck_threshold if s.stuck_threshold and s.redundant else None),
-                batch_redundancy=s.batch_redundancy if s.redundant else 0,
-                group_redundancy=s.group_redundancy if s.redundant else 0,
+        self.protocol: StalenessProtocol | UnboundedFifo
+        if s.eta == "unbounded":  # no staleness control: same methods, FIFO, no bound
+            self.protocol = UnboundedFifo(
+                UnboundedConfig(
+                    batch_size=s.batch_size,
+                    group_size=s.group_size,
+                    max_inflight_groups=s.unbounded_inflight_batches * s.batch_size,
+                    group_redundancy=s.group_redundancy if s.redundant else 0,
+                    filtering=s.dynamic_sampling,
+                )
             )
-        )
+        else:
+            self.protocol = StalenessProtocol(
+                ProtocolConfig(
+                    batch_size=s.batch_size,
+                    group_size=s.group_size,
+                    eta=int(s.eta),
+                    filtering=s.dynamic_sampling,
+                    stuck_threshold=(
+                        s.stuck_threshold if s.stuck_threshold and s.redundant else None
+                    ),
+                    batch_redundancy=s.batch_redundancy if s.redundant else 0,
+                    group_redundancy=s.group_redundancy if s.redundant else 0,
+                )
+            )
         coeffs = {"k1": s.k1, "k2": s.k2, "k3": s.k3, "k4": s.k4, "b": s.k_inner}
         self.coord = Coordinator(
             CoordinatorConfig(
@@ -92,7 +112,7 @@ class Simulation:
                 migration_ratio=s.migration_ratio,
                 sync_kv_threshold=s.sync_kv_threshold,
             ),
-            self.protocol,
+            cast(StalenessProtocol, self.protocol),
             clock=lambda: self.now,
         )
         engine_cfg = EngineSimConfig(

@@ -68,6 +68,22 @@ def _ge(low: float) -> Any:
     return check
 
 
+#: Policies the "unbounded" mode (no staleness control) runs with: greedy global sync,
+#: admission by the protocol alone — as ``config.UNBOUNDED_POLICIES``.
+UNBOUNDED_POLICIES = ("all-vanilla", "vanilla-sync")
+
+
+def _check_eta(inst: Any, a: attrs.Attribute[Any], v: Any) -> None:
+    if v == "unbounded":
+        return
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ConfigError(
+            f"protocol.eta must be an int >= 0 or 'unbounded', got {v!r}",
+            key="protocol.eta",
+            allowed="an int >= 0 or 'unbounded'",
+        )
+
+
 def _gt(low: float) -> Any:
     def check(inst: Any, a: attrs.Attribute[Any], v: Any) -> None:
         if (
@@ -101,7 +117,10 @@ class SimSpec:
 
     # --- what runs
     policy: str = attrs.field(default="staleflow", validator=_one_of(*POLICIES))
-    eta: int = attrs.field(default=1, validator=_ge(0))
+    #: The staleness bound, or "unbounded": no staleness control (``UnboundedFifo``: FIFO
+    #: consumption, at most ``unbounded_inflight_batches × batch_size`` groups in flight).
+    eta: int | str = attrs.field(default=1, validator=_check_eta)
+    unbounded_inflight_batches: int = attrs.field(default=2, validator=_gt(0))
     steps: int = attrs.field(default=20, validator=_gt(0))
     seed: int = attrs.field(default=0, validator=_ge(0))
     batch_size: int = attrs.field(default=8, validator=_gt(0))
@@ -176,6 +195,19 @@ class SimSpec:
     timeline: bool = True
 
     def __attrs_post_init__(self) -> None:
+        if self.eta == "unbounded" and self.policy not in UNBOUNDED_POLICIES:
+            raise ConfigError(
+                f"policy {self.policy!r} cannot run eta 'unbounded' (no staleness control "
+                "syncs greedily)",
+                key="coordinator.policy",
+                allowed=f"one of {list(UNBOUNDED_POLICIES)}",
+            )
+        if self.eta == "unbounded" and self.batch_redundancy:
+            raise ConfigError(
+                f"batch_redundancy {self.batch_redundancy} means nothing with eta 'unbounded'",
+                key="protocol.batch_redundancy",
+                allowed="0 with eta 'unbounded'",
+            )
         if self.policy in FIXED_ETA and self.eta != FIXED_ETA[self.policy]:
             raise ConfigError(
                 f"policy {self.policy!r} models a fixed staleness: eta must be "
@@ -273,7 +305,7 @@ class SimSpec:
     def pull_seconds(self) -> float:
         return self.model_bytes / (self.pull_bandwidth_gb_s * 1e9) + self.transfer_overhead_s
 
-    def with_policy(self, policy: str, eta: int | None = None) -> SimSpec:
+    def with_policy(self, policy: str, eta: int | str | None = None) -> SimSpec:
         """This spec for another policy (η forced for the fixed-η baselines)."""
         policy = POLICY_ALIASES.get(policy, policy)
         if policy in FIXED_ETA:
@@ -296,12 +328,6 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
     proto = cfg.protocol
     coord = cfg.coordinator
     policy = POLICY_ALIASES.get(coord.policy, coord.policy)
-    if proto.eta == "unbounded":
-        raise ConfigError(
-            "the simulator needs a finite protocol.eta",
-            key="protocol.eta",
-            allowed="an integer >= 0",
-        )
     if sim.cost_model == "custom":
         coeffs = {"k1": sim.k1, "k2": sim.k2, "k3": sim.k3, "k4": sim.k4, "k_inner": sim.b or 0.0}
     else:
@@ -309,6 +335,7 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
     return SimSpec(
         policy=policy,
         eta=FIXED_ETA.get(policy, proto.eta),
+        unbounded_inflight_batches=proto.unbounded_inflight_batches,
         steps=cfg.trainer.steps,
         seed=cfg.run.seed,
         batch_size=proto.batch_size,
