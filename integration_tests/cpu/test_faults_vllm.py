@@ -9,9 +9,12 @@ app from its last checkpoint (about 4-5 minutes here in all):
   replacement joins (fault 1);
 * after step 2: a PS storage worker is killed; the next push fails and is retried; a pull of
   the latest version still succeeds from the replica; the worker restarts (fault 2);
-* after step 3: the coordinator actor hands over and is replaced (fault 3);
-* after step 5: the trainer is killed; the run stops with ComponentLost; a new deployment
-  resumes from the last checkpoint (step 4) and trains to step 6 (fault 4).
+* after step 3: the coordinator actor hands over and is replaced (fault 3, graceful);
+* after step 4: the coordinator actor is ``ray.kill``-ed while the instances generate, with no
+  handover; the driver replaces it from its write-ahead journal (fault 3, crash);
+* after step 6: the loop is held right after a step completes (checkpoint written, no step
+  running), the trainer is killed there, between steps; the run stops with ComponentLost; a new
+  deployment resumes from the last checkpoint and trains two more steps (fault 4).
 
 Each test then asserts one fault's contract plus the ledger check (every admitted trajectory
 consumed, in flight or dropped with a reason; none counted twice; consumed staleness <= eta).
@@ -136,11 +139,27 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
             "protocol_after": dep.protocol_state(),
         }
 
-    def fault4() -> None:  # kill the trainer
-        out["f4_killed_after_step"] = max(done)
-        ray.kill(dep.trainer, no_restart=True)
+    def fault3_crash() -> None:  # kill the coordinator mid-generation, no handover
+        held = _wait(
+            lambda: [i for i in dep.rollouts
+                     if ray.get(dep.coordinator.held_by.remote(i))],
+            30, "an instance to generate",
+        )  # fmt: skip
+        out["f3c"] = {"after_step": max(done), "generating": held}
+        ray.kill(dep.coordinator, no_restart=True)  # run() notices and replaces it
 
-    plan = {1: fault1, 2: fault2, 3: fault3, 5: fault4}
+    def fault4() -> None:  # kill the trainer between two steps
+        held = dep.hold_between_steps()
+        out["f4_hold"] = {
+            **held,
+            "trainer_busy": ray.get(dep.trainer.busy.remote()),
+            "trainer_version": ray.get(dep.trainer.version.remote()),
+        }
+        out["f4_killed_after_step"] = held["steps_done"]
+        ray.kill(dep.trainer, no_restart=True)
+        dep.release_hold()
+
+    plan = {1: fault1, 2: fault2, 3: fault3, 4: fault3_crash, 6: fault4}
 
     def on_record(rec: dict[str, Any]) -> None:
         done.add(int(rec["step"]))
@@ -159,6 +178,8 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
         out["histories1"] = ray.get(dep.coordinator.histories.remote())
         out["summary1"] = ray.get(dep.coordinator.summary.remote())
         out["final_instances"] = ray.get(dep.coordinator.instances.remote())
+        out["crash_replacements"] = list(dep.coordinator_crashes)
+        out["wal1"] = ray.get(dep.coordinator.wal_stats.remote())
     finally:
         dep.close()
     out["run1_s"] = time.monotonic() - t0
@@ -346,9 +367,33 @@ def test_fault3_coordinator_restarted(sc: dict[str, Any]) -> None:
     assert_staleness_bounded(sc["metrics1"])
 
 
+def test_fault3_coordinator_crashed_replaced_from_its_journal(sc: dict[str, Any]) -> None:
+    """ray.kill mid-generation, no handover: the driver replaced it from the write-ahead
+    journal, the run went on, nothing was routed twice or lost, staleness stayed <= eta."""
+    f3c = sc["f3c"]
+    assert f3c["generating"], "the kill landed while instances generated"
+    (rep,) = sc["crash_replacements"]
+    assert rep["recovered"] and rep["steps_done"] >= f3c["after_step"]
+    assert "ActorDied" in rep["error"] or "RayActorError" in rep["error"], rep["error"]
+    # the loop kept training after the crash (fault 4 came later, from the new coordinator)
+    assert sc["f4_killed_after_step"] > f3c["after_step"]
+    assert [r["step"] for r in sc["metrics1"]] == list(range(1, sc["f4_killed_after_step"] + 1))
+    assert_never_routed_twice(sc["histories1"], {sc["f1"]["victim"]})
+    assert_ledger_balances(sc["ledger1"], crashed_mid_step=True)
+    assert_staleness_bounded(sc["metrics1"])
+    assert sc["wal1"]["appends"] > 0
+
+
 def test_fault4_trainer_killed_app_resumes_exactly(sc: dict[str, Any]) -> None:
     err = sc["run1_error"]
     assert err is not None and "ComponentLost" in repr(err) and "trainer" in str(err)
+    # the kill landed between steps: the loop was held after step k (its checkpoint written if
+    # due), no step was running, the trainer was at version k, and no step k+1 completed
+    hold = sc["f4_hold"]
+    assert hold["train_in_flight"] is False and hold["trainer_busy"] is False
+    assert hold["trainer_version"] == hold["version"] == hold["steps_done"]
+    assert sc["summary1"]["steps_done"] == hold["steps_done"]
+    assert max(r["step"] for r in sc["metrics1"]) == hold["steps_done"]
     ckpt: Path = sc["ckpt"]
     assert Path(sc["resumed_from"]) == ckpt
     state = sc["ckpt_state"]

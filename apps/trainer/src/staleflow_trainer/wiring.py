@@ -584,8 +584,6 @@ class Deployment:
                     outs, self._pending_out = self._pending_out, []
                     try:
                         outs.append(ray.get(coord.drain.remote()))
-                        if ready and coord is self.coordinator:
-                            summary = ray.get(run_ref)
                     except Exception as e:
                         if not _is_actor_death(e) or coord is not self.coordinator:
                             raise
@@ -594,6 +592,13 @@ class Deployment:
                         continue
                     emit(outs, bar)
                     if ready and coord is self.coordinator:
+                        try:
+                            summary = ray.get(run_ref)
+                        except Exception as e:  # ComponentLost etc. propagate
+                            if not _is_actor_death(e):
+                                raise
+                            self.replace_crashed_coordinator(e)
+                            continue
                         break
             emit([ray.get(coord.drain.remote())], None)
         finally:

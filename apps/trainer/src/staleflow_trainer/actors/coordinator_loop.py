@@ -296,6 +296,9 @@ class CoordinatorActor:
         else:
             self.protocol = build_protocol(cfg)  # eta unbounded: an UnboundedFifo, same methods
         self.protocol = JournaledProtocol(self.protocol)
+        if not self._recover_wal:  # a new journal from this state; recovery commits on top
+            self._wal.reset(self._state_dict(wal=True))
+            self._book_written = self._book()
         version = self.protocol.current_version
         self.coordinator = Coordinator(
             coordinator_config(cfg),
@@ -317,10 +320,6 @@ class CoordinatorActor:
             await self._settle_instances()
         if state is not None:
             requeued = await self._recover()
-        if not self._recover_wal:  # a new journal from this state
-            self.protocol.take_ops()
-            self._wal.reset(self._state_dict(wal=True))
-            self._book_written = self._book()
         self._commit()
         self._log.info(
             "loop_ready",
@@ -1169,8 +1168,8 @@ class CoordinatorActor:
         await self._trainer.save_checkpoint.remote(str(tmp))
         ts_path = await self._ts.save_checkpoint()
         shutil.copyfile(ts_path, tmp / TS_FILE)
-        state = self._state_dict()
-        atomic_write_bytes(tmp / STATE_FILE, json.dumps(state).encode())
+        encoded = json.dumps(self._state_dict(wal=True)).encode()  # also the journal's new base
+        atomic_write_bytes(tmp / STATE_FILE, encoded)
         shutil.rmtree(final, ignore_errors=True)
         tmp.replace(final)
         atomic_write_bytes(self._ckpt_root / LATEST_FILE, final.name.encode())
@@ -1178,7 +1177,7 @@ class CoordinatorActor:
         for old in kept[: -self.cfg.run.keep_checkpoints]:
             shutil.rmtree(old, ignore_errors=True)
         self._log.info("checkpoint_written", step=k, path=str(final))
-        self._wal.compact(self._state_dict(wal=True))  # the journal restarts from here
+        self._wal.compact(encoded=encoded)  # the journal restarts from this state
         return str(final)
 
     def _state_dict(self, *, wal: bool = False) -> dict[str, Any]:

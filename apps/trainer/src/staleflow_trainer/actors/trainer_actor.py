@@ -58,6 +58,10 @@ class TrainerActor:
     def version(self) -> int:
         return self._trainer.version
 
+    def busy(self) -> bool:
+        """True while a training step (or its push) runs."""
+        return self._step_lock.locked()
+
     def push(self) -> dict[str, Any]:
         """Push the current weights as version ``self.version`` to the parameter server.
 
@@ -141,6 +145,11 @@ class TrainerActor:
                 raise RuntimeError(
                     f"train_step for consumed version {consumed_version}, but the trainer is at "
                     f"version {v} (last step trained {None if last is None else last[0]})"
+                )
+            if not samples:
+                raise RuntimeError(
+                    f"train_step for consumed version {consumed_version} without samples, and "
+                    "this trainer has no record of that step"
                 )
             batch = [TrainSample(**s) for s in samples]
             metrics = dict(self._trainer.train_step(batch))

@@ -228,20 +228,22 @@ class WriteAheadLog:
     def journal_bytes(self) -> int:
         return self.journal_path.stat().st_size if self.journal_path.exists() else 0
 
-    def compact(self, state: Mapping[str, Any]) -> None:
-        """Make ``state`` (which includes every appended record) the new base; empty the
-        journal. A crash between the two leaves records the base already covers: skipped."""
+    def compact(self, state: Mapping[str, Any] | None = None, *, encoded: bytes = b"") -> None:
+        """Make ``state`` (which includes every appended record; or ``encoded``, its JSON
+        already serialised for a checkpoint) the new base; empty the journal. A crash between
+        the two leaves records the base already covers: skipped on load."""
         t0 = time.perf_counter()
         self.close()
-        self._write_base(state)
+        self._write_base(state, encoded=encoded)
         _atomic_write(self.journal_path, b"")
         self.stats["compactions"] += 1
         self.stats["compact_seconds"] += time.perf_counter() - t0
 
-    def _write_base(self, state: Mapping[str, Any]) -> None:
-        payload = json.dumps(
-            {"format": FORMAT, "seq": self.seq, "state": state}, separators=(",", ":")
-        ).encode()
+    def _write_base(self, state: Mapping[str, Any] | None, *, encoded: bytes = b"") -> None:
+        if not encoded:
+            encoded = json.dumps(state, separators=(",", ":")).encode()
+        head = json.dumps({"format": FORMAT, "seq": self.seq}, separators=(",", ":")).encode()
+        payload = head[:-1] + b',"state":' + encoded + b"}"
         _atomic_write(self.base_path, _digest(payload).encode() + b"\n" + payload)
 
     def close(self) -> None:
