@@ -971,8 +971,13 @@ class CoordinatorActor:
                     continue  # the instance was lost meanwhile
                 elif kind == "synced":
                     iid, version, _info = payload
-                    self._syncing.pop(iid, None)
                     self._counters["syncs"] += 1
+                    inst = self.coordinator.instances.get(iid)
+                    if inst is not None and version < max(inst.version, inst.target_version):
+                        # superseded: a snapshot already completed this sync and the coordinator
+                        # has moved the instance on (greedy sync issues back-to-back syncs)
+                        continue
+                    self._syncing.pop(iid, None)
                     self.coordinator.on_sync_done(iid, version)
                 elif kind == "sync_failed":
                     iid, err = payload
