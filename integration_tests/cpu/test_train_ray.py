@@ -1,10 +1,12 @@
-"""`staleflow train`, shortened: the whole system on Ray with 2 sim engine instances (real TS, NIXL param server, trainer).
+"""`staleflow train`, shortened: the whole system on Ray (real TS, NIXL param server, trainer),
+once per rollout backend — 2 sim engine instances, and 2 real vLLM-CPU instances.
 
-One module-scoped run (Ray started once): 3 training steps of the README config, then a
-resume from its checkpoint for a 4th step. Asserted: steps completed and the metrics contract;
+One run per backend (Ray started once): 3 training steps of the README config, then a resume
+from its checkpoint for a 4th step. Asserted: steps completed and the metrics contract;
 consumed staleness <= eta; no trajectory lost (every admitted one consumed, in flight or dropped
 with a reason, and the two services agree); weights really changed on an instance after a sync
-(served version advanced, synthetic log-probs changed); resume restores
+(served version advanced, log-probs shifted — for vLLM they also equal the trainer's own; sim
+weights are bytes only, so only the synthetic log-probs move with the version); resume restores
 the protocol state exactly and continues.
 """
 
@@ -18,18 +20,27 @@ import pytest
 
 from staleflow_trainer.metrics import REQUIRED_KEYS
 
-pytestmark = [pytest.mark.ray, pytest.mark.sim, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
+
+BACKENDS = [
+    pytest.param("sim", marks=[pytest.mark.sim]),
+    pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.nixl]),
+]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=BACKENDS)
 def run(
+    request: pytest.FixtureRequest,
     ray_session: None,
     tmp_path_factory: pytest.TempPathFactory,
     train_scenario: Callable[..., dict[str, Any]],
     engine_required: Callable[[str], None],
 ) -> dict[str, Any]:
-    engine_required("sim")
-    return train_scenario(tmp_path_factory.mktemp("train_sim"), "sim", steps=3)
+    backend: str = request.param
+    engine_required(backend)
+    result = train_scenario(tmp_path_factory.mktemp(f"train_{backend}"), backend, steps=3)
+    result["backend"] = backend
+    return result
 
 
 def test_steps_completed_with_the_metrics_contract(run: dict[str, Any]) -> None:
@@ -77,7 +88,9 @@ def test_instances_served_new_weights_after_sync(run: dict[str, Any]) -> None:
     assert run["synced"]["version"] == after["version"] == 3
     shift = max(abs(a - b) for a, b in zip(after["logprobs"], before["logprobs"], strict=True))
     assert after["token_ids"] != before["token_ids"] or shift > 1e-4
-    # sim weights are bytes only: the version moved, the synthetic log-probs changed with it
+    if run["backend"] == "vllm":  # real weights: the engine serves exactly what was trained
+        for served, trained in zip(after["logprobs"], run["trainer_logprobs"], strict=True):
+            assert served == pytest.approx(trained, abs=2e-3)
 
 
 def test_resume_restores_the_protocol_exactly(run: dict[str, Any]) -> None:
