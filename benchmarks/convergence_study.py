@@ -56,6 +56,7 @@ class Setting:
     eta: int | str  # an int, or "unbounded"
     tis: bool
     label: str
+    policy: str = "staleflow"  # coordinator.policy
 
 
 SETTINGS = (
@@ -63,7 +64,8 @@ SETTINGS = (
     Setting(name="eta1", eta=1, tis=True, label="η=1"),
     Setting(name="eta3", eta=3, tis=True, label="η=3"),
     Setting(name="eta10", eta=10, tis=True, label="η=10"),
-    Setting(name="unbounded", eta="unbounded", tis=True, label="unbounded"),
+    # no staleness control (UnboundedFifo): FIFO consumption, 2 batches in flight, greedy sync
+    Setting(name="unbounded", eta="unbounded", tis=True, label="unbounded", policy="all-vanilla"),
     Setting(name="eta3-notis", eta=3, tis=False, label="η=3, no TIS"),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
@@ -77,6 +79,7 @@ def overrides(setting: Setting, seed: int, steps: int, run_dir: Path) -> list[st
         f"run_dir={run_dir}",
         f"trainer.steps={steps}",
         f"protocol.eta={setting.eta}",
+        f"coordinator.policy={setting.policy}",
         f"trainer.use_tis={'true' if setting.tis else 'false'}",
         f"run.seed={seed}",
         "run.resume=never",
@@ -258,6 +261,7 @@ def finished_run_matches(run_dir: Path, setting: Setting, seed: int, steps: int)
         done == steps
         and str(cfg["protocol"]["eta"]) == str(setting.eta)
         and bool(cfg["trainer"]["use_tis"]) == setting.tis
+        and cfg["coordinator"]["policy"] == setting.policy
         and int(cfg["run"]["seed"]) == seed
     )
 
