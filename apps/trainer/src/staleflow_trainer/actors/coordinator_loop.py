@@ -123,7 +123,7 @@ TRAINER_FILE = "trainer.pt"
 LATEST_FILE = "latest"
 _CLOSED = (GroupState.ABORTED, GroupState.DROPPED)
 #: where :meth:`CoordinatorActor.inject_crash` can make the process exit (fault tests)
-CRASH_POINTS = ("after_commit_before_execute", "after_consume_commit", "mid_routes")
+CRASH_POINTS = ("after_commit_before_execute", "after_consume_commit", "mid_routes", "before_drop")
 #: the small bookkeeping a commit writes per key when it changed (the group index is journaled
 #: as new entries; the protocol as its calls)
 _BOOK_KEYS = (
@@ -759,6 +759,7 @@ class CoordinatorActor:
         """Drop in the TS what the protocol no longer holds; a closed group's never-admitted
         siblings go with it (otherwise they would sit in the queue forever)."""
         self._commit()  # write-ahead: the protocol decision first
+        self._maybe_crash("before_drop")
         groups = {group_of(t) for t in ids}
         closed = {g for g in groups if self._group_closed(g)}
         for g in sorted(closed):
