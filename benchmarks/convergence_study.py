@@ -3,7 +3,9 @@
 Runs ``staleflow train`` (the whole system: Ray, 2 vLLM-CPU rollout instances, NIXL parameter
 server, StaleFlow coordinator) once per (setting, seed), one deployment at a time, on
 ``examples/convergence.yaml``. Settings: η ∈ {0, 1, 3, 10} and "unbounded" with truncated
-importance sampling (TIS), and η = 3 without TIS. Every run consumes the same number of samples
+importance sampling (TIS), and η = 3 without TIS. "unbounded" is no staleness control
+(``protocol.eta=unbounded``: a FIFO instead of the protocol, greedy global sync with
+``coordinator.policy=all-vanilla``); the others run StaleFlow's coordinator. Every run consumes the same number of samples
 (``trainer.steps × B × n``) and seed ``s`` means the same initial model and prompt order in
 every setting.
 

@@ -10,6 +10,12 @@ last ``window(STEPS)`` steps (as the study's reward_start / reward_end) by at le
 one by ``POLICY_MARGIN``; consumed staleness stays within η, and at η = 3 most samples really
 are stale (so the second run is not a synchronous run in disguise).
 
+A third, short deployment runs the study's "unbounded" setting (``protocol.eta=unbounded``: no
+staleness control, FIFO consumption, greedy global sync) for ``UNBOUNDED_STEPS`` steps and checks
+the mode itself, not learning: every step consumed a full batch with its staleness measured,
+the instances synced (weights pulled after publishes), data generated after a sync was
+consumed, and nothing was lost.
+
 The margins come from the full study (docs/convergence.md, results/convergence/summary.json):
 see the constants' comments.
 """
@@ -29,12 +35,13 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = 60
 SEED = 0
 # consumed-batch reward, mean of the last 6 steps minus mean of the first 6. Full study (2 seeds):
-# eta=0 +0.36 / +0.73, eta=3 +0.42 / +0.39; for contrast eta=3 without TIS +0.17 / +0.06 and
-# unbounded -0.00 / -0.00. The margin is ~40 % of the smallest learning run.
+# eta=0 +0.36 / +0.73, eta=3 +0.42 / +0.39; for contrast eta=3 without TIS +0.17 / +0.06
+# (unbounded, greedy sync: +0.25 / +0.38). The margin is ~40 % of the smallest learning run.
 MARGIN = 0.15
 # expected reward of the final policy minus that of the initial one. Full study: eta=0
 # +0.33 / +0.79, eta=3 +0.53 / +0.38 (eta=3 without TIS +0.24 / +0.11).
 POLICY_MARGIN = 0.15
+UNBOUNDED_STEPS = 8
 
 
 def _study() -> Any:
@@ -46,16 +53,16 @@ def _study() -> Any:
     return convergence_study
 
 
-def _train(run_dir: Path, eta: int) -> dict[str, Any]:
+def _train(run_dir: Path, name: str, steps: int = STEPS) -> dict[str, Any]:
     from staleflow_trainer.config import load_config
     from staleflow_trainer.metrics import read_jsonl
     from staleflow_trainer.wiring import Deployment
 
     study = _study()
-    setting = study.BY_NAME[f"eta{eta}"]
+    setting = study.BY_NAME[name]
     cfg = load_config(
         study.CONFIG,
-        [*study.overrides(setting, SEED, STEPS, run_dir), "coordinator.snapshot_interval_s=0.1"],
+        [*study.overrides(setting, SEED, steps, run_dir), "coordinator.snapshot_interval_s=0.1"],
     )
     dep = Deployment(cfg).start()
     try:
@@ -79,7 +86,16 @@ def runs(
 ) -> Iterator[dict[int, dict[str, Any]]]:
     engine_required("vllm")
     root = tmp_path_factory.mktemp("convergence")
-    yield {eta: _train(root / f"eta{eta}", eta) for eta in (0, 3)}
+    yield {eta: _train(root / f"eta{eta}", f"eta{eta}") for eta in (0, 3)}
+
+
+@pytest.fixture(scope="module")
+def unbounded_run(
+    ray_session: None, tmp_path_factory: pytest.TempPathFactory, engine_required: Any
+) -> dict[str, Any]:
+    engine_required("vllm")
+    root = tmp_path_factory.mktemp("convergence")
+    return _train(root / "unbounded", "unbounded", steps=UNBOUNDED_STEPS)
 
 
 @pytest.mark.parametrize("eta", [0, 3])
@@ -109,3 +125,21 @@ def test_staleness_within_bound_and_nothing_lost(runs: dict[int, dict[str, Any]]
     assert not runs[eta]["ledger"].get("problems")
     if eta > 0:  # the bounded run really trained on stale data
         assert sum(r["mean_staleness"] for r in rows) / len(rows) > 1.0
+
+
+def test_unbounded_consumes_fifo_with_staleness_measured_and_weights_synced(
+    unbounded_run: dict[str, Any],
+) -> None:
+    rows, summary = unbounded_run["rows"], unbounded_run["summary"]
+    assert [r["step"] for r in rows] == list(range(1, UNBOUNDED_STEPS + 1))
+    for r in rows:  # every consumed sample's staleness b - V_traj is recorded
+        assert sum(r["staleness_hist"].values()) == 8 * 16
+        assert r["max_staleness"] == max(int(s) for s in r["staleness_hist"])
+    # greedy global sync: both instances pull (nearly) every published version
+    assert summary["counters"]["syncs"] >= UNBOUNDED_STEPS
+    # data generated after a sync (V_traj = version consumed - staleness > 0) was trained on;
+    # the old "eta = steps" stand-in never synced, so it trained only on version-0 data
+    v_traj = {r["version"] - 1 - int(s) for r in rows for s in r["staleness_hist"]}
+    assert max(v_traj) > 0, rows
+    assert min(v_traj) >= 0
+    assert not unbounded_run["ledger"].get("problems")
