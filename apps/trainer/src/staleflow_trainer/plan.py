@@ -401,7 +401,8 @@ def _plot(report: dict[str, Any], out: Path) -> None:
     )
     ax.set_xlabel(f"rollout GPUs (of {report['grid']['total_gpus']}; the rest train)")
     ax.set_ylabel("tokens/s (steady state)")
-    ax.set_title(f"staleflow plan: {report['grid']['policy']}")
+    g = report["grid"]
+    ax.set_title(f"staleflow plan: {g['policy']} on {g['total_gpus']} GPUs, {g['steps']} steps")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
