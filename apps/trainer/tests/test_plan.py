@@ -189,6 +189,7 @@ def test_plan_cli_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         r["ideal_tokens_per_s"] for r in report["results"]
     )
     assert (run / "results" / "plan.md").is_file() and (run / "results" / "plan.png").is_file()
+    assert report["notes"] and "trainer_model=linear" in report["notes"][0]  # sim-tiny is linear
     out = capsys.readouterr().out
     assert "Fastest:" in out and "Recommended" in out
 

@@ -81,7 +81,9 @@ def _numbers(text: str, key: str, allowed: str, kind: type) -> list[Any]:
             v = kind(part)
         except ValueError:
             raise ConfigError(
-                f"{key}: {part!r} is not a {kind.__name__}", key=key, allowed=allowed
+                f"{key}: {part!r} is not {'an integer' if kind is int else 'a number'}",
+                key=key,
+                allowed=allowed,
             ) from None
         out.append(v)
     if len(set(out)) != len(out):
@@ -103,16 +105,14 @@ def parse_grid(
     """
     pol = POLICY_ALIASES.get(policy, policy)
     if pol not in PLANNABLE:
-        why = (
-            "sync is colocated on every GPU, so it has no split to plan (pass another --policy); "
-            if pol == "sync"
-            else ""
-        )
-        raise ConfigError(
-            f"--policy: {why}unknown or unplannable policy {policy!r}",
-            key="--policy",
-            allowed=", ".join(PLANNABLE),
-        )
+        if pol == "sync":
+            msg = (
+                "--policy: 'sync' is colocated on every GPU, so it has no split to plan; "
+                "pass --policy with a disaggregated policy"
+            )
+        else:
+            msg = f"--policy: unknown policy {policy!r}"
+        raise ConfigError(msg, key="--policy", allowed=", ".join(PLANNABLE))
     f_allowed = "comma-separated numbers in (0, 1), e.g. 0.25,0.5,0.75"
     fr = (
         _numbers(fractions, "--fractions", f_allowed, float)
@@ -285,7 +285,7 @@ def run_plan(
         notes.append(
             "sim.trainer_model=linear: the training step does not depend on the number of "
             "training GPUs, so only the rollout side varies with the split (use "
-            "trainer_model=flops to plan a split)"
+            "sim.trainer_model=flops to plan a split)"
         )
         _log.warning("plan_linear_trainer_model", note=notes[-1])
     report = {
