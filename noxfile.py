@@ -107,6 +107,8 @@ def bench(session: nox.Session) -> None:
     _sync(session, "--all-packages")
     os.makedirs(ROOT / "bench-results", exist_ok=True)
     for script in sorted((ROOT / "benchmarks").glob("bench_*.py")):
+        if script.name == "bench_sim_sweep.py":  # minutes per sweep: its own session
+            continue
         session.run("python", str(script), env=ENV)
 
 
@@ -114,6 +116,20 @@ def bench(session: nox.Session) -> None:
 def bench_sim(session: nox.Session) -> None:
     _sync(session, "--all-packages")
     session.run("staleflow", "compare", "examples/sim-paper-30b-a3b.yaml", *session.posargs, env=ENV)
+
+
+@nox.session(name="bench-sim-sweep")
+def bench_sim_sweep(session: nox.Session) -> None:
+    """Scalability sweeps (issue 7): `nox -s bench-sim-sweep [-- gpus|response|batch [opts]]`."""
+    _sync(session, "--all-packages")
+    args = session.posargs
+    if args and args[0] in ("gpus", "response", "batch"):
+        session.run("python", "benchmarks/bench_sim_sweep.py", *args, env=ENV)
+    else:
+        for sweep in ("gpus", "response", "batch"):
+            session.run(
+                "python", "benchmarks/bench_sim_sweep.py", sweep, "--seeds", "0,1", *args, env=ENV
+            )
 
 
 @nox.session
