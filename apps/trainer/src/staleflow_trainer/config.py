@@ -360,6 +360,12 @@ class CoordinatorConfig:
     migration_ratio: float = _f(5.0, gt=1.0, doc="load ratio that triggers migration")
     migration_indicator: Literal["kv", "running", "waiting", "throughput"] = _f("kv")
     snapshot_interval_s: float = _f(0.05, gt=0.0)
+    sync_retries: int = _f(
+        5, ge=0, doc="consecutive failed syncs of one instance tolerated; one more fails the run"
+    )
+    sync_retry_backoff_s: float = _f(
+        0.5, ge=0.0, doc="delay before retrying a failed sync; doubles per failure, at most 30 s"
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.cost_model not in COST_MODEL_PRESETS and not self.cost_model.endswith(".json"):

@@ -152,6 +152,14 @@ def coordinator_config(cfg: AppConfig) -> CoordinatorConfig:
     )
 
 
+def sync_retry_delay(failures_in_row: int, backoff_s: float) -> float:
+    """Seconds to wait before a sync after ``failures_in_row`` failed ones: 0 for the first
+    try, then ``backoff_s`` doubling per failure, capped at 30 s."""
+    if failures_in_row <= 0 or backoff_s <= 0:
+        return 0.0
+    return float(min(30.0, backoff_s * 2 ** (failures_in_row - 1)))
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     """The checkpoint directory the ``latest`` pointer names, or None."""
     pointer = Path(run_dir) / "checkpoints" / LATEST_FILE
@@ -232,6 +240,8 @@ class CoordinatorActor:
         self._events: list[tuple[str, Any]] = []
         self._reward_pending: set[str] = set()
         self._syncing: dict[str, asyncio.Task[None]] = {}
+        #: consecutive failed syncs per instance (reset by a successful one); backoff + limit
+        self._sync_failures_in_row: dict[str, int] = {}
         self._train_task: asyncio.Task[None] | None = None
         self._known_len: dict[str, int] = {}
         # reserved by a coordinator that was restarted before handing them out: still queued
@@ -936,8 +946,13 @@ class CoordinatorActor:
             self.coordinator.on_interrupted(iid, refused)
 
     def _start_sync(self, iid: str, version: int) -> None:
+        failures = self._sync_failures_in_row.get(iid, 0)
+        delay = sync_retry_delay(failures, self.cfg.coordinator.sync_retry_backoff_s)
+
         async def job() -> None:
             try:
+                if delay > 0:  # back off after failed syncs of this instance
+                    await asyncio.sleep(delay)
                 info = await self._rollouts[iid].sync.remote(version)
                 self._events.append(("synced", (iid, int(info["version"]), info)))
             except asyncio.CancelledError:
@@ -979,13 +994,23 @@ class CoordinatorActor:
                         # has moved the instance on (greedy sync issues back-to-back syncs)
                         continue
                     self._syncing.pop(iid, None)
+                    self._sync_failures_in_row.pop(iid, None)
                     self.coordinator.on_sync_done(iid, version)
                 elif kind == "sync_failed":
                     iid, err = payload
                     self._syncing.pop(iid, None)
                     self._counters["sync_failures"] += 1
-                    self._log.warning("sync_failed", instance=iid, error=err)
+                    in_row = self._sync_failures_in_row.get(iid, 0) + 1
+                    self._sync_failures_in_row[iid] = in_row
+                    self._log.warning("sync_failed", instance=iid, error=err, in_row=in_row)
                     self.coordinator.on_sync_failed(iid)
+                    if in_row > self.cfg.coordinator.sync_retries:
+                        raise ComponentLost(
+                            f"instance {iid} failed to sync {in_row} times in a row "
+                            f"(coordinator.sync_retries={self.cfg.coordinator.sync_retries}); "
+                            f"last error: {err}",
+                            component=f"rollout:{iid}",
+                        )
                 elif kind == "trained":
                     await self._apply_trained(*payload)
 
