@@ -63,7 +63,11 @@ class _FakeParamServer:
         return {"latest": _FakeParamServer.latest}
 
     def pull(self, _names: Any, *, version: int | None = None) -> tuple[int, dict[str, Any]]:
+        from param_server.errors import VersionUnavailable
+
         v = _FakeParamServer.latest if version is None else int(version)
+        if v != _FakeParamServer.latest:  # like the real one: only what was published
+            raise VersionUnavailable(f"version {v} is not held", version=v)
         return v, dict(_FakeParamServer.tensors)
 
     def close(self) -> None:

@@ -314,15 +314,17 @@ class CoordinatorActor:
             coordinator_config(cfg),
             cast(StalenessProtocol, self.protocol),
             time.monotonic,
-            latest_version=version,
+            # the latest *published* version: behind the protocol's by one while a consumed
+            # batch trains (a coordinator recovered mid-step must not sync to it yet)
+            latest_version=self._steps_done,
         )
         for iid, info in self._instances.items():
             self.coordinator.add_instance(
                 iid,
                 kv_capacity_tokens=int(info["kv_capacity_tokens"]),
-                version=int(info.get("version", version)),
+                version=int(info.get("version", self._steps_done)),
             )
-            self._inst_state[iid] = ["idle", 0.0, version]
+            self._inst_state[iid] = ["idle", 0.0, self._steps_done]
             self._busy_acc[iid] = 0.0
         self._ts = await TrajectoryClient.connect(*self._ts_address, token=self._ts_token)
         requeued = 0

@@ -135,7 +135,8 @@ class JournaledProtocol:
 
     def resolve_stuck(self) -> Any:
         r = self.inner.resolve_stuck()
-        self._ops.append(["resolve_stuck"])
+        if r.resolved:  # an unresolved call changes nothing
+            self._ops.append(["resolve_stuck"])
         return r
 
     def take_aborts(self) -> Any:
