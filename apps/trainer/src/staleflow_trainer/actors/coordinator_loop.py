@@ -22,8 +22,9 @@ applying a ``trained`` event is consistent.
    ``Interrupt`` (``rollout.interrupt``; ``requeue=False`` also discards in the TS), ``Drop``
    (discard in the TS), ``Sync`` (background: the instance interrupts everything, pulls the
    version from the param server over NIXL and loads it);
-5. train: when ``protocol.ready()`` and the trainer is idle, ``consume`` → release the batch's
-   payloads from the TS → ``trainer.train_step`` (background; the trainer pushes version k+1).
+5. train: when ``protocol.ready()`` and the trainer is idle, ``consume`` → commit the batch
+   to the write-ahead journal → read its payloads from the TS → ``trainer.train_step``
+   (background; the trainer pushes version k+1) → the payloads are released once it landed.
    If the trainer has waited longer than ``STUCK_AFTER_S`` and a stuck threshold is configured,
    ``protocol.resolve_stuck()``.
 
