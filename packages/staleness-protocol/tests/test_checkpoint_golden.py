@@ -18,6 +18,20 @@ from staleness_protocol import (
 GOLDEN = Path(__file__).parent / "golden"
 
 
+def common_prefix(p: StalenessProtocol | UnboundedFifo) -> None:
+    """Three groups of n' = 3 at version 0; a and b complete (their third member is aborted as
+    group surplus) and are consumed; group 7 gets its first member at version 1."""
+    for g in ("a", "b", "c"):
+        for i in range(3):
+            p.reserve(g, f"{g}{i}", 0)
+    p.finish("a0")
+    p.finish("a1")
+    p.finish("b1")
+    p.finish("b0")
+    p.consume()
+    p.reserve(7, 70, 1)
+
+
 def bounded_scenario() -> StalenessProtocol:
     """Touches every field: buffers, every group/trajectory state, queued aborts and
     replacements, histograms, aborts_by_reason, consumed batches."""
@@ -32,15 +46,7 @@ def bounded_scenario() -> StalenessProtocol:
             stuck_threshold=1,
         )
     )
-    for g in ("a", "b", "c"):
-        for i in range(3):
-            p.reserve(g, f"{g}{i}", 0)
-    p.finish("a0")
-    p.finish("a1")  # a occupies; a2 aborted (group_surplus)
-    p.finish("b1")
-    p.finish("b0")  # b occupies; buffer 0 READY (c reserved buffer 1)
-    p.consume()
-    p.reserve(7, 70, 1)
+    common_prefix(p)
     p.reserve(7, 71, 1)
     p.reserve("d", "d0", 1)
     p.abort(71, "interrupted")
@@ -55,15 +61,7 @@ def unbounded_scenario() -> UnboundedFifo:
             batch_size=2, group_size=2, max_inflight_groups=3, group_redundancy=1, filtering=True
         )
     )
-    for g in ("a", "b", "c"):
-        for i in range(3):
-            p.reserve(g, f"{g}{i}", 0)
-    p.finish("a0")
-    p.finish("a1")  # a complete; a2 aborted (group_surplus)
-    p.finish("b1")
-    p.finish("b0")
-    p.consume()
-    p.reserve(7, 70, 1)
+    common_prefix(p)
     p.reserve(7, 71, 0)
     p.reserve("d", "d0", 1)
     p.abort(71, "interrupted")

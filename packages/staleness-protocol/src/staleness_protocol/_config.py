@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar, Self
 
 import attrs
 
@@ -42,8 +42,34 @@ def _check_filtering(_inst: Any, attribute: attrs.Attribute[Any], value: Any) ->
         raise ConfigError(attribute.name, value, "True or False")
 
 
+class ConfigDict:
+    """What both configs share on top of their attrs fields: ``n'`` and the dict round trip."""
+
+    __slots__ = ()
+
+    __attrs_attrs__: ClassVar[Any]  # set by @attrs.frozen on the subclass
+    group_size: int
+    group_redundancy: int
+
+    @property
+    def samples_per_group(self) -> int:
+        """``n'``: how many members a group may have live at once."""
+        return self.group_size + self.group_redundancy
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        known = {f.name for f in attrs.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(unknown[0], data[unknown[0]], f"one of {sorted(known)}")
+        return cls(**data)
+
+
 @attrs.frozen(kw_only=True)
-class ProtocolConfig:
+class ProtocolConfig(ConfigDict):
     """What the protocol needs to know; every optional mechanism is off by default.
 
     Required:
@@ -76,19 +102,3 @@ class ProtocolConfig:
     def slots_per_buffer(self) -> int:
         """``B'``: slots per buffer (``B`` plus spares)."""
         return self.batch_size + self.batch_redundancy
-
-    @property
-    def samples_per_group(self) -> int:
-        """``n'``: how many members a group may have live at once."""
-        return self.group_size + self.group_redundancy
-
-    def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ProtocolConfig:
-        known = {f.name for f in attrs.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(unknown[0], data[unknown[0]], f"one of {sorted(known)}")
-        return cls(**data)

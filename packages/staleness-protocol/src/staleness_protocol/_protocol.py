@@ -60,128 +60,66 @@ from typing import Any
 from ._buffers import Buffer
 from ._config import ProtocolConfig
 from ._ledger import Group, Traj
+from ._ledger_base import (
+    _CONSUMED,
+    _IN_FLIGHT,
+    _OCCUPIED,
+    _RESERVED_G,
+    LedgerBase,
+    _check_id,
+)
 from ._records import (
     Abort,
     AbortReason,
     Batch,
     BufferFill,
     GroupMove,
-    GroupRecord,
     GroupState,
-    ProtocolStats,
     ReplacementRequest,
     SlotState,
     StuckResolution,
-    TrajectoryRecord,
     TrajectoryState,
 )
 from .errors import (
     BelowAbortFloor,
-    CorruptState,
-    DuplicateTrajectory,
     GroupClosed,
     GroupFull,
-    InvalidId,
     InvalidVersion,
     MechanismDisabled,
     NoFreeSlot,
     NotReady,
-    ProtocolError,
     SiblingTooStale,
-    TrajectoryNotInFlight,
-    UnknownGroup,
-    UnknownTrajectory,
 )
 
 Id = str | int
 
 FORMAT = "staleness-protocol/1"
 
-_IN_FLIGHT = TrajectoryState.IN_FLIGHT
-_FINISHED = TrajectoryState.FINISHED
-_OCCUPIED = TrajectoryState.OCCUPIED
-_CONSUMED = TrajectoryState.CONSUMED
-_RESERVED_G = GroupState.RESERVED
 
-
-def _check_id(value: Any, field: str) -> None:
-    cls = type(value)
-    if cls is not str and cls is not int:
-        if isinstance(value, str | int) and not isinstance(value, bool):
-            return  # subclasses (e.g. IntEnum) are fine
-        raise InvalidId(
-            f"{field}={value!r} is invalid: allowed a str or an int", field=field, value=value
-        )
-
-
-class StalenessProtocol:
+class StalenessProtocol(LedgerBase):
     """Tracks every trajectory's reservation and placement so that none exceeds staleness η."""
 
-    __slots__ = (
-        "_aborts",
-        "_aborts_by_reason",
-        "_buffers",
-        "_config",
-        "_consumed_batches",
-        "_eta",
-        "_gcount",
-        "_group_hist",
-        "_groups",
-        "_n",
-        "_n_cap",
-        "_need",
-        "_next_replacement",
-        "_replacements",
-        "_replacements_requested",
-        "_slots",
-        "_tcount",
-        "_top",
-        "_traj_hist",
-        "_trajs",
-        "_version",
-    )
+    _FORMAT = FORMAT
+
+    __slots__ = ("_buffers", "_eta", "_n_cap", "_need", "_slots", "_top")
 
     def __init__(self, config: ProtocolConfig, *, start_version: int = 0) -> None:
         if not isinstance(config, ProtocolConfig):
             raise TypeError(f"config must be a ProtocolConfig, got {type(config).__name__}")
-        if type(start_version) is not int or start_version < 0:
-            raise InvalidVersion(
-                f"start_version={start_version!r} is invalid: allowed an int >= 0",
-                version=start_version,
-                current_version=0,
-            )
-        self._config = config
+        self._init_ledger(config.group_size, start_version)
+        self._config: ProtocolConfig = config
         self._need = config.batch_size
         self._slots = config.slots_per_buffer
-        self._n = config.group_size
         self._n_cap = config.samples_per_group
         self._eta = config.eta
-        self._version = start_version
         self._top = start_version - 1  # highest created buffer
         self._buffers: dict[int, Buffer] = {}
-        self._groups: dict[Id, Group] = {}
-        self._trajs: dict[Id, Traj] = {}
-        self._aborts: list[Abort] = []
-        self._replacements: list[ReplacementRequest] = []
-        self._next_replacement = 0
-        self._replacements_requested = 0
-        self._tcount: dict[TrajectoryState, int] = dict.fromkeys(TrajectoryState, 0)
-        self._gcount: dict[GroupState, int] = dict.fromkeys(GroupState, 0)
-        self._traj_hist: dict[int, int] = {}
-        self._group_hist: dict[int, int] = {}
-        self._aborts_by_reason: dict[str, int] = {}
-        self._consumed_batches = 0
 
     # ------------------------------------------------------------------ properties
 
     @property
     def config(self) -> ProtocolConfig:
         return self._config
-
-    @property
-    def current_version(self) -> int:
-        """Newest published model version; buffer ``current_version`` is consumed next."""
-        return self._version
 
     @property
     def abort_floor(self) -> int:
@@ -207,22 +145,6 @@ class StalenessProtocol:
         return instance_version <= self.abort_floor
 
     # ------------------------------------------------------------------ admission
-
-    def _check_version(self, version: Any, field: str = "version") -> None:
-        if type(version) is int and 0 <= version <= self._version:
-            return
-        if (
-            isinstance(version, int)
-            and not isinstance(version, bool)
-            and 0 <= version <= self._version
-        ):
-            return  # int subclasses (e.g. IntEnum) are fine
-        raise InvalidVersion(
-            f"{field}={version!r} is invalid: allowed an int in [0, {self._version}] "
-            "(no instance can be ahead of the current version)",
-            version=version,
-            current_version=self._version,
-        )
 
     def _latest_free(self, version: int) -> int:
         """Latest buffer in ``[c, version + η]`` that can take a reservation; -1 if none."""
@@ -305,16 +227,7 @@ class StalenessProtocol:
         buffer; later members (siblings, possibly on other instances and versions) join it.
         Raises NotAdmissible (keep it queued), or a ProtocolMisuse/BadInput subclass.
         """
-        _check_id(group_id, "group_id")
-        _check_id(trajectory_id, "trajectory_id")
-        self._check_version(version)
-        if trajectory_id in self._trajs:
-            raise DuplicateTrajectory(
-                f"trajectory_id {trajectory_id!r} is already in the ledger "
-                f"({self._trajs[trajectory_id].state.value})",
-                trajectory_id=trajectory_id,
-                group_id=group_id,
-            )
+        self._check_new_trajectory(group_id, trajectory_id, version)
         g = self._groups.get(group_id)
         if g is None:
             b = self._reserve_buffer(group_id, version)
@@ -337,120 +250,18 @@ class StalenessProtocol:
         self._tcount[_IN_FLIGHT] += 1
         return b
 
-    def can_resume(self, trajectory_id: Id, instance_version: int) -> bool:
-        """May this in-flight (e.g. interrupted) trajectory continue on an instance at this version?
-
-        True iff it is in flight and ``V_traj ≤ instance_version``. V_traj and the reservation
-        are kept; resuming needs no protocol call.
-        """
-        t = self._traj(trajectory_id)
-        self._check_version(instance_version, "instance_version")
-        return t.state is _IN_FLIGHT and t.version <= instance_version
-
     # ------------------------------------------------------------------ transitions
 
-    def _traj(self, trajectory_id: Id) -> Traj:
-        t = self._trajs.get(trajectory_id)
-        if t is None:
-            _check_id(trajectory_id, "trajectory_id")
-            raise UnknownTrajectory(
-                f"unknown trajectory_id {trajectory_id!r}", trajectory_id=trajectory_id
-            )
-        return t
-
-    def _group(self, group_id: Id) -> Group:
-        g = self._groups.get(group_id)
-        if g is None:
-            _check_id(group_id, "group_id")
-            raise UnknownGroup(f"unknown group_id {group_id!r}", group_id=group_id)
-        return g
-
-    def _set_state(self, t: Traj, state: TrajectoryState) -> None:
-        tcount = self._tcount
-        tcount[t.state] -= 1
-        tcount[state] += 1
-        t.state = state
-
-    def _set_group_state(self, g: Group, state: GroupState) -> None:
-        self._gcount[g.state] -= 1
-        self._gcount[state] += 1
-        g.state = state
-
-    def _kill(self, t: Traj, state: TrajectoryState, reason: str, *, queue: bool) -> Abort:
-        """Move a live trajectory to ABORTED/DROPPED; optionally queue the Abort command."""
-        was_running = t.state is _IN_FLIGHT
-        reason = str(reason)  # AbortReason members become plain JSON-friendly strings
-        self._set_state(t, state)
-        t.reason = reason
-        t.buffer = None
-        abort = Abort(
-            trajectory_id=t.trajectory_id,
-            group_id=t.group_id,
-            version=t.version,
-            reason=reason,
-            was_running=was_running,
-        )
-        if state is TrajectoryState.ABORTED:
-            self._aborts_by_reason[reason] = self._aborts_by_reason.get(reason, 0) + 1
-        if queue:
-            self._aborts.append(abort)
-        return abort
-
-    def _close_group(
-        self, g: Group, state: GroupState, reason: str, tstate: TrajectoryState
-    ) -> list[Abort]:
-        """Release the group's slot and end all its live members."""
+    def _release_slot(self, g: Group) -> None:
         buf = self._buffers.get(g.buffer) if g.buffer is not None else None
         if buf is not None:
             buf.reserved.pop(g.group_id, None)
             buf.occupied.pop(g.group_id, None)
-        trajs = self._trajs
-        aborts = [self._kill(trajs[tid], tstate, reason, queue=True) for tid in g.members]
-        g.members.clear()
-        g.finished.clear()
-        g.buffer = None
-        g.reason = str(reason)
-        self._set_group_state(g, state)
-        return aborts
-
-    def _request_replacement(self, group_id: Id, reason: str) -> ReplacementRequest:
-        req = ReplacementRequest(
-            request_id=self._next_replacement, replaces_group_id=group_id, reason=str(reason)
-        )
-        self._next_replacement += 1
-        self._replacements_requested += 1
-        self._replacements.append(req)
-        return req
-
-    def finish(self, trajectory_id: Id) -> int | None:
-        """Record that a trajectory finished and was rewarded.
-
-        When the ``n``-th member of its group finishes, the group occupies: the other running
-        members are aborted (group surplus, queued in ``take_aborts``) and the group is placed in
-        the earliest legal buffer. Returns that buffer, or None while the group is incomplete.
-        """
-        t = self._traj(trajectory_id)
-        if t.state is not _IN_FLIGHT:
-            raise TrajectoryNotInFlight(
-                f"cannot finish trajectory {trajectory_id!r}: it is {t.state.value}"
-                + (f" ({t.reason})" if t.reason else ""),
-                trajectory_id=trajectory_id,
-                group_id=t.group_id,
-                state=t.state.value,
-            )
-        g = self._groups[t.group_id]
-        self._set_state(t, _FINISHED)
-        g.finished.append(trajectory_id)
-        if len(g.finished) < self._n:
-            return None
-        return self._occupy(g)
 
     def _occupy(self, g: Group) -> int:
+        self._abort_group_surplus(g)
         trajs = self._trajs
         kept = g.finished
-        for tid in [m for m in g.members if trajs[m].state is _IN_FLIGHT]:
-            del g.members[tid]
-            self._kill(trajs[tid], TrajectoryState.ABORTED, AbortReason.GROUP_SURPLUS, queue=True)
         b_entry = g.buffer
         assert b_entry is not None
         buffers = self._buffers
@@ -490,55 +301,6 @@ class StalenessProtocol:
                 else AbortReason.BATCH_SURPLUS
             )
             self._close_group(g, GroupState.ABORTED, reason, TrajectoryState.ABORTED)
-
-    def abort(self, trajectory_id: Id, reason: str) -> None:
-        """The caller aborted an in-flight trajectory (e.g. interruption it will not resume).
-
-        Its group keeps its reservation: a new sibling may be reserved to replace it, or the
-        caller drops the group. Not queued in ``take_aborts`` (the caller already knows).
-        """
-        t = self._traj(trajectory_id)
-        if not isinstance(reason, str) or not reason:
-            raise InvalidId(
-                f"reason={reason!r} is invalid: allowed a non-empty str",
-                field="reason",
-                value=reason,
-            )
-        if t.state is not _IN_FLIGHT:
-            raise TrajectoryNotInFlight(
-                f"cannot abort trajectory {trajectory_id!r}: it is {t.state.value}",
-                trajectory_id=trajectory_id,
-                group_id=t.group_id,
-                state=t.state.value,
-            )
-        del self._groups[t.group_id].members[trajectory_id]
-        self._kill(t, TrajectoryState.ABORTED, reason, queue=False)
-
-    def drop_group(self, group_id: Id, reason: str) -> tuple[Abort, ...]:
-        """Filter a group out (e.g. all rewards equal): release its reservation or slot.
-
-        Works on RESERVED and OCCUPIED (not yet consumed) groups. Every live member becomes
-        DROPPED with ``reason``; one Abort record per member is queued in ``take_aborts`` and
-        returned (``was_running`` tells an engine-held trajectory from a finished one whose
-        stored result is discarded). With ``filtering`` on, a replacement prompt is requested.
-        """
-        g = self._group(group_id)
-        if not isinstance(reason, str) or not reason:
-            raise InvalidId(
-                f"reason={reason!r} is invalid: allowed a non-empty str",
-                field="reason",
-                value=reason,
-            )
-        if g.state is not _RESERVED_G and g.state is not GroupState.OCCUPIED:
-            raise GroupClosed(
-                f"cannot drop group {group_id!r}: it is {g.state.value}",
-                group_id=group_id,
-                state=g.state.value,
-            )
-        aborts = self._close_group(g, GroupState.DROPPED, reason, TrajectoryState.DROPPED)
-        if self._config.filtering:
-            self._request_replacement(group_id, reason)
-        return tuple(aborts)
 
     # ------------------------------------------------------------------ consume
 
@@ -661,40 +423,7 @@ class StalenessProtocol:
             replacements=tuple(replacements),
         )
 
-    # ------------------------------------------------------------------ outboxes
-
-    def take_aborts(self) -> tuple[Abort, ...]:
-        """Drain the protocol-initiated abort commands queued since the last call."""
-        out = tuple(self._aborts)
-        self._aborts.clear()
-        return out
-
-    def take_replacements(self) -> tuple[ReplacementRequest, ...]:
-        """Drain the replacement-prompt requests queued since the last call."""
-        out = tuple(self._replacements)
-        self._replacements.clear()
-        return out
-
-    @property
-    def pending_aborts(self) -> int:
-        return len(self._aborts)
-
-    @property
-    def pending_replacements(self) -> int:
-        return len(self._replacements)
-
     # ------------------------------------------------------------------ queries
-
-    def trajectory(self, trajectory_id: Id) -> TrajectoryRecord:
-        """Ledger entry for any trajectory ever reserved (in flight, consumed, dropped, aborted)."""
-        return self._traj(trajectory_id).record()
-
-    def group(self, group_id: Id) -> GroupRecord:
-        return self._group(group_id).record()
-
-    def in_flight(self) -> tuple[Id, ...]:
-        """Ids of all in-flight trajectories (O(ledger); for inspection, not the hot path)."""
-        return tuple(tid for tid, t in self._trajs.items() if t.state is _IN_FLIGHT)
 
     def buffer_fill(self, version: int) -> BufferFill:
         buf = self._buffers.get(version)
@@ -719,21 +448,8 @@ class StalenessProtocol:
             + (SlotState.RESERVED,) * fill.reserved
         )
 
-    def stats(self) -> ProtocolStats:
-        return ProtocolStats(
-            current_version=self._version,
-            abort_floor=self.abort_floor,
-            trajectories_by_state={s.value: n for s, n in self._tcount.items()},
-            groups_by_state={s.value: n for s, n in self._gcount.items()},
-            buffers=tuple(self._buffers[b].fill() for b in range(self._version, self._top + 1)),
-            staleness_histogram=dict(sorted(self._traj_hist.items())),
-            group_staleness_histogram=dict(sorted(self._group_hist.items())),
-            aborts_by_reason=dict(sorted(self._aborts_by_reason.items())),
-            consumed_batches=self._consumed_batches,
-            replacements_requested=self._replacements_requested,
-            pending_aborts=len(self._aborts),
-            pending_replacements=len(self._replacements),
-        )
+    def _buffer_fills(self) -> tuple[BufferFill, ...]:
+        return tuple(self._buffers[b].fill() for b in range(self._version, self._top + 1))
 
     # ------------------------------------------------------------------ checkpoint
 
@@ -752,37 +468,11 @@ class StalenessProtocol:
                 }
                 for b in range(self._version, self._top + 1)
             ],
-            "groups": [
-                [g.group_id, g.state.value, g.buffer, list(g.members), list(g.finished), g.reason]
-                for g in self._groups.values()
-            ],
-            "trajectories": [
-                [t.trajectory_id, t.group_id, t.version, t.state.value, t.buffer, t.reason]
-                for t in self._trajs.values()
-            ],
-            "pending_aborts": [
-                [a.trajectory_id, a.group_id, a.version, a.reason, a.was_running]
-                for a in self._aborts
-            ],
-            "pending_replacements": [
-                [r.request_id, r.replaces_group_id, r.reason] for r in self._replacements
-            ],
-            "next_replacement_id": self._next_replacement,
-            "replacements_requested": self._replacements_requested,
-            "staleness_histogram": [[s, n] for s, n in sorted(self._traj_hist.items())],
-            "group_staleness_histogram": [[s, n] for s, n in sorted(self._group_hist.items())],
-            "aborts_by_reason": dict(sorted(self._aborts_by_reason.items())),
-            "consumed_batches": self._consumed_batches,
+            **self._ledger_to_dict(),
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> StalenessProtocol:
-        """Restore a state written by ``to_dict`` (also after a JSON round trip)."""
+    def _restore(cls, data: dict[str, Any]) -> StalenessProtocol:
         from ._restore import restore
 
-        try:
-            return restore(cls, data)
-        except ProtocolError:
-            raise
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-            raise CorruptState(f"not a {FORMAT} state: {type(exc).__name__}: {exc}") from exc
+        return restore(cls, data)

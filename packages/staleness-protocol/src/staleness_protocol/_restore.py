@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from ._buffers import Buffer
 from ._config import ProtocolConfig
 from ._ledger import Group, Traj
-from ._records import Abort, GroupState, ReplacementRequest, TrajectoryState
+from ._records import GroupState, TrajectoryState
 from .errors import CorruptState
 
 if TYPE_CHECKING:
@@ -73,18 +73,5 @@ def restore(cls: type[StalenessProtocol], data: dict[str, Any]) -> StalenessProt
         for tid in g.members:
             if tid not in p._trajs:
                 raise _fail(f"group {g.group_id!r} names unknown member {tid!r}")
-    p._aborts = [
-        Abort(trajectory_id=a[0], group_id=a[1], version=a[2], reason=a[3], was_running=a[4])
-        for a in data["pending_aborts"]
-    ]
-    p._replacements = [
-        ReplacementRequest(request_id=r[0], replaces_group_id=r[1], reason=r[2])
-        for r in data["pending_replacements"]
-    ]
-    p._next_replacement = int(data["next_replacement_id"])
-    p._replacements_requested = int(data["replacements_requested"])
-    p._traj_hist = {int(s): int(n) for s, n in data["staleness_histogram"]}
-    p._group_hist = {int(s): int(n) for s, n in data["group_staleness_histogram"]}
-    p._aborts_by_reason = {str(k): int(v) for k, v in data["aborts_by_reason"].items()}
-    p._consumed_batches = int(data["consumed_batches"])
+    p._restore_outboxes_and_counters(data)
     return p

@@ -43,53 +43,43 @@ from typing import Any
 
 import attrs
 
-from ._config import _check_filtering, _int_at_least
+from ._config import ConfigDict, _check_filtering, _int_at_least
 from ._ledger import Group, Traj
-from ._protocol import FORMAT, StalenessProtocol, _check_id
+from ._ledger_base import (
+    _CONSUMED,
+    _FINISHED,
+    _IN_FLIGHT,
+    _OCCUPIED,
+    _OCCUPIED_G,
+    _RESERVED_G,
+    LedgerBase,
+    _check_id,
+)
+from ._protocol import FORMAT, StalenessProtocol
 from ._records import (
-    Abort,
-    AbortReason,
     Batch,
     BufferFill,
-    GroupRecord,
     GroupState,
-    ProtocolStats,
-    ReplacementRequest,
     SlotState,
     StuckResolution,
-    TrajectoryRecord,
     TrajectoryState,
 )
 from .errors import (
-    ConfigError,
     CorruptState,
-    DuplicateTrajectory,
     GroupClosed,
     GroupFull,
-    InvalidId,
     InvalidVersion,
     NoFreeSlot,
     NotReady,
-    ProtocolError,
-    TrajectoryNotInFlight,
-    UnknownGroup,
-    UnknownTrajectory,
 )
 
 Id = str | int
 
 UNBOUNDED_FORMAT = "staleness-protocol-unbounded/1"
 
-_IN_FLIGHT = TrajectoryState.IN_FLIGHT
-_FINISHED = TrajectoryState.FINISHED
-_OCCUPIED = TrajectoryState.OCCUPIED
-_CONSUMED = TrajectoryState.CONSUMED
-_RESERVED_G = GroupState.RESERVED
-_OCCUPIED_G = GroupState.OCCUPIED
-
 
 @attrs.frozen(kw_only=True)
-class UnboundedConfig:
+class UnboundedConfig(ConfigDict):
     """What :class:`UnboundedFifo` needs: no ``eta``, a concurrency cap instead.
 
     Required:
@@ -130,80 +120,27 @@ class UnboundedConfig:
     def slots_per_buffer(self) -> int:
         return self.batch_size
 
-    @property
-    def samples_per_group(self) -> int:
-        return self.group_size + self.group_redundancy
 
-    def to_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> UnboundedConfig:
-        known = {f.name for f in attrs.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(unknown[0], data[unknown[0]], f"one of {sorted(known)}")
-        return cls(**data)
-
-
-class UnboundedFifo:
+class UnboundedFifo(LedgerBase):
     """Admission by a concurrency cap, FIFO consumption, staleness measured but not bounded."""
 
-    __slots__ = (
-        "_aborts",
-        "_aborts_by_reason",
-        "_config",
-        "_consumed_batches",
-        "_fifo",
-        "_gcount",
-        "_group_hist",
-        "_groups",
-        "_inflight",
-        "_next_replacement",
-        "_replacements",
-        "_replacements_requested",
-        "_tcount",
-        "_traj_hist",
-        "_trajs",
-        "_version",
-    )
+    _FORMAT = UNBOUNDED_FORMAT
+
+    __slots__ = ("_fifo", "_inflight")
 
     def __init__(self, config: UnboundedConfig, *, start_version: int = 0) -> None:
         if not isinstance(config, UnboundedConfig):
             raise TypeError(f"config must be an UnboundedConfig, got {type(config).__name__}")
-        if type(start_version) is not int or start_version < 0:
-            raise InvalidVersion(
-                f"start_version={start_version!r} is invalid: allowed an int >= 0",
-                version=start_version,
-                current_version=0,
-            )
-        self._config = config
-        self._version = start_version
-        self._groups: dict[Id, Group] = {}
-        self._trajs: dict[Id, Traj] = {}
+        self._init_ledger(config.group_size, start_version)
+        self._config: UnboundedConfig = config
         self._fifo: deque[Id] = deque()  # OCCUPIED groups, in completion order
         self._inflight = 0  # RESERVED groups
-        self._aborts: list[Abort] = []
-        self._replacements: list[ReplacementRequest] = []
-        self._next_replacement = 0
-        self._replacements_requested = 0
-        self._tcount: dict[TrajectoryState, int] = dict.fromkeys(TrajectoryState, 0)
-        self._gcount: dict[GroupState, int] = dict.fromkeys(GroupState, 0)
-        self._traj_hist: dict[int, int] = {}
-        self._group_hist: dict[int, int] = {}
-        self._aborts_by_reason: dict[str, int] = {}
-        self._consumed_batches = 0
 
     # ------------------------------------------------------------------ properties
 
     @property
     def config(self) -> UnboundedConfig:
         return self._config
-
-    @property
-    def current_version(self) -> int:
-        """Newest published model version; the next ``consume`` trains it."""
-        return self._version
 
     @property
     def abort_floor(self) -> int:
@@ -227,20 +164,6 @@ class UnboundedFifo:
 
     # ------------------------------------------------------------------ admission
 
-    def _check_version(self, version: Any, field: str = "version") -> None:
-        if (
-            isinstance(version, int)
-            and not isinstance(version, bool)
-            and 0 <= version <= self._version
-        ):
-            return
-        raise InvalidVersion(
-            f"{field}={version!r} is invalid: allowed an int in [0, {self._version}] "
-            "(no instance can be ahead of the current version)",
-            version=version,
-            current_version=self._version,
-        )
-
     def can_reserve(self, group_id: Id, version: int) -> bool:
         """Would ``reserve(group_id, <new id>, version)`` succeed? No side effects."""
         _check_id(group_id, "group_id")
@@ -257,16 +180,7 @@ class UnboundedFifo:
         group. Returns the version the group would be trained at if the FIFO were consumed
         with nothing ahead of it (``current_version``): there is no reservation to report.
         """
-        _check_id(group_id, "group_id")
-        _check_id(trajectory_id, "trajectory_id")
-        self._check_version(version)
-        if trajectory_id in self._trajs:
-            raise DuplicateTrajectory(
-                f"trajectory_id {trajectory_id!r} is already in the ledger "
-                f"({self._trajs[trajectory_id].state.value})",
-                trajectory_id=trajectory_id,
-                group_id=group_id,
-            )
+        self._check_new_trajectory(group_id, trajectory_id, version)
         g = self._groups.get(group_id)
         if g is None:
             cap = self._config.max_inflight_groups
@@ -298,145 +212,27 @@ class UnboundedFifo:
         self._tcount[_IN_FLIGHT] += 1
         return self._version
 
-    def can_resume(self, trajectory_id: Id, instance_version: int) -> bool:
-        """True iff the trajectory is in flight and ``V_traj ≤ instance_version``."""
-        t = self._traj(trajectory_id)
-        self._check_version(instance_version, "instance_version")
-        return t.state is _IN_FLIGHT and t.version <= instance_version
-
     # ------------------------------------------------------------------ transitions
-
-    def _traj(self, trajectory_id: Id) -> Traj:
-        t = self._trajs.get(trajectory_id)
-        if t is None:
-            _check_id(trajectory_id, "trajectory_id")
-            raise UnknownTrajectory(
-                f"unknown trajectory_id {trajectory_id!r}", trajectory_id=trajectory_id
-            )
-        return t
-
-    def _group(self, group_id: Id) -> Group:
-        g = self._groups.get(group_id)
-        if g is None:
-            _check_id(group_id, "group_id")
-            raise UnknownGroup(f"unknown group_id {group_id!r}", group_id=group_id)
-        return g
-
-    def _set_state(self, t: Traj, state: TrajectoryState) -> None:
-        self._tcount[t.state] -= 1
-        self._tcount[state] += 1
-        t.state = state
 
     def _set_group_state(self, g: Group, state: GroupState) -> None:
         if g.state is _RESERVED_G:
             self._inflight -= 1
-        self._gcount[g.state] -= 1
-        self._gcount[state] += 1
-        g.state = state
+        LedgerBase._set_group_state(self, g, state)
 
-    def _kill(self, t: Traj, state: TrajectoryState, reason: str) -> Abort:
-        was_running = t.state is _IN_FLIGHT
-        reason = str(reason)
-        self._set_state(t, state)
-        t.reason = reason
-        t.buffer = None
-        if state is TrajectoryState.ABORTED:
-            self._aborts_by_reason[reason] = self._aborts_by_reason.get(reason, 0) + 1
-        return Abort(
-            trajectory_id=t.trajectory_id,
-            group_id=t.group_id,
-            version=t.version,
-            reason=reason,
-            was_running=was_running,
-        )
+    def _release_slot(self, g: Group) -> None:
+        if g.state is _OCCUPIED_G:
+            self._fifo.remove(g.group_id)
 
-    @staticmethod
-    def _check_reason(reason: Any) -> None:
-        if not isinstance(reason, str) or not reason:
-            raise InvalidId(
-                f"reason={reason!r} is invalid: allowed a non-empty str",
-                field="reason",
-                value=reason,
-            )
-
-    def finish(self, trajectory_id: Id) -> int | None:
-        """A trajectory finished and was rewarded. The ``n``-th finished member completes its
-        group: the other live members are aborted (``group_surplus``) and the group joins the
-        FIFO. Returns the version the group will be trained at (``current_version`` plus the
-        batches ahead of it), or None while the group is incomplete."""
-        t = self._traj(trajectory_id)
-        if t.state is not _IN_FLIGHT:
-            raise TrajectoryNotInFlight(
-                f"cannot finish trajectory {trajectory_id!r}: it is {t.state.value}"
-                + (f" ({t.reason})" if t.reason else ""),
-                trajectory_id=trajectory_id,
-                group_id=t.group_id,
-                state=t.state.value,
-            )
-        g = self._groups[t.group_id]
-        self._set_state(t, _FINISHED)
-        g.finished.append(trajectory_id)
-        if len(g.finished) < self._config.group_size:
-            return None
+    def _occupy(self, g: Group) -> int:
+        """The group is complete: it joins the FIFO. Returns the version it will be trained at
+        (``current_version`` plus the batches ahead of it)."""
+        self._abort_group_surplus(g)
         trajs = self._trajs
-        for tid in [m for m in g.members if trajs[m].state is _IN_FLIGHT]:
-            del g.members[tid]
-            self._aborts.append(
-                self._kill(trajs[tid], TrajectoryState.ABORTED, AbortReason.GROUP_SURPLUS)
-            )
         for tid in g.finished:
             self._set_state(trajs[tid], _OCCUPIED)
         self._set_group_state(g, _OCCUPIED_G)
         self._fifo.append(g.group_id)
         return self._version + (len(self._fifo) - 1) // self._config.batch_size
-
-    def abort(self, trajectory_id: Id, reason: str) -> None:
-        """The caller aborted an in-flight trajectory; its group stays in flight (a new sibling
-        may replace it, or the caller drops the group). Not queued in ``take_aborts``."""
-        t = self._traj(trajectory_id)
-        self._check_reason(reason)
-        if t.state is not _IN_FLIGHT:
-            raise TrajectoryNotInFlight(
-                f"cannot abort trajectory {trajectory_id!r}: it is {t.state.value}",
-                trajectory_id=trajectory_id,
-                group_id=t.group_id,
-                state=t.state.value,
-            )
-        del self._groups[t.group_id].members[trajectory_id]
-        self._kill(t, TrajectoryState.ABORTED, reason)
-
-    def drop_group(self, group_id: Id, reason: str) -> tuple[Abort, ...]:
-        """Filter a group out: an in-flight group, or a complete one still in the FIFO. Every
-        live member becomes DROPPED (one Abort each, queued and returned); with ``filtering``
-        a replacement prompt is requested."""
-        g = self._group(group_id)
-        self._check_reason(reason)
-        if g.state is not _RESERVED_G and g.state is not _OCCUPIED_G:
-            raise GroupClosed(
-                f"cannot drop group {group_id!r}: it is {g.state.value}",
-                group_id=group_id,
-                state=g.state.value,
-            )
-        if g.state is _OCCUPIED_G:
-            self._fifo.remove(group_id)
-        trajs = self._trajs
-        aborts = [self._kill(trajs[t], TrajectoryState.DROPPED, reason) for t in g.members]
-        self._aborts.extend(aborts)
-        g.members.clear()
-        g.finished.clear()
-        g.reason = str(reason)
-        self._set_group_state(g, GroupState.DROPPED)
-        if self._config.filtering:
-            self._replacements.append(
-                ReplacementRequest(
-                    request_id=self._next_replacement,
-                    replaces_group_id=group_id,
-                    reason=str(reason),
-                )
-            )
-            self._next_replacement += 1
-            self._replacements_requested += 1
-        return tuple(aborts)
 
     # ------------------------------------------------------------------ consume
 
@@ -489,37 +285,7 @@ class UnboundedFifo:
         """Nothing to resolve: a FIFO batch is any ``B`` complete groups, so none gets stuck."""
         return StuckResolution(resolved=False, buffer=self._version)
 
-    # ------------------------------------------------------------------ outboxes
-
-    def take_aborts(self) -> tuple[Abort, ...]:
-        out = tuple(self._aborts)
-        self._aborts.clear()
-        return out
-
-    def take_replacements(self) -> tuple[ReplacementRequest, ...]:
-        out = tuple(self._replacements)
-        self._replacements.clear()
-        return out
-
-    @property
-    def pending_aborts(self) -> int:
-        return len(self._aborts)
-
-    @property
-    def pending_replacements(self) -> int:
-        return len(self._replacements)
-
     # ------------------------------------------------------------------ queries
-
-    def trajectory(self, trajectory_id: Id) -> TrajectoryRecord:
-        """Ledger entry; ``buffer`` is the version it was trained at once consumed, else None."""
-        return self._traj(trajectory_id).record()
-
-    def group(self, group_id: Id) -> GroupRecord:
-        return self._group(group_id).record()
-
-    def in_flight(self) -> tuple[Id, ...]:
-        return tuple(tid for tid, t in self._trajs.items() if t.state is _IN_FLIGHT)
 
     def fifo(self) -> tuple[Id, ...]:
         """Complete groups waiting to be consumed, oldest first."""
@@ -543,22 +309,9 @@ class UnboundedFifo:
         fill = self.buffer_fill(version)
         return (SlotState.OCCUPIED,) * fill.occupied + (SlotState.EMPTY,) * fill.free
 
-    def stats(self) -> ProtocolStats:
+    def _buffer_fills(self) -> tuple[BufferFill, ...]:
         n_buf = -(-len(self._fifo) // self._config.batch_size)
-        return ProtocolStats(
-            current_version=self._version,
-            abort_floor=-1,
-            trajectories_by_state={s.value: n for s, n in self._tcount.items()},
-            groups_by_state={s.value: n for s, n in self._gcount.items()},
-            buffers=tuple(self.buffer_fill(self._version + i) for i in range(n_buf)),
-            staleness_histogram=dict(sorted(self._traj_hist.items())),
-            group_staleness_histogram=dict(sorted(self._group_hist.items())),
-            aborts_by_reason=dict(sorted(self._aborts_by_reason.items())),
-            consumed_batches=self._consumed_batches,
-            replacements_requested=self._replacements_requested,
-            pending_aborts=len(self._aborts),
-            pending_replacements=len(self._replacements),
-        )
+        return tuple(self.buffer_fill(self._version + i) for i in range(n_buf))
 
     # ------------------------------------------------------------------ checkpoint
 
@@ -569,41 +322,12 @@ class UnboundedFifo:
             "config": self._config.to_dict(),
             "current_version": self._version,
             "fifo": list(self._fifo),
-            "groups": [
-                [g.group_id, g.state.value, g.buffer, list(g.members), list(g.finished), g.reason]
-                for g in self._groups.values()
-            ],
-            "trajectories": [
-                [t.trajectory_id, t.group_id, t.version, t.state.value, t.buffer, t.reason]
-                for t in self._trajs.values()
-            ],
-            "pending_aborts": [
-                [a.trajectory_id, a.group_id, a.version, a.reason, a.was_running]
-                for a in self._aborts
-            ],
-            "pending_replacements": [
-                [r.request_id, r.replaces_group_id, r.reason] for r in self._replacements
-            ],
-            "next_replacement_id": self._next_replacement,
-            "replacements_requested": self._replacements_requested,
-            "staleness_histogram": [[s, n] for s, n in sorted(self._traj_hist.items())],
-            "group_staleness_histogram": [[s, n] for s, n in sorted(self._group_hist.items())],
-            "aborts_by_reason": dict(sorted(self._aborts_by_reason.items())),
-            "consumed_batches": self._consumed_batches,
+            **self._ledger_to_dict(),
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> UnboundedFifo:
-        """Restore a state written by ``to_dict`` (also after a JSON round trip); a dict that
-        is not a consistent state raises CorruptState."""
-        try:
-            return _restore(cls, data)
-        except ProtocolError:
-            raise
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-            raise CorruptState(
-                f"not a {UNBOUNDED_FORMAT} state: {type(exc).__name__}: {exc}"
-            ) from exc
+    def _restore(cls, data: dict[str, Any]) -> UnboundedFifo:
+        return _restore(cls, data)
 
 
 def _restore(cls: type[UnboundedFifo], data: dict[str, Any]) -> UnboundedFifo:
@@ -657,20 +381,7 @@ def _restore(cls: type[UnboundedFifo], data: dict[str, Any]) -> UnboundedFifo:
             f"{p._inflight} groups in flight exceed max_inflight_groups="
             f"{p._config.max_inflight_groups}"
         )
-    p._aborts = [
-        Abort(trajectory_id=a[0], group_id=a[1], version=a[2], reason=a[3], was_running=a[4])
-        for a in data["pending_aborts"]
-    ]
-    p._replacements = [
-        ReplacementRequest(request_id=r[0], replaces_group_id=r[1], reason=r[2])
-        for r in data["pending_replacements"]
-    ]
-    p._next_replacement = int(data["next_replacement_id"])
-    p._replacements_requested = int(data["replacements_requested"])
-    p._traj_hist = {int(s): int(n) for s, n in data["staleness_histogram"]}
-    p._group_hist = {int(s): int(n) for s, n in data["group_staleness_histogram"]}
-    p._aborts_by_reason = {str(k): int(v) for k, v in data["aborts_by_reason"].items()}
-    p._consumed_batches = int(data["consumed_batches"])
+    p._restore_outboxes_and_counters(data)
     return p
 
 
