@@ -268,6 +268,9 @@ class ProgressBar:
     def __init__(self, total_steps: int, *, enabled: bool = True, start_step: int = 0) -> None:
         self._progress = None
         self._task = None
+        self._tokens = 0.0  # consumed tokens and the time span seen, for the run's mean rate
+        self._first_time: float | None = None
+        self._last_time: float | None = None
         if not enabled:
             return
         from rich.progress import (
@@ -294,7 +297,23 @@ class ProgressBar:
             self._progress.start()
         return self
 
+    def run_tokens_per_s(self, record: Mapping[str, Any]) -> float | None:
+        """Fold one step record in; the mean consumed tokens/s since the first step's end
+        (None until two records with ``tokens`` and ``time_s`` were seen). A single step's
+        ``tokens_per_s`` is 0 when its batch was generated during the previous step."""
+        tokens, t = record.get("tokens"), record.get("time_s")
+        if tokens is None or t is None:
+            return None
+        if self._first_time is None:
+            self._first_time = float(t)  # the first batch's tokens were made before it
+            return None
+        self._tokens += float(tokens)
+        self._last_time = float(t)
+        span = self._last_time - self._first_time
+        return self._tokens / span if span > 0 else None
+
     def update(self, step: int, record: Mapping[str, Any]) -> None:
+        mean = self.run_tokens_per_s(record)
         if self._progress is None:
             return
         info = (
@@ -302,6 +321,7 @@ class ProgressBar:
             f"stale max {record.get('max_staleness', 0)} mean "
             f"{record.get('mean_staleness', 0.0):.2f}  "
             f"{record.get('tokens_per_s', 0.0):.0f} tok/s"
+            + (f" (run {mean:.0f})" if mean is not None else "")
         )
         assert self._task is not None
         self._progress.update(self._task, completed=step, info=info)
