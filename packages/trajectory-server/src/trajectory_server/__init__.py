@@ -8,6 +8,7 @@ The synchronous core is :class:`TrajectoryStore`; the service, clients and wire 
 from trajectory_server._core import ALL_LEVELS, TrajectoryStore
 from trajectory_server._packed import FloatArray, IntArray
 from trajectory_server._records import (
+    ROUTABLE_AFTER,
     Completion,
     EventKind,
     FinishedTrajectory,
@@ -20,11 +21,13 @@ from trajectory_server._records import (
     Segment,
     StoreStats,
     Trajectory,
+    routes_out_of_queue,
 )
 from trajectory_server._version import __version__
 
 __all__ = [
     "ALL_LEVELS",
+    "ROUTABLE_AFTER",
     "Completion",
     "EventKind",
     "FinishReason",
@@ -41,4 +44,5 @@ __all__ = [
     "Trajectory",
     "TrajectoryStore",
     "__version__",
+    "routes_out_of_queue",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -304,6 +304,26 @@ class EventKind(enum.StrEnum):
     FINISHED = "finished"
     DROPPED = "dropped"
     RELEASED = "released"  # the finished payload was collected and freed
+
+
+#: A trajectory may be routed only right after one of these: it was in the queue.
+ROUTABLE_AFTER = frozenset({EventKind.SUBMITTED, EventKind.RETURNED, EventKind.LOST})
+
+
+def routes_out_of_queue(histories: Mapping[str, Sequence[Sequence[Any]]]) -> list[str]:
+    """The ``routed`` events that did not follow a ``submitted`` / ``returned`` / ``lost``
+    one — a trajectory routed twice, or routed while not queued — as ``"<id> routed after
+    <kind>: <events>"``. ``histories`` maps a trajectory id to its events in order, each a
+    sequence whose first item is the kind (e.g. ``[kind, instance_id, version, seq]``)."""
+    bad: list[str] = []
+    for tid, events in histories.items():
+        prev = None
+        for event in events:
+            kind = event[0]
+            if kind == EventKind.ROUTED and prev not in ROUTABLE_AFTER:
+                bad.append(f"{tid} routed after {prev}: {events}")
+            prev = kind
+    return bad
 
 
 @attrs.frozen(kw_only=True)
