@@ -66,10 +66,13 @@ def probe_prompt(model_path: Path, text: str = "3+4=") -> Sequence[int]:
     return list(AutoTokenizer.from_pretrained(str(model_path))(text)["input_ids"])
 
 
-def train_and_resume(run_dir: Path, backend: str, *, steps: int = 3) -> dict[str, object]:
+def train_and_resume(
+    run_dir: Path, backend: str, *, steps: int = 3, overrides: tuple[str, ...] = ()
+) -> dict[str, object]:
     """The README run, shortened: train ``steps`` steps on Ray (checkpoint at the end), probe an
     instance before and after it syncs to the final version, then resume from the checkpoint
-    for one more step. Returns everything the tests assert on."""
+    for one more step. ``overrides`` (``key=value``) apply to both runs. Returns everything the
+    tests assert on."""
     import json
 
     import ray
@@ -81,7 +84,7 @@ def train_and_resume(run_dir: Path, backend: str, *, steps: int = 3) -> dict[str
     out: dict[str, object] = {"eta": 1, "batch": 8, "group": 8, "steps": steps}
     cfg = tiny_config(
         run_dir, f"trainer.steps={steps}", "run.checkpoint_every=2", "run.resume=never",
-        backend=backend,
+        *overrides, backend=backend,
     )  # fmt: skip
     dep = Deployment(cfg).start()
     try:
@@ -106,7 +109,7 @@ def train_and_resume(run_dir: Path, backend: str, *, steps: int = 3) -> dict[str
 
     cfg2 = tiny_config(
         run_dir, f"trainer.steps={steps + 1}", "run.checkpoint_every=2", "run.resume=must",
-        backend=backend,
+        *overrides, backend=backend,
     )  # fmt: skip
     dep2 = Deployment(cfg2).start()
     try:

@@ -137,3 +137,19 @@ def test_staleflow_beats_all_vanilla_on_a_skewed_workload(seed: int) -> None:
     sf = _run("staleflow", eta=3, seed=seed, **ROLLOUT_BOUND).rec.summary()["tokens_per_s"]
     av = _run("all-vanilla", eta=3, seed=seed, **ROLLOUT_BOUND).rec.summary()["tokens_per_s"]
     assert sf >= 1.01 * av, (seed, sf, av)
+
+
+def test_coarse_async_drop_keeps_eta_by_discarding_what_ages_out() -> None:
+    """The FIFO baseline (ROLL Flash style): the first B complete groups are trained; groups
+    that can no longer be trained within η are dropped — in flight and finished-but-waiting
+    alike — so η holds, the ledger balances, and the waste is visible. StaleFlow on the same
+    workload keeps η without dropping anything as stale."""
+    drop = _run("coarse-async-drop", eta=1)
+    sf = _run("staleflow", eta=1)
+    reasons = drop.protocol.stats().aborts_by_reason
+    assert reasons.get("stale", 0) > 0, reasons
+    counts = drop.ledger.check(drop.protocol)
+    assert counts["dropped"] >= reasons["stale"]
+    assert drop.rec.summary()["tokens_wasted"] > 0
+    assert all(r["max_staleness"] <= 1 for r in drop.rec.steps)
+    assert sf.protocol.stats().aborts_by_reason.get("stale", 0) == 0

@@ -1,5 +1,6 @@
 """`staleflow train`, shortened: the whole system on Ray (real TS, NIXL param server, trainer),
-once per rollout backend — 2 sim engine instances, and 2 real vLLM-CPU instances.
+once per rollout backend — 2 sim engine instances, and 2 real vLLM-CPU instances — and once
+more on sim engines with the ``coarse-async-drop`` baseline (its FIFO protocol, GcFifo).
 
 One run per backend (Ray started once): 3 training steps of the README config, then a resume
 from its checkpoint for a 4th step. Asserted: steps completed and the metrics contract;
@@ -23,8 +24,14 @@ from staleflow_trainer.metrics import REQUIRED_KEYS
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 
 BACKENDS = [
-    pytest.param("sim", marks=[pytest.mark.sim]),
-    pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.nixl]),
+    pytest.param(("sim", ()), marks=[pytest.mark.sim], id="sim"),
+    pytest.param(("vllm", ()), marks=[pytest.mark.vllm, pytest.mark.nixl], id="vllm"),
+    # the strict-async FIFO baseline's data path (staleness_protocol.GcFifo) through the app
+    pytest.param(
+        ("sim", ("coordinator.policy=coarse-async-drop",)),
+        marks=[pytest.mark.sim],
+        id="sim-coarse-async-drop",
+    ),
 ]
 
 
@@ -36,10 +43,13 @@ def run(
     train_scenario: Callable[..., dict[str, Any]],
     engine_required: Callable[[str], None],
 ) -> dict[str, Any]:
-    backend: str = request.param
+    backend, overrides = request.param
     engine_required(backend)
-    result = train_scenario(tmp_path_factory.mktemp(f"train_{backend}"), backend, steps=3)
+    result = train_scenario(
+        tmp_path_factory.mktemp(f"train_{backend}"), backend, steps=3, overrides=overrides
+    )
     result["backend"] = backend
+    result["policy"] = "coarse-async-drop" if overrides else "staleflow"
     return result
 
 
@@ -99,3 +109,11 @@ def test_resume_restores_the_protocol_exactly(run: dict[str, Any]) -> None:
     assert run["protocol_resumed"] == run["checkpoint_protocol"] == run["protocol_end"]
     assert run["summary_resumed"]["steps_done"] == 4
     assert [r["step"] for r in run["metrics_resumed"]] == [1, 2, 3, 4]
+
+
+def test_the_protocol_is_the_one_the_policy_keeps_eta_with(run: dict[str, Any]) -> None:
+    from staleness_protocol import FORMAT, GC_FIFO_FORMAT
+
+    want = GC_FIFO_FORMAT if run["policy"] == "coarse-async-drop" else FORMAT
+    assert run["checkpoint_protocol"]["format"] == want
+    assert run["protocol_end"]["format"] == want

@@ -93,3 +93,29 @@ def test_simulator_runs_unbounded_with_fifo_and_measured_staleness() -> None:
     with pytest.raises(ConfigError) as e:
         spec.with_policy("staleflow", "unbounded")
     assert e.value.key == "coordinator.policy"
+
+
+def test_coarse_async_drop_builds_the_gc_fifo_and_resumes_only_as_itself() -> None:
+    """The strict-async FIFO baseline keeps η with GcFifo; its checkpoint does not resume as a
+    buffer run with the same η, nor the reverse."""
+    from staleness_protocol import GcFifo
+
+    base = [
+        "protocol.eta=2",
+        "protocol.batch_size=4",
+        "protocol.group_size=1",
+        "protocol.stuck_threshold=0",
+    ]
+    drop = load_config(None, [*base, "coordinator.policy=coarse-async-drop"])
+    p = build_protocol(drop)
+    assert isinstance(p, GcFifo)
+    assert p.config.eta == 2 and p.config.max_inflight_groups == 12
+    data = json.loads(json.dumps(p.to_dict()))
+    assert restore_protocol(data, drop).to_dict() == data
+    buffers = load_config(None, [*base, "coordinator.policy=coarse-async"])
+    with pytest.raises(CheckpointError, match="gc-fifo"):
+        restore_protocol(data, buffers)
+    with pytest.raises(CheckpointError, match="buffers"):
+        restore_protocol(build_protocol(buffers).to_dict(), drop)
+    with pytest.raises(ConfigError):
+        load_config(None, ["protocol.eta=unbounded", "coordinator.policy=coarse-async-drop"])

@@ -107,6 +107,7 @@ def test_registry_builds_every_named_policy():
         "sync",
         "one-step",
         "coarse-async",
+        "coarse-async-drop",
         "vanilla-routing",
         "vanilla-sync",
         "vanilla-migration",
@@ -119,6 +120,21 @@ def test_registry_builds_every_named_policy():
     assert build_policy("one-step").required_eta == 1
     assert build_policy("vanilla-routing").routing is build_policy("all-vanilla").routing
     assert build_policy("vanilla-routing").sync is build_policy("staleflow").sync
+    assert {n for n in POLICIES if build_policy(n).protocol == "gc-fifo"} == {"coarse-async-drop"}
+
+
+def test_a_policy_refuses_a_protocol_that_keeps_eta_another_way():
+    """coarse-async-drop keeps η by dropping from a GcFifo; the buffer policies need the
+    buffers. A mismatch is refused at construction, naming both."""
+    from staleness_protocol import GcFifo, GcFifoConfig
+
+    fifo = GcFifo(GcFifoConfig(batch_size=2, group_size=2, eta=1, max_inflight_groups=4))
+    buffers = StalenessProtocol(ProtocolConfig(batch_size=2, group_size=2, eta=1))
+    with pytest.raises(ConfigError, match="GcFifo"):
+        Coordinator(CoordinatorConfig(policy="coarse-async-drop"), buffers)
+    with pytest.raises(ConfigError, match="coarse-async"):
+        Coordinator(CoordinatorConfig(policy="coarse-async"), fifo)
+    Coordinator(CoordinatorConfig(policy="coarse-async-drop"), fifo)  # the match is accepted
 
 
 def test_unknown_policy():

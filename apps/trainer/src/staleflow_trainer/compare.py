@@ -1,7 +1,7 @@
 """``staleflow compare``: every policy on the identical workload and GPU budget, side by side.
 
 Runs ``staleflow``, its ablations (``vanilla-routing``, ``vanilla-sync``, ``vanilla-migration``,
-``all-vanilla``) and ``coarse-async`` at each η of :data:`ETAS`, plus ``sync`` (η = 0,
+``all-vanilla``), ``coarse-async`` and ``coarse-async-drop`` at each η of :data:`ETAS`, plus ``sync`` (η = 0,
 colocated on every GPU) and ``one-step`` (η = 1) once each. Same seed, same length stream,
 same cost model; the disaggregated policies split the budget per ``sim.rollout_gpus`` /
 ``sim.train_gpus``. Runs go to a process pool (one per core). Writes into ``run.run_dir``:
@@ -9,6 +9,8 @@ same cost model; the disaggregated policies split the budget per ``sim.rollout_g
 * ``compare.json`` — ``ideal_tokens_per_s`` (the split's physical limit, see
   :mod:`staleflow_trainer.sim.ideal`), ``results`` (policy, eta, tokens_per_s, mean_step_s,
   trainer_idle_frac, rollout_busy_frac — generated tokens over the instances' best rate —,
+  samples_per_s and tokens_per_sample — what was trained, so a policy that drops the long
+  tail shows its shorter samples —,
   rollout_active_frac — share of instance-time with any work —, max_staleness, ...),
   ``ratios`` (staleflow over every
   other policy, per η), ``split`` (the train/rollout split and the ideal's two sides);
@@ -110,6 +112,8 @@ def run_comparison(
         row.update(
             frac_of_ideal=s["tokens_per_s"] / ideal["ideal_tokens_per_s"],
             mean_staleness=s["mean_staleness"],
+            samples_per_s=s["samples_per_s"],
+            tokens_per_sample=s["tokens_per_sample"],
             rollout_active_frac=s["rollout_active_frac"],
             stuck_resolved=s["stuck_resolved"],
             staleness_hist=s["staleness_hist"],
@@ -181,8 +185,8 @@ def markdown_table(report: dict[str, Any]) -> str:
         f"train step {sp['train_step_s']:.1f} s + push {sp['push_s']:.1f} s).",
         "",
         "| policy | η | tokens/s | % of ideal | mean step (s) | trainer idle | rollout util "
-        "| rollout active | wasted tokens | max staleness | staleflow ÷ this |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| rollout active | wasted tokens | tokens/sample | max staleness | staleflow ÷ this |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     rat = report["ratios"]
     for r in sorted(report["results"], key=lambda r: (r["eta"], r["policy"])):
@@ -200,7 +204,7 @@ def markdown_table(report: dict[str, Any]) -> str:
             f"{100 * r['frac_of_ideal']:.0f}% | {r['mean_step_s']:.1f} | "
             f"{100 * r['trainer_idle_frac']:.0f}% | {100 * r['rollout_busy_frac']:.0f}% | "
             f"{100 * r['rollout_active_frac']:.0f}% | {r['tokens_wasted'] / 1e6:.1f}M | "
-            f"{r['max_staleness']} | {ratio_s} |"
+            f"{r['tokens_per_sample']:.0f} | {r['max_staleness']} | {ratio_s} |"
         )
     return "\n".join(lines) + "\n"
 

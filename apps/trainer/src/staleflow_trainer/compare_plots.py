@@ -73,7 +73,7 @@ def _staleness(report: dict[str, Any], out: Path) -> Path:
 def _timelines(report: dict[str, Any], out_dir: Path, out: Path) -> Path:
     plt = _plt()
     eta = max(r["eta"] for r in report["results"])
-    wanted = ["staleflow", "all-vanilla", "coarse-async", "one-step", "sync"]
+    wanted = ["staleflow", "all-vanilla", "coarse-async", "coarse-async-drop", "one-step", "sync"]
     runs = []
     for p in wanted:
         for r in report["results"]:

@@ -323,13 +323,14 @@ POLICIES = (
     "sync",
     "one-step",
     "coarse-async",
+    "coarse-async-drop",
     "vanilla-routing",
     "vanilla-sync",
     "vanilla-migration",
     "all-vanilla",
 )
 COST_MODEL_PRESETS = ("qwen3-30b-a3b-h20", "qwen-7b-h20", "qwen-14b-h20")
-_BASELINES = ("sync", "one-step", "coarse-async")
+_BASELINES = ("sync", "one-step", "coarse-async", "coarse-async-drop")
 #: Policies ``protocol.eta: unbounded`` runs with: greedy global sync on publish and admission
 #: by the protocol alone (its in-flight cap), as systems without a staleness guarantee do.
 UNBOUNDED_POLICIES = ("all-vanilla", "vanilla-sync")
@@ -346,6 +347,7 @@ class CoordinatorConfig:
         "sync",
         "one-step",
         "coarse-async",
+        "coarse-async-drop",
         "vanilla-routing",
         "vanilla-sync",
         "vanilla-migration",

@@ -13,7 +13,12 @@
   every instance pulls each version as soon as it is published, interrupted work is kept
   (partial rollout) and resumes at the new version with its V_traj.
 
-Both expose the same methods; the loop and the coordinator call nothing else.
+* ``coordinator.policy: coarse-async-drop`` (an integer η) → :class:`staleness_protocol.GcFifo`:
+  the strict-async baseline's data path — one FIFO, the first ``B`` complete groups trained,
+  groups that age past η dropped (in flight or waiting); admission by the policy's
+  ``(η + v + 1)·B`` budget.
+
+All expose the same methods; the loop and the coordinator call nothing else.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from typing import Any
 from staleflow_trainer.config import AppConfig
 from staleflow_trainer.errors import CheckpointError, ConfigError
 from staleness_protocol import (
+    GcFifo,
+    GcFifoConfig,
     ProtocolConfig,
     StalenessProtocol,
     UnboundedConfig,
@@ -33,8 +40,25 @@ from staleness_protocol import (
 LoopProtocol = StalenessProtocol | UnboundedFifo
 
 
+#: Policies whose η is kept by :class:`GcFifo` rather than by the buffers.
+GC_FIFO_POLICIES = ("coarse-async-drop",)
+
+
 def is_unbounded(cfg: AppConfig) -> bool:
     return cfg.protocol.eta == "unbounded"
+
+
+def mode(cfg: AppConfig) -> str:
+    """``"buffers"``, ``"unbounded"`` or ``"gc-fifo"``: which protocol the config asks for."""
+    if is_unbounded(cfg):
+        return "unbounded"
+    return "gc-fifo" if cfg.coordinator.policy in GC_FIFO_POLICIES else "buffers"
+
+
+def _mode_of(proto: LoopProtocol) -> str:
+    if isinstance(proto, GcFifo):
+        return "gc-fifo"
+    return "unbounded" if isinstance(proto, UnboundedFifo) else "buffers"
 
 
 def protocol_config(cfg: AppConfig) -> ProtocolConfig:
@@ -70,8 +94,21 @@ def unbounded_config(cfg: AppConfig) -> UnboundedConfig:
 
 def build_protocol(cfg: AppConfig) -> LoopProtocol:
     """A fresh protocol for a new run."""
-    if is_unbounded(cfg):
+    m = mode(cfg)
+    if m == "unbounded":
         return UnboundedFifo(unbounded_config(cfg))
+    if m == "gc-fifo":
+        p = cfg.protocol
+        eta = int(p.eta)
+        return GcFifo(
+            GcFifoConfig(
+                batch_size=p.batch_size,
+                group_size=p.group_size,
+                eta=eta,
+                max_inflight_groups=(eta + 1) * p.batch_size,  # the policy's budget binds first
+                filtering=cfg.trainer.dynamic_sampling,
+            )
+        )
     return StalenessProtocol(protocol_config(cfg))
 
 
@@ -79,10 +116,11 @@ def restore_protocol(data: dict[str, Any], cfg: AppConfig) -> LoopProtocol:
     """The protocol a checkpoint (or a handover) holds; refused when its mode differs from the
     config's (a bounded run cannot resume as unbounded, nor the reverse)."""
     proto = protocol_from_dict(data)
-    if isinstance(proto, UnboundedFifo) != is_unbounded(cfg):
-        saved = "unbounded" if isinstance(proto, UnboundedFifo) else f"eta={proto.config.eta}"
+    saved, wanted = _mode_of(proto), mode(cfg)
+    if saved != wanted:
         raise CheckpointError(
-            f"the checkpoint's protocol state is {saved}, the config has "
-            f"protocol.eta={cfg.protocol.eta!r}: resume with the config it was written with"
+            f"the checkpoint's protocol state is {saved} (eta={proto.config.eta!r}), the config "
+            f"asks for {wanted} (protocol.eta={cfg.protocol.eta!r}, coordinator.policy="
+            f"{cfg.coordinator.policy!r}): resume with the config it was written with"
         )
     return proto

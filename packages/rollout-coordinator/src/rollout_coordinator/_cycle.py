@@ -50,7 +50,7 @@ from rollout_coordinator.errors import (
     SyncInProgress,
 )
 from rollout_coordinator.policies import CycleView, GateState, Policy, build_policy
-from staleness_protocol import ProtocolError, StalenessProtocol
+from staleness_protocol import GcFifoConfig, ProtocolError, StalenessProtocol
 
 _log = structlog.get_logger("rollout_coordinator")
 
@@ -136,6 +136,17 @@ class Coordinator:
                 pc.eta,
                 f"{self.policy.required_eta} for policy {self.policy.name!r}",
                 detail="set the protocol's eta to match the baseline it models",
+            )
+        # by its config: wrappers (the app's write-ahead journal) pass ``config`` through
+        if (self.policy.protocol == "gc-fifo") != isinstance(pc, GcFifoConfig):
+            raise ConfigError(
+                "protocol",
+                type(pc).__name__,
+                "a GcFifo (GcFifoConfig)"
+                if self.policy.protocol == "gc-fifo"
+                else "not a GcFifo (GcFifoConfig)",
+                detail=f"policy {self.policy.name!r} keeps eta with "
+                f"{self.policy.protocol!r}; build the protocol to match",
             )
         self.state = SpeculativeState()
         self.pending = PendingRoutes()
@@ -230,6 +241,16 @@ class Coordinator:
             self._lost_total += 1
             self._forget(tid)
             self._orphans.pop(tid, None)
+
+    def drain_aborts(self) -> list[Command]:
+        """The commands for the protocol's queued aborts, outside a cycle: ``Interrupt``
+        (``requeue=False``) for what an instance runs, ``Drop`` for the rest. For callers that
+        change the protocol between cycles (``consume`` of a FIFO that drops what ages out),
+        so the TS and the instances hear of it even if no cycle follows (the run's last step).
+        """
+        commands: list[Command] = []
+        self._drain_aborts(commands, self.clock())
+        return commands
 
     def _forget(self, tid: str) -> None:
         iid = self._where.pop(tid, None)

@@ -9,6 +9,8 @@ See the package README for the rules and the full API.
 """
 
 from ._config import ProtocolConfig
+from ._from_dict import protocol_from_dict
+from ._gc_fifo import GC_FIFO_FORMAT, GcFifo, GcFifoConfig
 from ._protocol import FORMAT, StalenessProtocol
 from ._records import (
     Abort,
@@ -25,7 +27,7 @@ from ._records import (
     TrajectoryRecord,
     TrajectoryState,
 )
-from ._unbounded import UNBOUNDED_FORMAT, UnboundedConfig, UnboundedFifo, protocol_from_dict
+from ._unbounded import UNBOUNDED_FORMAT, UnboundedConfig, UnboundedFifo
 from .errors import (
     BadInput,
     BelowAbortFloor,
@@ -52,6 +54,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "FORMAT",
+    "GC_FIFO_FORMAT",
     "UNBOUNDED_FORMAT",
     "Abort",
     "AbortReason",
@@ -62,6 +65,8 @@ __all__ = [
     "ConfigError",
     "CorruptState",
     "DuplicateTrajectory",
+    "GcFifo",
+    "GcFifoConfig",
     "GroupClosed",
     "GroupFull",
     "GroupMove",

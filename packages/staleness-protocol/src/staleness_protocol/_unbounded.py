@@ -39,7 +39,7 @@ Sans-IO like the rest of the package.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import Any, Self, TypeVar
 
 import attrs
 
@@ -55,7 +55,6 @@ from ._ledger_base import (
     LedgerBase,
     _check_id,
 )
-from ._protocol import FORMAT, StalenessProtocol
 from ._records import (
     Batch,
     BufferFill,
@@ -125,12 +124,16 @@ class UnboundedFifo(LedgerBase):
     """Admission by a concurrency cap, FIFO consumption, staleness measured but not bounded."""
 
     _FORMAT = UNBOUNDED_FORMAT
+    #: The config class this FIFO takes (a subclass may take another).
+    _CONFIG: type[ConfigDict] = UnboundedConfig
 
     __slots__ = ("_fifo", "_inflight")
 
     def __init__(self, config: UnboundedConfig, *, start_version: int = 0) -> None:
-        if not isinstance(config, UnboundedConfig):
-            raise TypeError(f"config must be an UnboundedConfig, got {type(config).__name__}")
+        if not isinstance(config, self._CONFIG):
+            raise TypeError(
+                f"config must be an {self._CONFIG.__name__}, got {type(config).__name__}"
+            )
         self._init_ledger(config.group_size, start_version)
         self._config: UnboundedConfig = config
         self._fifo: deque[Id] = deque()  # OCCUPIED groups, in completion order
@@ -318,7 +321,7 @@ class UnboundedFifo(LedgerBase):
     def to_dict(self) -> dict[str, Any]:
         """The full state as plain JSON types; exact round trip through ``from_dict``."""
         return {
-            "format": UNBOUNDED_FORMAT,
+            "format": self._FORMAT,
             "config": self._config.to_dict(),
             "current_version": self._version,
             "fifo": list(self._fifo),
@@ -326,15 +329,19 @@ class UnboundedFifo(LedgerBase):
         }
 
     @classmethod
-    def _restore(cls, data: dict[str, Any]) -> UnboundedFifo:
+    def _restore(cls, data: dict[str, Any]) -> Self:
         return _restore(cls, data)
 
 
-def _restore(cls: type[UnboundedFifo], data: dict[str, Any]) -> UnboundedFifo:
-    if not isinstance(data, dict) or data.get("format") != UNBOUNDED_FORMAT:
+_F = TypeVar("_F", bound=UnboundedFifo)
+
+
+def _restore(cls: type[_F], data: dict[str, Any]) -> _F:
+    if not isinstance(data, dict) or data.get("format") != cls._FORMAT:
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise CorruptState(f"format={got!r} is invalid: allowed {UNBOUNDED_FORMAT!r}")
-    p = cls(UnboundedConfig.from_dict(dict(data["config"])), start_version=data["current_version"])
+        raise CorruptState(f"format={got!r} is invalid: allowed {cls._FORMAT!r}")
+    config: Any = cls._CONFIG.from_dict(dict(data["config"]))
+    p = cls(config, start_version=data["current_version"])
     for gid, state, buffer, members, finished, reason in data["groups"]:
         _check_id(gid, "group_id")
         g = Group(gid, buffer, GroupState(state), reason)
@@ -383,14 +390,3 @@ def _restore(cls: type[UnboundedFifo], data: dict[str, Any]) -> UnboundedFifo:
         )
     p._restore_outboxes_and_counters(data)
     return p
-
-
-def protocol_from_dict(data: dict[str, Any]) -> StalenessProtocol | UnboundedFifo:
-    """Restore whichever protocol wrote ``data`` (bounded ``StalenessProtocol`` or
-    ``UnboundedFifo``), chosen by its ``format``; CorruptState for anything else."""
-    fmt = data.get("format") if isinstance(data, dict) else None
-    if fmt == UNBOUNDED_FORMAT:
-        return UnboundedFifo.from_dict(data)
-    if fmt == FORMAT:
-        return StalenessProtocol.from_dict(data)
-    raise CorruptState(f"format={fmt!r} is invalid: allowed {FORMAT!r} or {UNBOUNDED_FORMAT!r}")

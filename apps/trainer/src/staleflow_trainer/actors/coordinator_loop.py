@@ -1051,6 +1051,8 @@ class CoordinatorActor:
         self._commit()  # write-ahead: a crash from here on trains this batch exactly once
         self._maybe_crash("after_consume_commit")
         self._launch_training()
+        if self.protocol.pending_aborts:  # a FIFO that drops what aged out (GcFifo): tell
+            await self._execute(self.coordinator.drain_aborts())  # the TS now, not next cycle
 
     def _launch_training(self) -> None:
         """Train the committed batch (``self._training``) in the background: its samples are

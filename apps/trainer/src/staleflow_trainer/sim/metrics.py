@@ -212,6 +212,7 @@ class RunRecorder:
         t1 = self.steps[-1]["time_s"]
         span = max(t1 - t0, 1e-12)
         tokens = sum(r["tokens"] for r in window)
+        samples = sum(r["samples"] for r in window)
         wait = sum(r["trainer_wait_s"] for r in window)
         busy = sum(r["rollout_busy_frac"] * r["step_time_s"] for r in window) / span
         active = sum(r["rollout_active_frac"] * r["step_time_s"] for r in window) / span
@@ -221,6 +222,10 @@ class RunRecorder:
             "steps": len(self.steps),
             "warmup_steps": w,
             "tokens_per_s": tokens / span,
+            # what a policy trains, not only how fast: a policy that drops the long tail
+            # trains shorter samples (fewer tokens each) at the same samples/s
+            "samples_per_s": samples / span,
+            "tokens_per_sample": tokens / samples if samples else 0.0,
             "mean_step_s": span / len(window),
             "trainer_idle_frac": wait / span,
             "rollout_busy_frac": busy,

@@ -35,7 +35,10 @@ POLICIES = (
     "sync",
     "one-step",
     "coarse-async",
+    "coarse-async-drop",
 )
+#: Policies whose η is kept by dropping from a FIFO (``staleness_protocol.GcFifo``).
+GC_FIFO_POLICIES = ("coarse-async-drop",)
 #: Policies whose η is fixed by the system they model.
 FIXED_ETA = {"sync": 0, "one-step": 1}
 #: Policies that run StaleFlow's protocol mechanisms (stuck-buffer resolution).
@@ -201,6 +204,12 @@ class SimSpec:
                 "syncs greedily)",
                 key="coordinator.policy",
                 allowed=f"one of {list(UNBOUNDED_POLICIES)}",
+            )
+        if self.eta == "unbounded" and self.policy in GC_FIFO_POLICIES:
+            raise ConfigError(
+                f"policy {self.policy!r} keeps a bound by dropping; it needs an integer eta",
+                key="protocol.eta",
+                allowed="an int >= 0",
             )
         if self.eta == "unbounded" and self.batch_redundancy:
             raise ConfigError(

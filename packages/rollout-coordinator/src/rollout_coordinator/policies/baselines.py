@@ -2,8 +2,10 @@
 
 Every policy is a combination of one routing, one synchronization, one migration strategy and
 one admission gate, run by the same coordinator cycle on the same engines, so a comparison
-changes nothing but the decisions. All of them reserve through the staleness protocol, so
-none can violate η; the baselines' own admission rules sit on top.
+changes nothing but the decisions. All of them reserve through a staleness protocol, so none
+can violate η; the baselines' own admission rules sit on top. Every policy but
+``coarse-async-drop`` uses StaleFlow's buffers; that one keeps η the way ROLL Flash does, by
+dropping what ages out of a FIFO (``Policy.protocol``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ class Policy:
     colocated: bool = False
     #: The η this policy models; the coordinator refuses a protocol configured otherwise.
     required_eta: int | None = None
+    #: Which staleness protocol keeps its η: ``"buffers"`` (``StalenessProtocol``'s
+    #: per-version buffers) or ``"gc-fifo"`` (``GcFifo``: one FIFO, too-stale groups dropped).
+    protocol: str = "buffers"
     description: str = ""
 
 
@@ -100,6 +105,30 @@ def coarse_async_baseline() -> Policy:
         migration=no_migration,
         admission=admit_by_inflight_budget,
         description=coarse_async_baseline.__doc__ or "",
+    )
+
+
+def coarse_async_drop_baseline() -> Policy:
+    """**coarse-async-drop** — ROLL Flash / verl fully-async with a dropping staleness threshold.
+
+    The same coarse in-flight budget, even routing, greedy global sync on publish and partial
+    rollout as ``coarse-async``, but with the data path these systems really have: no
+    per-version buffers — every finished group joins one queue, the trainer takes the first
+    ``B`` in completion order, and a group that can no longer be trained within η (its
+    version ≤ ``current − η − 1``) is garbage-collected, in flight (the generated tokens are
+    lost) or waiting (the stored result is discarded). That keeps η without reservations, at
+    the price of the work thrown away and of a sample biased toward short responses (the long
+    tail is what ages out). Modeled as: the in-flight budget gate, even routing, greedy global
+    sync, no migration, over ``staleness_protocol.GcFifo``.
+    """
+    return Policy(
+        name="coarse-async-drop",
+        routing=route_evenly,
+        sync=sync_all_on_publish,
+        migration=no_migration,
+        admission=admit_by_inflight_budget,
+        protocol="gc-fifo",
+        description=coarse_async_drop_baseline.__doc__ or "",
     )
 
 
