@@ -46,7 +46,7 @@ SWEEPS: dict[str, dict[str, Any]] = {
     "response": {"values": [8192, 20480, 40960], "label": "max response length (tokens)"},
     "batch": {"values": [32, 64, 128], "label": "batch size (prompts × 16)"},
 }
-BASELINES = ("sync", "one-step", "coarse-async", "all-vanilla")
+BASELINES = ("sync", "one-step", "coarse-async", "coarse-async-drop", "all-vanilla")
 
 
 def point_overrides(sweep: str, value: int, probe: AppConfig) -> list[str]:
@@ -255,7 +255,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--eta", type=int, default=3)
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--policies", default="staleflow,coarse-async,one-step,sync,all-vanilla")
+    ap.add_argument(
+        "--policies", default="staleflow,coarse-async,coarse-async-drop,one-step,sync,all-vanilla"
+    )
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--out-dir", default="bench-results/sim_sweep")
     ap.add_argument(
