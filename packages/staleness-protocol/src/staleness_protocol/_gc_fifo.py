@@ -118,7 +118,7 @@ class GcFifo(UnboundedFifo):
         c = self._version
         head = list(self._fifo)[: self._config.batch_size]
         for gid in head:
-            v = self._group_version(gid)
+            v = self._group_version(self._groups[gid])
             if v is not None and c - v > self._eta:
                 raise CorruptState(
                     f"group {gid!r} (version {v}) is at the head of the FIFO with staleness "
@@ -129,11 +129,6 @@ class GcFifo(UnboundedFifo):
         self._collect_stale()
         return batch
 
-    def _group_version(self, group_id: Id) -> int | None:
-        g = self._groups[group_id]
-        trajs = self._trajs
-        return min((trajs[t].version for t in g.members), default=None)
-
     def _collect_stale(self) -> None:
         floor = self.abort_floor
         if floor < 0:
@@ -142,7 +137,7 @@ class GcFifo(UnboundedFifo):
             g
             for g in self._groups.values()
             if (g.state is _RESERVED_G or g.state is _OCCUPIED_G)
-            and (v := self._group_version(g.group_id)) is not None
+            and (v := self._group_version(g)) is not None
             and v <= floor
         ]
         for g in stale:

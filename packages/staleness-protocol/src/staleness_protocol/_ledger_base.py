@@ -244,6 +244,11 @@ class LedgerBase:
             self._aborts.append(abort)
         return abort
 
+    def _group_version(self, g: Group) -> int | None:
+        """The group's version: the smallest V_traj of its live members (None if it has none)."""
+        trajs = self._trajs
+        return min((trajs[t].version for t in g.members), default=None)
+
     def _close_group(
         self, g: Group, state: GroupState, reason: str, tstate: TrajectoryState
     ) -> list[Abort]:

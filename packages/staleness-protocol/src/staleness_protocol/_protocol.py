@@ -291,10 +291,9 @@ class StalenessProtocol(LedgerBase):
         """The buffer just became READY: its remaining reservations cannot be placed in it."""
         floor = self.abort_floor
         groups = self._groups
-        trajs = self._trajs
         for gid in list(buf.reserved):
             g = groups[gid]
-            vmin = min((trajs[t].version for t in g.members), default=None)
+            vmin = self._group_version(g)
             reason = (
                 AbortReason.STALE
                 if vmin is not None and vmin <= floor
