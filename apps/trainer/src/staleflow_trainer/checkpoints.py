@@ -24,8 +24,8 @@ from typing import Any
 
 import structlog
 
+from staleflow_trainer.atomic_files import atomic_write_bytes, read_verified_bytes
 from staleflow_trainer.errors import CheckpointError
-from staleflow_trainer.trainer.checkpoint import atomic_write_bytes, read_verified_bytes
 
 log = structlog.get_logger(__name__)
 

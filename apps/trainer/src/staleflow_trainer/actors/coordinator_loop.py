@@ -97,6 +97,7 @@ from staleflow_trainer.actors.write_ahead import (
     WriteAheadLog,
     replay_state,
 )
+from staleflow_trainer.atomic_files import atomic_write_bytes, read_verified_bytes
 from staleflow_trainer.config import AppConfig, from_dict
 from staleflow_trainer.data import DataCursor, load_records
 from staleflow_trainer.errors import CheckpointError, ComponentLost, DataError
@@ -104,7 +105,6 @@ from staleflow_trainer.metrics import staleness_summary
 from staleflow_trainer.protocol_mode import build_protocol, restore_protocol
 from staleflow_trainer.protocol_mode import protocol_config as protocol_config  # re-export
 from staleflow_trainer.trainer import should_drop_group
-from staleflow_trainer.trainer.checkpoint import atomic_write_bytes, read_verified_bytes
 from staleness_protocol import (
     GroupState,
     ProtocolError,

@@ -35,7 +35,6 @@ journal; records at or below the base's ``seq`` are skipped, so a crash in betwe
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -45,6 +44,7 @@ from typing import Any
 
 import structlog
 
+from staleflow_trainer.atomic_files import replace_atomically, sha256_hex
 from staleflow_trainer.errors import CheckpointError
 from staleness_protocol import StalenessProtocol
 
@@ -152,28 +152,6 @@ class JournaledProtocol:
         return r
 
 
-def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    with tmp.open("wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(path)
-    _fsync_dir(path.parent)
-
-
 class WriteAheadLog:
     """``root/base.json`` + ``root/journal.log`` (see the module docstring).
 
@@ -206,7 +184,7 @@ class WriteAheadLog:
         self.root.mkdir(parents=True, exist_ok=True)
         self.seq = 0
         self._write_base(state)
-        _atomic_write(self.journal_path, b"")
+        replace_atomically(self.journal_path, b"")
 
     def append(self, record: Mapping[str, Any]) -> int:
         """Append one record durably (write + fsync); returns its ``seq``."""
@@ -215,7 +193,7 @@ class WriteAheadLog:
             self._fh = self.journal_path.open("ab")
         self.seq += 1
         payload = json.dumps({"seq": self.seq, **record}, separators=(",", ":")).encode()
-        line = _digest(payload).encode() + b" " + payload + b"\n"
+        line = sha256_hex(payload).encode() + b" " + payload + b"\n"
         self._fh.write(line)
         self._fh.flush()
         os.fsync(self._fh.fileno())
@@ -236,7 +214,7 @@ class WriteAheadLog:
         t0 = time.perf_counter()
         self.close()
         self._write_base(state, encoded=encoded)
-        _atomic_write(self.journal_path, b"")
+        replace_atomically(self.journal_path, b"")
         self.stats["compactions"] += 1
         self.stats["compact_seconds"] += time.perf_counter() - t0
 
@@ -245,7 +223,7 @@ class WriteAheadLog:
             encoded = json.dumps(state, separators=(",", ":")).encode()
         head = json.dumps({"format": FORMAT, "seq": self.seq}, separators=(",", ":")).encode()
         payload = head[:-1] + b',"state":' + encoded + b"}"
-        _atomic_write(self.base_path, _digest(payload).encode() + b"\n" + payload)
+        replace_atomically(self.base_path, sha256_hex(payload).encode() + b"\n" + payload)
 
     def close(self) -> None:
         if self._fh is not None:
@@ -260,7 +238,7 @@ class WriteAheadLog:
         is a :class:`CheckpointError` naming the file."""
         raw = self._read(self.base_path)
         head, sep, payload = raw.partition(b"\n")
-        if not sep or _digest(payload).encode() != head.strip():
+        if not sep or sha256_hex(payload).encode() != head.strip():
             raise CheckpointError(
                 f"write-ahead base {self.base_path} fails its SHA-256 check",
                 path=str(self.base_path),
@@ -281,7 +259,7 @@ class WriteAheadLog:
         good_end = 0
         for i, line in enumerate(lines):
             digest, _, payload = line.partition(b" ")
-            if not payload or _digest(payload).encode() != digest:
+            if not payload or sha256_hex(payload).encode() != digest:
                 if i == len(lines) - 1:  # the last record: torn by a crash mid-append
                     log.warning("wal_torn_tail_dropped", path=str(self.journal_path), line=i + 1)
                     break
