@@ -46,7 +46,6 @@ SWEEPS: dict[str, dict[str, Any]] = {
     "response": {"values": [8192, 20480, 40960], "label": "max response length (tokens)"},
     "batch": {"values": [32, 64, 128], "label": "batch size (prompts × 16)"},
 }
-BASELINES = ("sync", "one-step", "coarse-async", "coarse-async-drop", "all-vanilla")
 
 
 def point_overrides(sweep: str, value: int, probe: AppConfig) -> list[str]:

@@ -330,10 +330,12 @@ POLICIES = (
     "all-vanilla",
 )
 COST_MODEL_PRESETS = ("qwen3-30b-a3b-h20", "qwen-7b-h20", "qwen-14b-h20")
-_BASELINES = ("sync", "one-step", "coarse-async", "coarse-async-drop")
 #: Policies ``protocol.eta: unbounded`` runs with: greedy global sync on publish and admission
 #: by the protocol alone (its in-flight cap), as systems without a staleness guarantee do.
 UNBOUNDED_POLICIES = ("all-vanilla", "vanilla-sync")
+#: Policies whose η is kept by ``staleness_protocol.GcFifo`` (a FIFO that drops what ages out)
+#: rather than by the buffers: ``rollout_coordinator``'s ``Policy.protocol == "gc-fifo"``.
+GC_FIFO_POLICIES = ("coarse-async-drop",)
 
 
 @_section("coordinator")

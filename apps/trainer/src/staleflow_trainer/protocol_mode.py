@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from staleflow_trainer.config import AppConfig
+from staleflow_trainer.config import GC_FIFO_POLICIES, AppConfig
 from staleflow_trainer.errors import CheckpointError, ConfigError
 from staleness_protocol import (
     GcFifo,
@@ -38,10 +38,6 @@ from staleness_protocol import (
 )
 
 LoopProtocol = StalenessProtocol | UnboundedFifo
-
-
-#: Policies whose η is kept by :class:`GcFifo` rather than by the buffers.
-GC_FIFO_POLICIES = ("coarse-async-drop",)
 
 
 def is_unbounded(cfg: AppConfig) -> bool:
@@ -92,6 +88,19 @@ def unbounded_config(cfg: AppConfig) -> UnboundedConfig:
     )
 
 
+def gc_fifo_config(batch_size: int, group_size: int, eta: int, filtering: bool) -> GcFifoConfig:
+    """``GcFifo``'s config for the ``coarse-async-drop`` baseline (the app and the simulator).
+    Its own cap is (η + 1)·B groups in flight, so the policy's ``(η + v + 1)·B`` budget gate,
+    which also counts finished groups, always binds first."""
+    return GcFifoConfig(
+        batch_size=batch_size,
+        group_size=group_size,
+        eta=eta,
+        max_inflight_groups=(eta + 1) * batch_size,
+        filtering=filtering,
+    )
+
+
 def build_protocol(cfg: AppConfig) -> LoopProtocol:
     """A fresh protocol for a new run."""
     m = mode(cfg)
@@ -99,15 +108,8 @@ def build_protocol(cfg: AppConfig) -> LoopProtocol:
         return UnboundedFifo(unbounded_config(cfg))
     if m == "gc-fifo":
         p = cfg.protocol
-        eta = int(p.eta)
         return GcFifo(
-            GcFifoConfig(
-                batch_size=p.batch_size,
-                group_size=p.group_size,
-                eta=eta,
-                max_inflight_groups=(eta + 1) * p.batch_size,  # the policy's budget binds first
-                filtering=cfg.trainer.dynamic_sampling,
-            )
+            gc_fifo_config(p.batch_size, p.group_size, int(p.eta), cfg.trainer.dynamic_sampling)
         )
     return StalenessProtocol(protocol_config(cfg))
 

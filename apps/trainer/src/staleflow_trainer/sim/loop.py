@@ -48,14 +48,15 @@ from rollout_coordinator import (
     Sync,
 )
 from rollout_coordinator import CostModel as CoordCost
+from staleflow_trainer.config import GC_FIFO_POLICIES
+from staleflow_trainer.protocol_mode import gc_fifo_config
 from staleflow_trainer.sim.ledger import TrajectoryLedger, TrajEntry, Where
 from staleflow_trainer.sim.metrics import RunRecorder
 from staleflow_trainer.sim.requests import build_request
-from staleflow_trainer.sim.spec import GC_FIFO_POLICIES, SimSpec
+from staleflow_trainer.sim.spec import SimSpec
 from staleflow_trainer.sim.workload import PromptStream
 from staleness_protocol import (
     GcFifo,
-    GcFifoConfig,
     ProtocolConfig,
     StalenessProtocol,
     TrajectoryState,
@@ -82,15 +83,8 @@ class Simulation:
         s = spec
         self.protocol: StalenessProtocol | UnboundedFifo
         if s.policy in GC_FIFO_POLICIES:  # η kept by dropping what ages out of one FIFO
-            eta = int(s.eta)
             self.protocol = GcFifo(
-                GcFifoConfig(
-                    batch_size=s.batch_size,
-                    group_size=s.group_size,
-                    eta=eta,
-                    max_inflight_groups=(eta + 1) * s.batch_size,  # the gate binds first
-                    filtering=s.dynamic_sampling,
-                )
+                gc_fifo_config(s.batch_size, s.group_size, int(s.eta), s.dynamic_sampling)
             )
         elif s.eta == "unbounded":  # no staleness control: same methods, FIFO, no bound
             self.protocol = UnboundedFifo(

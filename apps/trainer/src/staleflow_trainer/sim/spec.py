@@ -23,6 +23,7 @@ from typing import Any
 
 import attrs
 
+from staleflow_trainer.config import GC_FIFO_POLICIES, UNBOUNDED_POLICIES
 from staleflow_trainer.errors import ConfigError
 
 #: Policies of the coordinator registry the simulator can run.
@@ -37,8 +38,6 @@ POLICIES = (
     "coarse-async",
     "coarse-async-drop",
 )
-#: Policies whose η is kept by dropping from a FIFO (``staleness_protocol.GcFifo``).
-GC_FIFO_POLICIES = ("coarse-async-drop",)
 #: Policies whose η is fixed by the system they model.
 FIXED_ETA = {"sync": 0, "one-step": 1}
 #: Policies that run StaleFlow's protocol mechanisms (stuck-buffer resolution).
@@ -69,11 +68,6 @@ def _ge(low: float) -> Any:
             )
 
     return check
-
-
-#: Policies the "unbounded" mode (no staleness control) runs with: greedy global sync,
-#: admission by the protocol alone — as ``config.UNBOUNDED_POLICIES``.
-UNBOUNDED_POLICIES = ("all-vanilla", "vanilla-sync")
 
 
 def _check_eta(inst: Any, a: attrs.Attribute[Any], v: Any) -> None:
