@@ -145,16 +145,23 @@ def run_comparison(
         "results": results,
         "ratios": ratios(results),
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "compare.json").write_text(json.dumps(report, indent=2) + "\n")
-    res_dir = out_dir / "results"
-    res_dir.mkdir(exist_ok=True)
-    (res_dir / "compare.md").write_text(markdown_table(report))
+    write_report(out_dir, "compare", report, markdown_table(report))
     if plots:
         from staleflow_trainer.compare_plots import write_plots
 
         write_plots(report, out_dir)
     return report
+
+
+def write_report(out_dir: Path, name: str, report: dict[str, Any], table: str) -> Path:
+    """``out_dir/<name>.json`` and ``out_dir/results/<name>.md``; returns the results dir
+    (where the plots go). Shared by compare and plan."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    res_dir = out_dir / "results"
+    res_dir.mkdir(exist_ok=True)
+    (res_dir / f"{name}.md").write_text(table)
+    return res_dir
 
 
 def ratios(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

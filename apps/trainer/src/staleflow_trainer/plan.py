@@ -23,7 +23,6 @@ Writes into ``run.run_dir``: ``plan.json`` (``grid``, ``budget_ideal``, ``result
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import Any
 import attrs
 import structlog
 
-from staleflow_trainer.compare import run_specs
+from staleflow_trainer.compare import run_specs, write_report
 from staleflow_trainer.config import AppConfig, dump_config
 from staleflow_trainer.errors import ConfigError
 from staleflow_trainer.sim.ideal import ideal_throughput, workload_moments
@@ -307,11 +306,7 @@ def run_plan(
         "notes": notes,
         "wall_s": round(time.monotonic() - t0, 1),
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "plan.json").write_text(json.dumps(report, indent=2) + "\n")
-    res = out_dir / "results"
-    res.mkdir(exist_ok=True)
-    (res / "plan.md").write_text(markdown_table(report))
+    res = write_report(out_dir, "plan", report, markdown_table(report))
     if plots:
         _plot(report, res / "plan.png")
     _log.info("plan_done", out=str(out_dir), wall_s=report["wall_s"])
