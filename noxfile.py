@@ -137,3 +137,10 @@ def convergence(session: nox.Session) -> None:
     """The convergence study (not part of CI)."""
     _sync(session, "--all-packages")
     session.run("python", "benchmarks/convergence_study.py", *session.posargs, env=ENV)
+
+
+@nox.session(name="convergence-recipe")
+def convergence_recipe(session: nox.Session) -> None:
+    """The study's recipe at simulated staleness, many seeds in-process (~2 min; no Ray/vLLM)."""
+    _sync(session, "--all-packages")
+    session.run("python", "benchmarks/convergence_recipe.py", *session.posargs, env=ENV)

@@ -13,7 +13,7 @@ Writes ``results/convergence/summary.json`` (one entry per run, see :func:`run_e
 ``reward_vs_samples.png``, ``staleness_hist.png`` and ``policy_reward.png``; each run's own
 directory (``--runs-dir``) keeps its metrics.jsonl, summary.json and log.
 
-    python benchmarks/convergence_study.py                       # the full study (~45 min here)
+    python benchmarks/convergence_study.py                       # the full study (~22-45 min here)
     python benchmarks/convergence_study.py --seeds 0 --settings eta0,eta3 --steps 20
     python benchmarks/convergence_study.py --plots-only          # re-aggregate existing runs
 

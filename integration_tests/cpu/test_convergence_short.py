@@ -2,9 +2,10 @@
 
 Two deployments of ``examples/convergence.yaml`` (2 real vLLM-CPU instances, NIXL param
 server, StaleFlow coordinator; Ray started once for the module), ``STEPS`` steps each at a
-fixed seed — the study's own run length: a step takes ~0.5 s, the deployment's start-up
+fixed seed — the study's own run length: a step takes ~0.3 s, the deployment's start-up
 (~1-3 min) dominates, and shorter runs only learn the answer format (reward ~0.2), not the
-answers. Asserted per setting: the reward of the consumed batches rises from its first to its
+answers. The system is asynchronous, so these runs are not reproducible; the recipe they train
+with is checked deterministically in ``test_convergence_recipe.py``. Asserted per setting: the reward of the consumed batches rises from its first to its
 last ``window(STEPS)`` steps (as the study's reward_start / reward_end) by at least
 ``MARGIN``; the trained policy, evaluated on every prompt with the HF sampler, beats the initial
 one by ``POLICY_MARGIN``; consumed staleness stays within η, and at η = 3 most samples really
@@ -22,6 +23,7 @@ see the constants' comments.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,23 +36,29 @@ pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow, pytest.mark.t
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 60
 SEED = 0
-# consumed-batch reward, mean of the last 6 steps minus mean of the first 6. Full study (2 seeds):
-# eta=0 +0.36 / +0.73, eta=3 +0.42 / +0.39; for contrast eta=3 without TIS +0.17 / +0.06
-# (unbounded, greedy sync: +0.25 / +0.38). The margin is ~40 % of the smallest learning run.
-MARGIN = 0.15
+# consumed-batch reward, mean of the last 6 steps minus mean of the first 6. Full study at lr 3e-3
+# (2 seeds): eta=0 +0.74 / +0.76, eta=3 +0.75 / +0.65 (eta=3 without TIS +0.37 / +0.37); the
+# deterministic recipe check (test_convergence_recipe.py, 5 seeds) at eta=3: +0.43 at the least.
+# At the old lr 1e-2 a CI run got +0.11 (stuck at the answer format; see docs/convergence.md,
+# "The learning rate"). The margin is ~40 % of the smallest real learning run.
+MARGIN = 0.25
 # expected reward of the final policy minus that of the initial one. Full study: eta=0
-# +0.33 / +0.79, eta=3 +0.53 / +0.38 (eta=3 without TIS +0.24 / +0.11).
-POLICY_MARGIN = 0.15
+# +0.79 / +0.86, eta=3 +0.84 / +0.78 (without TIS +0.40 / +0.44); recipe check, eta=3: +0.51 at
+# the least. The margins are about learning, not about separating the settings.
+POLICY_MARGIN = 0.25
 UNBOUNDED_STEPS = 8
 
 
-def _study() -> Any:
+def _bench(name: str) -> Any:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        import convergence_study
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
-    return convergence_study
+
+
+def _study() -> Any:
+    return _bench("convergence_study")
 
 
 def _train(run_dir: Path, name: str, steps: int = STEPS) -> dict[str, Any]:
@@ -71,13 +79,20 @@ def _train(run_dir: Path, name: str, steps: int = STEPS) -> dict[str, Any]:
     finally:
         dep.close()
     rows = read_jsonl(run_dir / "metrics.jsonl")
-    return {
+    run = {
         "summary": summary,
         "ledger": ledger,
         "rows": rows,
         "policy_start": study.policy_reward(run_dir, final=False),
         "policy_end": study.policy_reward(run_dir, final=True),
     }
+    stats = study.run_stats(rows)
+    print(  # shown with -s or beside a failure: what this run measured
+        f"[convergence] {name}: reward {stats['reward_start']:.3f} -> {stats['reward_end']:.3f}, "
+        f"policy {run['policy_start']} -> {run['policy_end']}, "
+        f"mean staleness {stats['mean_staleness']:.2f}"
+    )
+    return run
 
 
 @pytest.fixture(scope="module")
