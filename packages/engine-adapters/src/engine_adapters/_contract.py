@@ -35,7 +35,7 @@ import abc
 import enum
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -49,7 +49,7 @@ class FinishReason(enum.StrEnum):
     INTERRUPTED = "interrupted"  # interrupted / aborted; partial output returned
 
 
-def _non_negative(name: str):
+def _non_negative(name: str) -> Callable[[Any, Any, int | float], None]:
     def check(_inst: Any, _attr: Any, value: int | float) -> None:
         if value < 0:
             raise InvalidRequest(f"{name} must be >= 0, got {value!r}", field=name)

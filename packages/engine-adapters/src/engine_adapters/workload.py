@@ -126,7 +126,8 @@ _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
 def _normal_cdf(z: np.ndarray) -> np.ndarray:
-    return 0.5 * (1.0 + _erf(z / math.sqrt(2.0)))
+    cdf: np.ndarray = 0.5 * (1.0 + _erf(z / math.sqrt(2.0)))
+    return cdf
 
 
 class LengthSampler:
@@ -158,7 +159,8 @@ class LengthSampler:
             return out
         assert self._trace is not None
         idx = np.minimum((u * len(self._trace)).astype(np.int64), len(self._trace) - 1)
-        return self._trace[idx].astype(np.float64)
+        picked: np.ndarray = self._trace[idx].astype(np.float64)
+        return picked
 
     def groups(self, num_groups: int, group_size: int, *, stream: int = 0) -> np.ndarray:
         """Lengths of ``num_groups`` groups of ``group_size``: an int array (groups, size)."""
@@ -174,7 +176,8 @@ class LengthSampler:
         rho = c.group_correlation
         z = math.sqrt(rho) * d + math.sqrt(1.0 - rho) * eps
         raw = self.quantile(_normal_cdf(z))
-        return np.clip(np.rint(raw), c.min_length, c.max_length).astype(np.int64)
+        lengths: np.ndarray = np.clip(np.rint(raw), c.min_length, c.max_length).astype(np.int64)
+        return lengths
 
     def sample(self, n: int, *, stream: int = 0) -> np.ndarray:
         """``n`` independent lengths (groups of one)."""
@@ -214,5 +217,5 @@ def _probit(u: np.ndarray) -> np.ndarray:
     )
     # one Newton step on Φ(x) = u
     e = _normal_cdf(x) - u
-    x = x - e * math.sqrt(2 * math.pi) * np.exp(x * x / 2)
-    return x
+    newton: np.ndarray = x - e * math.sqrt(2 * math.pi) * np.exp(x * x / 2)
+    return newton

@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
-from ._plan import LinkFn, PlanRequest, SliceRef, plan_transfers, uniform_link
+from ._plan import LinkFn, PlanRequest, SliceRef, plan_transfers, str_tuple, uniform_link
 from .errors import (
     ConfigError,
     PushConflict,
@@ -73,9 +73,13 @@ def _align(n: int) -> int:
     return (n + REGION_ALIGN - 1) // REGION_ALIGN * REGION_ALIGN
 
 
+def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(values)
+
+
 @attrs.frozen(kw_only=True)
 class CoreConfig:
-    workers: tuple[str, ...] = attrs.field(converter=lambda v: tuple(str(w) for w in v))
+    workers: tuple[str, ...] = attrs.field(converter=str_tuple)
     replication: int = 1
     keep_versions: int = 2
     max_slice_bytes: int = 64 << 20
@@ -99,7 +103,7 @@ class CoreConfig:
 class TensorSpec:
     name: str
     dtype: str
-    shape: tuple[int, ...] = attrs.field(converter=lambda v: tuple(v))
+    shape: tuple[int, ...] = attrs.field(converter=_int_tuple)
     nbytes: int
 
     def __attrs_post_init__(self) -> None:

@@ -32,10 +32,10 @@ Triple = tuple[int, int, int]  # addr, nbytes, device id
 def load_nixl() -> tuple[Any, Any]:
     """``(nixl_agent, nixl_agent_config)`` from whichever NIXL wheel is installed."""
     try:
-        from nixl._api import nixl_agent, nixl_agent_config  # type: ignore[import-not-found]
+        from nixl._api import nixl_agent, nixl_agent_config  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         try:
-            from nixl_cu12._api import (  # type: ignore[import-not-found]
+            from nixl_cu12._api import (  # type: ignore[import-not-found,unused-ignore]
                 nixl_agent,
                 nixl_agent_config,
             )

@@ -27,6 +27,11 @@ import attrs
 from .errors import UsageError
 
 
+def str_tuple(values: Iterable[object]) -> tuple[str, ...]:
+    """attrs converter: any iterable of names -> a tuple of str."""
+    return tuple(str(v) for v in values)
+
+
 def _positive(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
     if not value > 0:
         raise UsageError(f"{attribute.name} must be > 0, got {value!r}", field=attribute.name)
@@ -65,7 +70,7 @@ class SliceRef:
 class PlanRequest:
     receiver: str
     slice: SliceRef
-    holders: tuple[str, ...] = attrs.field(converter=lambda v: tuple(str(h) for h in v))
+    holders: tuple[str, ...] = attrs.field(converter=str_tuple)
 
     @holders.validator
     def _check_holders(

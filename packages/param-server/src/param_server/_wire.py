@@ -127,7 +127,7 @@ def is_loopback(host: str) -> bool:
 def encode(kind: str, body: Mapping[str, Any], token: str | None) -> bytes:
     if kind not in SCHEMAS:
         raise ProtocolError(f"unknown message kind {kind!r}", field="kind")
-    payload = msgpack.packb(
+    payload: bytes = msgpack.packb(
         {"schema": SCHEMA_VERSION, "kind": kind, "token": token, "body": dict(body)},
         use_bin_type=True,
     )

@@ -26,8 +26,13 @@ stand; the coordinator remembers their V_traj so they are not reserved twice).
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 
 import attrs
+
+
+def _id_tuple(ids: Iterable[str]) -> tuple[str, ...]:
+    return tuple(ids)
 
 
 class InterruptReason(enum.StrEnum):
@@ -56,7 +61,7 @@ class Interrupt:
     (``reason`` is its AbortReason); discard their output."""
 
     instance_id: str
-    trajectory_ids: tuple[str, ...] = attrs.field(converter=tuple)
+    trajectory_ids: tuple[str, ...] = attrs.field(converter=_id_tuple)
     reason: str
     requeue: bool = True
 
@@ -66,7 +71,7 @@ class Drop:
     """The protocol aborted these trajectories and no engine holds them as far as the
     coordinator knows (queued in the trajectory server, or already finished): discard them."""
 
-    trajectory_ids: tuple[str, ...] = attrs.field(converter=tuple)
+    trajectory_ids: tuple[str, ...] = attrs.field(converter=_id_tuple)
     reason: str
 
 
@@ -103,7 +108,7 @@ class PendingRoutes:
         sync finished); returns the routes removed."""
         removed: list[Route] = []
         for iid in list(self._held):
-            keep = []
+            keep: list[Route] = []
             for r in self._held[iid]:
                 (removed if r.trajectory_id in trajectory_ids else keep).append(r)
             if keep:

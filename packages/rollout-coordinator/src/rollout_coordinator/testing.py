@@ -6,6 +6,8 @@ For tests of this package and of code that embeds the coordinator (simulators, a
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
+from typing import Any
 
 from rollout_coordinator import (
     Coordinator,
@@ -31,8 +33,17 @@ _seq = itertools.count(1)
 
 
 def snap(
-    iid, *, version=0, n=0, tokens_each=1000, waiting=0, t=0.0, cap=CAP, tput=0.0, running=None
-):
+    iid: str,
+    *,
+    version: int = 0,
+    n: int = 0,
+    tokens_each: int = 1000,
+    waiting: int = 0,
+    t: float = 0.0,
+    cap: int = CAP,
+    tput: float = 0.0,
+    running: tuple[RunningEntry, ...] | None = None,
+) -> InstanceSnapshot:
     if running is None:
         running = tuple(
             RunningEntry(trajectory_id=f"{iid}-r{k}", prompt_tokens=tokens_each, generated_tokens=0)
@@ -52,27 +63,29 @@ def snap(
     )
 
 
-def new(tid, group="g0", length=500):
+def new(tid: str, group: str = "g0", length: int = 500) -> QueuedTrajectory:
     return QueuedTrajectory(trajectory_id=tid, group_id=group, v_traj=None, prompt_len=length)
 
 
-def partial(tid, v, group="gp", length=500, gen=100):
+def partial(
+    tid: str, v: int, group: str = "gp", length: int = 500, gen: int = 100
+) -> QueuedTrajectory:
     return QueuedTrajectory(
         trajectory_id=tid, group_id=group, v_traj=v, prompt_len=length, generated_len=gen
     )
 
 
 def make(
-    policy="staleflow",
+    policy: str = "staleflow",
     *,
-    batch=4,
-    group=2,
-    eta=2,
-    start_version=0,
-    instances=(),
-    latest_version=None,
-    **cfg,
-):
+    batch: int = 4,
+    group: int = 2,
+    eta: int = 2,
+    start_version: int = 0,
+    instances: Iterable[tuple[str, int]] = (),
+    latest_version: int | None = None,
+    **cfg: Any,
+) -> tuple[Coordinator, StalenessProtocol, Clock]:
     proto = StalenessProtocol(
         ProtocolConfig(batch_size=batch, group_size=group, eta=eta), start_version=start_version
     )

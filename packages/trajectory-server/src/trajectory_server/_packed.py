@@ -96,7 +96,7 @@ class _Packed:
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
             return NotImplemented
-        return self._data == other._data  # type: ignore[attr-defined,no-any-return]
+        return self._data == other._data  # type: ignore[attr-defined,no-any-return,unused-ignore]
 
     def __hash__(self) -> int:
         return hash((self.typecode, self._data))

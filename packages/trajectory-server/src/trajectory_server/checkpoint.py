@@ -34,7 +34,7 @@ _HEADER = struct.Struct(">8sIQ32s")
 
 
 def encode_checkpoint(store: TrajectoryStore) -> bytes:
-    payload = msgpack.packb(store.to_dict(binary=True), use_bin_type=True)
+    payload: bytes = msgpack.packb(store.to_dict(binary=True), use_bin_type=True)
     return _HEADER.pack(MAGIC, FORMAT, len(payload), hashlib.sha256(payload).digest()) + payload
 
 

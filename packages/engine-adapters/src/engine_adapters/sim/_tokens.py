@@ -23,7 +23,8 @@ def _mix(x: np.ndarray) -> np.ndarray:
         x = x + _GOLDEN
         x = (x ^ (x >> np.uint64(30))) * _M1
         x = (x ^ (x >> np.uint64(27))) * _M2
-        return x ^ (x >> np.uint64(31))
+        mixed: np.ndarray = x ^ (x >> np.uint64(31))
+        return mixed
 
 
 def stream_key(seed: int, sampling_seed: int | None, prompt_token_ids: Sequence[int]) -> int:

@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import attrs
 import structlog
 
 from engine_adapters._contract import (
@@ -151,7 +152,7 @@ class VllmAdapter(EngineAdapter):
         """Build from flat keyword config; keys that are :class:`VllmConfig` fields
         (``max_num_seqs``, ``cpu_kv_cache_gib``, ``load_mode``, ``dtype``, …) set those fields,
         everything else goes to ``vllm.AsyncEngineArgs``."""
-        fields = {a.name for a in VllmConfig.__attrs_attrs__}  # type: ignore[attr-defined]
+        fields = {a.name for a in attrs.fields(VllmConfig)}
         own = {k: engine_kwargs.pop(k) for k in list(engine_kwargs) if k in fields}
         extra = dict(own.pop("engine_kwargs", {}) or {})
         extra.update(engine_kwargs)

@@ -7,7 +7,7 @@ GPU it keeps vLLM's own defaults (``dtype="auto"``, CUDA graphs, memory fraction
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,7 +27,7 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def _positive(name: str):
+def _positive(name: str) -> Callable[[Any, Any, int | float | None], None]:
     def check(_inst: Any, _attr: Any, value: int | float | None) -> None:
         if value is not None and value <= 0:
             raise InvalidRequest(f"{name} must be > 0, got {value!r}", field=name)

@@ -35,7 +35,7 @@ def route_evenly(view: CycleView, port: AdmissionPort, quota: int | None) -> Rou
         is_new = item.v_traj is None
         if is_new and quota is not None and new_admitted >= quota:
             break
-        start = bisect.bisect_left(versions, (floor + 1) if is_new else item.v_traj)  # type: ignore[arg-type]
+        start = bisect.bisect_left(versions, floor + 1 if item.v_traj is None else item.v_traj)
         best: tuple[int, str] | None = None
         best_v = -1
         for v in versions[start:]:

@@ -109,7 +109,7 @@ def route_by_marginal_gain(
         if is_new and quota is not None and new_admitted >= quota:
             break  # new prompts are last in the queue: nothing else to route
         length = item.prompt_len + item.generated_len
-        start = bisect.bisect_left(versions, (floor + 1) if is_new else v_traj)  # type: ignore[arg-type]
+        start = bisect.bisect_left(versions, floor + 1 if v_traj is None else v_traj)
         routed = False
         resumable_checked = False
         for v in versions[start:]:
@@ -123,14 +123,16 @@ def route_by_marginal_gain(
                 if not port.can_resume(item, v):
                     break  # aborted or unknown to the protocol: never route it
                 resumable_checked = True
-            iid = pick(h, length)
-            if iid is None:
+            picked = pick(h, length)
+            if picked is None:
                 continue
+            iid = picked
             buffer: int | None = None
             if is_new:
                 buffer = port.admit(item, v)
                 if buffer is None:
-                    heapq.heappush(h, (-gain(*local[iid][:2], ref_len), iid))
+                    n_run, kv = local[iid][:2]
+                    heapq.heappush(h, (-gain(n_run, kv, ref_len), iid))
                     continue
                 new_admitted += 1
             st = local[iid]
