@@ -60,11 +60,11 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def typecheck(session: nox.Session) -> None:
     """mypy --strict: the protocol alone (in an environment holding only it), then every
-    library package together (as CI runs it)."""
+    library package and the trainer app together (as CI runs it)."""
     _sync(session, "--package", "staleness-protocol")
     session.run("mypy", "--strict", "packages/staleness-protocol/src")
     _sync(session, "--all-packages", "--all-extras")
-    session.run("mypy", "--strict", *(f"packages/{p}/src" for p in PACKAGES))
+    session.run("mypy", "--strict", *(f"packages/{p}/src" for p in PACKAGES), "apps/trainer/src")
 
 
 UNIT_TESTS = {**{p: f"packages/{p}/tests" for p in PACKAGES}, "staleflow-trainer": "apps/trainer/tests"}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -137,7 +137,7 @@ def _check_range(value: Any, meta: Mapping[str, Any], key: str) -> None:
         raise ConfigError(f"{key} must be {allowed}, got {value!r}", key=key, allowed=allowed)
 
 
-def _validate_field(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
+def _validate_field(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     section = getattr(type(inst), "__section__", type(inst).__name__)
     key = f"{section}.{attribute.name}" if section else attribute.name
     tp = attribute.type
@@ -188,7 +188,7 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
         raise
 
 
-def _section(name: str):
+def _section(name: str) -> Callable[[type], type]:
     def wrap(cls: type) -> type:
         setattr(cls, "__section__", name)  # noqa: B010  (ClassVar declared per section)
         attrs.resolve_types(cls, globalns=globals())
@@ -784,7 +784,8 @@ def from_dict(data: Mapping[str, Any]) -> AppConfig:
             sec = dict(data.get(section) or {})
             sec[key] = data.pop(alias)
             data[section] = sec
-    return _build(AppConfig, data, "")
+    config: AppConfig = _build(AppConfig, data, "")
+    return config
 
 
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> AppConfig:

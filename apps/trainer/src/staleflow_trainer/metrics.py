@@ -162,7 +162,7 @@ class MetricsWriter:
         missing = [k for k in REQUIRED_KEYS if k not in record]
         if missing:
             raise MetricsError(f"metrics record lacks required keys {missing}")
-        row = _json_safe(dict(record))
+        row: dict[str, Any] = _json_safe(dict(record))
         try:
             line = json.dumps(row, allow_nan=False)
         except (TypeError, ValueError) as e:

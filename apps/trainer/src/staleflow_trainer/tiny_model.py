@@ -43,7 +43,7 @@ def char_vocab() -> dict[str, int]:
     return vocab
 
 
-def make_char_tokenizer():  # -> transformers.PreTrainedTokenizerFast
+def make_char_tokenizer() -> Any:  # transformers.PreTrainedTokenizerFast
     """A character-level fast tokenizer over :data:`TOY_ALPHABET` (one char = one token)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -51,7 +51,7 @@ def make_char_tokenizer():  # -> transformers.PreTrainedTokenizerFast
     tok = Tokenizer(models.WordLevel(vocab=char_vocab(), unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call,unused-ignore]
         tokenizer_object=tok,
         pad_token="<pad>",
         bos_token="<s>",
@@ -93,8 +93,8 @@ def make_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> P
     )
     with torch.random.fork_rng():
         torch.manual_seed(spec.seed)
-        model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(
+        model = Qwen2ForCausalLM(config)  # type: ignore[no-untyped-call,unused-ignore]
+    model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call,unused-ignore]
         bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID
     )
     model.save_pretrained(out)

@@ -1,5 +1,7 @@
 """Datasets: verl-style JSONL/Parquet loaders, built-in toy tasks, a checkpointable cursor."""
 
+from typing import Any
+
 from staleflow_trainer.data.cursor import DataCursor
 from staleflow_trainer.data.loaders import check_prompt_lengths, load_dataset
 from staleflow_trainer.data.records import PromptRecord
@@ -21,7 +23,7 @@ __all__ = [
 ]
 
 
-def load_records(cfg) -> list[PromptRecord]:  # cfg: staleflow_trainer.config.AppConfig
+def load_records(cfg: Any) -> list[PromptRecord]:  # cfg: staleflow_trainer.config.AppConfig
     """The run's prompts: ``data.path`` if set, else the built-in toy task."""
     if cfg.data.path:
         return load_dataset(

@@ -7,7 +7,9 @@ from typing import Any
 import attrs
 
 
-def _prompt(value: str | list[dict[str, str]] | tuple) -> str | tuple[tuple[str, str], ...]:
+def _prompt(
+    value: str | list[dict[str, str]] | tuple[Any, ...],
+) -> str | tuple[tuple[str, str], ...]:
     if isinstance(value, str):
         return value
     return tuple((str(m["role"]), str(m["content"])) for m in value)

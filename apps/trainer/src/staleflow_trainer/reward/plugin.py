@@ -34,4 +34,5 @@ def load_reward_fn(path: str) -> RewardFn:
         obj = getattr(obj, part)
     if not callable(obj):
         raise RewardError(f"{path!r} is not callable", fn=path)
-    return obj
+    fn: Callable[..., Any] = obj
+    return fn

@@ -27,8 +27,8 @@ from staleflow_trainer.sim.workload import PromptStream
 
 def workload_moments(spec: SimSpec, groups: int = 2048) -> dict[str, float]:
     stream = PromptStream(spec)
-    lens = []
-    prompts = []
+    lens: list[int] = []
+    prompts: list[int] = []
     for g in range(groups):
         d = stream.group(g)
         kept = d.response_lens[: spec.group_size]  # what a batch trains on

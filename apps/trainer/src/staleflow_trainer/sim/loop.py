@@ -281,7 +281,8 @@ class Simulation:
         placed = self.protocol.finish(tid)
         self.coord.on_finished([tid])
         if placed is not None and self.spec.dynamic_sampling:
-            rewards = {self.ledger.entries[t].reward for t in self.protocol.group(e.group).finished}
+            finished = cast(tuple[str, ...], self.protocol.group(e.group).finished)  # sim ids: str
+            rewards = {self.ledger.entries[t].reward for t in finished}
             if len(rewards) == 1:
                 self.protocol.drop_group(e.group, "filtered")
                 self.rec.groups_filtered += 1

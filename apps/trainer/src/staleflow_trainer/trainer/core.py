@@ -207,7 +207,7 @@ class Trainer:
                 )
                 # FSDP averages gradients over ranks; each rank's loss is already a share of
                 # the global token mean, so undo the averaging.
-                (out.loss * self.world_size).backward()
+                (out.loss * self.world_size).backward()  # type: ignore[no-untyped-call,unused-ignore]
                 total += float(out.loss.item())
                 clipfracs.append(out.clip_frac)
                 ratios.append(out.ratio_mean)
