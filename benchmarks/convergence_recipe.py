@@ -72,10 +72,10 @@ def run(
     import torch
 
     from staleflow_trainer.config import load_config
-    from staleflow_trainer.data import DataCursor, encode_prompts, load_records, toy_score
+    from staleflow_trainer.data import DataCursor, encode_prompts, load_records
     from staleflow_trainer.tiny_model import EOS_ID, make_char_tokenizer, resolve_model_path
-    from staleflow_trainer.trainer import Trainer, TrainSample
-    from staleflow_trainer.trainer.local_rollout import sample_responses
+    from staleflow_trainer.trainer import Trainer
+    from staleflow_trainer.trainer.local_rollout import sample_responses, toy_train_batch
 
     with tempfile.TemporaryDirectory(prefix="sf-recipe-") as tmp:
         cfg = load_config(
@@ -108,20 +108,7 @@ def run(
             out = sample_responses(
                 behaviour, prompts, n=n, max_new_tokens=1, eos_id=EOS_ID, generator=gen
             )
-            batch = [
-                TrainSample(
-                    group_id=f"{step}-{k // n}",
-                    prompt_ids=r.prompt_ids,
-                    response_ids=r.response_ids,
-                    rollout_logprobs=r.logprobs,
-                    reward=toy_score(
-                        tok.decode(list(r.response_ids), skip_special_tokens=True),
-                        picked[k // n].ground_truth,
-                    ),
-                    truncated=r.truncated,
-                )
-                for k, r in enumerate(out)
-            ]
+            batch = toy_train_batch(out, picked, n=n, step=step, tokenizer=tok)
             rewards.append(float(trainer.train_step(batch)["reward_mean"]))
             history = [*history, copy.deepcopy(trainer.model)][-(eta + 1) :]
         end_policy = exact_policy_reward(

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from staleflow_trainer.config import TrainerConfig
-from staleflow_trainer.data import DataCursor, toy_records, toy_score
+from staleflow_trainer.data import DataCursor, toy_records
 from staleflow_trainer.tiny_model import EOS_ID, TinyModelSpec, make_char_tokenizer, make_tiny_model
-from staleflow_trainer.trainer import Trainer, TrainSample
-from staleflow_trainer.trainer.local_rollout import sample_responses
+from staleflow_trainer.trainer import Trainer
+from staleflow_trainer.trainer.local_rollout import sample_responses, toy_train_batch
 
 pytestmark = [pytest.mark.gpu]
 
@@ -34,20 +34,7 @@ def test_grpo_on_cuda_learns_the_toy_task(tmp_path: Path) -> None:
         resp = sample_responses(
             tr.model, prompts, n=8, max_new_tokens=3, eos_id=EOS_ID, generator=gen
         )
-        batch = [
-            TrainSample(
-                group_id=f"{step}-{k // 8}",
-                prompt_ids=r.prompt_ids,
-                response_ids=r.response_ids,
-                rollout_logprobs=r.logprobs,
-                reward=toy_score(
-                    tok.decode(list(r.response_ids), skip_special_tokens=True),
-                    recs[idx[k // 8]].ground_truth,
-                ),
-                truncated=r.truncated,
-            )
-            for k, r in enumerate(resp)
-        ]
+        batch = toy_train_batch(resp, [recs[i] for i in idx], n=8, step=step, tokenizer=tok)
         m = tr.train_step(batch)
         assert np.isfinite(m["loss"])
         rewards.append(m["reward_mean"])

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from staleflow_trainer.config import OverlongConfig, TrainerConfig
-from staleflow_trainer.data import DataCursor, toy_records, toy_score
+from staleflow_trainer.data import DataCursor, toy_records
 from staleflow_trainer.errors import CheckpointError, TrainerError
 from staleflow_trainer.tiny_model import EOS_ID, make_char_tokenizer
 from staleflow_trainer.trainer import Trainer, TrainSample
 from staleflow_trainer.trainer.fsdp import local_slice, shard_plan
-from staleflow_trainer.trainer.local_rollout import sample_responses
+from staleflow_trainer.trainer.local_rollout import sample_responses, toy_train_batch
 
 PROMPT = (7, 14, 8, 17)  # "3+4="
 
@@ -202,20 +202,7 @@ def test_grpo_learns_the_toy_task(tiny_model_dir: Path) -> None:
         resp = sample_responses(
             tr.model, prompts, n=8, max_new_tokens=3, eos_id=EOS_ID, generator=gen
         )
-        batch = []
-        for k, r in enumerate(resp):
-            rec = recs[idx[k // 8]]
-            text = tok.decode(list(r.response_ids), skip_special_tokens=True)
-            batch.append(
-                TrainSample(
-                    group_id=f"{step}-{k // 8}",
-                    prompt_ids=r.prompt_ids,
-                    response_ids=r.response_ids,
-                    rollout_logprobs=r.logprobs,
-                    reward=toy_score(text, rec.ground_truth),
-                    truncated=r.truncated,
-                )
-            )
+        batch = toy_train_batch(resp, [recs[i] for i in idx], n=8, step=step, tokenizer=tok)
         rewards.append(tr.train_step(batch)["reward_mean"])
     first, last = float(np.mean(rewards[:10])), float(np.mean(rewards[-10:]))
     assert last > first + 0.06, (first, last)

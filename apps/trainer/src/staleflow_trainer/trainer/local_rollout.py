@@ -8,9 +8,14 @@ temperature, record each sampled token's log-probability, stop at EOS or ``max_n
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import torch
+
+from staleflow_trainer.data.records import PromptRecord
+from staleflow_trainer.data.toy import toy_score
+from staleflow_trainer.trainer.batch import TrainSample
 
 
 @attrs.frozen(kw_only=True)
@@ -71,4 +76,31 @@ def sample_responses(
             truncated=len(o) >= max_new_tokens and (not o or o[-1] != eos_id),
         )
         for r, o, lp in zip(rows, out_ids, out_lp, strict=True)
+    ]
+
+
+def toy_train_batch(
+    responses: Sequence[SampledResponse],
+    records: Sequence[PromptRecord],
+    *,
+    n: int,
+    step: int,
+    tokenizer: Any,
+) -> list[TrainSample]:
+    """The local loop's training batch: response ``k`` answers ``records[k // n]`` (prompt-major,
+    as :func:`sample_responses` returns them), scored by :func:`toy_score` against its ground
+    truth; group ids ``"<step>-<prompt index>"``."""
+    return [
+        TrainSample(
+            group_id=f"{step}-{k // n}",
+            prompt_ids=r.prompt_ids,
+            response_ids=r.response_ids,
+            rollout_logprobs=r.logprobs,
+            reward=toy_score(
+                tokenizer.decode(list(r.response_ids), skip_special_tokens=True),
+                records[k // n].ground_truth,
+            ),
+            truncated=r.truncated,
+        )
+        for k, r in enumerate(responses)
     ]
