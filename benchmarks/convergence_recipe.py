@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from convergence_study import eval_prompts
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "convergence.yaml"
 OUT = ROOT / "results" / "convergence" / "recipe.json"
@@ -48,11 +50,9 @@ def exact_policy_reward(model: Any, tok: Any, max_prompt_len: int, task: str) ->
     prompt of ``task`` (mean over prompts)."""
     import torch
 
-    from staleflow_trainer.data import encode_prompts, toy_records, toy_score
+    from staleflow_trainer.data import toy_score
 
-    distinct = {r.prompt: r for r in toy_records(task, size=1000, seed=0)}
-    records = [distinct[p] for p in sorted(distinct)]
-    prompts = encode_prompts(records, tok, max_prompt_len=max_prompt_len)
+    records, prompts = eval_prompts(task, tok, max_prompt_len)
     vocab = [tok.decode([i], skip_special_tokens=True) for i in range(len(tok))]
     total = 0.0
     with torch.no_grad():

@@ -165,6 +165,16 @@ def run_stats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def eval_prompts(task: str, tok: Any, max_prompt_len: int) -> tuple[list[Any], list[Any]]:
+    """Every distinct prompt of a toy task, in prompt order: (records, encoded prompts) — the
+    set both the study's and the recipe check's policy evaluations score."""
+    from staleflow_trainer.data import encode_prompts, toy_records
+
+    distinct = {r.prompt: r for r in toy_records(task, size=1000, seed=0)}
+    records = [distinct[p] for p in sorted(distinct)]
+    return records, encode_prompts(records, tok, max_prompt_len=max_prompt_len)
+
+
 def policy_reward(run_dir: Path, *, final: bool, seed: int = 1234) -> float | None:
     """Expected toy reward of the initial (``final=False``) or the final trained policy,
     sampled at the rollout temperature with the plain-HF sampler: every distinct prompt of the
@@ -174,7 +184,7 @@ def policy_reward(run_dir: Path, *, final: bool, seed: int = 1234) -> float | No
     from transformers import AutoModelForCausalLM
 
     from staleflow_trainer.config import load_config
-    from staleflow_trainer.data import encode_prompts, toy_records, toy_score
+    from staleflow_trainer.data import toy_score
     from staleflow_trainer.tiny_model import EOS_ID, make_char_tokenizer
     from staleflow_trainer.trainer.checkpoint import load_torch
     from staleflow_trainer.trainer.local_rollout import sample_responses
@@ -189,9 +199,7 @@ def policy_reward(run_dir: Path, *, final: bool, seed: int = 1234) -> float | No
         model.load_state_dict(payload["model"], strict=False)
         model.tie_weights()
     tok = make_char_tokenizer()
-    distinct = {r.prompt: r for r in toy_records(cfg.data.toy_task, size=1000, seed=0)}
-    records = [distinct[p] for p in sorted(distinct)]
-    prompts = encode_prompts(records, tok, max_prompt_len=cfg.data.max_prompt_len)
+    records, prompts = eval_prompts(cfg.data.toy_task, tok, cfg.data.max_prompt_len)
     gen = torch.Generator().manual_seed(seed)
     out = sample_responses(
         model,
