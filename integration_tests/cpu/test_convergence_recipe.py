@@ -16,11 +16,10 @@ on every seed.
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
 from typing import Any
 
+import convergence_recipe as recipe
 import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -31,17 +30,8 @@ SEEDS = (0, 1, 2)
 POLICY_GAIN = 0.3  # smallest measured over 5 seeds: 0.51
 
 
-def _recipe() -> Any:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        return importlib.import_module("convergence_recipe")
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-
-
 @pytest.fixture(scope="module")
 def runs() -> dict[tuple[bool, int], dict[str, Any]]:
-    recipe = _recipe()
     return {
         (tis, seed): recipe.run(lr=None, eta=3, tis=tis, seed=seed, steps=STEPS)
         for tis in (True, False)
@@ -56,7 +46,7 @@ def test_runs_use_the_study_config_and_are_deterministic(
 
     lr = load_config(ROOT / "examples" / "convergence.yaml", []).trainer.lr
     assert {e["lr"] for e in runs.values()} == {lr}
-    again = _recipe().run(lr=None, eta=3, tis=True, seed=SEEDS[0], steps=10)
+    again = recipe.run(lr=None, eta=3, tis=True, seed=SEEDS[0], steps=10)
     assert again["rewards"] == runs[(True, SEEDS[0])]["rewards"][:10]
 
 

@@ -23,17 +23,15 @@ see the constants' comments.
 
 from __future__ import annotations
 
-import importlib
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import convergence_study as study
 import pytest
 
 pytestmark = [pytest.mark.ray, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 
-ROOT = Path(__file__).resolve().parents[2]
 STEPS = 60
 SEED = 0
 # consumed-batch reward, mean of the last 6 steps minus mean of the first 6. Full study at lr 3e-3
@@ -49,24 +47,11 @@ POLICY_MARGIN = 0.25
 UNBOUNDED_STEPS = 8
 
 
-def _bench(name: str) -> Any:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-
-
-def _study() -> Any:
-    return _bench("convergence_study")
-
-
 def _train(run_dir: Path, name: str, steps: int = STEPS) -> dict[str, Any]:
     from staleflow_trainer.config import load_config
     from staleflow_trainer.metrics import read_jsonl
     from staleflow_trainer.wiring import Deployment
 
-    study = _study()
     setting = study.BY_NAME[name]
     cfg = load_config(
         study.CONFIG,
@@ -118,7 +103,7 @@ def test_reward_of_consumed_batches_rises(runs: dict[int, dict[str, Any]], eta: 
     rows = runs[eta]["rows"]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     rewards = [r["reward_mean"] for r in rows]
-    w = _study().window(STEPS)
+    w = study.window(STEPS)
     start = sum(rewards[:w]) / w
     end = sum(rewards[-w:]) / w
     assert end - start >= MARGIN, f"eta={eta}: reward {start:.3f} -> {end:.3f}: {rewards}"
