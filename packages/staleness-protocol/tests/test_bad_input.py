@@ -281,7 +281,11 @@ def test_the_engine_race_is_not_misuse() -> None:
     p = _scenario()
     before = p.to_dict()
     out = p.finish("b1")  # the caller aborted b1; its engine finished it anyway
-    assert (out.status, out.reason, out.group_id) == (FinishStatus.ALREADY_ENDED, "engine lost", "g1")
+    assert (out.status, out.reason, out.group_id) == (
+        FinishStatus.ALREADY_ENDED,
+        "engine lost",
+        "g1",
+    )
     assert p.abort("b1", "again") is False
     assert p.to_dict() == before
 

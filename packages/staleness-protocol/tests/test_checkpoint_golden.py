@@ -128,8 +128,12 @@ def test_a_checkpoint_written_by_0_1_is_migrated(name: str, scenario: Any) -> No
     assert p.stats().trajectories_by_state == now.stats().trajectories_by_state
     assert {r[1] for r in mine["tombstones"]} == {r[1] for r in theirs["tombstones"]}
     assert p.take_notices() == (
-        Abort(trajectory_id="a2", group_id="a", version=0, reason="group_surplus", was_running=True),
-        Abort(trajectory_id="b2", group_id="b", version=0, reason="group_surplus", was_running=True),
+        Abort(
+            trajectory_id="a2", group_id="a", version=0, reason="group_surplus", was_running=True
+        ),
+        Abort(
+            trajectory_id="b2", group_id="b", version=0, reason="group_surplus", was_running=True
+        ),
         Abort(trajectory_id="d0", group_id="d", version=1, reason="all-equal", was_running=True),
         ReplacementRequest(request_id=0, replaces_group_id="d", reason="all-equal"),
     )

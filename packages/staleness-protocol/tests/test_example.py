@@ -5,10 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from staleness_protocol.example import run
-
-
 import pytest
+
+from staleness_protocol.example import run
 
 
 @pytest.mark.parametrize("train_ticks", [1, 3, 12])

@@ -23,8 +23,8 @@ from staleness_protocol import (
     GroupAborted,
     GroupClosed,
     NotAdmissible,
-    NotReady,
     Notice,
+    NotReady,
     ProtocolConfig,
     StalenessProtocol,
 )
@@ -313,7 +313,9 @@ class ProtocolMachine(RuleBasedStateMachine):
             tomb_t, tomb_g = self.model.tombstone_ids()
             assert {r[1] for r in d["tombstones"] if r[0] == "trajectory"} == tomb_t
             assert {r[1] for r in d["tombstones"] if r[0] == "group"} == tomb_g
-            live_groups = {g for g, e in self.model.groups.items() if e["state"] in ("reserved", "occupied")}
+            live_groups = {
+                g for g, e in self.model.groups.items() if e["state"] in ("reserved", "occupied")
+            }
             assert {g[0] for g in d["groups"]} == live_groups
             for tid in tomb_t:
                 rec = self.p.trajectory(tid)
