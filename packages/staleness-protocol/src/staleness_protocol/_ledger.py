@@ -120,45 +120,55 @@ class GroupTomb:
 
 
 class Tombstones:
-    """Ended trajectories and groups, in the order they ended, kept ``keep`` versions."""
+    """Ended trajectories and groups, bucketed by the ``next_buffer`` at which they ended
+    (buckets in that order), kept ``keep`` versions."""
 
-    __slots__ = ("groups", "keep", "order", "trajs")
+    __slots__ = ("buckets", "groups", "keep", "trajs")
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
         self.trajs: dict[Id, TrajTomb] = {}
         self.groups: dict[Id, GroupTomb] = {}
-        self.order: deque[tuple[int, bool, Id]] = deque()  # (stamp, is_group, id)
+        # stamp -> (group ids, trajectory ids) that ended then; stamps only grow
+        self.buckets: dict[int, tuple[list[Id], list[Id]]] = {}
 
     def __len__(self) -> int:
-        return len(self.order)
+        return len(self.trajs) + len(self.groups)
+
+    def _bucket(self, stamp: int) -> tuple[list[Id], list[Id]]:
+        bucket = self.buckets.get(stamp)
+        if bucket is None:
+            bucket = self.buckets[stamp] = ([], [])
+        return bucket
 
     def add_traj(self, trajectory_id: Id, tomb: TrajTomb) -> None:
         self.trajs[trajectory_id] = tomb
-        self.order.append((tomb.stamp, False, trajectory_id))
+        self._bucket(tomb.stamp)[1].append(trajectory_id)
 
     def add_group(self, group_id: Id, tomb: GroupTomb) -> None:
         self.groups[group_id] = tomb
-        self.order.append((tomb.stamp, True, group_id))
+        self._bucket(tomb.stamp)[0].append(group_id)
 
     def expire(self, next_buffer: int) -> None:
         """Forget every entry whose stamp is more than ``keep`` versions behind."""
-        order = self.order
+        buckets = self.buckets
         limit = next_buffer - self.keep
-        while order and order[0][0] < limit:
-            _, is_group, key = order.popleft()
-            if is_group:
-                del self.groups[key]
-            else:
-                del self.trajs[key]
+        while buckets:
+            stamp = next(iter(buckets))
+            if stamp >= limit:
+                return
+            group_ids, traj_ids = buckets.pop(stamp)
+            deque(map(self.groups.__delitem__, group_ids), maxlen=0)  # delete, looping in C
+            deque(map(self.trajs.__delitem__, traj_ids), maxlen=0)
 
     def to_list(self) -> list[list[Any]]:
+        """Per stamp, oldest first: the groups, then the trajectories that ended then."""
         out: list[list[Any]] = []
-        for _, is_group, key in self.order:
-            if is_group:
+        for group_ids, traj_ids in self.buckets.values():
+            for key in group_ids:
                 g = self.groups[key]
                 out.append(["group", key, g.state.value, g.reason, g.buffer, g.stamp])
-            else:
+            for key in traj_ids:
                 t = self.trajs[key]
                 out.append(
                     [
@@ -178,14 +188,18 @@ class Tombstones:
         """Rebuild from ``to_list`` output (raises KeyError/ValueError/TypeError if malformed)."""
         last = None
         for row in rows:
+            stamp = int(row[-1])
+            if last is not None and stamp < last:
+                raise ValueError("tombstones are not in the order they ended")
+            last = stamp
             kind = row[0]
             if kind == "group":
-                _, key, state, reason, buffer, stamp = row
+                _, key, state, reason, buffer, _stamp = row
                 if key in self.groups:
                     raise ValueError(f"group tombstone {key!r} appears twice")
-                self.add_group(key, GroupTomb(GroupState(state), reason, buffer, int(stamp)))
+                self.add_group(key, GroupTomb(GroupState(state), reason, buffer, stamp))
             elif kind == "trajectory":
-                _, key, gid, version, state, reason, was_running, stamp = row
+                _, key, gid, version, state, reason, was_running, _stamp = row
                 if key in self.trajs:
                     raise ValueError(f"trajectory tombstone {key!r} appears twice")
                 tstate = TrajectoryState(state)
@@ -196,6 +210,3 @@ class Tombstones:
                 )
             else:
                 raise ValueError(f"tombstone kind {kind!r}: allowed 'group' or 'trajectory'")
-            if last is not None and int(row[-1]) < last:
-                raise ValueError("tombstones are not in the order they ended")
-            last = int(row[-1])
