@@ -253,6 +253,11 @@ def test_error_tree() -> None:
     assert issubclass(UnknownTrajectory, KeyError)
 
 
+def test_admission_is_truthy_only_when_admitted() -> None:
+    assert [bool(a) for a in Admission] == [True, False, False, False]
+    assert Admission.WAIT == "wait"  # a str, as every enum of this package
+
+
 def test_reserve_refusals_agree_with_can_reserve() -> None:
     """Every NotAdmissible that reserve raises carries the Admission can_reserve answers."""
     p = _scenario()

@@ -377,7 +377,7 @@ def test_random_schedules_lose_nothing_and_respect_the_cap(ops: list[tuple[int, 
         if op == 0:  # admit a new group or a sibling, at any version
             v = arg % (p.published_version + 1)
             gid = f"g{serial}"
-            if p.can_reserve(gid, v):
+            if p.can_reserve(gid, v) is Admission.ADMIT:
                 p.reserve(gid, f"{gid}/0", v)
                 p.reserve(gid, f"{gid}/1", v)
                 serial += 1

@@ -10,7 +10,8 @@ reserved or occupied. When an entry ends it leaves the live ledger:
   arrive late — ``finish`` of a trajectory the protocol aborted while an engine was still
   generating it, a sibling of a group that has closed — and is forgotten once
   ``next_buffer`` passes its stamp by more than ``tombstone_versions`` (checked at each
-  consume, oldest first).
+  ``publish``, or at a ``consume`` when versions are consumed faster than published; a
+  version's worth at a time).
 
 So the ledger holds what is live plus what ended in the last ``tombstone_versions``
 versions, whatever the length of the run.

@@ -14,6 +14,7 @@ slot or FIFO place), ``_occupy`` (a group has ``n`` finished members), ``_buffer
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, ClassVar, Protocol, Self
 
 from ._ledger import Group, GroupTomb, Tombstones, Traj, TrajTomb
@@ -202,6 +203,7 @@ class LedgerBase:
                 allowed=allowed,
             )
         self._published = allowed
+        self._tombs.expire(self._next)  # retirement work, off the trainer's critical path
 
     # ------------------------------------------------------------------ validation
 
@@ -266,8 +268,9 @@ class LedgerBase:
         if t is None:
             _check_id(trajectory_id, "trajectory_id")
             raise UnknownTrajectory(
-                f"unknown trajectory_id {trajectory_id!r}: never reserved, or it ended more "
-                f"than tombstone_versions={self._tombs.keep} versions ago",
+                f"unknown trajectory_id {trajectory_id!r}: never reserved, consumed (retired at "
+                f"once), or aborted/dropped more than tombstone_versions={self._tombs.keep} "
+                "versions ago",
                 trajectory_id=trajectory_id,
             )
         return t
@@ -478,12 +481,14 @@ class LedgerBase:
 
     def _take_batch(self, gids: tuple[Id, ...]) -> Batch:
         """Consume these OCCUPIED groups as the batch of version ``next_buffer``: account the
-        staleness, retire them (consumed trajectories are forgotten, the groups tombstoned),
-        advance ``next_buffer`` and expire old tombstones."""
+        staleness, retire them (consumed trajectories are forgotten, the groups tombstoned)
+        and advance ``next_buffer``. Old tombstones expire at the ``publish`` that follows; only
+        when versions are consumed faster than they are published does ``consume`` do it."""
         c = self._next
         self._next = c + 1
         tombs = self._tombs
-        tombs.expire(c + 1)
+        if c + 1 - self._published > 1:
+            tombs.expire(c + 1)
         groups = self._groups
         trajs = self._trajs
         thist = self._traj_hist
@@ -492,24 +497,23 @@ class LedgerBase:
         gvers: list[int] = []
         gstale: list[int] = []
         tstale_out: list[tuple[int, ...]] = []
-        ntraj = 0
+        every: list[int] = []
         consumed = GroupState.CONSUMED
+        pop = trajs.pop
         for gid in gids:
-            g = groups.pop(gid)
-            kept = tuple(g.finished)
-            stale: list[int] = []
-            for tid in kept:
-                s = c - trajs.pop(tid).version
-                stale.append(s)
-                thist[s] = thist.get(s, 0) + 1
-            ntraj += len(kept)
+            kept = tuple(groups.pop(gid).finished)
+            stale = tuple([c - t.version for t in map(pop, kept)])
+            every += stale
             smax = max(stale)
             ghist[smax] = ghist.get(smax, 0) + 1
             tids_out.append(kept)
             gvers.append(c - smax)
             gstale.append(smax)
-            tstale_out.append(tuple(stale))
+            tstale_out.append(stale)
             tombs.add_group(gid, GroupTomb(consumed, None, c, c + 1))
+        for s, k in Counter(every).items():  # counted in C: a few distinct values
+            thist[s] = thist.get(s, 0) + k
+        ntraj = len(every)
         self._tcount[_OCCUPIED] -= ntraj
         self._tcount[_CONSUMED] += ntraj
         self._gcount[_OCCUPIED_G] -= len(gids)

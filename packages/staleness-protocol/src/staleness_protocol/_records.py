@@ -49,12 +49,18 @@ class Admission(enum.StrEnum):
     version (the version is at or below the abort floor, or a sibling at it would make its
     group too stale). ``DISCARD``: it can never be admitted at any version (its group is
     complete, closed or full): drop it.
+
+    Truthiness is "admitted": ``bool(answer)`` is True for ``ADMIT`` only, so a loop written
+    for the boolean ``can_reserve`` of 0.1 keeps its meaning.
     """
 
     ADMIT = "admit"
     WAIT = "wait"
     SYNC = "sync"
     DISCARD = "discard"
+
+    def __bool__(self) -> bool:
+        return self is Admission.ADMIT
 
 
 class SlotState(enum.StrEnum):

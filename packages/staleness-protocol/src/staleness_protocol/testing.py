@@ -105,7 +105,8 @@ def check_invariants(p: StalenessProtocol) -> None:
     last = None
     for row in d["tombstones"]:
         stamp, key = row[-1], row[1]
-        _require(c - cfg.tombstone_versions <= stamp <= c, f"tombstone {key!r} stamp {stamp}")
+        low = c - cfg.tombstone_versions - 1  # expiry runs at publish: one consume may lead
+        _require(low <= stamp <= c, f"tombstone {key!r} stamp {stamp}")
         _require(last is None or last <= stamp, "tombstones out of order")
         last = stamp
         if row[0] == "group":
@@ -153,6 +154,7 @@ class ReferenceModel:
         self.groups: dict[Id, dict[str, Any]] = {}
         self.trajs: dict[Id, dict[str, Any]] = {}
         self.notices: list[tuple[Any, ...]] = []
+        self.forgotten_below = start_version - config.tombstone_versions  # expiry limit
 
     # -- slot helpers
     def _count(self, b: int, kind: str) -> int:
@@ -208,6 +210,7 @@ class ReferenceModel:
     def publish(self, version: int) -> None:
         assert version == self.published + 1 <= self.version
         self.published = version
+        self.forgotten_below = self.version - self.config.tombstone_versions
 
     def reserve(self, gid: Id, tid: Id, v: int) -> int | None:
         eta = self.config.eta
@@ -317,6 +320,8 @@ class ReferenceModel:
         assert self._ready(self.version)
         gids = [s[1] for s in self.slots.pop(self.version) if s is not None and s[0] == "O"]
         self.version += 1
+        if self.version - self.published > 1:  # not publishing: consume expires instead
+            self.forgotten_below = self.version - self.config.tombstone_versions
         self.top = max(self.top, self.version - 1)
         for gid in gids:
             self.groups[gid].update(state="consumed", ended_at=self.version)
@@ -372,14 +377,12 @@ class ReferenceModel:
         return {tid: s for tid, s in self.states().items() if s in _LIVE_T}
 
     def _kept(self, entry: dict[str, Any]) -> bool:
-        return (
-            "ended_at" in entry
-            and entry["ended_at"] >= self.version - self.config.tombstone_versions
-        )
+        return "ended_at" in entry and entry["ended_at"] >= self.forgotten_below
 
     def tombstone_ids(self) -> tuple[set[Id], set[Id]]:
         """(trajectory ids, group ids) the protocol must still recognise: aborted or dropped
-        trajectories and closed groups that ended within the last ``tombstone_versions``."""
+        trajectories and closed groups that ended within the last ``tombstone_versions``
+        (counted at the last publish, or consume when versions are not being published)."""
         trajs = {
             tid
             for tid, t in self.trajs.items()
