@@ -7,9 +7,11 @@ Two measurements, printed side by side and written to ``bench-results/protocol.j
    trajectories running. Rollout instances sit at the published version or up to three
    versions behind; lengths are log-normal with a 1 % tail 5x longer, so stragglers keep
    buffers open; the trainer consumes a READY buffer, trains for one tick and publishes.
-   At step 100 and at the last step it records the checkpoint size (``to_dict`` as JSON
+   The run keeps a copy of its state (protocol and workload) at step 100 and at the last
+   step; then it times ``--window`` steps from each copy, alternating ``--rounds`` times so
+   both see the same machine load, and records the checkpoint size (``to_dict`` as JSON
    bytes), the ``to_dict`` time, what the ledger holds, and the p50 / p99 of every protocol
-   call over the ``--window`` steps before that point (each call timed on its own).
+   call (each timed on its own).
 2. **A scale curve**: the same per-call percentiles with 10 K to 1 M trajectories in flight
    (eta = 10, n' = 18, B' = 9/8 B, B grown to reach each load; every buffer filled with
    reservations, then buffers finished, consumed, published and refilled for a few steps).
@@ -24,6 +26,7 @@ consumed trajectory). ``--smoke`` runs a short version of both in a few seconds.
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import heapq
 import json
@@ -84,62 +87,62 @@ def checkpoint_cost(p: StalenessProtocol) -> dict[str, float | int]:
 # ------------------------------------------------------------------------------ long run
 
 
-def long_run(steps: int, points: tuple[int, ...], window: int, seed: int) -> dict[str, Any]:
-    cfg = ProtocolConfig(
-        batch_size=64,
-        group_size=16,
-        eta=10,
-        batch_redundancy=8,
-        group_redundancy=2,
-        stuck_threshold=4,
-    )
-    p = StalenessProtocol(cfg)
-    rng = random.Random(seed)
-    events: list[tuple[float, int]] = []  # (finish tick, trajectory id)
-    running: set[int] = set()
-    next_tid = next_gid = 0
-    now = 0.0
-    training = False  # a consumed step trains for one tick, then its version is published
-    at: dict[int, dict[str, Any]] = {}
-    times: dict[str, list[int]] = {name: [] for name in OPS}
-    running_samples: list[int] = []
-    t_start = time.perf_counter()
-    while len(at) < len(points):
-        c = p.next_buffer
-        timed = any(pt - window <= c < pt for pt in points)
+class LongRun:
+    """The rollout/trainer workload around one protocol, one tick per ``tick()`` call."""
+
+    def __init__(self, seed: int) -> None:
+        self.cfg = ProtocolConfig(
+            batch_size=64,
+            group_size=16,
+            eta=10,
+            batch_redundancy=8,
+            group_redundancy=2,
+            stuck_threshold=4,
+        )
+        self.p = StalenessProtocol(self.cfg)
+        self.rng = random.Random(seed)
+        self.events: list[tuple[float, int]] = []  # (finish tick, trajectory id)
+        self.running: set[int] = set()
+        self.next_tid = self.next_gid = 0
+        self.now = 0.0
+        self.training = False  # a consumed step trains for one tick, then is published
+
+    def tick(self, times: dict[str, list[int]] | None = None) -> None:
+        """One round: admit, generate, finish, train; each call timed into ``times``."""
+        p, rng, cfg = self.p, self.rng, self.cfg
         published = p.published_version
         # admission: fill free slots with new prompts from instances at the published
         # version or a bit behind
         while True:
             v = published if rng.random() < 0.7 else max(0, published - rng.randint(1, 3))
-            gid = next_gid
+            gid = self.next_gid
             t0 = clock()
             answer = p.can_reserve(gid, v)
             t1 = clock()
-            if timed:
+            if times is not None:
                 times["can_reserve"].append(t1 - t0)
             if answer is not ADMIT:
                 if v == published:
                     break
                 continue
-            next_gid += 1
+            self.next_gid += 1
             for _ in range(cfg.samples_per_group):
+                tid = self.next_tid
                 t0 = clock()
-                p.reserve(gid, next_tid, v)
+                p.reserve(gid, tid, v)
                 t1 = clock()
-                if timed:
+                if times is not None:
                     times["reserve"].append(t1 - t0)
                 length = rng.lognormvariate(math.log(MEDIAN_TICKS), SIGMA)
                 if rng.random() < 0.01:
                     length *= 5
-                heapq.heappush(events, (now + length, next_tid))
-                running.add(next_tid)
-                next_tid += 1
-        if timed:
-            running_samples.append(len(running))
+                heapq.heappush(self.events, (self.now + length, tid))
+                self.running.add(tid)
+                self.next_tid += 1
         # generation: everything due by the end of this tick finishes (rewarded)
-        now += 1.0
-        while events and events[0][0] <= now:
+        self.now += 1.0
+        events, running = self.events, self.running
+        while events and events[0][0] <= self.now:
             _, tid = heapq.heappop(events)
             if tid not in running:
                 continue  # aborted earlier (group surplus / batch surplus / stuck)
@@ -147,33 +150,68 @@ def long_run(steps: int, points: tuple[int, ...], window: int, seed: int) -> dic
             t0 = clock()
             p.finish(tid)
             t1 = clock()
-            if timed:
+            if times is not None:
                 times["finish"].append(t1 - t0)
         # the trainer: publish what trained last tick, consume the next READY buffer
-        if training:
+        if self.training:
             p.publish(p.next_buffer)
-            training = False
+            self.training = False
         if p.ready():
             t0 = clock()
             p.consume()
             t1 = clock()
-            if timed:
+            if times is not None:
                 times["consume"].append(t1 - t0)
-            training = True
-            c = p.next_buffer
-            if c in points and c not in at:
-                gc.collect()
-                at[c] = {**checkpoint_cost(p), **summarize(times)}
-                at[c]["running_mean"] = round(sum(running_samples) / max(1, len(running_samples)))
-                at[c]["wall_s_so_far"] = round(time.perf_counter() - t_start, 1)
-                times = {name: [] for name in OPS}
-                running_samples = []
+            self.training = True
         else:
             p.resolve_stuck()
         for n in p.take_notices():
             if isinstance(n, Abort):
                 running.discard(n.trajectory_id)  # type: ignore[arg-type]
-    stats = p.stats()
+
+    def run_to(self, step: int) -> None:
+        while self.p.next_buffer < step:
+            self.tick()
+
+
+def measure(state: LongRun, window: int) -> dict[str, list[int]]:
+    """Time every call over ``window`` steps from a copy of ``state`` (which stays as is)."""
+    run = copy.deepcopy(state)
+    times: dict[str, list[int]] = {name: [] for name in OPS}
+    stop = run.p.next_buffer + window
+    gc.collect()
+    while run.p.next_buffer < stop:
+        run.tick(times)
+    return times
+
+
+def long_run(steps: int, first: int, window: int, rounds: int, seed: int) -> dict[str, Any]:
+    """Run to ``first`` and keep a copy, run on to ``steps`` and keep a copy; then time the
+    same ``window`` steps of each, alternating ``rounds`` times, so both see the same load."""
+    t_start = time.perf_counter()
+    run = LongRun(seed)
+    run.run_to(first)
+    early = copy.deepcopy(run)
+    run.run_to(steps)
+    late = run
+    wall_run = time.perf_counter() - t_start
+    times = {k: {name: [] for name in OPS} for k in (first, steps)}
+    ckpt: dict[int, list[dict[str, float | int]]] = {first: [], steps: []}
+    for _ in range(rounds):
+        for k, state in ((first, early), (steps, late)):
+            for name, xs in measure(state, window).items():
+                times[k][name] += xs
+            ckpt[k].append(checkpoint_cost(state.p))
+    at: dict[str, Any] = {}
+    for k, state in ((first, early), (steps, late)):
+        to_dict = sorted(c["to_dict_ms"] for c in ckpt[k])
+        at[str(k)] = {
+            **ckpt[k][0],
+            "to_dict_ms": to_dict[len(to_dict) // 2],
+            **summarize(times[k]),
+            "running": len(state.running),
+        }
+    stats = late.p.stats()
     return {
         "workload": (
             "B=64 n=16 (n'=18) eta=10 B'=72 stuck_threshold=4, log-normal lengths + 1% 5x "
@@ -181,9 +219,11 @@ def long_run(steps: int, points: tuple[int, ...], window: int, seed: int) -> dic
         ),
         "steps": steps,
         "window_steps": window,
-        "at_step": {str(k): v for k, v in sorted(at.items())},
+        "rounds": rounds,
+        "at_step": at,
         "aborts_by_reason": stats.aborts_by_reason,
         "staleness_histogram": stats.staleness_histogram,
+        "wall_s_run": round(wall_run, 1),
         "wall_s": round(time.perf_counter() - t_start, 1),
     }
 
@@ -273,7 +313,9 @@ def verdict(res: dict[str, Any]) -> dict[str, bool]:
     for point in res["long_run"]["at_step"].values():
         for name in PER_TRAJECTORY:
             key = f"{name}_p50_le_5us"
-            ok[key] = ok.get(key, True) and point[f"{name}_us_p50"] <= TARGETS["per_trajectory_p50_us"]
+            ok[key] = (
+                ok.get(key, True) and point[f"{name}_us_p50"] <= TARGETS["per_trajectory_p50_us"]
+            )
         ok["consume_p50_le_1ms"] = ok.get("consume_p50_le_1ms", True) and (
             point["consume_us_p50"] <= TARGETS["consume_p50_us"]
         )
@@ -284,8 +326,10 @@ def report(res: dict[str, Any]) -> None:
     lr = res["long_run"]
     (k0, a), (k1, b) = list(lr["at_step"].items())[:2]
     print(f"protocol bench: {lr['workload']}")
-    print(f"  long run: {lr['steps']} steps in {lr['wall_s']} s; consumed staleness "
+    print(f"  long run: {lr['steps']} steps in {lr['wall_s_run']} s; consumed staleness "
           f"{lr['staleness_histogram']}")  # fmt: skip
+    print(f"  each point timed over {lr['window_steps']} steps x {lr['rounds']} rounds, "
+          "alternating, from copies of the two states")  # fmt: skip
     print(f"  {'':<26}{'step ' + k0:>14}{'step ' + k1:>14}{'ratio':>9}")
     rows = [
         ("checkpoint bytes", "checkpoint_bytes"),
@@ -293,7 +337,7 @@ def report(res: dict[str, Any]) -> None:
         ("ledger trajectories", "ledger_trajectories"),
         ("tombstones", "tombstones"),
         ("trajectories ever", "trajectories_ever"),
-        ("running (mean)", "running_mean"),
+        ("running", "running"),
         *[(f"{op} p50 us", f"{op}_us_p50") for op in OPS],
         *[(f"{op} p99 us", f"{op}_us_p99") for op in OPS],
     ]
@@ -301,7 +345,7 @@ def report(res: dict[str, Any]) -> None:
         x, y = a[key], b[key]
         ratio = f"{y / x:.2f}" if x else "-"
         print(f"  {label:<26}{x:>14}{y:>14}{ratio:>9}")
-    print(f"  scale curve (eta=10, n'=18, B'=9/8 B):")
+    print("  scale curve (eta=10, n'=18, B'=9/8 B):")
     print(f"  {'in flight':>10}{'B':>6}" + "".join(f"{op + ' p50':>16}" for op in OPS)
           + f"{'consume/traj':>14}")  # fmt: skip
     for s in res["scale"]:
@@ -315,21 +359,22 @@ def report(res: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--steps", type=int, default=10_000, help="training steps of the long run")
-    ap.add_argument("--window", type=int, default=20, help="steps timed before each point")
+    ap.add_argument("--window", type=int, default=10, help="steps timed at each point, per round")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating timing rounds")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--scale", default="64,192,640,1920,4480", help="batch sizes of the curve")
-    ap.add_argument("--rounds", type=int, default=3, help="steps per scale point")
+    ap.add_argument("--scale-steps", type=int, default=3, help="steps per scale point")
     ap.add_argument("--smoke", action="store_true", help="a short run of both (seconds)")
     ap.add_argument("--out", default="bench-results/protocol.json")
     a = ap.parse_args(argv)
     if a.smoke:
-        a.steps, a.window, a.scale, a.rounds = 40, 5, "64,128", 2
+        a.steps, a.window, a.rounds, a.scale, a.scale_steps = 40, 3, 1, "64,128", 2
     first = min(100, a.steps // 4)
     res: dict[str, Any] = {
         "python": sys.version.split()[0],
         "smoke": a.smoke,
-        "long_run": long_run(a.steps, (first, a.steps), a.window, a.seed),
-        "scale": [scale_point(int(b), a.rounds, a.seed) for b in a.scale.split(",")],
+        "long_run": long_run(a.steps, first, a.window, a.rounds, a.seed),
+        "scale": [scale_point(int(b), a.scale_steps, a.seed) for b in a.scale.split(",")],
         "targets": TARGETS,
     }
     res["meets_targets"] = verdict(res)
