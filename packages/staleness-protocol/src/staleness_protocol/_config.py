@@ -6,11 +6,8 @@ from typing import Any, ClassVar, Self
 
 import attrs
 
+from ._checks import is_int as _is_int
 from .errors import ConfigError
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _int_at_least(low: int) -> Any:

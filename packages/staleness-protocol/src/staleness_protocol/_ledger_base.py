@@ -3,7 +3,7 @@
 ``StalenessProtocol`` (bounded, per-version buffers) and the FIFO protocols differ only in
 where a group waits between admission and consumption. Everything else is the same
 bookkeeping and lives here once: versions (``next_buffer``, ``published_version``,
-``publish``), id/version/reason validation, the live ledger and its tombstones (``_ledger``),
+``publish``), version validation, the live ledger and its tombstones (``_ledger``),
 state counters, ``finish`` / ``abort`` / ``drop_group``, the notice outbox, taking a batch,
 statistics, and the ledger half of ``to_dict`` / ``from_dict``.
 
@@ -15,8 +15,9 @@ slot or FIFO place), ``_occupy`` (a group has ``n`` finished members), ``_buffer
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, ClassVar, Protocol, Self
+from typing import Any, ClassVar, NoReturn, Protocol, Self
 
+from ._checks import check_id, check_reason, is_int
 from ._ledger import Group, GroupTomb, Tombstones, Traj, TrajTomb
 from ._records import (
     Abort,
@@ -37,7 +38,6 @@ from .errors import (
     CorruptState,
     DuplicateTrajectory,
     GroupNotDroppable,
-    InvalidId,
     InvalidVersion,
     ProtocolError,
     PublishOutOfOrder,
@@ -55,29 +55,6 @@ _OCCUPIED = TrajectoryState.OCCUPIED
 _CONSUMED = TrajectoryState.CONSUMED
 _RESERVED_G = GroupState.RESERVED
 _OCCUPIED_G = GroupState.OCCUPIED
-
-
-def _check_id(value: Any, field: str) -> None:
-    cls = type(value)
-    if cls is not str and cls is not int:
-        if isinstance(value, str | int) and not isinstance(value, bool):
-            return  # subclasses (e.g. IntEnum) are fine
-        raise InvalidId(
-            f"{field}={value!r} is invalid: allowed a str or an int", field=field, value=value
-        )
-
-
-def _check_reason(reason: Any) -> None:
-    if not isinstance(reason, str) or not reason:
-        raise InvalidId(
-            f"reason={reason!r} is invalid: allowed a non-empty str",
-            field="reason",
-            value=reason,
-        )
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class LedgerConfig(Protocol):
@@ -121,7 +98,7 @@ class LedgerBase:
 
     def _init_ledger(self, config: LedgerConfig, start_version: Any) -> None:
         """Validate ``start_version`` and set up an empty ledger (after the config check)."""
-        if not _is_int(start_version) or start_version < 0:
+        if not is_int(start_version) or start_version < 0:
             raise InvalidVersion(
                 f"start_version={start_version!r} is invalid: allowed an int >= 0",
                 version=start_version,
@@ -195,7 +172,7 @@ class LedgerBase:
                 version=version,
                 allowed=None,
             )
-        if not _is_int(version) or version != allowed:
+        if not is_int(version) or version != allowed:
             raise PublishOutOfOrder(
                 f"publish({version!r}) is out of order: allowed {allowed} "
                 f"(published_version + 1; versions are published one at a time)",
@@ -211,7 +188,7 @@ class LedgerBase:
         """A version an instance works at: an int in ``[0, published_version]``."""
         if type(version) is int and 0 <= version <= self._published:
             return
-        if _is_int(version):
+        if is_int(version):
             if 0 <= version <= self._published:
                 return  # int subclasses (e.g. IntEnum) are fine
             if version > self._published:
@@ -231,8 +208,8 @@ class LedgerBase:
 
     def _check_new_trajectory(self, group_id: Id, trajectory_id: Id, version: int) -> None:
         """``reserve``'s input checks: id types, version range, trajectory id unused."""
-        _check_id(group_id, "group_id")
-        _check_id(trajectory_id, "trajectory_id")
+        check_id(group_id, "group_id")
+        check_id(trajectory_id, "trajectory_id")
         self._check_version(version)
         if trajectory_id in self._trajs or trajectory_id in self._tombs.trajs:
             raise DuplicateTrajectory(
@@ -251,7 +228,7 @@ class LedgerBase:
         """
         t = self._trajs.get(trajectory_id)
         if t is None and trajectory_id not in self._tombs.trajs:
-            self._traj(trajectory_id)  # raises
+            self._unknown_traj(trajectory_id)
         self._check_version(instance_version, "instance_version")
         return t is not None and t.state is _IN_FLIGHT and t.version <= instance_version
 
@@ -263,28 +240,22 @@ class LedgerBase:
 
     # ------------------------------------------------------------------ ledger entries
 
-    def _traj(self, trajectory_id: Id) -> Traj:
-        t = self._trajs.get(trajectory_id)
-        if t is None:
-            _check_id(trajectory_id, "trajectory_id")
-            raise UnknownTrajectory(
-                f"unknown trajectory_id {trajectory_id!r}: never reserved, consumed (retired at "
-                f"once), or aborted/dropped more than tombstone_versions={self._tombs.keep} "
-                "versions ago",
-                trajectory_id=trajectory_id,
-            )
-        return t
+    def _unknown_traj(self, trajectory_id: Id) -> NoReturn:
+        check_id(trajectory_id, "trajectory_id")
+        raise UnknownTrajectory(
+            f"unknown trajectory_id {trajectory_id!r}: never reserved, consumed (retired at "
+            f"once), or aborted/dropped more than tombstone_versions={self._tombs.keep} "
+            "versions ago",
+            trajectory_id=trajectory_id,
+        )
 
-    def _group(self, group_id: Id) -> Group:
-        g = self._groups.get(group_id)
-        if g is None:
-            _check_id(group_id, "group_id")
-            raise UnknownGroup(
-                f"unknown group_id {group_id!r}: never reserved, or it closed more than "
-                f"tombstone_versions={self._tombs.keep} versions ago",
-                group_id=group_id,
-            )
-        return g
+    def _unknown_group(self, group_id: Id) -> NoReturn:
+        check_id(group_id, "group_id")
+        raise UnknownGroup(
+            f"unknown group_id {group_id!r}: never reserved, or it closed more than "
+            f"tombstone_versions={self._tombs.keep} versions ago",
+            group_id=group_id,
+        )
 
     def _set_state(self, t: Traj, state: TrajectoryState) -> None:
         tcount = self._tcount
@@ -397,8 +368,7 @@ class LedgerBase:
     def _finish_ended(self, trajectory_id: Id) -> FinishOutcome:
         tomb = self._tombs.trajs.get(trajectory_id)
         if tomb is None:
-            self._traj(trajectory_id)  # raises InvalidId / UnknownTrajectory
-            raise AssertionError("unreachable")  # pragma: no cover
+            self._unknown_traj(trajectory_id)
         if not tomb.was_running:
             raise TrajectoryNotInFlight(
                 f"cannot finish trajectory {trajectory_id!r}: it had finished before it was "
@@ -425,9 +395,8 @@ class LedgerBase:
         if t is None:
             tomb = self._tombs.trajs.get(trajectory_id)
             if tomb is None:
-                self._traj(trajectory_id)  # raises
-            _check_reason(reason)
-            assert tomb is not None
+                self._unknown_traj(trajectory_id)
+            check_reason(reason)
             if tomb.was_running:
                 return False
             raise TrajectoryNotInFlight(
@@ -437,7 +406,7 @@ class LedgerBase:
                 group_id=tomb.group_id,
                 state=tomb.state.value,
             )
-        _check_reason(reason)
+        check_reason(reason)
         if t.state is not _IN_FLIGHT:
             raise TrajectoryNotInFlight(
                 f"cannot abort trajectory {trajectory_id!r}: it is {t.state.value}",
@@ -463,9 +432,8 @@ class LedgerBase:
         if g is None:
             tomb = self._tombs.groups.get(group_id)
             if tomb is None:
-                self._group(group_id)  # raises
-            _check_reason(reason)
-            assert tomb is not None
+                self._unknown_group(group_id)
+            check_reason(reason)
             if tomb.state is GroupState.ABORTED:
                 return False
             raise GroupNotDroppable(
@@ -473,7 +441,7 @@ class LedgerBase:
                 group_id=group_id,
                 state=tomb.state.value,
             )
-        _check_reason(reason)
+        check_reason(reason)
         self._close_group(g, GroupState.DROPPED, reason, TrajectoryState.DROPPED, notify=False)
         if self._config.filtering:
             self._request_replacement(group_id, reason)
@@ -549,8 +517,7 @@ class LedgerBase:
             tomb = self._tombs.trajs.get(trajectory_id)
             if tomb is not None:
                 return tomb.record(trajectory_id)
-            self._traj(trajectory_id)  # raises
-            raise AssertionError("unreachable")  # pragma: no cover
+            self._unknown_traj(trajectory_id)
         return TrajectoryRecord(
             trajectory_id=trajectory_id,
             group_id=t.group_id,
@@ -568,8 +535,7 @@ class LedgerBase:
             tomb = self._tombs.groups.get(group_id)
             if tomb is not None:
                 return tomb.record(group_id)
-            self._group(group_id)  # raises
-            raise AssertionError("unreachable")  # pragma: no cover
+            self._unknown_group(group_id)
         return g.record()
 
     def in_flight(self) -> tuple[Id, ...]:

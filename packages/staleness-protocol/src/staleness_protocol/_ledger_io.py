@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._checks import check_id as _check_id
+from ._checks import is_int as _is_int
 from ._ledger import Group, Traj
-from ._ledger_base import _check_id, _is_int
 from ._records import Abort, GroupAborted, GroupState, Notice, ReplacementRequest, TrajectoryState
 from .errors import CorruptState
 

@@ -68,6 +68,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._buffers import Buffer
+from ._checks import check_id as _check_id
 from ._config import ProtocolConfig
 from ._ledger import Group, Traj
 from ._ledger_base import (
@@ -75,7 +76,6 @@ from ._ledger_base import (
     _OCCUPIED,
     _RESERVED_G,
     LedgerBase,
-    _check_id,
 )
 from ._records import (
     AbortReason,

@@ -45,6 +45,7 @@ from typing import Any, Self, TypeVar
 
 import attrs
 
+from ._checks import check_id as _check_id
 from ._config import TOMBSTONE_VERSIONS, ConfigDict, _check_filtering, _int_at_least
 from ._ledger import Group, Traj
 from ._ledger_base import (
@@ -53,7 +54,6 @@ from ._ledger_base import (
     _OCCUPIED_G,
     _RESERVED_G,
     LedgerBase,
-    _check_id,
 )
 from ._migrate import upgraded
 from ._records import (
