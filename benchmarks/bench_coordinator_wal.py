@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from staleflow_trainer.actors.write_ahead import JournaledProtocol, WriteAheadLog, replay_state
-from staleness_protocol import ProtocolConfig, StalenessProtocol
+from staleness_protocol import Admission, ProtocolConfig, StalenessProtocol
 
 B, N, ETA = 64, 16, 3
 
@@ -34,16 +34,16 @@ def _step(p: JournaledProtocol, g: int) -> tuple[int, list[list[str]]]:
     reserved: list[str] = []
     while True:
         gid = f"g{g:07d}"
-        if not p.can_reserve(gid, p.current_version):
+        if p.can_reserve(gid, p.published_version) is not Admission.ADMIT:
             break
         for i in range(N):
-            p.reserve(gid, f"{gid}/{i}", p.current_version)
+            p.reserve(gid, f"{gid}/{i}", p.published_version)
             reserved.append(f"{gid}/{i}")
         g += 1
     for t in list(p.in_flight()):
-        if p.trajectory(t).buffer == p.current_version:
+        if p.trajectory(t).buffer == p.next_buffer:
             p.finish(t)
-    p.consume()
+    p.publish(p.consume().version + 1)
     return g, [reserved]
 
 

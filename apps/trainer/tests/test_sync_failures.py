@@ -44,9 +44,7 @@ def _actor(*overrides: str) -> tuple[CoordinatorActor, _Refuses]:
     )  # fmt: skip
     protocol = StalenessProtocol(protocol_config(cfg))
     actor.protocol = protocol  # type: ignore[assignment]
-    actor.coordinator = Coordinator(
-        coordinator_config(cfg), protocol, time.monotonic, latest_version=0
-    )
+    actor.coordinator = Coordinator(coordinator_config(cfg), protocol, time.monotonic)
     actor.coordinator.add_instance("vllm-0", kv_capacity_tokens=1000, version=0)
     return actor, handle
 

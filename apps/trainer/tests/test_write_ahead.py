@@ -14,7 +14,13 @@ from staleflow_trainer.actors.write_ahead import (
     replay_state,
 )
 from staleflow_trainer.errors import CheckpointError
-from staleness_protocol import ProtocolConfig, ProtocolError, StalenessProtocol, TrajectoryState
+from staleness_protocol import (
+    Admission,
+    ProtocolConfig,
+    ProtocolError,
+    StalenessProtocol,
+    TrajectoryState,
+)
 
 
 def _drive(p: JournaledProtocol, rng: random.Random, steps: int, start: int = 0) -> int:
@@ -24,8 +30,8 @@ def _drive(p: JournaledProtocol, rng: random.Random, steps: int, start: int = 0)
     for _ in range(steps):
         for _ in range(rng.randint(0, 3)):
             gid = f"g{g:05d}"
-            v = p.current_version
-            if not p.can_reserve(gid, v):
+            v = p.published_version
+            if p.can_reserve(gid, v) is not Admission.ADMIT:
                 break
             for i in range(n):
                 try:
@@ -44,10 +50,9 @@ def _drive(p: JournaledProtocol, rng: random.Random, steps: int, start: int = 0)
                     p.abort(t, "test abort")
             except ProtocolError:
                 pass
-        p.take_aborts()
-        p.take_replacements()
+        p.take_notices()
         if p.ready():
-            p.consume()
+            p.publish(p.consume().version + 1)
     return g
 
 

@@ -20,7 +20,7 @@ from rollout_coordinator import (
 )
 from rollout_coordinator.policies import POLICIES, build_policy
 from rollout_coordinator.testing import Clock, make, new, snap
-from staleness_protocol import ProtocolConfig, StalenessProtocol
+from staleness_protocol import Abort, ProtocolConfig, StalenessProtocol
 
 
 def routes(cmds):
@@ -179,7 +179,7 @@ def test_sync_baseline_generates_one_batch_per_version():
         proto.finish(r.trajectory_id)
         coord.on_finished([r.trajectory_id])
     proto.consume()
-    coord.on_version_published(1)
+    proto.publish(1)  # the trained weights are pullable
     cmds = coord.step([snap("a", t=0.2), snap("b", t=0.2)], q[4:], now=0.2)
     assert {c.instance_id for c in cmds if isinstance(c, Sync)} == {"a", "b"}
     assert routes(cmds) == []  # barrier: instances still syncing
@@ -197,10 +197,12 @@ def test_protocol_aborts_become_interrupts_or_drops():
     cmds = coord.step([snap("a")], [new("t0", group="g0"), new("t1", group="g0")], now=0.0)
     assert len(routes(cmds)) == 2
     proto.reserve("gq", "queued", 0)  # reserved, but (say) back in the trajectory server
-    dropped_running = proto.drop_group("g0", "filtered")
+    assert proto.drop_group("g0", "filtered") is True
     proto.drop_group("gq", "filtered")
-    assert len(dropped_running) == 2
-    cmds = coord.step([], [], now=0.1)
+    aborts = [n for n in proto.take_notices() if isinstance(n, Abort)]
+    assert len(aborts) == 3
+    cmds = coord.abort(aborts)
+    assert coord.step([], [], now=0.1) == []  # the coordinator never drains the protocol
     (it,) = [c for c in cmds if isinstance(c, Interrupt)]
     assert (it.instance_id, sorted(it.trajectory_ids), it.requeue, it.reason) == (
         "a",
@@ -212,6 +214,22 @@ def test_protocol_aborts_become_interrupts_or_drops():
     assert dr.trajectory_ids == ("queued",)
     assert coord.instances["a"].n_running == 0
     assert (coord.last_cycle.aborted, coord.last_cycle.dropped) == (2, 1)
+
+
+def test_a_released_route_aborted_before_it_is_emitted_becomes_a_drop():
+    """The sync finished (the route is released) but no step emitted it yet when the
+    protocol aborted the trajectory: the route is cancelled, never sent to the engine."""
+    from rollout_coordinator.testing import partial
+
+    coord, proto, _ = make(instances=[("a", 0)], start_version=1)
+    proto.reserve("gp", "p1", 1)
+    coord.step([snap("a", version=0)], [partial("p1", 1)], now=0.0)
+    coord.on_sync_done("a", 1)  # released, to be emitted by the next step
+    proto.drop_group("gp", "filtered")
+    cmds = coord.abort(n for n in proto.take_notices() if isinstance(n, Abort))
+    assert [type(c) for c in cmds] == [Drop] and cmds[0].trajectory_ids == ("p1",)
+    assert routes(coord.step([], [], now=0.1)) == []
+    assert coord.instances["a"].n_running == 0
 
 
 def test_sync_failure_keeps_reservations_as_orphans():
@@ -260,7 +278,8 @@ def test_a_held_route_aborted_before_the_sync_ends_becomes_a_drop_not_a_route():
     coord.step([snap("a", version=0)], [partial("p1", 1)], now=0.0)
     assert coord.pending.held_for("a")
     proto.drop_group("gp", "filtered")  # aborted while the route waits for a's sync
-    cmds = coord.step([], [partial("p1", 1)], now=0.1)
+    cmds = coord.abort(n for n in proto.take_notices() if isinstance(n, Abort))
+    cmds += coord.step([], [partial("p1", 1)], now=0.1)
     (dr,) = [c for c in cmds if isinstance(c, Drop)]
     assert dr.trajectory_ids == ("p1",)
     assert not [c for c in cmds if isinstance(c, Interrupt)]

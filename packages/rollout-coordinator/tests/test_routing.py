@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rollout_coordinator import Route
 from rollout_coordinator.testing import make, new, partial, snap
+from staleness_protocol import Admission
 
 
 def routes(cmds):
@@ -71,7 +72,7 @@ def test_new_trajectory_falls_through_to_admissible_version():
     )
     proto.reserve("gx", "x", 1)  # fills buffer 2 (latest for version 1)
     proto.reserve("gy", "y", 0)  # fills buffer 1 (latest for version 0)
-    assert not proto.can_reserve("fresh", 0) and proto.can_reserve("fresh", 1) is False
+    assert proto.can_reserve("fresh", 0) is proto.can_reserve("fresh", 1) is Admission.WAIT
     cmds = coord.step(
         [snap("v0", version=0), snap("v1", version=1)], [new("t0", group="g9")], now=0.0
     )

@@ -81,10 +81,15 @@ def test_greedy_global_sync_on_publish():
 
 
 def test_unpublished_version_is_not_synced_to():
-    # the trainer consumed buffer 0 (protocol at 1) but version 1's weights are not pushed yet
-    coord, _, _ = make("vanilla-sync", instances=[("a", 0)], start_version=1, latest_version=0)
+    # the trainer consumed buffer 0 (next_buffer 1) but version 1's weights are not pushed yet
+    coord, proto, _ = make("vanilla-sync", instances=[("a", 0)], batch=1, group=1)
+    proto.reserve("g", "t", 0)
+    proto.finish("t")
+    proto.consume()
+    assert (proto.next_buffer, coord.latest_version) == (1, 0)
     assert syncs(coord.step([snap("a")], [], now=0.0)) == {}
-    coord.on_version_published(1)
+    proto.publish(1)
+    assert coord.latest_version == 1
     assert syncs(coord.step([], [], now=0.1)) == {"a": 1}
 
 

@@ -15,7 +15,14 @@ def make(batch_size: int = 2, group_size: int = 1, eta: int = 1, **kw: Any) -> S
 
 
 def states(p: StalenessProtocol) -> dict[Any, str]:
+    """Live trajectories -> state (consumed ones are retired, ended ones are tombstones)."""
     return {t[0]: t[3] for t in p.to_dict()["trajectories"]}
+
+
+def step(p: StalenessProtocol) -> None:
+    """Consume the READY buffer and publish the version its training step produces."""
+    batch = p.consume()
+    p.publish(batch.version + 1)
 
 
 def roundtrip(p: StalenessProtocol) -> StalenessProtocol:

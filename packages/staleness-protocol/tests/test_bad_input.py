@@ -6,15 +6,19 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sp_helpers import make
+from sp_helpers import make, step
 
 from staleness_protocol import (
+    Admission,
     BadInput,
     BelowAbortFloor,
     ConfigError,
     CorruptState,
     DuplicateTrajectory,
+    FinishStatus,
     GroupClosed,
+    GroupFull,
+    GroupNotDroppable,
     InvalidId,
     InvalidVersion,
     NoFreeSlot,
@@ -23,11 +27,13 @@ from staleness_protocol import (
     ProtocolConfig,
     ProtocolError,
     ProtocolMisuse,
+    PublishOutOfOrder,
     SiblingTooStale,
     StalenessProtocol,
     TrajectoryNotInFlight,
     UnknownGroup,
     UnknownTrajectory,
+    VersionNotPublished,
 )
 
 
@@ -70,7 +76,7 @@ def _scenario() -> StalenessProtocol:
         p.reserve(g, f"{g}b", 0)
         p.finish(f"{g}a")
         p.finish(f"{g}b")
-    p.consume()
+    step(p)
     p.reserve("g0", "a0", 1)
     p.reserve("g0", "a1", 1)
     p.finish("a0")
@@ -79,7 +85,7 @@ def _scenario() -> StalenessProtocol:
     p.reserve("g1", "b1", 1)
     p.finish("b0")
     p.abort("b1", "engine lost")
-    p.take_aborts()
+    p.take_notices()
     return p
 
 
@@ -129,12 +135,6 @@ CASES: list[
         {"trajectory_id": "a0", "state": "occupied"},
     ),
     (
-        "finish an aborted one",
-        lambda p: p.finish("b1"),
-        TrajectoryNotInFlight,
-        {"trajectory_id": "b1", "state": "aborted"},
-    ),
-    (
         "abort a finished one",
         lambda p: p.abort("b0", "x"),
         TrajectoryNotInFlight,
@@ -158,7 +158,18 @@ CASES: list[
         GroupClosed,
         {"group_id": "w0", "state": "consumed"},
     ),
-    ("drop a consumed group", lambda p: p.drop_group("w0", "x"), GroupClosed, {"group_id": "w0"}),
+    (
+        "drop a consumed group",
+        lambda p: p.drop_group("w0", "x"),
+        GroupNotDroppable,
+        {"group_id": "w0", "state": "consumed"},
+    ),
+    (
+        "publish out of order",
+        lambda p: p.publish(3),
+        PublishOutOfOrder,
+        {"value": 3, "allowed": None},
+    ),
     (
         "reserve below the abort floor",
         lambda p: p.reserve("new", "new", 0) if p.abort_floor >= 0 else None,
@@ -166,10 +177,10 @@ CASES: list[
         {"version": 0},
     ),
     (
-        "version from the future",
+        "version not published",
         lambda p: p.reserve("new", "new", 2),
-        InvalidVersion,
-        {"version": 2, "current_version": 1},
+        VersionNotPublished,
+        {"version": 2, "published_version": 1},
     ),
     ("negative version", lambda p: p.can_reserve("new", -1), InvalidVersion, {"version": -1}),
     ("version not an int", lambda p: p.reserve("new", "new", "1"), InvalidVersion, {"value": "1"}),
@@ -184,11 +195,12 @@ CASES: list[
     ("empty abort reason", lambda p: p.abort("b0", ""), InvalidId, {"field": "reason"}),
     ("consume when not ready", lambda p: p.consume(), NotReady, {"version": 1}),
     (
-        "resume version from the future",
+        "resume version not published",
         lambda p: p.can_resume("b0", 5),
-        InvalidVersion,
+        VersionNotPublished,
         {"version": 5},
     ),
+    ("sync check of an unpublished version", lambda p: p.must_sync(2), VersionNotPublished, {}),
 ]
 
 
@@ -216,20 +228,90 @@ def test_error_is_specific_and_state_unchanged(
 
 def test_error_tree() -> None:
     assert issubclass(NotAdmissible, ProtocolError)
-    for cls in (NoFreeSlot, SiblingTooStale, BelowAbortFloor):
-        assert issubclass(cls, NotAdmissible)
+    admissions = {
+        NoFreeSlot: Admission.WAIT,
+        SiblingTooStale: Admission.SYNC,
+        BelowAbortFloor: Admission.SYNC,
+        GroupClosed: Admission.DISCARD,
+        GroupFull: Admission.DISCARD,
+    }
+    for cls, admission in admissions.items():
+        assert issubclass(cls, NotAdmissible) and cls.admission is admission
     for cls in (
         UnknownTrajectory,
         UnknownGroup,
         DuplicateTrajectory,
         TrajectoryNotInFlight,
-        GroupClosed,
+        GroupNotDroppable,
+        PublishOutOfOrder,
         NotReady,
     ):
         assert issubclass(cls, ProtocolMisuse) and not issubclass(cls, NotAdmissible)
-    for cls in (InvalidVersion, InvalidId):
+    for cls in (InvalidVersion, VersionNotPublished, InvalidId):
         assert issubclass(cls, BadInput) and not issubclass(cls, ProtocolMisuse)
+    assert issubclass(VersionNotPublished, InvalidVersion)
     assert issubclass(UnknownTrajectory, KeyError)
+
+
+def test_admission_is_truthy_only_when_admitted() -> None:
+    assert [bool(a) for a in Admission] == [True, False, False, False]
+    assert Admission.WAIT == "wait"  # a str, as every enum of this package
+
+
+def test_reserve_refusals_agree_with_can_reserve() -> None:
+    """Every NotAdmissible that reserve raises carries the Admission can_reserve answers."""
+    p = _scenario()
+    p.reserve("x", "x0", 1)
+    p.reserve("x", "x1", 1)
+    p.finish("x0")
+    p.finish("x1")  # buffers 1 and 2 READY: version 0 is below the floor
+    cases = [("new", 0), ("g0", 1), ("w0", 1), ("g1", 1)]  # floor, occupied, consumed, ...
+    p.reserve("g1", "b2", 1)  # g1 now holds n' = 2 live members: full
+    for gid, v in cases:
+        answer = p.can_reserve(gid, v)
+        with pytest.raises(NotAdmissible) as e:
+            p.reserve(gid, f"{gid}-new", v)
+        assert e.value.admission is answer, (gid, v)
+    assert [p.can_reserve(g, v) for g, v in cases] == [
+        Admission.SYNC,
+        Admission.DISCARD,
+        Admission.DISCARD,
+        Admission.DISCARD,
+    ]
+
+
+def test_the_engine_race_is_not_misuse() -> None:
+    """finish / abort / drop_group of what the protocol (or the caller) already ended while
+    it ran answer typed outcomes; the state does not change."""
+    p = _scenario()
+    before = p.to_dict()
+    out = p.finish("b1")  # the caller aborted b1; its engine finished it anyway
+    assert (out.status, out.reason, out.group_id) == (
+        FinishStatus.ALREADY_ENDED,
+        "engine lost",
+        "g1",
+    )
+    assert p.abort("b1", "again") is False
+    assert p.to_dict() == before
+
+
+def test_publish_one_version_at_a_time_after_its_step_was_consumed() -> None:
+    p = make(batch_size=1, group_size=1, eta=1)
+    with pytest.raises(PublishOutOfOrder, match="nothing to publish") as e:
+        p.publish(1)
+    assert e.value.allowed is None
+    p.reserve("g", "t", 0)
+    p.finish("t")
+    p.consume()
+    assert (p.next_buffer, p.published_version) == (1, 0)
+    with pytest.raises(VersionNotPublished, match="not published yet"):
+        p.can_reserve("h", 1)  # the version being trained: its weights do not exist
+    for bad in (2, 0, "1", True):
+        with pytest.raises(PublishOutOfOrder, match="allowed 1") as e:
+            p.publish(bad)  # type: ignore[arg-type]
+        assert e.value.allowed == 1
+    p.publish(1)
+    assert p.published_version == 1 and p.can_reserve("h", 1) is Admission.ADMIT
 
 
 def test_not_admissible_errors_carry_context_and_leave_state() -> None:
@@ -245,14 +327,14 @@ def test_not_admissible_errors_carry_context_and_leave_state() -> None:
     p2 = make(batch_size=1, group_size=1, eta=1)
     p2.reserve("w", "w", 0)
     p2.finish("w")
-    p2.consume()
+    step(p2)
     p2.reserve("g", "t0", 1)  # -> 2
     p3 = make(batch_size=1, group_size=2, eta=1)
     p3.reserve("w", "w0", 0)
     p3.reserve("w", "w1", 0)
     p3.finish("w0")
     p3.finish("w1")
-    p3.consume()
+    step(p3)
     p3.reserve("g", "t0", 1)  # -> 2
     before = p3.to_dict()
     with pytest.raises(SiblingTooStale) as e2:
@@ -266,7 +348,10 @@ def test_not_admissible_errors_carry_context_and_leave_state() -> None:
     [
         lambda d: d.update(format="other/9"),
         lambda d: d["buffers"][0]["reserved"].extend(["z1", "z2", "z3"]),
-        lambda d: d["trajectories"].append(["q", "missing-group", 0, "in_flight", None, None]),
+        lambda d: d["trajectories"].append(["q", "missing-group", 0, "in_flight"]),
+        lambda d: d.update(published_version=d["next_buffer"] + 1),
+        lambda d: d["tombstones"].append(["group", "z", "reserved", None, None, 0]),
+        lambda d: d["notices"].append(["nonsense"]),
         lambda d: d["groups"].append(d["groups"][0]),
         lambda d: d.pop("top"),
         lambda d: d["config"].update(eta=-1),

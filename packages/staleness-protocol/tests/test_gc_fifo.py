@@ -12,12 +12,16 @@ from hypothesis import strategies as st
 
 from staleness_protocol import (
     GC_FIFO_FORMAT,
+    Abort,
     AbortReason,
+    Admission,
     BelowAbortFloor,
     ConfigError,
     CorruptState,
+    FinishStatus,
     GcFifo,
     GcFifoConfig,
+    GroupAborted,
     GroupState,
     TrajectoryState,
     UnboundedFifo,
@@ -34,15 +38,21 @@ def finish_group(p: GcFifo, gid: str, version: int) -> None:
     p.finish(f"{gid}/0")
 
 
-def test_floor_is_current_version_minus_eta_minus_one() -> None:
+def advance(p: GcFifo) -> None:
+    """Consume a batch and publish the version its step produces."""
+    p.publish(p.consume().version + 1)
+
+
+def test_floor_is_next_buffer_minus_eta_minus_one() -> None:
     p = gc(eta=1)
     assert p.abort_floor == -2 and not p.must_sync(0)
     for i in range(3):
-        finish_group(p, f"g{i}", p.current_version)
-        p.consume()
-    assert p.current_version == 3 and p.abort_floor == 1
+        finish_group(p, f"g{i}", p.published_version)
+        advance(p)
+    assert p.next_buffer == 3 and p.abort_floor == 1
     assert p.must_sync(1) and not p.must_sync(2)
-    assert not p.can_reserve("new", 1) and p.can_reserve("new", 2)
+    assert p.can_reserve("new", 1) is Admission.SYNC
+    assert p.can_reserve("new", 2) is Admission.ADMIT
     with pytest.raises(BelowAbortFloor, match="abort floor 1") as e:
         p.reserve("new", "new/0", 1)
     assert e.value.abort_floor == 1
@@ -56,22 +66,30 @@ def test_consume_discards_what_fell_below_the_floor_in_flight_and_waiting() -> N
     p.reserve("slow", "slow/0", 0)  # runs for ever
     finish_group(p, "a", 0)
     finish_group(p, "b", 0)  # waits behind a
-    p.consume()  # trains a at version 0 → current 1, floor −1: nothing stale yet
-    assert p.take_aborts() == ()
+    advance(p)  # trains a at version 0 → next 1, floor −1: nothing stale yet
+    assert p.take_notices() == ()
     finish_group(p, "c", 1)
-    p.consume()  # trains b (staleness 1) → current 2, floor 0: slow (v0) is stale
-    aborts = p.take_aborts()
-    assert [(a.trajectory_id, a.reason, a.was_running) for a in aborts] == [
-        ("slow/0", AbortReason.STALE.value, True)
-    ]
+    advance(p)  # trains b (staleness 1) → next 2, floor 0: slow (v0) is stale
+    assert p.take_notices() == (
+        Abort(
+            trajectory_id="slow/0",
+            group_id="slow",
+            version=0,
+            reason=AbortReason.STALE.value,
+            was_running=True,
+        ),
+        GroupAborted(group_id="slow", reason="stale"),
+    )
+    assert p.finish("slow/0").status is FinishStatus.ALREADY_ENDED  # it finished too late
     assert p.group("slow").state is GroupState.ABORTED
     assert p.fifo() == ("c",)
     finish_group(p, "d", 1)
     finish_group(p, "e", 2)
-    batch = p.consume()  # c (v1) at version 2 → current 3, floor 1: d (v1, waiting) discarded
+    batch = p.consume()  # c (v1) at version 2 → next 3, floor 1: d (v1, waiting) discarded
     assert batch.group_ids == ("c",) and batch.staleness == (1,)
-    (abort,) = p.take_aborts()
-    assert (abort.trajectory_id, abort.was_running) == ("d/0", False)
+    abort, closed = p.take_notices()
+    assert isinstance(abort, Abort) and isinstance(closed, GroupAborted)
+    assert (abort.trajectory_id, abort.was_running, closed.group_id) == ("d/0", False, "d")
     assert p.trajectory("d/0").state is TrajectoryState.ABORTED
     assert p.fifo() == ("e",)
     assert p.stats().aborts_by_reason == {"stale": 2}
@@ -82,14 +100,15 @@ def test_a_sibling_that_would_make_its_group_too_stale_is_refused() -> None:
     version ≤ the floor: the group's version would drop below what can be trained."""
     p = gc(b=1, n=2, eta=1)
     for i in range(2):
-        p.reserve(f"h{i}", f"h{i}/0", p.current_version)
-        p.reserve(f"h{i}", f"h{i}/1", p.current_version)
+        p.reserve(f"h{i}", f"h{i}/0", p.published_version)
+        p.reserve(f"h{i}", f"h{i}/1", p.published_version)
         p.finish(f"h{i}/0")
         p.finish(f"h{i}/1")
-        p.consume()
-    assert p.current_version == 2 and p.abort_floor == 0
+        advance(p)
+    assert p.next_buffer == 2 and p.abort_floor == 0
     p.reserve("g", "g/0", 1)
-    assert not p.can_reserve("g", 0) and p.can_reserve("g", 1)
+    assert p.can_reserve("g", 0) is Admission.SYNC
+    assert p.can_reserve("g", 1) is Admission.ADMIT
     with pytest.raises(BelowAbortFloor):
         p.reserve("g", "g/1", 0)
     assert p.group("g").members == ("g/0",)
@@ -100,7 +119,7 @@ def test_consumed_staleness_never_exceeds_eta_where_the_unbounded_fifo_goes_past
     discards it and trains only groups within the bound."""
     runs: dict[str, list[int]] = {}
     for name, p in (
-        ("gc", gc(b=1, eta=1)),
+        ("gc", gc(b=1, eta=1, tombstone_versions=8)),
         (
             "unbounded",
             UnboundedFifo(GcFifoConfig(batch_size=1, group_size=1, eta=1, max_inflight_groups=8)),
@@ -109,11 +128,12 @@ def test_consumed_staleness_never_exceeds_eta_where_the_unbounded_fifo_goes_past
         p.reserve("old", "old/0", 0)
         stale: list[int] = []
         for i in range(3):
-            finish_group(p, f"g{i}", p.current_version)  # type: ignore[arg-type]
-            stale.extend(p.consume().staleness)
-        if "old/0" in p.in_flight():
-            p.finish("old/0")
-            finish_group(p, "last", p.current_version)  # type: ignore[arg-type]
+            finish_group(p, f"g{i}", p.published_version)  # type: ignore[arg-type]
+            batch = p.consume()
+            p.publish(batch.version + 1)
+            stale.extend(batch.staleness)
+        if p.finish("old/0").status is not FinishStatus.ALREADY_ENDED:
+            finish_group(p, "last", p.published_version)  # type: ignore[arg-type]
             stale.extend(p.consume().staleness)
         runs[name] = stale
     assert max(runs["unbounded"]) == 3
@@ -154,11 +174,13 @@ def test_random_schedules_keep_eta_and_lose_nothing(ops: list[tuple[int, int]]) 
     p = gc(b=2, n=2, eta=eta, cap=6)
     admitted = 0
     for op, arg in ops:
-        if op in (0, 1):  # admit a new group at any version above the floor
+        if op in (0, 1):  # admit a new group at any published version above the floor
             lo = max(0, p.abort_floor + 1)
-            v = lo + arg % (p.current_version - lo + 1)
+            if lo > p.published_version:
+                continue
+            v = lo + arg % (p.published_version - lo + 1)
             gid = f"g{admitted}"
-            if p.can_reserve(gid, v):
+            if p.can_reserve(gid, v) is Admission.ADMIT:
                 p.reserve(gid, f"{gid}/0", v)
                 p.reserve(gid, f"{gid}/1", v)
                 admitted += 1
@@ -166,6 +188,7 @@ def test_random_schedules_keep_eta_and_lose_nothing(ops: list[tuple[int, int]]) 
             p.finish(p.in_flight()[arg % len(p.in_flight())])
         elif op == 3 and p.ready():
             batch = p.consume()
+            p.publish(batch.version + 1)
             assert max(batch.staleness) <= eta
             floor = p.abort_floor
             for tid in p.in_flight():

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from sp_helpers import make, roundtrip, states
+import pytest
+from sp_helpers import make, roundtrip, states, step
 
-from staleness_protocol import Batch, SlotState
+from staleness_protocol import (
+    Admission,
+    Batch,
+    FinishStatus,
+    GroupAborted,
+    SlotState,
+    UnknownTrajectory,
+)
 from staleness_protocol.testing import check_invariants, layout
 
 
@@ -26,14 +34,14 @@ def test_inadmissible_when_no_buffer_has_room() -> None:
     p.reserve("g0", "t0", 0)
     p.reserve("g1", "t1", 0)
     before = p.to_dict()
-    assert p.can_reserve("g2", 0) is False
+    assert p.can_reserve("g2", 0) is Admission.WAIT
     assert p.to_dict() == before
 
 
 def test_can_reserve_has_no_side_effects_and_matches_reserve() -> None:
     p = make(batch_size=2, group_size=2, eta=1)
     before = p.to_dict()
-    assert p.can_reserve("g0", 0) is True
+    assert p.can_reserve("g0", 0) is Admission.ADMIT
     assert p.to_dict() == before  # no buffer created, nothing recorded
     assert p.reserve("g0", "t0", 0) == 1
 
@@ -42,9 +50,11 @@ def test_occupy_goes_to_earliest_buffer_front_filled() -> None:
     p = make(batch_size=2, group_size=2, eta=1)
     assert p.reserve("g0", "a0", 0) == 1
     assert p.reserve("g0", "a1", 0) == 1
-    assert p.finish("a0") is None  # group incomplete
+    assert p.finish("a0").status is FinishStatus.WAITING  # group incomplete
     assert states(p)["a0"] == "finished"
-    assert p.finish("a1") == 0  # earlier than its reservation: staleness 0
+    out = p.finish("a1")
+    assert (out.status, out.buffer, out.group_id) == (FinishStatus.OCCUPIED, 0, "g0")
+    # earlier than its reservation: staleness 0
     assert layout(p) == {0: (["g0"], []), 1: ([], [])}
     assert p.buffer_slots(0) == (SlotState.OCCUPIED, SlotState.EMPTY)
     assert p.trajectory("a1").buffer == 0
@@ -60,10 +70,10 @@ def test_finished_group_never_lands_later_than_its_reservation() -> None:
     p.reserve("g2", "t2", 0)  # -> 0
     p.reserve("g3", "t3", 0)  # -> 0
     assert layout(p) == {0: ([], ["g2", "g3"]), 1: ([], ["g0", "g1"])}
-    assert p.finish("t0") == 1
+    assert p.finish("t0").buffer == 1
     assert layout(p) == {0: ([], ["g2", "g3"]), 1: (["g0"], ["g1"])}
     # g2 finishes: its own reservation frees a slot in 0
-    assert p.finish("t2") == 0
+    assert p.finish("t2").buffer == 0
     assert layout(p) == {0: (["g2"], ["g3"]), 1: (["g0"], ["g1"])}
     check_invariants(p)
 
@@ -88,13 +98,15 @@ def test_consume_returns_batch_and_advances_version() -> None:
         staleness=(0, 0),
         trajectory_staleness=((0, 0), (0, 0)),
     )
-    assert p.current_version == 1
+    assert (p.next_buffer, p.published_version) == (1, 0)  # version 1 is being trained
     assert layout(p) == {1: ([], [])}  # buffer 0 retired
-    assert set(states(p).values()) == {"consumed"}
+    assert states(p) == {}  # consumed trajectories are retired: counted, not kept
+    assert p.group("g0").state == "consumed" and p.group("g0").buffer == 0  # a tombstone
     s = p.stats()
     assert s.staleness_histogram == {0: 4}
     assert s.group_staleness_histogram == {0: 2}
     assert s.consumed_batches == 1
+    assert s.trajectories_by_state["consumed"] == 4 and s.groups_by_state["consumed"] == 2
     check_invariants(p)
 
 
@@ -124,11 +136,11 @@ def test_sibling_join_rule_across_versions() -> None:
     p.reserve("y", "y1", 0)
     p.finish("y0")
     p.finish("y1")
-    p.consume()  # version 1
+    step(p)  # version 1 trained and published
     # g: first member at version 1 -> buffer 2 (latest of [1, 2])
     assert p.reserve("g", "g0", 1) == 2
     # a sibling on an old instance at version 0 cannot join (0 + 1 < 2)
-    assert p.can_reserve("g", 0) is False
+    assert p.can_reserve("g", 0) is Admission.SYNC
     # ... but one at version 1 can
     assert p.reserve("g", "g1", 1) == 2
     assert p.group("g").members == ("g0", "g1")
@@ -141,7 +153,7 @@ def test_group_occupies_within_bound_of_oldest_member() -> None:
     p.reserve("a", "a1", 0)
     p.finish("a0")
     p.finish("a1")
-    p.consume()  # v1
+    step(p)  # v1
     p.reserve("g", "g0", 1)  # -> buffer 2
     p.reserve("g", "g1", 1)
     p.reserve("h", "h0", 0)  # V=0: only buffer 1 is legal
@@ -161,7 +173,9 @@ def test_partial_rollout_keeps_v_traj_and_reservation() -> None:
     p.reserve("o", "o0", 0)
     p.reserve("o2", "o1", 0)
     p.finish("o1")
-    p.consume()  # v1
+    p.consume()
+    assert p.can_resume("t", 0)  # version 1 is not published yet: no instance is there
+    p.publish(1)
     assert p.can_resume("t", 1)
     assert p.trajectory("t") == rec  # V_traj and reservation unchanged
     p.finish("t")
@@ -183,6 +197,33 @@ def test_ledger_query_for_every_trajectory_state() -> None:
     assert q.trajectory("t1") == p.trajectory("t1")
 
 
+def test_settled_entries_are_retired_and_tombstones_expire() -> None:
+    """Consumed trajectories leave the ledger at once; ended ones stay tombstones for
+    tombstone_versions consumes, then are forgotten: the state is the size of what is live."""
+    p = make(batch_size=1, group_size=1, eta=0, batch_redundancy=1, tombstone_versions=2)
+    p.reserve("x", "x0", 0)
+    assert p.abort("x0", "engine died") is True  # x keeps its reservation, with no member
+    p.reserve("g0", "t0", 0)
+    p.finish("t0")  # buffer 0 READY: x's empty reservation is aborted (batch surplus)
+    assert p.take_notices() == (GroupAborted(group_id="x", reason="batch_surplus"),)
+    step(p)
+    for k in (1, 2):
+        assert p.trajectory("x0").state == "aborted"  # stamp 0: kept while next_buffer <= 2
+        assert p.group("x").state == "aborted"
+        p.reserve(f"g{k}", f"t{k}", k)
+        p.finish(f"t{k}")
+        step(p)
+        assert p.to_dict()["trajectories"] == []
+    with pytest.raises(UnknownTrajectory, match="tombstone_versions=2"):
+        p.trajectory("x0")  # next_buffer 3 > 0 + 2: forgotten
+    assert [row[1] for row in p.to_dict()["tombstones"]] == ["g0", "g1", "g2"]
+    assert p.stats().trajectories_by_state == {
+        "in_flight": 0, "finished": 0, "occupied": 0, "consumed": 3, "dropped": 0, "aborted": 1,
+    }  # fmt: skip
+    assert p.stats().groups_by_state["aborted"] == 1
+    check_invariants(p)
+
+
 def test_checkpoint_restore_continues_identically() -> None:
     p = make(batch_size=2, group_size=2, eta=2, batch_redundancy=1, group_redundancy=1)
     for g in range(3):
@@ -195,4 +236,4 @@ def test_checkpoint_restore_continues_identically() -> None:
         proto.finish("g1m2")
         proto.finish("g1m0")
     assert p.to_dict() == q.to_dict()
-    assert p.take_aborts() == q.take_aborts()
+    assert p.take_notices() == q.take_notices()

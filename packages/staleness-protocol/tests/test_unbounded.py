@@ -13,12 +13,16 @@ from sp_helpers import make
 
 from staleness_protocol import (
     UNBOUNDED_FORMAT,
+    Abort,
     AbortReason,
+    Admission,
     ConfigError,
     CorruptState,
     DuplicateTrajectory,
+    FinishStatus,
     GroupClosed,
     GroupFull,
+    GroupNotDroppable,
     GroupState,
     InvalidId,
     InvalidVersion,
@@ -26,6 +30,7 @@ from staleness_protocol import (
     NotAdmissible,
     NotReady,
     ProtocolError,
+    ReplacementRequest,
     StalenessProtocol,
     TrajectoryNotInFlight,
     TrajectoryState,
@@ -33,6 +38,7 @@ from staleness_protocol import (
     UnboundedFifo,
     UnknownGroup,
     UnknownTrajectory,
+    VersionNotPublished,
     protocol_from_dict,
 )
 
@@ -48,6 +54,11 @@ def roundtrip(p: UnboundedFifo) -> UnboundedFifo:
     return q
 
 
+def advance(p: UnboundedFifo) -> None:
+    """Consume a batch and publish the version its step produces."""
+    p.publish(p.consume().version + 1)
+
+
 def run_group(p: UnboundedFifo, gid: str, version: int, n: int = 1) -> None:
     for i in range(n):
         p.reserve(gid, f"{gid}/{i}", version)
@@ -61,38 +72,44 @@ def run_group(p: UnboundedFifo, gid: str, version: int, n: int = 1) -> None:
 def test_admission_is_a_cap_on_groups_in_flight_not_on_versions() -> None:
     p = fifo(b=2, n=2, cap=2)
     assert p.config.eta is None and p.abort_floor == -1
-    assert p.can_reserve("a", 0)
+    assert p.can_reserve("a", 0) is Admission.ADMIT
     p.reserve("a", "a/0", 0)
     p.reserve("b", "b/0", 0)
     assert p.inflight_groups == 2
-    assert not p.can_reserve("c", 0)  # cap reached
+    assert p.can_reserve("c", 0) is Admission.WAIT  # cap reached
     with pytest.raises(NoFreeSlot) as e:
         p.reserve("c", "c/0", 0)
     assert isinstance(e.value, NotAdmissible) and e.value.group_id == "c"
+    assert e.value.admission is Admission.WAIT
     assert "c/0" not in p.in_flight() and p.inflight_groups == 2
-    assert p.can_reserve("a", 0)  # siblings still join
+    assert p.can_reserve("a", 0) is Admission.ADMIT  # siblings still join
     p.reserve("a", "a/1", 0)
-    assert not p.can_reserve("a", 0)  # n' = 2 live members
+    assert p.can_reserve("a", 0) is Admission.DISCARD  # n' = 2 live members
     with pytest.raises(GroupFull):
         p.reserve("a", "a/2", 0)
     p.finish("a/0")
     assert p.inflight_groups == 2  # incomplete groups still count
     p.finish("a/1")
     assert p.inflight_groups == 1 and p.queued_groups == 1
-    assert p.can_reserve("c", 0)  # a complete group frees its place, consumed or not
+    assert p.can_reserve("c", 0) is Admission.ADMIT  # a complete group frees its place
+    assert p.can_reserve("a", 0) is Admission.DISCARD  # complete: takes no member
 
 
-def test_any_version_up_to_current_is_admitted_and_nothing_must_sync() -> None:
+def test_any_published_version_is_admitted_and_nothing_must_sync() -> None:
     p = fifo(b=1, cap=8)
     for k in range(5):
         run_group(p, f"g{k}", 0)
-        p.consume()
-    assert p.current_version == 5
+        advance(p)
+    run_group(p, "g5", 0)
+    p.consume()  # version 5 is being trained, not published
+    assert (p.next_buffer, p.published_version) == (6, 5)
     for v in range(6):
-        assert p.can_reserve(f"new{v}", v)
+        assert p.can_reserve(f"new{v}", v) is Admission.ADMIT
         assert not p.must_sync(v)
+    with pytest.raises(VersionNotPublished, match="not published yet"):
+        p.can_reserve("x", 6)  # no instance can hold weights that do not exist
     with pytest.raises(InvalidVersion):
-        p.can_reserve("x", 6)  # no instance is ahead of the trainer
+        p.can_reserve("x", -1)
 
 
 # ------------------------------------------------------------------------- FIFO consume
@@ -107,17 +124,18 @@ def test_consume_takes_the_first_b_complete_groups_whatever_their_version() -> N
         if k == 0:
             batch = p.consume()
             assert batch.group_ids == ("old", "x0a")
+            p.publish(1)
     # FIFO order is completion order: x0b (v0) came before x1a, x1b (v1)
     assert p.fifo() == ("x0b", "x1a", "x1b")
     assert p.ready()
     b = p.consume()
     assert b.version == 1 and b.group_ids == ("x0b", "x1a")
     assert b.group_versions == (0, 1) and b.staleness == (1, 0)
-    assert p.current_version == 2 and p.fifo() == ("x1b",)
+    assert p.next_buffer == 2 and p.fifo() == ("x1b",)
     assert not p.ready()
     with pytest.raises(NotReady):
         p.consume()
-    assert p.current_version == 2
+    assert p.next_buffer == 2
 
 
 def test_staleness_is_measured_and_can_exceed_any_eta() -> None:
@@ -127,13 +145,13 @@ def test_staleness_is_measured_and_can_exceed_any_eta() -> None:
     p.reserve("slow", "slow/0", 0)
     for k in range(5):
         run_group(p, f"fast{k}", k)
-        p.consume()
+        advance(p)
     p.finish("slow/0")
     batch = p.consume()
     assert batch.group_ids == ("slow",)
     assert batch.staleness == (5,) and batch.trajectory_staleness == ((5,),)
-    assert p.trajectory("slow/0").state is TrajectoryState.CONSUMED
-    assert p.trajectory("slow/0").buffer == 5
+    assert p.live_version("slow/0") is None  # consumed: retired from the ledger
+    assert p.group("slow").state is GroupState.CONSUMED and p.group("slow").buffer == 5
     hist = p.stats().staleness_histogram
     assert hist == {0: 5, 5: 1}
     # the bounded protocol (η = 1) holds the trainer back instead: the slow group's reservation
@@ -143,6 +161,7 @@ def test_staleness_is_measured_and_can_exceed_any_eta() -> None:
     q.reserve("fast0", "fast0/0", 0)
     q.finish("fast0/0")
     q.consume()
+    q.publish(1)
     q.reserve("fast1", "fast1/0", 1)
     q.finish("fast1/0")
     assert not q.ready()  # the FIFO would have trained on fast1 already
@@ -156,11 +175,12 @@ def test_group_surplus_members_are_aborted_when_n_finish() -> None:
     p = fifo(b=1, n=2, cap=2, group_redundancy=1)
     for i in range(3):
         p.reserve("g", f"g/{i}", 0)
-    p.finish("g/2")
-    assert p.finish("g/0") == 0  # complete: trained at version 0
-    aborts = p.take_aborts()
-    assert [(a.trajectory_id, a.reason) for a in aborts] == [("g/1", AbortReason.GROUP_SURPLUS)]
-    assert p.take_aborts() == ()
+    assert p.finish("g/2").status is FinishStatus.WAITING
+    assert p.finish("g/0").buffer == 0  # complete: trained at version 0
+    aborts = p.take_notices()
+    assert [(a.trajectory_id, a.reason) for a in aborts] == [("g/1", AbortReason.GROUP_SURPLUS)]  # type: ignore[union-attr]
+    assert p.take_notices() == ()
+    assert p.finish("g/1").status is FinishStatus.ALREADY_ENDED  # the engine raced the abort
     batch = p.consume()
     assert batch.trajectory_ids == (("g/2", "g/0"),)  # finish order
 
@@ -173,20 +193,24 @@ def test_drop_group_in_flight_or_queued_releases_it_and_asks_a_replacement() -> 
     p.drop_group("a", "filtered: equal rewards")
     p.drop_group("b", "filtered: equal rewards")
     assert p.inflight_groups == 0 and p.fifo() == ()
-    assert {a.trajectory_id for a in p.take_aborts()} == {"a/0", "b/0"}
-    assert [r.replaces_group_id for r in p.take_replacements()] == ["a", "b"]
+    notices = p.take_notices()
+    assert [type(n) for n in notices] == [Abort, ReplacementRequest] * 2
+    assert {n.trajectory_id for n in notices if isinstance(n, Abort)} == {"a/0", "b/0"}
+    assert [n.replaces_group_id for n in notices if isinstance(n, ReplacementRequest)] == ["a", "b"]
     assert p.group("a").state is GroupState.DROPPED
     assert p.trajectory("b/0").state is TrajectoryState.DROPPED
-    with pytest.raises(GroupClosed):
+    with pytest.raises(GroupNotDroppable):
         p.drop_group("a", "again")
+    with pytest.raises(GroupClosed):
+        p.reserve("a", "a/9", 0)
 
 
 def test_caller_abort_keeps_the_group_in_flight() -> None:
     p = fifo(b=1, n=1, cap=1)
     p.reserve("g", "g/0", 0)
-    p.abort("g/0", "engine error")
+    assert p.abort("g/0", "engine error") is True
     assert p.trajectory("g/0").state is TrajectoryState.ABORTED
-    assert p.inflight_groups == 1 and not p.can_reserve("h", 0)
+    assert p.inflight_groups == 1 and p.can_reserve("h", 0) is Admission.WAIT
     p.reserve("g", "g/1", 0)  # a replacement sibling
     p.finish("g/1")
     assert p.consume().trajectory_ids == (("g/1",),)
@@ -196,9 +220,10 @@ def test_caller_abort_keeps_the_group_in_flight() -> None:
 def test_can_resume_needs_v_traj_at_most_the_instance_version() -> None:
     p = fifo(b=1, cap=4)
     run_group(p, "a", 0)
-    p.consume()
+    advance(p)
     p.reserve("b", "b/0", 1)
     assert p.can_resume("b/0", 1) and not p.can_resume("b/0", 0)
+    assert p.live_version("b/0") == 1
 
 
 def test_virtual_buffers_show_the_fifo_in_batches() -> None:
@@ -219,7 +244,7 @@ def test_checkpoint_round_trip_mid_run_continues_identically() -> None:
     p = fifo(b=2, n=2, cap=3, group_redundancy=1, filtering=True)
     run_group(p, "a", 0, n=2)
     run_group(p, "b", 0, n=2)
-    p.consume()
+    advance(p)
     p.reserve("c", "c/0", 1)
     p.reserve("c", "c/1", 0)
     p.finish("c/0")
@@ -229,7 +254,7 @@ def test_checkpoint_round_trip_mid_run_continues_identically() -> None:
     q = roundtrip(p)
     assert q.inflight_groups == p.inflight_groups == 1
     assert q.fifo() == p.fifo() == ("e",)
-    assert q.pending_aborts == p.pending_aborts and q.pending_replacements == 1
+    assert q.stats().pending_notices == p.stats().pending_notices == 2  # d/0's abort, d's prompt
     for x in (p, q):
         x.finish("c/1")
         assert x.consume().staleness == (0, 1)
@@ -254,7 +279,7 @@ def test_protocol_from_dict_dispatches_on_format() -> None:
         lambda d: d.pop("fifo"),
         lambda d: d.__setitem__("fifo", ["nope"]),
         lambda d: d["trajectories"].append(d["trajectories"][0]),
-        lambda d: d["trajectories"][0].__setitem__(2, 99),  # version from the future
+        lambda d: d["trajectories"][0].__setitem__(2, 99),  # version not published
         lambda d: d["config"].__setitem__("max_inflight_groups", 0),
         lambda d: d["config"].__setitem__("eta", 3),
         lambda d: d["groups"][0][3].append("ghost"),
@@ -350,21 +375,24 @@ def test_random_schedules_lose_nothing_and_respect_the_cap(ops: list[tuple[int, 
     consumed: list[str] = []
     for op, arg in ops:
         if op == 0:  # admit a new group or a sibling, at any version
-            v = arg % (p.current_version + 1)
+            v = arg % (p.published_version + 1)
             gid = f"g{serial}"
-            if p.can_reserve(gid, v):
+            if p.can_reserve(gid, v) is Admission.ADMIT:
                 p.reserve(gid, f"{gid}/0", v)
                 p.reserve(gid, f"{gid}/1", v)
                 serial += 1
         elif op == 1 and p.in_flight():  # finish an in-flight member
             tid = p.in_flight()[arg % len(p.in_flight())]
-            if p.finish(tid) is not None:
-                completed.append(str(p.trajectory(tid).group_id))
+            out = p.finish(tid)
+            if out.status is FinishStatus.OCCUPIED:
+                completed.append(str(out.group_id))
         elif op == 2 and p.in_flight():  # drop an in-flight group
             gid = p.trajectory(p.in_flight()[arg % len(p.in_flight())]).group_id
             p.drop_group(gid, "filtered")
         elif op == 3 and p.ready():
-            consumed.extend(str(g) for g in p.consume().group_ids)
+            batch = p.consume()
+            consumed.extend(str(g) for g in batch.group_ids)
+            p.publish(batch.version + 1)
         elif op == 4:
             p = roundtrip(p)
         assert p.inflight_groups <= 3
@@ -374,4 +402,4 @@ def test_random_schedules_lose_nothing_and_respect_the_cap(ops: list[tuple[int, 
         assert s.groups_by_state["reserved"] == p.inflight_groups
     assert consumed == completed[: len(consumed)]  # FIFO: consumed in completion order
     assert list(p.fifo()) == [g for g in completed[len(consumed) :]]
-    p.take_aborts()
+    p.take_notices()

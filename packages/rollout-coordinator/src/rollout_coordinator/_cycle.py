@@ -10,24 +10,26 @@ Theory of operation
 2. Release routes that were waiting for a sync the caller has since reported done. They
    and the routes still held for syncs in progress are removed from the caller's queue view
    (the caller has not executed them yet, so its queue still lists them).
-3. Drain the protocol's aborts (``take_aborts``): trajectories the coordinator routed become
-   ``Interrupt(requeue=False)`` on their instance, the rest ``Drop``. (The coordinator is the
-   one consumer of ``take_aborts``; the app acts on the commands.)
-4. Ask the policy's admission gate for this cycle's quota of new trajectories.
-5. Synchronization decisions → ``Sync`` (never for an instance mid-sync).
-6. Routing → ``Route``; each new trajectory is reserved through the protocol first. Routes
+3. Ask the policy's admission gate for this cycle's quota of new trajectories.
+4. Synchronization decisions → ``Sync`` (never for an instance mid-sync), to the protocol's
+   ``published_version`` at most.
+5. Routing → ``Route``; each new trajectory is reserved through the protocol first. Routes
    to an instance that is mid-sync are held until ``on_sync_done``.
-7. Migration (and bounce) → ``Interrupt(requeue=True)``.
+6. Migration (and bounce) → ``Interrupt(requeue=True)``.
 
 Every issued command is applied to the speculative state at once. The caller executes the
 commands and reports back: ``on_sync_done`` / ``on_sync_failed``, ``on_interrupted``,
 ``on_finished``, ``on_dropped`` (every admitted trajectory that ends without reaching a buffer,
-so budget-based policies count it), ``on_version_published`` (weights of a new version are
-pullable), ``remove_instance`` (an instance died; its work returns to the queue).
+so budget-based policies count it), ``remove_instance`` (an instance died; its work returns to
+the queue).
 
-The clock is injected (``clock()`` returns seconds) so a simulator can run it in virtual time.
-The protocol's ``reserve`` must only be called by this coordinator (its admission caches
-assume so).
+The coordinator never drains the protocol's notices: the caller does (``take_notices``) and
+hands the ``Abort`` notices to :meth:`Coordinator.abort`, which returns the commands that stop
+them (``Interrupt(requeue=False)`` where an instance runs one, ``Drop`` for the rest). The
+newest version instances may sync to is the protocol's ``published_version`` (the caller
+advances it with ``protocol.publish``). The clock is injected (``clock()`` returns seconds) so
+a simulator can run it in virtual time. The protocol's ``reserve`` must only be called by this
+coordinator (its admission caches assume so).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from rollout_coordinator.errors import (
     SyncInProgress,
 )
 from rollout_coordinator.policies import CycleView, GateState, Policy, build_policy
-from staleness_protocol import GcFifoConfig, ProtocolError, StalenessProtocol
+from staleness_protocol import Abort, Admission, GcFifoConfig, ProtocolError, StalenessProtocol
 
 _log = structlog.get_logger("rollout_coordinator")
 
@@ -89,12 +91,14 @@ class _ProtocolPort:
         if fresh and version in self._closed:
             return False
         try:
-            ok = self._proto.can_reserve(group_id, version)
-        except ProtocolError:
-            ok = False
-        if not ok and fresh:
+            answer = self._proto.can_reserve(group_id, version)
+        except ProtocolError:  # e.g. an unpublished version
+            return False
+        if answer is Admission.ADMIT:
+            return True
+        if fresh and answer is not Admission.DISCARD:  # WAIT / SYNC hold for every new group
             self._closed.add(version)
-        return ok
+        return False
 
     def admit(self, item: QueuedTrajectory, version: int) -> int | None:
         try:
@@ -120,8 +124,6 @@ class Coordinator:
         config: CoordinatorConfig,
         protocol: StalenessProtocol,
         clock: Callable[[], float] = time.monotonic,
-        *,
-        latest_version: int | None = None,
     ) -> None:
         if not isinstance(config, CoordinatorConfig):
             raise ConfigError("config", type(config).__name__, "a CoordinatorConfig")
@@ -151,12 +153,6 @@ class Coordinator:
         self.state = SpeculativeState()
         self.pending = PendingRoutes()
         self._released: list[Route] = []
-        current = protocol.current_version
-        self._latest = current if latest_version is None else latest_version
-        if not 0 <= self._latest <= current:
-            raise ConfigError(
-                "latest_version", latest_version, f"in [0, {current}] (protocol version)"
-            )
         self._gate = GateState()
         self._admitted_total = 0
         self._lost_total = 0
@@ -165,6 +161,7 @@ class Coordinator:
         self._routed: dict[str, dict[str, tuple[int, float]]] = {}
         self._where: dict[str, str] = {}
         self._orphans: dict[str, int] = {}  # reserved, never handed out: tid -> V_traj
+        self._aborted_since = self._dropped_since = 0  # by abort(), reported by the next step
         self.last_cycle = CycleReport(now=0.0)
         self._log = _log.bind(policy=self.policy.name)
 
@@ -172,7 +169,8 @@ class Coordinator:
 
     @property
     def latest_version(self) -> int:
-        return self._latest
+        """The newest version instances may sync to: the protocol's ``published_version``."""
+        return self.protocol.published_version
 
     @property
     def instances(self) -> dict[str, InstanceState]:
@@ -197,17 +195,6 @@ class Coordinator:
             if r.new:
                 self._orphans[r.trajectory_id] = r.version
         return lost
-
-    def on_version_published(self, version: int) -> None:
-        """Weights of ``version`` can be pulled from the parameter server."""
-        current = self.protocol.current_version
-        if not self._latest <= version <= current:
-            raise ConfigError(
-                "version",
-                version,
-                f"in [{self._latest}, {current}] (published, not past the protocol)",
-            )
-        self._latest = version
 
     def on_sync_done(self, instance_id: str, version: int) -> None:
         self.state.finish_sync(instance_id, version, now=self.clock())
@@ -242,14 +229,17 @@ class Coordinator:
             self._forget(tid)
             self._orphans.pop(tid, None)
 
-    def drain_aborts(self) -> list[Command]:
-        """The commands for the protocol's queued aborts, outside a cycle: ``Interrupt``
-        (``requeue=False``) for what an instance runs, ``Drop`` for the rest. For callers that
-        change the protocol between cycles (``consume`` of a FIFO that drops what ages out),
-        so the TS and the instances hear of it even if no cycle follows (the run's last step).
-        """
+    def abort(self, aborts: Iterable[Abort]) -> list[Command]:
+        """The commands that carry out the protocol's ``Abort`` notices (the caller drains
+        ``protocol.take_notices()`` and passes the ``Abort`` ones here, once each):
+        ``Interrupt(requeue=False)`` per instance for what the coordinator routed there,
+        ``Drop`` for the rest (queued, finished, or routed but held for a sync: such a route
+        is cancelled). Call it before the next :meth:`step`; the counts appear in that step's
+        ``last_cycle`` (``aborted`` interrupted on instances, ``dropped`` the others)."""
         commands: list[Command] = []
-        self._drain_aborts(commands, self.clock())
+        n_inst, n_drop = self._abort(list(aborts), commands, self.clock())
+        self._aborted_since += n_inst
+        self._dropped_since += n_drop
         return commands
 
     def _forget(self, tid: str) -> None:
@@ -281,8 +271,8 @@ class Coordinator:
         commands: list[Command] = list(self._released)
         self._released = []
         queue = self._without_held(queue, commands)
-
-        aborted, dropped = self._drain_aborts(commands, now)
+        aborted, dropped = self._aborted_since, self._dropped_since
+        self._aborted_since = self._dropped_since = 0
 
         if self._orphans:
             queue = self._with_orphans(queue)
@@ -290,7 +280,7 @@ class Coordinator:
             now=now,
             instances=self.state.instances,
             queue=queue,
-            latest_version=self._latest,
+            latest_version=self.protocol.published_version,
             abort_floor=self.protocol.abort_floor,
             config=self.config,
             batch_size=self.protocol.config.batch_size,
@@ -391,7 +381,9 @@ class Coordinator:
                     ) from exc
                 st = self.state.instances.get(snap.instance_id)
                 prev_time = st.last_snapshot_time if st is not None else 0.0
-                self.state.apply_snapshot(snap, now=now, latest_version=self._latest)
+                self.state.apply_snapshot(
+                    snap, now=now, latest_version=self.protocol.published_version
+                )
                 self._prune(snap, prev_time)
             except SnapshotRejected as exc:
                 rejected.append(exc)
@@ -411,20 +403,24 @@ class Coordinator:
                 del routed[tid]
                 self._where.pop(tid, None)
 
-    def _drain_aborts(self, commands: list[Command], now: float) -> tuple[int, int]:
-        aborts = self.protocol.take_aborts()
+    def _abort(self, aborts: list[Abort], commands: list[Command], now: float) -> tuple[int, int]:
         if not aborts:
             return 0, 0
         by_instance: dict[tuple[str, str], list[str]] = {}
         drops: dict[str, list[str]] = {}
-        # A route still held for its instance's sync never reached the engine: cancel it
-        # (else on_sync_done would release a route to an aborted trajectory) and drop it.
+        # A route still held for its instance's sync, or released by a finished sync but not
+        # emitted yet, never reached the engine: cancel it (else it would be routed to an
+        # aborted trajectory) and drop it.
+        aborted = {str(a.trajectory_id) for a in aborts}
         unheld: set[str] = set()
-        if len(self.pending):
-            for r in self.pending.discard({str(a.trajectory_id) for a in aborts}):
-                unheld.add(r.trajectory_id)
-                self.state.interrupt(r.instance_id, [r.trajectory_id], now=now)
-                self._forget(r.trajectory_id)
+        cancelled = [*self.pending.discard(aborted)] if len(self.pending) else []
+        if self._released:
+            cancelled += [r for r in self._released if r.trajectory_id in aborted]
+            self._released = [r for r in self._released if r.trajectory_id not in aborted]
+        for r in cancelled:
+            unheld.add(r.trajectory_id)
+            self.state.interrupt(r.instance_id, [r.trajectory_id], now=now)
+            self._forget(r.trajectory_id)
         for a in aborts:
             tid = str(a.trajectory_id)
             iid = None if tid in unheld else self._where.get(tid)

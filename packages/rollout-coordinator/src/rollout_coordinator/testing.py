@@ -83,16 +83,13 @@ def make(
     eta: int = 2,
     start_version: int = 0,
     instances: Iterable[tuple[str, int]] = (),
-    latest_version: int | None = None,
     **cfg: Any,
 ) -> tuple[Coordinator, StalenessProtocol, Clock]:
     proto = StalenessProtocol(
         ProtocolConfig(batch_size=batch, group_size=group, eta=eta), start_version=start_version
     )
     clock = Clock()
-    coord = Coordinator(
-        CoordinatorConfig(policy=policy, **cfg), proto, clock, latest_version=latest_version
-    )
+    coord = Coordinator(CoordinatorConfig(policy=policy, **cfg), proto, clock)
     for iid, v in instances:
         coord.add_instance(iid, kv_capacity_tokens=CAP, version=v)
     return coord, proto, clock

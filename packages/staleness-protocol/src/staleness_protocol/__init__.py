@@ -1,7 +1,8 @@
 """Per-trajectory staleness bound: Reserve / Occupy / Consume over per-version buffers (sans-IO).
 
-    from staleness_protocol import StalenessProtocol, ProtocolConfig, NotAdmissible
+    from staleness_protocol import StalenessProtocol, ProtocolConfig, Admission
     p = StalenessProtocol(ProtocolConfig(batch_size=B, group_size=n, eta=eta))
+    # admit at p.published_version or older, finish, drain p.take_notices(), consume, publish
     # no staleness control (the bound taken out; same interface):
     p = UnboundedFifo(UnboundedConfig(batch_size=B, group_size=n, max_inflight_groups=2 * B))
 
@@ -15,11 +16,16 @@ from ._protocol import FORMAT, StalenessProtocol
 from ._records import (
     Abort,
     AbortReason,
+    Admission,
     Batch,
     BufferFill,
+    FinishOutcome,
+    FinishStatus,
+    GroupAborted,
     GroupMove,
     GroupRecord,
     GroupState,
+    Notice,
     ProtocolStats,
     ReplacementRequest,
     SlotState,
@@ -36,6 +42,7 @@ from .errors import (
     DuplicateTrajectory,
     GroupClosed,
     GroupFull,
+    GroupNotDroppable,
     InvalidId,
     InvalidVersion,
     MechanismDisabled,
@@ -44,13 +51,15 @@ from .errors import (
     NotReady,
     ProtocolError,
     ProtocolMisuse,
+    PublishOutOfOrder,
     SiblingTooStale,
     TrajectoryNotInFlight,
     UnknownGroup,
     UnknownTrajectory,
+    VersionNotPublished,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "FORMAT",
@@ -58,6 +67,7 @@ __all__ = [
     "UNBOUNDED_FORMAT",
     "Abort",
     "AbortReason",
+    "Admission",
     "BadInput",
     "Batch",
     "BelowAbortFloor",
@@ -65,11 +75,15 @@ __all__ = [
     "ConfigError",
     "CorruptState",
     "DuplicateTrajectory",
+    "FinishOutcome",
+    "FinishStatus",
     "GcFifo",
     "GcFifoConfig",
+    "GroupAborted",
     "GroupClosed",
     "GroupFull",
     "GroupMove",
+    "GroupNotDroppable",
     "GroupRecord",
     "GroupState",
     "InvalidId",
@@ -78,10 +92,12 @@ __all__ = [
     "NoFreeSlot",
     "NotAdmissible",
     "NotReady",
+    "Notice",
     "ProtocolConfig",
     "ProtocolError",
     "ProtocolMisuse",
     "ProtocolStats",
+    "PublishOutOfOrder",
     "ReplacementRequest",
     "SiblingTooStale",
     "SlotState",
@@ -94,6 +110,7 @@ __all__ = [
     "UnboundedFifo",
     "UnknownGroup",
     "UnknownTrajectory",
+    "VersionNotPublished",
     "__version__",
     "protocol_from_dict",
 ]

@@ -6,11 +6,8 @@ from typing import Any, ClassVar, Self
 
 import attrs
 
+from ._checks import is_int as _is_int
 from .errors import ConfigError
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _int_at_least(low: int) -> Any:
@@ -42,14 +39,25 @@ def _check_filtering(_inst: Any, attribute: attrs.Attribute[Any], value: Any) ->
         raise ConfigError(attribute.name, value, "True or False")
 
 
+#: Default of every config's ``tombstone_versions``.
+TOMBSTONE_VERSIONS = 4
+
+
 class ConfigDict:
-    """What both configs share on top of their attrs fields: ``n'`` and the dict round trip."""
+    """What the configs share on top of their attrs fields: ``n'`` and the dict round trip.
+
+    Every config also has ``tombstone_versions`` (>= 1, default 4): how many consumes an
+    ended trajectory or group is still recognised for after it left the live ledger (a late
+    ``finish`` of an aborted trajectory answers ALREADY_ENDED, a late sibling of a closed
+    group DISCARD). Older ids are forgotten, so a checkpoint does not grow with the run.
+    """
 
     __slots__ = ()
 
     __attrs_attrs__: ClassVar[Any]  # set by @attrs.frozen on the subclass
     group_size: int
     group_redundancy: int
+    tombstone_versions: int
 
     @property
     def samples_per_group(self) -> int:
@@ -88,6 +96,8 @@ class ProtocolConfig(ConfigDict):
         stuck_threshold: enables ``resolve_stuck()``: a buffer lacking at most this many groups
             is completed from later buffers after aborting its reserved stragglers. Must be
             ``< batch_size``.
+
+    Retirement: tombstone_versions (>= 1, default 4) — see :class:`ConfigDict`.
     """
 
     batch_size: int = attrs.field(validator=_int_at_least(1))
@@ -97,6 +107,7 @@ class ProtocolConfig(ConfigDict):
     group_redundancy: int = attrs.field(default=0, validator=_int_at_least(0))
     filtering: bool = attrs.field(default=False, validator=_check_filtering)
     stuck_threshold: int | None = attrs.field(default=None, validator=_check_stuck_threshold)
+    tombstone_versions: int = attrs.field(default=TOMBSTONE_VERSIONS, validator=_int_at_least(1))
 
     @property
     def slots_per_buffer(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._gc_fifo import GC_FIFO_FORMAT, GcFifo
+from ._migrate import V1_FORMATS
 from ._protocol import FORMAT, StalenessProtocol
 from ._unbounded import UNBOUNDED_FORMAT, UnboundedFifo
 from .errors import CorruptState
@@ -14,11 +15,13 @@ _BY_FORMAT: dict[str, type[StalenessProtocol] | type[UnboundedFifo]] = {
     UNBOUNDED_FORMAT: UnboundedFifo,
     GC_FIFO_FORMAT: GcFifo,
 }
+for _old, _new in V1_FORMATS.items():  # 0.1 checkpoints are migrated on load
+    _BY_FORMAT[_old] = _BY_FORMAT[_new]
 
 
 def protocol_from_dict(data: dict[str, Any]) -> StalenessProtocol | UnboundedFifo:
     """Restore whichever protocol wrote ``data`` (``StalenessProtocol``, ``UnboundedFifo`` or
-    ``GcFifo``), chosen by its ``format``; CorruptState for anything else."""
+    ``GcFifo``, current or 0.1 format), chosen by its ``format``; CorruptState otherwise."""
     fmt = data.get("format") if isinstance(data, dict) else None
     cls = _BY_FORMAT.get(fmt) if isinstance(fmt, str) else None
     if cls is None:

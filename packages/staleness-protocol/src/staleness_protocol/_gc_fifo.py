@@ -17,17 +17,19 @@ groups admitted and not complete; the coarse ``(η + v + 1)·B`` budget is the c
 gate on top), plus: nothing is admitted at a version ``≤ abort_floor`` (BelowAbortFloor), and
 a sibling whose version would make its group too stale is refused likewise.
 
-The bound. Training version ``c`` may use a group only if ``c − min V_traj ≤ η``. So
-``abort_floor = c − η − 1``: work generated at a version ≤ it can never be trained. Each
-``consume`` advances ``c`` and then garbage-collects every group whose version fell to or below
-the new floor — in flight (members aborted: the engine's work is lost) or finished and waiting
-in the FIFO (its stored results discarded) — closing it ABORTED with reason ``stale``; each
-member's Abort is queued in ``take_aborts`` (``was_running`` tells which). Consequently every
-group left in the FIFO when ``consume`` runs is within η; ``consume`` checks it anyway.
+The bound. Training version ``c = next_buffer`` may use a group only if
+``c − min V_traj ≤ η``. So ``abort_floor = c − η − 1``: work generated at a version ≤ it can
+never be trained. Each ``consume`` advances ``c`` and then garbage-collects every group whose
+version fell to or below the new floor — in flight (members aborted: the engine's work is
+lost) or finished and waiting in the FIFO (its stored results discarded) — closing it ABORTED
+with reason ``stale``: one Abort notice per member (``was_running`` tells which), then a
+GroupAborted notice. Consequently every group left in the FIFO when ``consume`` runs is
+within η; ``consume`` checks it anyway. (A group whose every member the caller aborted has no
+version; it keeps its place under the cap until the caller reserves a retry or drops it.)
 
 Everything else (Occupy into the FIFO tail, group redundancy, filtering, caller aborts,
-partial rollout, outboxes, statistics, checkpoint format ``staleness-protocol-gcfifo/1``) is
-``UnboundedFifo``'s.
+partial rollout, versions and ``publish``, notices, retirement, statistics, checkpoint format
+``staleness-protocol-gcfifo/2``) is ``UnboundedFifo``'s.
 """
 
 from __future__ import annotations
@@ -36,11 +38,11 @@ import attrs
 
 from ._config import _int_at_least
 from ._ledger_base import _OCCUPIED_G, _RESERVED_G, Id
-from ._records import AbortReason, Batch, GroupState, TrajectoryState
+from ._records import AbortReason, Admission, Batch, GroupState, TrajectoryState
 from ._unbounded import UnboundedConfig, UnboundedFifo
 from .errors import BelowAbortFloor, CorruptState
 
-GC_FIFO_FORMAT = "staleness-protocol-gcfifo/1"
+GC_FIFO_FORMAT = "staleness-protocol-gcfifo/2"
 
 
 @attrs.frozen(kw_only=True)
@@ -75,8 +77,8 @@ class GcFifo(UnboundedFifo):
 
     @property
     def abort_floor(self) -> int:
-        """``current_version − η − 1``: nothing generated at a version ≤ this can be trained."""
-        return self._version - self._eta - 1
+        """``next_buffer − η − 1``: nothing generated at a version ≤ this can be trained."""
+        return self._next - self._eta - 1
 
     def must_sync(self, instance_version: int) -> bool:
         """True when an instance at this version can produce nothing trainable."""
@@ -85,19 +87,24 @@ class GcFifo(UnboundedFifo):
 
     # ------------------------------------------------------------------ admission
 
-    def can_reserve(self, group_id: Id, version: int) -> bool:
-        """Would ``reserve(group_id, <new id>, version)`` succeed? No side effects."""
-        ok = super().can_reserve(group_id, version)  # validates both arguments
-        return ok and version > self.abort_floor
+    def can_reserve(self, group_id: Id, version: int) -> Admission:
+        """As :meth:`UnboundedFifo.can_reserve`; SYNC at a version ≤ the floor."""
+        answer = super().can_reserve(group_id, version)  # validates both arguments
+        if answer is Admission.DISCARD or version > self.abort_floor:
+            return answer
+        return Admission.SYNC
 
     def reserve(self, group_id: Id, trajectory_id: Id, version: int) -> int:
-        """As :meth:`UnboundedFifo.reserve`; BelowAbortFloor at a version ≤ the floor."""
+        """As :meth:`UnboundedFifo.reserve`; BelowAbortFloor at a version ≤ the floor (after
+        the DISCARD refusals, so that it agrees with ``can_reserve``)."""
         self._check_new_trajectory(group_id, trajectory_id, version)
         floor = self.abort_floor
-        if version <= floor:
+        g = self._groups.get(group_id)
+        closed = group_id in self._tombs.groups if g is None else self._join_refusal(g) is not None
+        if version <= floor and not closed:
             raise BelowAbortFloor(
-                f"version {version} <= abort floor {floor} (current version "
-                f"{self._version}, eta {self._eta}): nothing it generates can be trained; "
+                f"version {version} <= abort floor {floor} (next_buffer "
+                f"{self._next}, eta {self._eta}): nothing it generates can be trained; "
                 "the instance must sync",
                 version=version,
                 abort_floor=floor,
@@ -115,7 +122,7 @@ class GcFifo(UnboundedFifo):
     def consume(self) -> Batch:
         """Take the first ``B`` complete groups, advance the version, then discard every group
         (in flight or waiting) that can no longer be trained within η."""
-        c = self._version
+        c = self._next
         head = list(self._fifo)[: self._config.batch_size]
         for gid in head:
             v = self._group_version(self._groups[gid])
@@ -141,4 +148,6 @@ class GcFifo(UnboundedFifo):
             and v <= floor
         ]
         for g in stale:
-            self._close_group(g, GroupState.ABORTED, AbortReason.STALE, TrajectoryState.ABORTED)
+            self._close_group(
+                g, GroupState.ABORTED, AbortReason.STALE, TrajectoryState.ABORTED, notify=True
+            )

@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 from ._buffers import Buffer
 from ._config import ProtocolConfig
-from ._ledger import Group, Traj
-from ._records import GroupState, TrajectoryState
+from ._migrate import upgraded
+from ._records import GroupState
 from .errors import CorruptState
 
 if TYPE_CHECKING:
@@ -21,10 +21,9 @@ def _fail(message: str) -> CorruptState:
 def restore(cls: type[StalenessProtocol], data: dict[str, Any]) -> StalenessProtocol:
     from ._protocol import FORMAT
 
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise _fail(f"format must be {FORMAT!r}")
+    data = upgraded(data, FORMAT)
     config = ProtocolConfig.from_dict(data["config"])
-    version = data["current_version"]
+    version = data["next_buffer"]
     p = cls(config, start_version=version)
     top = int(data["top"])
     if not version - 1 <= top <= version + config.eta:
@@ -32,7 +31,7 @@ def restore(cls: type[StalenessProtocol], data: dict[str, Any]) -> StalenessProt
     p._top = top
     buffers_in = data["buffers"]
     if [b["version"] for b in buffers_in] != list(range(version, top + 1)):
-        raise _fail("buffers must be exactly current_version..top, in order")
+        raise _fail("buffers must be exactly next_buffer..top, in order")
     for b in buffers_in:
         buf = Buffer(b["version"], config.slots_per_buffer, config.batch_size)
         buf.occupied = dict.fromkeys(b["occupied"])
@@ -42,36 +41,18 @@ def restore(cls: type[StalenessProtocol], data: dict[str, Any]) -> StalenessProt
         if buf.ready and buf.reserved:
             raise _fail(f"buffer {buf.version} is READY but holds reservations")
         p._buffers[buf.version] = buf
-    for gid, state, buffer, members, finished, reason in data["groups"]:
-        g = Group(gid, buffer, GroupState(state), reason)
-        g.members = dict.fromkeys(members)
-        g.finished = list(finished)
-        if gid in p._groups:
-            raise _fail(f"duplicate group {gid!r}")
-        p._groups[gid] = g
-        p._gcount[g.state] += 1
-        if g.state is GroupState.RESERVED and gid not in p._buffers[buffer].reserved:
-            raise _fail(f"group {gid!r} is reserved but not in buffer {buffer}")
-        if g.state is GroupState.OCCUPIED and gid not in p._buffers[buffer].occupied:
-            raise _fail(f"group {gid!r} is occupied but not in buffer {buffer}")
-    for buf in p._buffers.values():
-        for gid in buf.reserved:
-            if p._groups[gid].state is not GroupState.RESERVED:
-                raise _fail(f"buffer {buf.version} reserves non-reserved group {gid!r}")
-        for gid in buf.occupied:
-            if p._groups[gid].state is not GroupState.OCCUPIED:
-                raise _fail(f"buffer {buf.version} occupies non-occupied group {gid!r}")
-    for tid, gid, tversion, state, buffer, reason in data["trajectories"]:
-        if tid in p._trajs:
-            raise _fail(f"duplicate trajectory {tid!r}")
-        if gid not in p._groups:
-            raise _fail(f"trajectory {tid!r} names unknown group {gid!r}")
-        t = Traj(tid, gid, tversion, TrajectoryState(state), buffer, reason)
-        p._trajs[tid] = t
-        p._tcount[t.state] += 1
+    p._restore_ledger(data)
     for g in p._groups.values():
-        for tid in g.members:
-            if tid not in p._trajs:
-                raise _fail(f"group {g.group_id!r} names unknown member {tid!r}")
-    p._restore_outboxes_and_counters(data)
+        home = p._buffers.get(g.buffer) if g.buffer is not None else None
+        slots = None
+        if home is not None:
+            slots = home.reserved if g.state is GroupState.RESERVED else home.occupied
+        if slots is None or g.group_id not in slots:
+            raise _fail(f"group {g.group_id!r} is {g.state.value} but not in buffer {g.buffer}")
+    for buf in p._buffers.values():
+        for want, ids in ((GroupState.RESERVED, buf.reserved), (GroupState.OCCUPIED, buf.occupied)):
+            for gid in ids:
+                entry = p._groups.get(gid)
+                if entry is None or entry.state is not want:
+                    raise _fail(f"buffer {buf.version} holds {gid!r}, which is not {want.value}")
     return p

@@ -12,15 +12,16 @@ run switches mode by constructing one or the other.
 
 Admission. A new group is admitted (``can_reserve``/``reserve``) while fewer than
 ``max_inflight_groups`` groups are in flight (admitted, not yet complete: RESERVED). The
-version plays no part: any ``0 ≤ v ≤ current_version`` is accepted. A sibling joins while its
-group is in flight and has fewer than ``n' = n + group_redundancy`` live members. The only
-refusal is :class:`~staleness_protocol.NoFreeSlot` (the cap is reached).
+version plays no part beyond being published: any ``0 ≤ v ≤ published_version`` is accepted.
+A sibling joins while its group is in flight and has fewer than ``n' = n + group_redundancy``
+live members. Refusals: :class:`~staleness_protocol.NoFreeSlot` (the cap is reached: WAIT),
+:class:`~staleness_protocol.GroupClosed` / :class:`~staleness_protocol.GroupFull` (DISCARD).
 
-Finish. When ``n`` members of a group have finished, the rest are aborted (``group_surplus``,
-queued in ``take_aborts``) and the group becomes OCCUPIED at the tail of the FIFO.
+Finish. When ``n`` members of a group have finished, the rest are aborted (``group_surplus``
+notices) and the group becomes OCCUPIED at the tail of the FIFO.
 
 Consume. ``ready()`` once the FIFO holds ``B`` groups; ``consume()`` takes the first ``B`` (FIFO,
-never reordered by version), trains version ``c`` into ``c + 1``, and returns a
+never reordered by version), trains version ``c = next_buffer`` into ``c + 1``, and returns a
 :class:`~staleness_protocol.Batch` whose staleness ``c − V_traj`` is *measured*, never bounded
 (histograms in ``stats()``). The FIFO is shown as consecutive virtual buffers ``c, c+1, ...`` of
 ``B`` groups each (``buffer_fill``, ``stats().buffers``).
@@ -29,9 +30,10 @@ What does not exist here. Nothing is ever too stale: ``abort_floor`` is ``-1``, 
 is always False, there are no ``stale`` or ``batch_surplus`` aborts, and no stuck buffers
 (``resolve_stuck`` reports nothing resolved; ``config.stuck_threshold`` is None). Filtering
 (``drop_group``, replacement requests with ``filtering``), caller aborts (``abort``), partial
-rollout (``can_resume``: ``V_traj ≤ instance version``), the ledger queries, the outboxes and
-checkpoint/restore (``to_dict``/``from_dict``, format ``staleness-protocol-unbounded/1``) behave
-as in the bounded protocol. Every error leaves the state unchanged.
+rollout (``can_resume``: ``V_traj ≤ instance version``), versions and ``publish``, the ledger
+queries and its retirement, the notices and checkpoint/restore (``to_dict``/``from_dict``,
+format ``staleness-protocol-unbounded/2``) behave as in the bounded protocol. Every error
+leaves the state unchanged.
 
 Sans-IO like the rest of the package.
 """
@@ -43,25 +45,24 @@ from typing import Any, Self, TypeVar
 
 import attrs
 
-from ._config import ConfigDict, _check_filtering, _int_at_least
+from ._checks import check_id as _check_id
+from ._config import TOMBSTONE_VERSIONS, ConfigDict, _check_filtering, _int_at_least
 from ._ledger import Group, Traj
 from ._ledger_base import (
-    _CONSUMED,
-    _FINISHED,
     _IN_FLIGHT,
     _OCCUPIED,
     _OCCUPIED_G,
     _RESERVED_G,
     LedgerBase,
-    _check_id,
 )
+from ._migrate import upgraded
 from ._records import (
+    Admission,
     Batch,
     BufferFill,
     GroupState,
     SlotState,
     StuckResolution,
-    TrajectoryState,
 )
 from .errors import (
     CorruptState,
@@ -74,7 +75,7 @@ from .errors import (
 
 Id = str | int
 
-UNBOUNDED_FORMAT = "staleness-protocol-unbounded/1"
+UNBOUNDED_FORMAT = "staleness-protocol-unbounded/2"
 
 
 @attrs.frozen(kw_only=True)
@@ -91,6 +92,7 @@ class UnboundedConfig(ConfigDict):
     Optional:
         group_redundancy: extra samples per group, ``n' = n + group_redundancy``.
         filtering: when True every ``drop_group`` queues a replacement-prompt request.
+        tombstone_versions: see :class:`~staleness_protocol.ProtocolConfig`.
 
     ``eta`` and ``stuck_threshold`` are None and ``batch_redundancy`` is 0: the mechanisms they
     configure in :class:`~staleness_protocol.ProtocolConfig` do not exist without buffers.
@@ -101,6 +103,7 @@ class UnboundedConfig(ConfigDict):
     max_inflight_groups: int = attrs.field(validator=_int_at_least(1))
     group_redundancy: int = attrs.field(default=0, validator=_int_at_least(0))
     filtering: bool = attrs.field(default=False, validator=_check_filtering)
+    tombstone_versions: int = attrs.field(default=TOMBSTONE_VERSIONS, validator=_int_at_least(1))
 
     @property
     def eta(self) -> None:
@@ -134,7 +137,7 @@ class UnboundedFifo(LedgerBase):
             raise TypeError(
                 f"config must be an {self._CONFIG.__name__}, got {type(config).__name__}"
             )
-        self._init_ledger(config.group_size, start_version)
+        self._init_ledger(config, start_version)
         self._config: UnboundedConfig = config
         self._fifo: deque[Id] = deque()  # OCCUPIED groups, in completion order
         self._inflight = 0  # RESERVED groups
@@ -167,25 +170,56 @@ class UnboundedFifo(LedgerBase):
 
     # ------------------------------------------------------------------ admission
 
-    def can_reserve(self, group_id: Id, version: int) -> bool:
-        """Would ``reserve(group_id, <new id>, version)`` succeed? No side effects."""
+    def _join_refusal(self, g: Group) -> GroupClosed | GroupFull | None:
+        if g.state is not _RESERVED_G:
+            return GroupClosed(
+                f"group {g.group_id!r} is {g.state.value}; it takes no new members",
+                group_id=g.group_id,
+                state=g.state.value,
+            )
+        if len(g.members) >= self._config.samples_per_group:
+            return GroupFull(
+                f"group {g.group_id!r} already has {len(g.members)} live members "
+                f"(group_size + group_redundancy = {self._config.samples_per_group})",
+                group_id=g.group_id,
+            )
+        return None
+
+    def can_reserve(self, group_id: Id, version: int) -> Admission:
+        """What would ``reserve(group_id, <new id>, version)`` do? No side effects.
+
+        ADMIT; WAIT when the in-flight cap is reached; DISCARD for a closed or full group.
+        """
         _check_id(group_id, "group_id")
         self._check_version(version)
         g = self._groups.get(group_id)
         if g is None:
-            return self._inflight < self._config.max_inflight_groups
-        return g.state is _RESERVED_G and len(g.members) < self._config.samples_per_group
+            if group_id in self._tombs.groups:
+                return Admission.DISCARD
+            if self._inflight < self._config.max_inflight_groups:
+                return Admission.ADMIT
+            return Admission.WAIT
+        if g.state is _RESERVED_G and len(g.members) < self._config.samples_per_group:
+            return Admission.ADMIT
+        return Admission.DISCARD
 
     def reserve(self, group_id: Id, trajectory_id: Id, version: int) -> int:
         """Admit a trajectory first routed at ``version`` (its V_traj).
 
         A new group needs the cap to have room (else NoFreeSlot); siblings join an in-flight
         group. Returns the version the group would be trained at if the FIFO were consumed
-        with nothing ahead of it (``current_version``): there is no reservation to report.
+        with nothing ahead of it (``next_buffer``): there is no reservation to report.
         """
         self._check_new_trajectory(group_id, trajectory_id, version)
         g = self._groups.get(group_id)
         if g is None:
+            tomb = self._tombs.groups.get(group_id)
+            if tomb is not None:
+                raise GroupClosed(
+                    f"group {group_id!r} is {tomb.state.value}; it takes no new members",
+                    group_id=group_id,
+                    state=tomb.state.value,
+                )
             cap = self._config.max_inflight_groups
             if self._inflight >= cap:
                 raise NoFreeSlot(
@@ -198,22 +232,14 @@ class UnboundedFifo(LedgerBase):
             self._groups[group_id] = g
             self._gcount[_RESERVED_G] += 1
             self._inflight += 1
-        elif g.state is not _RESERVED_G:
-            raise GroupClosed(
-                f"group {group_id!r} is {g.state.value}; it takes no new members",
-                group_id=group_id,
-                state=g.state.value,
-            )
-        elif len(g.members) >= self._config.samples_per_group:
-            raise GroupFull(
-                f"group {group_id!r} already has {len(g.members)} live members "
-                f"(group_size + group_redundancy = {self._config.samples_per_group})",
-                group_id=group_id,
-            )
+        else:
+            refusal = self._join_refusal(g)
+            if refusal is not None:
+                raise refusal
         g.members[trajectory_id] = None
-        self._trajs[trajectory_id] = Traj(trajectory_id, group_id, version, _IN_FLIGHT, None)
+        self._trajs[trajectory_id] = Traj(trajectory_id, group_id, version, _IN_FLIGHT)
         self._tcount[_IN_FLIGHT] += 1
-        return self._version
+        return self._next
 
     # ------------------------------------------------------------------ transitions
 
@@ -228,14 +254,14 @@ class UnboundedFifo(LedgerBase):
 
     def _occupy(self, g: Group) -> int:
         """The group is complete: it joins the FIFO. Returns the version it will be trained at
-        (``current_version`` plus the batches ahead of it)."""
+        (``next_buffer`` plus the batches ahead of it)."""
         self._abort_group_surplus(g)
         trajs = self._trajs
         for tid in g.finished:
             self._set_state(trajs[tid], _OCCUPIED)
         self._set_group_state(g, _OCCUPIED_G)
         self._fifo.append(g.group_id)
-        return self._version + (len(self._fifo) - 1) // self._config.batch_size
+        return self._next + (len(self._fifo) - 1) // self._config.batch_size
 
     # ------------------------------------------------------------------ consume
 
@@ -244,49 +270,19 @@ class UnboundedFifo(LedgerBase):
         return len(self._fifo) >= self._config.batch_size
 
     def consume(self) -> Batch:
-        """Take the first ``B`` complete groups (FIFO); the version advances by one."""
+        """Take the first ``B`` complete groups (FIFO); ``next_buffer`` advances by one."""
         need = self._config.batch_size
-        c = self._version
         if len(self._fifo) < need:
             raise NotReady(
                 f"the FIFO holds {len(self._fifo)} of the {need} complete groups a batch needs",
-                buffer=c,
+                buffer=self._next,
             )
-        trajs = self._trajs
-        gids, members, gversions, gstale, tstale = [], [], [], [], []
-        for _ in range(need):
-            gid = self._fifo.popleft()
-            g = self._groups[gid]
-            kept = tuple(g.finished)
-            vs = [trajs[t].version for t in kept]
-            vmin = min(vs)
-            for t, v in zip(kept, vs, strict=True):
-                tr = trajs[t]
-                self._set_state(tr, _CONSUMED)
-                tr.buffer = c
-                self._traj_hist[c - v] = self._traj_hist.get(c - v, 0) + 1
-            g.buffer = c
-            self._set_group_state(g, GroupState.CONSUMED)
-            self._group_hist[c - vmin] = self._group_hist.get(c - vmin, 0) + 1
-            gids.append(gid)
-            members.append(kept)
-            gversions.append(vmin)
-            gstale.append(c - vmin)
-            tstale.append(tuple(c - v for v in vs))
-        self._version = c + 1
-        self._consumed_batches += 1
-        return Batch(
-            version=c,
-            group_ids=tuple(gids),
-            trajectory_ids=tuple(members),
-            group_versions=tuple(gversions),
-            staleness=tuple(gstale),
-            trajectory_staleness=tuple(tstale),
-        )
+        fifo = self._fifo
+        return self._take_batch(tuple(fifo.popleft() for _ in range(need)))
 
     def resolve_stuck(self) -> StuckResolution:
         """Nothing to resolve: a FIFO batch is any ``B`` complete groups, so none gets stuck."""
-        return StuckResolution(resolved=False, buffer=self._version)
+        return StuckResolution(resolved=False, buffer=self._next)
 
     # ------------------------------------------------------------------ queries
 
@@ -296,13 +292,13 @@ class UnboundedFifo(LedgerBase):
 
     def buffer_fill(self, version: int) -> BufferFill:
         """The FIFO seen as buffers of ``B`` groups: buffer ``c + i`` holds groups
-        ``[i·B, (i+1)·B)`` of the FIFO. Any version ``≥ current_version`` exists."""
-        c = self._version
+        ``[i·B, (i+1)·B)`` of the FIFO. Any version ``≥ next_buffer`` exists."""
+        c = self._next
         if not isinstance(version, int) or isinstance(version, bool) or version < c:
             raise InvalidVersion(
                 f"buffer {version!r} does not exist: allowed an int >= {c}",
                 version=version,
-                current_version=c,
+                allowed=f"an int >= {c}",
             )
         b = self._config.batch_size
         occ = min(b, max(0, len(self._fifo) - (version - c) * b))
@@ -314,16 +310,17 @@ class UnboundedFifo(LedgerBase):
 
     def _buffer_fills(self) -> tuple[BufferFill, ...]:
         n_buf = -(-len(self._fifo) // self._config.batch_size)
-        return tuple(self.buffer_fill(self._version + i) for i in range(n_buf))
+        return tuple(self.buffer_fill(self._next + i) for i in range(n_buf))
 
     # ------------------------------------------------------------------ checkpoint
 
     def to_dict(self) -> dict[str, Any]:
-        """The full state as plain JSON types; exact round trip through ``from_dict``."""
+        """The state as plain JSON types; exact round trip through ``from_dict``. Its size
+        follows the live ledger, not the length of the run."""
         return {
             "format": self._FORMAT,
             "config": self._config.to_dict(),
-            "current_version": self._version,
+            **self._versions_to_dict(),
             "fifo": list(self._fifo),
             **self._ledger_to_dict(),
         }
@@ -337,46 +334,19 @@ _F = TypeVar("_F", bound=UnboundedFifo)
 
 
 def _restore(cls: type[_F], data: dict[str, Any]) -> _F:
-    if not isinstance(data, dict) or data.get("format") != cls._FORMAT:
-        got = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise CorruptState(f"format={got!r} is invalid: allowed {cls._FORMAT!r}")
+    data = upgraded(data, cls._FORMAT)
     config: Any = cls._CONFIG.from_dict(dict(data["config"]))
-    p = cls(config, start_version=data["current_version"])
-    for gid, state, buffer, members, finished, reason in data["groups"]:
-        _check_id(gid, "group_id")
-        g = Group(gid, buffer, GroupState(state), reason)
-        g.members = dict.fromkeys(members)
-        g.finished = list(finished)
-        if gid in p._groups:
-            raise CorruptState(f"group {gid!r} appears twice", group_id=gid)
-        p._groups[gid] = g
-        p._gcount[g.state] += 1
+    p = cls(config, start_version=data["next_buffer"])
+    p._restore_ledger(data)
+    for g in p._groups.values():
+        if g.buffer is not None:
+            raise CorruptState(f"group {g.group_id!r} has a buffer {g.buffer!r}")
         if g.state is _RESERVED_G:
             p._inflight += 1
-    for tid, gid, version, state, buffer, reason in data["trajectories"]:
-        _check_id(tid, "trajectory_id")
-        if tid in p._trajs:
-            raise CorruptState(f"trajectory {tid!r} appears twice", trajectory_id=tid)
-        if gid not in p._groups:
-            raise CorruptState(f"trajectory {tid!r} names unknown group {gid!r}", group_id=gid)
-        if type(version) is not int or not 0 <= version <= p._version:
-            raise CorruptState(f"trajectory {tid!r} has version {version!r}", trajectory_id=tid)
-        t = Traj(tid, gid, version, TrajectoryState(state), buffer, reason)
-        p._trajs[tid] = t
-        p._tcount[t.state] += 1
-    live = {_IN_FLIGHT, _FINISHED, _OCCUPIED, _CONSUMED}
-    for g in p._groups.values():
-        for tid in g.members:
-            if tid not in p._trajs or p._trajs[tid].state not in live:
-                raise CorruptState(
-                    f"group {g.group_id!r} lists {tid!r}, which is not a live or consumed trajectory",
-                    group_id=g.group_id,
-                )
-        for tid in g.finished:
-            if tid not in g.members:
-                raise CorruptState(
-                    f"group {g.group_id!r}: finished {tid!r} is not a member", group_id=g.group_id
-                )
+        if any(tid not in g.members for tid in g.finished):
+            raise CorruptState(
+                f"group {g.group_id!r}: a finished member is not a member", group_id=g.group_id
+            )
     fifo = list(data["fifo"])
     if len(set(fifo)) != len(fifo) or {
         gid for gid, g in p._groups.items() if g.state is _OCCUPIED_G
@@ -388,5 +358,4 @@ def _restore(cls: type[_F], data: dict[str, Any]) -> _F:
             f"{p._inflight} groups in flight exceed max_inflight_groups="
             f"{p._config.max_inflight_groups}"
         )
-    p._restore_outboxes_and_counters(data)
     return p

@@ -3,22 +3,25 @@
 Every error leaves the protocol state exactly as it was before the call.
 
     ProtocolError                  root of everything this package raises
-    ├── ConfigError                a ProtocolConfig field is out of range / cannot work (also ValueError)
-    ├── NotAdmissible              the assignment would break the bound: keep the trajectory queued
-    │   ├── NoFreeSlot             every legal buffer is full or READY right now (may clear later)
-    │   ├── SiblingTooStale        join rule v_sibling + η ≥ b_entry fails (route to a newer instance)
-    │   └── BelowAbortFloor        version ≤ abort floor: the instance must sync before new work
+    ├── ConfigError                a config field is out of range / cannot work (also ValueError)
+    ├── NotAdmissible              reserve() refused; ``.admission`` says what to do with it
+    │   ├── NoFreeSlot             WAIT: every legal buffer is full or READY right now
+    │   ├── SiblingTooStale        SYNC: join rule v_sibling + η ≥ b_entry fails (newer instance)
+    │   ├── BelowAbortFloor        SYNC: version ≤ abort floor, the instance must sync first
+    │   ├── GroupClosed            DISCARD: the group is complete, consumed, dropped or aborted
+    │   └── GroupFull              DISCARD: the group already has its n′ live members
     ├── ProtocolMisuse             the caller broke the call contract (a bug in the caller)
-    │   ├── UnknownTrajectory      no such trajectory id (also KeyError)
-    │   ├── UnknownGroup           no such group id (also KeyError)
+    │   ├── UnknownTrajectory      no such trajectory id, or retired long ago (also KeyError)
+    │   ├── UnknownGroup           no such group id, or retired long ago (also KeyError)
     │   ├── DuplicateTrajectory    a trajectory id was reserved twice
-    │   ├── TrajectoryNotInFlight  finish/abort of a trajectory that is not in flight (finished twice, aborted, ...)
-    │   ├── GroupClosed            reserve/drop into a group that is complete, consumed, dropped or aborted
-    │   ├── GroupFull              a group already has its n (or n′) live members
+    │   ├── TrajectoryNotInFlight  finish/abort of a trajectory that had already finished
+    │   ├── GroupNotDroppable      drop_group of a group that was consumed or already dropped
+    │   ├── PublishOutOfOrder      publish() of anything but published_version + 1 ≤ next_buffer
     │   ├── NotReady               consume() while the awaited buffer is not READY
     │   └── MechanismDisabled      an optional mechanism was used without its config field
     ├── BadInput                   a value that came from a peer (engine, instance) is invalid
-    │   ├── InvalidVersion         a version < 0 or newer than the current version
+    │   ├── InvalidVersion         a version that is not an int ≥ 0 (or outside a range)
+    │   │   └── VersionNotPublished  newer than published_version: its weights do not exist yet
     │   └── InvalidId              an id that is not a str or int
     └── CorruptState               from_dict() got a dict that is not a consistent protocol state
 
@@ -28,7 +31,9 @@ Context travels as attributes (``group_id``, ``trajectory_id``, ``version``, ``b
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
+
+from ._records import Admission
 
 Id = str | int
 
@@ -65,19 +70,34 @@ class ConfigError(ProtocolError, ValueError):
 
 
 class NotAdmissible(ProtocolError):
-    """Reserving here would break the staleness bound; the trajectory stays queued."""
+    """``reserve`` refused the trajectory; ``admission`` says what to do with it.
+
+    Each subclass maps to one :class:`~staleness_protocol.Admission` value, the one
+    ``can_reserve`` answers for the same call: ``WAIT`` (keep it queued, ask again),
+    ``SYNC`` (only an instance at a newer version can take it) or ``DISCARD`` (never).
+    """
+
+    admission: ClassVar[Admission]
 
 
 class NoFreeSlot(NotAdmissible):
-    """No buffer in ``[current_version, version + η]`` has a free slot right now."""
+    """No buffer in ``[next_buffer, version + η]`` has a free slot right now (or the FIFO's
+    in-flight cap is reached): keep it queued and retry at this version later."""
+
+    admission = Admission.WAIT
 
 
 class SiblingTooStale(NotAdmissible):
-    """A sibling at ``version`` cannot join its group's entry in ``buffer`` (needs v + η ≥ b)."""
+    """A sibling at ``version`` cannot join its group's entry in ``buffer`` (needs v + η ≥ b):
+    route it to an instance at a newer version."""
+
+    admission = Admission.SYNC
 
 
 class BelowAbortFloor(NotAdmissible):
     """``version`` ≤ the abort floor: nothing generated at it can ever be placed."""
+
+    admission = Admission.SYNC
 
     def __init__(
         self, message: str, *, version: int, abort_floor: int, group_id: Id | None
@@ -86,19 +106,35 @@ class BelowAbortFloor(NotAdmissible):
         self.abort_floor = abort_floor
 
 
+class GroupClosed(NotAdmissible):
+    """The group takes no new members (complete, consumed, dropped or aborted): discard it."""
+
+    admission = Admission.DISCARD
+
+    def __init__(self, message: str, *, group_id: Id, state: str) -> None:
+        super().__init__(message, group_id=group_id)
+        self.state = state
+
+
+class GroupFull(NotAdmissible):
+    """The group already has ``n + group_redundancy`` live members: discard this one."""
+
+    admission = Admission.DISCARD
+
+
 class ProtocolMisuse(ProtocolError):
     """The caller broke the call contract; nothing changed."""
 
 
 class UnknownTrajectory(ProtocolMisuse, KeyError):
-    """No trajectory with this id was ever reserved."""
+    """No live or recently ended trajectory has this id (never reserved, or retired)."""
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return self.message
 
 
 class UnknownGroup(ProtocolMisuse, KeyError):
-    """No group with this id exists."""
+    """No live or recently ended group has this id (never reserved, or retired)."""
 
     def __str__(self) -> str:
         return self.message
@@ -109,10 +145,10 @@ class DuplicateTrajectory(ProtocolMisuse):
 
 
 class TrajectoryNotInFlight(ProtocolMisuse):
-    """finish()/abort() of a trajectory whose state is not in-flight.
+    """finish()/abort() of a trajectory that had already finished (``state`` says where it is).
 
-    ``state`` holds the trajectory's actual state; a caller racing an abort (the engine finished
-    just as the protocol aborted it) can check ``state == "aborted"`` and discard the result.
+    A trajectory the protocol aborted or dropped while it ran is not this error: ``finish``
+    answers ``FinishStatus.ALREADY_ENDED`` and ``abort`` returns False.
     """
 
     def __init__(self, message: str, *, trajectory_id: Id, group_id: Id, state: str) -> None:
@@ -120,20 +156,27 @@ class TrajectoryNotInFlight(ProtocolMisuse):
         self.state = state
 
 
-class GroupClosed(ProtocolMisuse):
-    """The group is complete, consumed, dropped or aborted; it takes no new members."""
+class GroupNotDroppable(ProtocolMisuse):
+    """drop_group() of a group that was consumed or that the caller already dropped."""
 
     def __init__(self, message: str, *, group_id: Id, state: str) -> None:
         super().__init__(message, group_id=group_id)
         self.state = state
 
 
-class GroupFull(ProtocolMisuse):
-    """The group already has ``n`` (``n + group_redundancy``) live members."""
+class PublishOutOfOrder(ProtocolMisuse):
+    """publish(version) with a version other than ``allowed`` (``published_version + 1``),
+    or with nothing to publish (``allowed`` is None: buffer ``published_version`` has not
+    been consumed yet, so no step has produced the next version)."""
+
+    def __init__(self, message: str, *, version: Any, allowed: int | None) -> None:
+        super().__init__(message, version=version if isinstance(version, int) else None)
+        self.value = version
+        self.allowed = allowed
 
 
 class NotReady(ProtocolMisuse):
-    """consume() was called while the buffer for the current version is not READY."""
+    """consume() was called while the buffer ``next_buffer`` is not READY."""
 
 
 class MechanismDisabled(ProtocolMisuse):
@@ -145,12 +188,21 @@ class BadInput(ProtocolError):
 
 
 class InvalidVersion(BadInput):
-    """A version below 0 or above the current version (no instance can be ahead of training)."""
+    """A version that is not an int ≥ 0, or outside the range the call allows (``allowed``)."""
 
-    def __init__(self, message: str, *, version: Any, current_version: int) -> None:
+    def __init__(self, message: str, *, version: Any, allowed: str) -> None:
         super().__init__(message, version=version if isinstance(version, int) else None)
         self.value = version
-        self.current_version = current_version
+        self.allowed = allowed
+
+
+class VersionNotPublished(InvalidVersion):
+    """A version newer than ``published_version``: its weights do not exist yet, so no
+    instance can be generating with them."""
+
+    def __init__(self, message: str, *, version: int, published_version: int) -> None:
+        super().__init__(message, version=version, allowed=f"an int in [0, {published_version}]")
+        self.published_version = published_version
 
 
 class InvalidId(BadInput):
@@ -173,6 +225,7 @@ __all__ = [
     "DuplicateTrajectory",
     "GroupClosed",
     "GroupFull",
+    "GroupNotDroppable",
     "InvalidId",
     "InvalidVersion",
     "MechanismDisabled",
@@ -181,8 +234,10 @@ __all__ = [
     "NotReady",
     "ProtocolError",
     "ProtocolMisuse",
+    "PublishOutOfOrder",
     "SiblingTooStale",
     "TrajectoryNotInFlight",
     "UnknownGroup",
     "UnknownTrajectory",
+    "VersionNotPublished",
 ]

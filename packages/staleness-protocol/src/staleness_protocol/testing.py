@@ -1,12 +1,13 @@
 """Helpers for testing code that embeds the protocol.
 
 - ``check_invariants(p)``: raise ``InvariantViolation`` (an AssertionError) if the protocol's
-  state breaks any rule of DESIGN §3 (bound, capacities, nothing lost, internal consistency).
+  state breaks any rule (bound, capacities, nothing lost, retirement, internal consistency).
   Cheap enough to call after every step of a test; it reads only ``to_dict()`` and ``stats()``.
 - ``layout(p)``: ``{buffer: (occupied group ids, reserved group ids)}`` for whole-state asserts.
 - ``ReferenceModel``: a deliberately naive model of the same rules over explicit slot arrays
-  (no counters, no shortcuts). Drive it beside a ``StalenessProtocol`` and compare placements,
-  or use it as a stand-in when you want an obviously-correct oracle.
+  (no counters, no shortcuts, full history). Drive it beside a ``StalenessProtocol`` and
+  compare placements, notices and what should be live or tombstoned, or use it as a stand-in
+  when you want an obviously-correct oracle.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ._records import AbortReason
 
 Id = str | int
 
-_TERMINAL_WITH_REASON = ("aborted", "dropped")
+_LIVE_T = ("in_flight", "finished", "occupied")
 
 
 class InvariantViolation(AssertionError):
@@ -41,7 +42,9 @@ def check_invariants(p: StalenessProtocol) -> None:
     d = p.to_dict()
     cfg = p.config
     eta = cfg.eta
-    c = d["current_version"]
+    c = d["next_buffer"]
+    published = d["published_version"]
+    _require(0 <= published <= c, f"published_version {published} outside [0, {c}]")
     need, slots = cfg.batch_size, cfg.slots_per_buffer
     groups = {g[0]: g for g in d["groups"]}
     trajs = {t[0]: t for t in d["trajectories"]}
@@ -61,32 +64,28 @@ def check_invariants(p: StalenessProtocol) -> None:
             _require(gid not in where, f"group {gid!r} sits in two slots")
             where[gid] = (b, kind)
     floor = p.abort_floor
-    for gid, state, buffer, members, finished, reason in d["groups"]:
-        if state in ("reserved", "occupied"):
-            _require(
-                where.get(gid) == (buffer, state), f"group {gid!r} ({state}) not in buffer {buffer}"
-            )
-        else:
-            _require(gid not in where, f"closed group {gid!r} still holds a slot")
-        if state in ("dropped", "aborted"):
-            _require(bool(reason), f"group {gid!r} is {state} without a reason")
+    for gid, state, buffer, members, finished in d["groups"]:
+        _require(state in ("reserved", "occupied"), f"group {gid!r} is {state} in the live ledger")
+        _require(
+            where.get(gid) == (buffer, state), f"group {gid!r} ({state}) not in buffer {buffer}"
+        )
         _require(len(members) <= cfg.samples_per_group, f"group {gid!r} has too many members")
         if state == "reserved":
             _require(len(finished) < cfg.group_size, f"complete group {gid!r} still reserved")
-        if state in ("occupied", "consumed"):
+        else:
             _require(len(finished) == cfg.group_size, f"group {gid!r} placed without n members")
+        _require(set(finished) <= set(members), f"group {gid!r}: a finished one is no member")
         for tid in members:
             t = trajs.get(tid)
             _require(t is not None and t[1] == gid, f"group {gid!r} member {tid!r} not in ledger")
-    for tid, gid, version, state, buffer, reason in d["trajectories"]:
+    _require(set(where) == set(groups), "a buffer slot holds a group the ledger does not")
+    for tid, gid, version, state in d["trajectories"]:
         g = groups.get(gid)
-        _require(g is not None, f"trajectory {tid!r} names unknown group {gid!r}")
+        _require(g is not None, f"trajectory {tid!r} names no live group {gid!r}")
         assert g is not None
-        if state in _TERMINAL_WITH_REASON:
-            _require(bool(reason), f"trajectory {tid!r} is {state} without a reason")
-            _require(tid not in g[3], f"{state} trajectory {tid!r} still a live member")
-            continue
+        _require(state in _LIVE_T, f"trajectory {tid!r} is {state} in the live ledger")
         _require(tid in g[3], f"live trajectory {tid!r} missing from group {gid!r}")
+        _require(0 <= version <= published, f"trajectory {tid!r} at unpublished V={version}")
         if state in ("in_flight", "finished"):
             _require(g[1] == "reserved", f"{state} trajectory {tid!r} in a {g[1]} group")
             _require(
@@ -97,39 +96,65 @@ def check_invariants(p: StalenessProtocol) -> None:
             _require(
                 version > floor, f"in-flight trajectory {tid!r} at V={version} <= floor {floor}"
             )
-        if state in ("occupied", "consumed"):
-            _require(g[1] == state, f"{state} trajectory {tid!r} in a {g[1]} group")
+        if state == "occupied":
+            _require(g[1] == "occupied", f"occupied trajectory {tid!r} in a {g[1]} group")
             _require(
-                buffer is not None and version <= buffer <= version + eta,
-                f"trajectory {tid!r} (V={version}) placed in buffer {buffer}: staleness > eta",
+                version <= g[2] <= version + eta,
+                f"trajectory {tid!r} (V={version}) placed in buffer {g[2]}: staleness > eta",
             )
+    last = None
+    for row in d["tombstones"]:
+        stamp, key = row[-1], row[1]
+        low = c - cfg.tombstone_versions - 1  # expiry runs at publish: one consume may lead
+        _require(low <= stamp <= c, f"tombstone {key!r} stamp {stamp}")
+        _require(last is None or last <= stamp, "tombstones out of order")
+        last = stamp
+        if row[0] == "group":
+            _require(key not in groups, f"group {key!r} is both live and a tombstone")
+            _require(row[2] in ("consumed", "dropped", "aborted"), f"tombstone {key!r}: {row[2]}")
+            _require(row[2] == "consumed" or bool(row[3]), f"group {key!r} ended without reason")
+        else:
+            _require(key not in trajs, f"trajectory {key!r} is both live and a tombstone")
+            _require(row[4] in ("dropped", "aborted") and bool(row[5]), f"tombstone {key!r}")
     for s, _n in d["staleness_histogram"]:
         _require(0 <= s <= eta, f"a consumed trajectory had staleness {s} > eta {eta}")
     stats = p.stats()
-    counted: dict[str, int] = {}
+    counted = dict.fromkeys(_LIVE_T, 0)
     for t in d["trajectories"]:
-        counted[t[3]] = counted.get(t[3], 0) + 1
-    for state_name, n in stats.trajectories_by_state.items():
-        _require(counted.get(state_name, 0) == n, f"state counter {state_name}={n} is wrong")
+        counted[t[3]] += 1
+    for state_name in _LIVE_T:
+        n = stats.trajectories_by_state[state_name]
+        _require(counted[state_name] == n, f"state counter {state_name}={n} is wrong")
+    for state_name, n in d["ended"]["trajectories"].items():
+        _require(stats.trajectories_by_state[state_name] == n, f"ended {state_name} counter")
+    consumed = sum(n for _s, n in d["staleness_histogram"])
+    _require(consumed == stats.trajectories_by_state["consumed"], "histogram != consumed count")
 
 
 class ReferenceModel:
     """A naive, slot-array model of Reserve / Occupy / Consume and every optional mechanism.
 
     Mirrors ``StalenessProtocol`` for legal calls: ``reserve`` returns the buffer or None
-    (inadmissible); ``finish`` returns the occupied buffer or None; ``consume`` returns the
-    consumed group ids. It raises AssertionError on illegal calls instead of typed errors.
+    (inadmissible); ``finish`` returns the occupied buffer, None (waiting) or
+    ``"already_ended"``; ``consume`` returns the consumed group ids. It keeps the whole
+    history: ``notices`` lists every notice the protocol must emit, as tuples
+    (``("abort", tid, reason, was_running)``, ``("group_aborted", gid, reason)``,
+    ``("replacement", gid, reason)``), and ``live_ids`` / ``tombstone_ids`` say what the
+    protocol's ledger must hold after retirement. It raises AssertionError on illegal calls
+    instead of typed errors.
     """
 
     def __init__(self, config: ProtocolConfig, start_version: int = 0) -> None:
         self.config = config
-        self.version = start_version
+        self.version = start_version  # next_buffer
+        self.published = start_version
         self.top = start_version - 1
         # slot arrays: None (EMPTY), ("R", gid) or ("O", gid)
         self.slots: dict[int, list[tuple[str, Id] | None]] = {}
         self.groups: dict[Id, dict[str, Any]] = {}
         self.trajs: dict[Id, dict[str, Any]] = {}
-        self.aborted: list[tuple[Id, str]] = []
+        self.notices: list[tuple[Any, ...]] = []
+        self.forgotten_below = start_version - config.tombstone_versions  # expiry limit
 
     # -- slot helpers
     def _count(self, b: int, kind: str) -> int:
@@ -171,9 +196,25 @@ class ReferenceModel:
         return u
 
     # -- the rules
+    def admission(self, gid: Id, v: int) -> str:
+        """What ``can_reserve(gid, v)`` must answer (an ``Admission`` value)."""
+        g = self.groups.get(gid)
+        if g is None:
+            if any(self._has_room(b) for b in range(v + self.config.eta, self.version - 1, -1)):
+                return "admit"
+            return "sync" if v <= self.floor() else "wait"
+        if g["state"] != "reserved" or len(g["members"]) >= self.config.samples_per_group:
+            return "discard"
+        return "sync" if v + self.config.eta < g["buffer"] else "admit"
+
+    def publish(self, version: int) -> None:
+        assert version == self.published + 1 <= self.version
+        self.published = version
+        self.forgotten_below = self.version - self.config.tombstone_versions
+
     def reserve(self, gid: Id, tid: Id, v: int) -> int | None:
         eta = self.config.eta
-        assert tid not in self.trajs and 0 <= v <= self.version
+        assert tid not in self.trajs and 0 <= v <= self.published
         g = self.groups.get(gid)
         if g is None:
             for b in range(v + eta, self.version - 1, -1):
@@ -193,16 +234,19 @@ class ReferenceModel:
             else:
                 return None
         else:
-            assert g["state"] == "reserved"
-            assert len(g["members"]) < self.config.samples_per_group
+            if g["state"] != "reserved" or len(g["members"]) >= self.config.samples_per_group:
+                return None
             if v + eta < g["buffer"]:
                 return None
         g["members"].append(tid)
         self.trajs[tid] = {"group": gid, "version": v, "state": "in_flight"}
         return int(g["buffer"])
 
-    def finish(self, tid: Id) -> int | None:
+    def finish(self, tid: Id) -> int | str | None:
         t = self.trajs[tid]
+        if t["state"] in ("aborted", "dropped"):
+            assert t["was_running"]
+            return "already_ended"
         assert t["state"] == "in_flight"
         t["state"] = "finished"
         g = self.groups[t["group"]]
@@ -211,7 +255,7 @@ class ReferenceModel:
             return None
         for m in list(g["members"]):
             if self.trajs[m]["state"] == "in_flight":
-                self._abort_traj(m, AbortReason.GROUP_SURPLUS)
+                self._end(m, AbortReason.GROUP_SURPLUS.value, "aborted")
                 g["members"].remove(m)
         self._remove(g["buffer"], t["group"])
         vmin = min(self.trajs[m]["version"] for m in g["finished"])
@@ -232,41 +276,57 @@ class ReferenceModel:
                     sg = self.groups[s[1]]
                     vm = min((self.trajs[m]["version"] for m in sg["members"]), default=None)
                     stale = vm is not None and vm <= floor
-                    self._close(
-                        s[1], "aborted", AbortReason.STALE if stale else AbortReason.BATCH_SURPLUS
-                    )
+                    reason = AbortReason.STALE if stale else AbortReason.BATCH_SURPLUS
+                    self._close(s[1], "aborted", reason.value, by_protocol=True)
         return b
 
-    def _abort_traj(self, tid: Id, reason: str, state: str = "aborted") -> None:
-        self.trajs[tid]["state"] = state
-        self.aborted.append((tid, reason))
+    def _end(self, tid: Id, reason: str, state: str, *, notify: bool = True) -> None:
+        t = self.trajs[tid]
+        was_running = t["state"] == "in_flight"
+        t.update(state=state, reason=reason, was_running=was_running, ended_at=self.version)
+        if notify:
+            self.notices.append(("abort", tid, reason, was_running))
 
-    def _close(self, gid: Id, state: str, reason: str) -> None:
+    def _close(self, gid: Id, state: str, reason: str, *, by_protocol: bool) -> None:
         g = self.groups[gid]
         self._remove(g["buffer"], gid)
         for m in g["members"]:
-            self._abort_traj(m, reason, "aborted" if state == "aborted" else "dropped")
-        g.update(state=state, buffer=None, members=[], finished=[])
+            self._end(m, reason, "aborted" if state == "aborted" else "dropped")
+        g.update(state=state, buffer=None, members=[], finished=[], ended_at=self.version)
+        if by_protocol:
+            self.notices.append(("group_aborted", gid, reason))
 
-    def abort(self, tid: Id) -> None:
+    def abort(self, tid: Id) -> bool:
         t = self.trajs[tid]
+        if t["state"] in ("aborted", "dropped"):
+            assert t["was_running"]
+            return False
         assert t["state"] == "in_flight"
-        t["state"] = "aborted"
+        self._end(tid, "interrupted for good", "aborted", notify=False)
         self.groups[t["group"]]["members"].remove(tid)
+        return True
 
-    def drop_group(self, gid: Id, reason: str) -> None:
-        assert self.groups[gid]["state"] in ("reserved", "occupied")
-        self._close(gid, "dropped", reason)
+    def drop_group(self, gid: Id, reason: str) -> bool:
+        state = self.groups[gid]["state"]
+        if state == "aborted":
+            return False
+        assert state in ("reserved", "occupied")
+        self._close(gid, "dropped", reason, by_protocol=False)
+        if self.config.filtering:
+            self.notices.append(("replacement", gid, reason))
+        return True
 
     def consume(self) -> list[Id]:
         assert self._ready(self.version)
         gids = [s[1] for s in self.slots.pop(self.version) if s is not None and s[0] == "O"]
+        self.version += 1
+        if self.version - self.published > 1:  # not publishing: consume expires instead
+            self.forgotten_below = self.version - self.config.tombstone_versions
+        self.top = max(self.top, self.version - 1)
         for gid in gids:
-            self.groups[gid]["state"] = "consumed"
+            self.groups[gid].update(state="consumed", ended_at=self.version)
             for m in self.groups[gid]["finished"]:
                 self.trajs[m]["state"] = "consumed"
-        self.version += 1
-        self.top = max(self.top, self.version - 1)
         return gids
 
     def resolve_stuck(self) -> bool:
@@ -286,7 +346,8 @@ class ReferenceModel:
             return False
         for s in list(self.slots[c]):
             if s is not None and s[0] == "R":
-                self._close(s[1], "aborted", AbortReason.STUCK)
+                self._close(s[1], "aborted", AbortReason.STUCK.value, by_protocol=True)
+                self.notices.append(("replacement", s[1], AbortReason.STUCK.value))
         for gid in later[:missing]:
             g = self.groups[gid]
             self._remove(g["buffer"], gid)
@@ -295,6 +356,7 @@ class ReferenceModel:
             g["buffer"] = c
         return True
 
+    # -- what the protocol's ledger must hold
     def layout(self) -> dict[int, tuple[set[Id], set[Id]]]:
         """Per buffer: (occupied group ids, reserved group ids), as sets."""
         out: dict[int, tuple[set[Id], set[Id]]] = {}
@@ -307,7 +369,31 @@ class ReferenceModel:
         return out
 
     def states(self) -> dict[Id, str]:
+        """Every trajectory ever reserved -> its state (the full history)."""
         return {tid: t["state"] for tid, t in self.trajs.items()}
+
+    def live_ids(self) -> dict[Id, str]:
+        """Live trajectories (in flight, finished, occupied) -> state."""
+        return {tid: s for tid, s in self.states().items() if s in _LIVE_T}
+
+    def _kept(self, entry: dict[str, Any]) -> bool:
+        return "ended_at" in entry and entry["ended_at"] >= self.forgotten_below
+
+    def tombstone_ids(self) -> tuple[set[Id], set[Id]]:
+        """(trajectory ids, group ids) the protocol must still recognise: aborted or dropped
+        trajectories and closed groups that ended within the last ``tombstone_versions``
+        (counted at the last publish, or consume when versions are not being published)."""
+        trajs = {
+            tid
+            for tid, t in self.trajs.items()
+            if t["state"] in ("aborted", "dropped") and self._kept(t)
+        }
+        groups = {
+            gid
+            for gid, g in self.groups.items()
+            if g["state"] in ("consumed", "dropped", "aborted") and self._kept(g)
+        }
+        return trajs, groups
 
 
 __all__ = ["InvariantViolation", "ReferenceModel", "check_invariants", "layout"]

@@ -11,9 +11,11 @@ applying a ``trained`` event is consistent.
 1. apply events: reward outcomes (a group whose ``n`` kept members are rewarded is filtered —
    ``protocol.drop_group`` + ``ts.drop_group`` — or ``protocol.finish``-ed, which occupies its
    slot), sync done / failed (``coordinator.on_sync_done`` / ``on_sync_failed``), a finished
-   training step (``coordinator.on_version_published(k+1)``, step metrics, maybe a checkpoint);
-2. keep the TS fed with fresh prompt groups from the data cursor (at least one batch of
-   never-admitted groups queued, plus one per replacement the protocol asks for);
+   training step (``protocol.publish(k+1)``, step metrics, maybe a checkpoint);
+2. drain the protocol's notices (``take_notices``): aborts become the coordinator's commands
+   (``coordinator.abort``), executed at once; keep the TS fed with fresh prompt groups from the
+   data cursor (at least one batch of never-admitted groups queued, plus one per replacement
+   the protocol asks for);
 3. poll every rollout instance: results since the last poll (finished → ``ts.finish`` and off to
    a reward worker; interrupted → ``ts.return_partial``; anything the protocol no longer holds
    in flight → ``ts.drop``) and a snapshot taken after them;
@@ -28,8 +30,7 @@ applying a ``trained`` event is consistent.
    If the trainer has waited longer than ``STUCK_AFTER_S`` and a stuck threshold is configured,
    ``protocol.resolve_stuck()``.
 
-Only the coordinator calls ``reserve`` and ``take_aborts``; this loop calls
-``take_replacements``. Every admitted trajectory ends consumed, or dropped in the TS with the
+Only the coordinator calls ``reserve``; only this loop calls ``take_notices``. Every admitted trajectory ends consumed, or dropped in the TS with the
 reason the protocol (or the reward runner, or the filter) gave — :meth:`CoordinatorActor.ledger`
 checks exactly that.
 
@@ -106,8 +107,10 @@ from staleflow_trainer.protocol_mode import build_protocol, restore_protocol
 from staleflow_trainer.protocol_mode import protocol_config as protocol_config  # re-export
 from staleflow_trainer.trainer import should_drop_group
 from staleness_protocol import (
+    Abort,
     GroupState,
     ProtocolError,
+    ReplacementRequest,
     StalenessProtocol,
     TrajectoryState,
 )
@@ -129,7 +132,7 @@ CRASH_POINTS = ("after_commit_before_execute", "after_consume_commit", "mid_rout
 #: as new entries; the protocol as its calls)
 _BOOK_KEYS = (
     "steps_done", "cursor", "fresh", "serial", "rewards", "rewarded", "counters", "training",
-    "outbox",
+    "outbox", "replacements_due",
 )  # fmt: skip
 
 
@@ -216,6 +219,7 @@ class CoordinatorActor:
         self._rewards_of: dict[str, float] = {}
         self._rewarded: dict[str, list[str]] = {}  # group -> rewarded members, in order
         self._steps_done = 0
+        self._replacements_due = 0  # replacement prompts asked for, not yet submitted
         self._counters: dict[str, int] = dict.fromkeys(
             (
                 "routes",
@@ -310,14 +314,11 @@ class CoordinatorActor:
         if not self._recover_wal:  # a new journal from this state; recovery commits on top
             self._wal.reset(self._state_dict(wal=True))
             self._book_written = self._book()
-        version = self.protocol.current_version
+        version = self.protocol.next_buffer
+        # instances sync to the protocol's published_version: behind next_buffer by one while
+        # a consumed batch trains (a coordinator recovered mid-step must not sync to it yet)
         self.coordinator = Coordinator(
-            coordinator_config(cfg),
-            cast(StalenessProtocol, self.protocol),
-            time.monotonic,
-            # the latest *published* version: behind the protocol's by one while a consumed
-            # batch trains (a coordinator recovered mid-step must not sync to it yet)
-            latest_version=self._steps_done,
+            coordinator_config(cfg), cast(StalenessProtocol, self.protocol), time.monotonic
         )
         for iid, info in self._instances.items():
             self.coordinator.add_instance(
@@ -358,6 +359,7 @@ class CoordinatorActor:
         self._rewards_of = {str(k): float(v) for k, v in state["rewards"].items()}
         self._rewarded = {str(k): list(v) for k, v in state["rewarded"].items()}
         self._steps_done = int(state["steps_done"])
+        self._replacements_due = int(state.get("replacements_due", 0))
         self._counters.update(state["counters"])
         self._step_counters = dict(self._counters)
         self._rng = np.random.default_rng([self.cfg.run.seed, 17, self._steps_done])
@@ -503,7 +505,7 @@ class CoordinatorActor:
             raise ValueError(f"instance_id {instance_id!r} is empty or already part of the run")
         if int(kv_capacity_tokens) <= 0:
             raise ValueError(f"kv_capacity_tokens must be > 0, got {kv_capacity_tokens!r}")
-        current = self.protocol.current_version
+        current = self.protocol.published_version
         if not 0 <= int(version) <= current:
             raise ValueError(f"version must be in [0, {current}], got {version!r}")
         self._events.append(("joined", (instance_id, handle, int(kv_capacity_tokens), version)))
@@ -615,10 +617,20 @@ class CoordinatorActor:
         jitter = self._rng.integers(-1, 2, size=self._n_submit)
         return [int(np.clip(base + j, 1, self._max_new)) for j in jitter]
 
+    async def _drain_notices(self) -> None:
+        """Act on what the protocol decided: its aborts become the coordinator's commands,
+        executed now; replacement requests are counted for the next feed."""
+        notices = self.protocol.take_notices()
+        self._replacements_due += sum(isinstance(n, ReplacementRequest) for n in notices)
+        aborts = [n for n in notices if isinstance(n, Abort)]
+        if aborts:
+            await self._execute(self.coordinator.abort(aborts))
+
     async def _feed(self) -> None:
-        reqs = self.protocol.take_replacements()
-        self._counters["replacements"] += len(reqs)
-        need = max(self.cfg.protocol.batch_size - len(self._fresh), 0) + len(reqs)
+        await self._drain_notices()
+        reqs, self._replacements_due = self._replacements_due, 0
+        self._counters["replacements"] += reqs
+        need = max(self.cfg.protocol.batch_size - len(self._fresh), 0) + reqs
         planned = []
         for _ in range(need):
             idx = self._cursor.next_index()
@@ -1051,8 +1063,8 @@ class CoordinatorActor:
         self._commit()  # write-ahead: a crash from here on trains this batch exactly once
         self._maybe_crash("after_consume_commit")
         self._launch_training()
-        if self.protocol.pending_aborts:  # a FIFO that drops what aged out (GcFifo): tell
-            await self._execute(self.coordinator.drain_aborts())  # the TS now, not next cycle
+        # a FIFO that drops what aged out (GcFifo): tell the TS now, not next cycle
+        await self._drain_notices()
 
     def _launch_training(self) -> None:
         """Train the committed batch (``self._training``) in the background: its samples are
@@ -1124,7 +1136,7 @@ class CoordinatorActor:
             raise RuntimeError(f"trainer produced version {version} for buffer {consumed}")
         await self._release(tids)
         self._training = None
-        self.coordinator.on_version_published(version)
+        self.protocol.publish(version)
         self._steps_done += 1
         now = time.monotonic()
         span = max(now - self._last_step_t, 1e-9)
@@ -1242,6 +1254,7 @@ class CoordinatorActor:
             "counters": dict(self._counters),
             "training": None if self._training is None else dict(self._training),
             "outbox": [*self._records, *self._uncommitted],
+            "replacements_due": self._replacements_due,
         }
 
     def _commit(self) -> None:
@@ -1362,7 +1375,7 @@ class CoordinatorActor:
         st = self.protocol.stats()
         return {
             "steps_done": self._steps_done,
-            "version": self.protocol.current_version,
+            "version": self.protocol.next_buffer,
             "tokens_total": self._tokens_total,
             "counters": dict(self._counters),
             "staleness_histogram": {str(k): v for k, v in st.staleness_histogram.items()},
@@ -1422,7 +1435,9 @@ class CoordinatorActor:
                         TrajectoryState.CONSUMED,
                     ):
                         problems.append(f"{tid}: dropped in TS but {ps.value} in the protocol")
-                elif ps is TrajectoryState.CONSUMED:
+                elif ps is TrajectoryState.CONSUMED or (
+                    ps is None and loc.state is LocationState.FINISHED
+                ):  # the protocol retires consumed trajectories from its ledger at once
                     counts["consumed"] += 1
                     if loc.state is not LocationState.FINISHED:
                         problems.append(f"{tid}: consumed but {loc.state.value} in TS")

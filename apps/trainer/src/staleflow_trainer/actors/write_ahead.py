@@ -10,11 +10,11 @@ on it reaches another process** (the trajectory server, an instance, the trainer
 :meth:`WriteAheadLog.commit` right before such effects; a replacement loop loads the committed
 state and reconciles the other processes forward to it (see ``coordinator_loop._recover``).
 
-Cheap per change: the protocol keeps every trajectory it ever saw (its state grows with the run:
-~9 MB of JSON after 100 steps at B=64, n=16), so a commit does not rewrite it. Instead
+Cheap per change: the protocol's state holds every live trajectory (thousands at B=64, n=16),
+so a commit does not rewrite it. Instead
 :class:`JournaledProtocol` (a wrapper) records each successful state-changing call (``reserve``,
-``finish``, ``abort``, ``drop_group``, ``consume``, ``resolve_stuck``, ``take_aborts``,
-``take_replacements``); the protocol is deterministic and sans-IO, so replaying those calls on
+``finish``, ``abort``, ``drop_group``, ``consume``, ``publish``, ``resolve_stuck``,
+``take_notices``); the protocol is deterministic and sans-IO, so replaying those calls on
 the last base state reproduces it exactly. The bookkeeping is small except the group index
 (every group ever submitted), which is journaled as new entries; the rest is written per key
 only when it changed.
@@ -62,9 +62,9 @@ MUTATORS = (
     "abort",
     "drop_group",
     "consume",
+    "publish",
     "resolve_stuck",
-    "take_aborts",
-    "take_replacements",
+    "take_notices",
 )
 
 
@@ -133,22 +133,21 @@ class JournaledProtocol:
         self._ops.append(["consume"])
         return r
 
+    def publish(self, version: int) -> Any:
+        r = self.inner.publish(version)
+        self._ops.append(["publish", int(version)])
+        return r
+
     def resolve_stuck(self) -> Any:
         r = self.inner.resolve_stuck()
         if r.resolved:  # an unresolved call changes nothing
             self._ops.append(["resolve_stuck"])
         return r
 
-    def take_aborts(self) -> Any:
-        r = self.inner.take_aborts()
+    def take_notices(self) -> Any:
+        r = self.inner.take_notices()
         if r:
-            self._ops.append(["take_aborts"])
-        return r
-
-    def take_replacements(self) -> Any:
-        r = self.inner.take_replacements()
-        if r:
-            self._ops.append(["take_replacements"])
+            self._ops.append(["take_notices"])
         return r
 
 

@@ -174,7 +174,7 @@ class FaultySimulation(Simulation):
         self.ledger = copy.deepcopy(ck.ledger)
         self._next_group = ck.next_group
         self._steps_done = ck.steps_done
-        version = self.protocol.current_version
+        version = self.protocol.published_version
         # work on instances at checkpoint time goes back to the queue
         for iid in list(self.ledger.held):
             for tid in self.ledger.held_by(iid):
@@ -186,9 +186,7 @@ class FaultySimulation(Simulation):
                 e.v_traj = self.protocol.trajectory(e.tid).version
                 self.ledger._requeue(e)
         # fresh coordinator and instances (all restart on the checkpoint's version)
-        self.coord = Coordinator(
-            self._coord_cfg, self.protocol, clock=lambda: self.now, latest_version=version
-        )
+        self.coord = Coordinator(self._coord_cfg, self.protocol, clock=lambda: self.now)
         alive = sorted(self.engines)
         for iid in alive:
             del self.engines[iid]
@@ -215,7 +213,7 @@ class FaultySimulation(Simulation):
     def _check_if_settled(self) -> None:
         """Aborts the protocol decided are executed by the next cycle; until then the ledger
         legitimately still shows those trajectories live, so the check waits for that cycle."""
-        if self._check_due and self.protocol.pending_aborts == 0:
+        if self._check_due and self.protocol.stats().pending_notices == 0:
             self._check_due = False
             self.check()
 

@@ -244,9 +244,10 @@ class TrajectoryLedger:
         """Every admitted trajectory is consumed, in flight (queued partial, running, finished)
         or dropped with a reason, and agrees with the protocol's ledger. Raises on violation;
         returns the per-state counts."""
-        from staleness_protocol import TrajectoryState
+        from staleness_protocol import TrajectoryState, UnknownTrajectory
 
         proto_live = {TrajectoryState.IN_FLIGHT, TrajectoryState.FINISHED, TrajectoryState.OCCUPIED}
+        ended = {TrajectoryState.DROPPED, TrajectoryState.ABORTED}
         for tid, e in self.entries.items():
             if e.v_traj is None:  # never admitted: must still be a queued new prompt
                 if e.where is not Where.QUEUED and e.where is not Where.DROPPED:
@@ -254,22 +255,23 @@ class TrajectoryLedger:
                         f"{tid!r} was never admitted but is {e.where.value}", trajectory_id=tid
                     )
                 continue
-            rec = protocol.trajectory(tid)  # type: ignore[attr-defined]
+            try:
+                rec = protocol.trajectory(tid)  # type: ignore[attr-defined]
+                state = rec.state
+            except UnknownTrajectory:  # the protocol retired it: consumed, or ended long ago
+                rec, state = None, None
             if e.where is Where.CONSUMED:
-                ok = rec.state is TrajectoryState.CONSUMED
+                ok = state is None or state is TrajectoryState.CONSUMED
             elif e.where is Where.DROPPED:
-                ok = bool(e.reason) and rec.state in (
-                    TrajectoryState.DROPPED,
-                    TrajectoryState.ABORTED,
-                )
+                ok = bool(e.reason) and (state is None or state in ended)
             elif e.where is Where.FINISHED:
-                ok = rec.state in (TrajectoryState.FINISHED, TrajectoryState.OCCUPIED)
+                ok = state in (TrajectoryState.FINISHED, TrajectoryState.OCCUPIED)
             else:
-                ok = rec.state in proto_live
+                ok = state in proto_live
             if not ok:
+                said = "retired" if rec is None else f"{rec.state.value} ({rec.reason})"
                 raise SimLedgerError(
-                    f"{tid!r}: simulator says {e.where.value} ({e.reason}), protocol says "
-                    f"{rec.state.value} ({rec.reason})",
+                    f"{tid!r}: simulator says {e.where.value} ({e.reason}), protocol says {said}",
                     trajectory_id=tid,
                 )
         return self.counts()

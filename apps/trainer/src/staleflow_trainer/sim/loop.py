@@ -56,12 +56,14 @@ from staleflow_trainer.sim.requests import build_request
 from staleflow_trainer.sim.spec import SimSpec
 from staleflow_trainer.sim.workload import PromptStream
 from staleness_protocol import (
+    Abort,
+    FinishStatus,
     GcFifo,
     ProtocolConfig,
     StalenessProtocol,
-    TrajectoryState,
     UnboundedConfig,
     UnboundedFifo,
+    UnknownTrajectory,
 )
 
 _log = structlog.get_logger("staleflow.simulate")
@@ -229,7 +231,7 @@ class Simulation:
                 self._cycle_at = None
                 self._cycle()
             self._maybe_train()
-        if self.protocol.pending_aborts:
+        if self.protocol.stats().pending_notices:
             # aborts the protocol queued at the last event (e.g. group surplus) are executed
             # by the next cycle; run it so the run ends with the ledger and protocol agreeing
             self._dirty = True
@@ -253,11 +255,18 @@ class Simulation:
         self._dirty = True
         self._touch()
 
+    def _ended_reason(self, tid: str) -> str:
+        """Why the protocol ended a trajectory that is no longer in flight."""
+        try:
+            return self.protocol.trajectory(tid).reason or "aborted"
+        except UnknownTrajectory:  # ended long ago: its tombstone was retired
+            return "aborted"
+
     def _finished(self, iid: str, tid: str, generated: int) -> None:
         e = self.ledger.entries[tid]
-        if self.protocol.trajectory(tid).state is not TrajectoryState.IN_FLIGHT:
+        if self.protocol.live_version(tid) is None:
             # the protocol aborted it while the engine was finishing; its output is discarded
-            self.ledger.drop(tid, self.protocol.trajectory(tid).reason or "aborted", generated)
+            self.ledger.drop(tid, self._ended_reason(tid), generated)
             self.coord.on_dropped([tid])
             self.rec.tokens_wasted += generated
             return
@@ -273,20 +282,19 @@ class Simulation:
         e = self.ledger.entries[tid]
         if e.where is not Where.FINISHED:
             return  # dropped while its reward was computed
-        if self.protocol.trajectory(tid).state is not TrajectoryState.IN_FLIGHT:
+        if self.protocol.live_version(tid) is None:
             self.rec.tokens_wasted += e.generated
-            self.ledger.drop(tid, self.protocol.trajectory(tid).reason or "aborted")
+            self.ledger.drop(tid, self._ended_reason(tid))
             self.coord.on_dropped([tid])
             return
-        placed = self.protocol.finish(tid)
+        placed = self.protocol.finish(tid).status is FinishStatus.OCCUPIED
         self.coord.on_finished([tid])
-        if placed is not None and self.spec.dynamic_sampling:
+        if placed and self.spec.dynamic_sampling:
             finished = cast(tuple[str, ...], self.protocol.group(e.group).finished)  # sim ids: str
             rewards = {self.ledger.entries[t].reward for t in finished}
             if len(rewards) == 1:
                 self.protocol.drop_group(e.group, "filtered")
                 self.rec.groups_filtered += 1
-                self.protocol.take_replacements()  # the prompt stream is unbounded
 
     def _on_event(self, kind: int, payload: Any) -> None:
         if kind == _SYNC_DONE:
@@ -303,7 +311,7 @@ class Simulation:
             self.rec.trainer_phase(self.now, "pushing")
         elif kind == _PUSH_DONE:
             version = payload
-            self.coord.on_version_published(version)
+            self.protocol.publish(version)
             self._trainer_busy = False
             self._trainer_free_at = self.now
             self._steps_done += 1
@@ -315,7 +323,7 @@ class Simulation:
     # ---- trainer -----------------------------------------------------------------------------
 
     def _maybe_train(self) -> None:
-        if self._trainer_busy or self.protocol.current_version >= self.spec.steps:
+        if self._trainer_busy or self.protocol.next_buffer >= self.spec.steps:
             return
         proto = self.protocol
         if not proto.ready():
@@ -329,7 +337,6 @@ class Simulation:
                 res = proto.resolve_stuck()
                 if res.resolved:
                     self.rec.stuck_resolved += 1
-                    proto.take_replacements()
                     self._dirty = True
                     self._touch()
             if not proto.ready():
@@ -394,7 +401,11 @@ class Simulation:
             held = pending.trajectory_ids() | self._released
             items = [i for i in items if i.trajectory_id not in held]
             self._released = set()
-        commands = self.coord.step(snaps, QueueView(items), now)
+        # the protocol's notices: its aborts become the coordinator's commands (replacement
+        # requests need nothing here: the prompt stream is unbounded)
+        aborts = [n for n in self.protocol.take_notices() if isinstance(n, Abort)]
+        commands = self.coord.abort(aborts) if aborts else []
+        commands += self.coord.step(snaps, QueueView(items), now)
         self._execute(commands)
         self.rec.cycle(now, self.coord.last_cycle, self.ledger)
 
