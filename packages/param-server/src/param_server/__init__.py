@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._core import CoreConfig, ParamServerCore, TensorSpec
+from ._core import ParamServerCore
 from ._plan import LinkClass, PlanRequest, SliceRef, TransferPlan, plan_transfers, uniform_link
+from ._records import CoreConfig, TensorSpec
 from .errors import (
     ChecksumMismatch,
     ConfigError,
@@ -33,14 +34,15 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from ._service import ParamServer, ParamServerConfig, new_token
+    from ._config import ParamServerConfig
+    from ._service import ParamServer, new_token
     from .client import ParamServerClient, PushResult
 
 __version__ = "0.1.0"
 
 _LAZY = {
     "ParamServer": "._service",
-    "ParamServerConfig": "._service",
+    "ParamServerConfig": "._config",
     "new_token": "._service",
     "ParamServerClient": ".client",
     "PushResult": ".client",
