@@ -314,3 +314,17 @@ async def test_coordinator_actor_refuses_bad_joins_at_the_call() -> None:
     assert [k for k, _ in actor._events] == ["joined"]
     with pytest.raises(ValueError, match="instance_id"):  # the same id, still joining
         await actor.add_instance("vllm-5", object(), kv_capacity_tokens=10, version=0)
+
+
+@pytest.mark.nixl
+def test_preauth_memory_benchmark_smoke(tmp_path: Any) -> None:
+    """``benchmarks/bench_preauth_memory.py --smoke``: both servers, in their own processes,
+    answer a 1 MiB unauthenticated frame from its header, naming the 4 KiB limit (the full
+    run's 16 MiB figures are in docs/reliability.md)."""
+    import bench_preauth_memory
+
+    result = bench_preauth_memory.main(["--smoke", "--out", str(tmp_path / "r.json")])
+    assert "MessageTooLarge" in result["trajectory_server"]["answer"]
+    assert "ProtocolError" in result["param_server"]["answer"]
+    for name in ("trajectory_server", "param_server"):
+        assert "exceeds" in result[name]["answer"] and "4096" in result[name]["answer"]
