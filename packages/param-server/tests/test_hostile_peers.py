@@ -172,7 +172,7 @@ def test_a_client_is_served_while_200_silent_connections_are_held() -> None:
             c.push(1, {"w": torch.arange(16.0)})
             assert torch.equal(c.pull()[1]["w"], torch.arange(16.0))
         assert time.monotonic() - t0 < 10
-        from param_server._listener import ConnectionLimits
+        from param_server import ConnectionLimits
 
         closed = sum(_closed(s, 0.05) for s in hostile)
         assert closed >= 200 - ConnectionLimits().max_unauthenticated
@@ -190,7 +190,7 @@ def test_a_client_is_served_while_200_silent_connections_are_held() -> None:
 
 @pytest.mark.fault
 def test_silent_and_idle_connections_are_closed_and_clients_reconnect() -> None:
-    from param_server._listener import ConnectionLimits
+    from param_server import ConnectionLimits
 
     limits = ConnectionLimits(handshake_timeout_s=0.5, idle_timeout_s=0.6)
     cfg = ParamServerConfig(num_workers=1, token=TOKEN, connection_limits=limits)
@@ -218,8 +218,7 @@ def test_silent_and_idle_connections_are_closed_and_clients_reconnect() -> None:
 
 @pytest.mark.fault
 def test_connections_beyond_max_connections_are_refused_and_workers_still_rejoin() -> None:
-    from param_server._listener import ConnectionLimits
-    from param_server.errors import ServiceBusy
+    from param_server import ConnectionLimits, ServiceBusy
 
     cfg = ParamServerConfig(
         num_workers=1, token=TOKEN, connection_limits=ConnectionLimits(max_connections=2)

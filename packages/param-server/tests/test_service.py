@@ -278,6 +278,7 @@ def test_malformed_peer_messages_leave_state_unchanged(shared: ParamServer) -> N
     server = shared
     with ParamServerClient(server.address) as c:
         c.push(_next(server), small_model(8))
+
     def state() -> dict[str, object]:
         return {k: v for k, v in server.status().items() if k != "connections"}
 

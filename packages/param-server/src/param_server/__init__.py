@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._core import ParamServerCore
+from ._listener import ConnectionLimits
 from ._plan import LinkClass, PlanRequest, SliceRef, TransferPlan, plan_transfers, uniform_link
 from ._records import CoreConfig, TensorSpec
 from .errors import (
@@ -25,6 +26,7 @@ from .errors import (
     PushConflict,
     PushFailed,
     RemoteError,
+    ServiceBusy,
     SliceUnavailable,
     TransferFailed,
     UnknownTensor,
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
     from ._service import ParamServer, new_token
     from .client import ParamServerClient, PushResult
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _LAZY = {
     "ParamServer": "._service",
@@ -60,6 +62,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ChecksumMismatch",
     "ConfigError",
+    "ConnectionLimits",
     "CoreConfig",
     "LinkClass",
     "ParamServer",
@@ -73,6 +76,7 @@ __all__ = [
     "PushFailed",
     "PushResult",
     "RemoteError",
+    "ServiceBusy",
     "SliceRef",
     "SliceUnavailable",
     "TensorSpec",
