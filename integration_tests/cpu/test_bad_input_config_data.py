@@ -98,5 +98,6 @@ def test_bad_data_stops_the_deployment_before_it_starts(
     assert info.value.row == row
     assert info.value.field == field
     assert f"row {row}" in str(info.value)
+    assert info.value.path == str(data) and str(data) in str(info.value)  # names the file
     assert not ray.is_initialized()
     assert (old / "trainer.pt").read_bytes() == b"an earlier run's checkpoint"

@@ -176,14 +176,27 @@ def _frame(obj: dict[str, Any]) -> bytes:
     return struct.pack(">I", len(body)) + body
 
 
-async def _raw_call(host: str, port: int, data: bytes) -> dict[str, Any] | None:
+async def _raw_call(
+    host: str, port: int, data: bytes, *, hello_token: str | None = "s3cret"
+) -> dict[str, Any] | None:
+    """Send ``data`` on a fresh connection, after the hello unless ``hello_token`` is None."""
+    from trajectory_server.wire import encode_hello
+
     reader, writer = await asyncio.open_connection(host, port)
-    try:
-        writer.write(data)
-        await writer.drain()
+
+    async def reply() -> dict[str, Any]:
         head = await asyncio.wait_for(reader.readexactly(4), 5)
         (n,) = struct.unpack(">I", head)
         return dict(msgpack.unpackb(await reader.readexactly(n), raw=False))
+
+    try:
+        if hello_token is not None:
+            hello = encode_hello(hello_token)
+            writer.write(struct.pack(">I", len(hello)) + hello)
+            assert (await reply())["type"] == "ok"
+        writer.write(data)
+        await writer.drain()
+        return await reply()
     except (asyncio.IncompleteReadError, ConnectionError):
         return None  # the server closed the connection on a frame it could not trust
     finally:
@@ -237,6 +250,16 @@ async def test_trajectory_server_rejects_confused_peers_without_changing_state()
             got = await _raw_call(host, port, frame)
             assert got is None or got["type"] == "error", what
             assert snapshot() == before, what
+        # before the hello: a frame announcing 16 MiB is refused from its header alone (the
+        # 4 KiB pre-authentication limit), a request (even with the token) is refused
+        for what, frame, error in [
+            ("16 MiB before hello", struct.pack(">I", 16 << 20) + b"\x80" * 64, "MessageTooLarge"),
+            ("request before hello", _frame(ping), "Unauthorized"),
+        ]:
+            got = await _raw_call(host, port, frame, hello_token=None)
+            assert got is not None and got["body"]["error"] == error, (what, got)
+            assert snapshot() == before, what
+        assert got is not None and "hello" in got["body"]["message"]
         # the service still serves the honest client, and nothing accepted was lost
         assert (await client.location("g0/0")).instance_id == "inst-a"
         assert set(await client.group("g0")) == {"g0/0", "g0/1"}
@@ -291,3 +314,17 @@ async def test_coordinator_actor_refuses_bad_joins_at_the_call() -> None:
     assert [k for k, _ in actor._events] == ["joined"]
     with pytest.raises(ValueError, match="instance_id"):  # the same id, still joining
         await actor.add_instance("vllm-5", object(), kv_capacity_tokens=10, version=0)
+
+
+@pytest.mark.nixl
+def test_preauth_memory_benchmark_smoke(tmp_path: Any) -> None:
+    """``benchmarks/bench_preauth_memory.py --smoke``: both servers, in their own processes,
+    answer a 1 MiB unauthenticated frame from its header, naming the 4 KiB limit (the full
+    run's 16 MiB figures are in docs/reliability.md)."""
+    import bench_preauth_memory
+
+    result = bench_preauth_memory.main(["--smoke", "--out", str(tmp_path / "r.json")])
+    assert "MessageTooLarge" in result["trajectory_server"]["answer"]
+    assert "ProtocolError" in result["param_server"]["answer"]
+    for name in ("trajectory_server", "param_server"):
+        assert "exceeds" in result[name]["answer"] and "4096" in result[name]["answer"]

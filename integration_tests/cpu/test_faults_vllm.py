@@ -229,8 +229,18 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
 
 
 def _probe_security(dep: Any) -> dict[str, Any]:
-    """Both services the app starts listen on loopback and refuse a peer without the token."""
+    """What a hostile local peer meets: both services refuse a peer without the token; a
+    16 MiB frame sent before authenticating is refused from its 4-byte header (nothing read or
+    decoded); 200 silent connections neither lock out a real client nor stay open; and every
+    process of the run (Ray, actors, engines, PS storage workers and their NIXL/UCX endpoints)
+    listens on loopback only."""
     import asyncio
+    import ipaddress
+    import socket
+    import struct
+
+    import msgpack
+    import psutil
 
     from param_server import ParamServerClient
     from trajectory_server.client import TrajectoryClient
@@ -257,6 +267,71 @@ def _probe_security(dep: Any) -> dict[str, Any]:
         out["ps_wrong_token"] = "accepted"
     except Exception as e:
         out["ps_wrong_token"] = f"{type(e).__name__}: {e}"
+
+    def hostile_frame(address: tuple[str, int]) -> str:
+        """Announce 16 MiB without a token and send only 1 KiB of it: the answer, if any."""
+        with socket.create_connection(address, timeout=5) as s:
+            s.sendall(struct.pack(">I", 16 << 20) + b"\x80" * 1024)
+            try:
+                (n,) = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))
+                reply = msgpack.unpackb(s.recv(n, socket.MSG_WAITALL))
+            except (TimeoutError, struct.error, ConnectionError) as e:
+                return f"no answer ({type(e).__name__}): the server waits for the body"
+        return json.dumps(reply.get("body"), default=str)
+
+    out["ts_hostile_frame"] = hostile_frame(tuple(dep._ts_addr))
+    out["ps_hostile_frame"] = hostile_frame(tuple(dep._ps_addr))
+
+    async def ts_ping() -> bool:
+        c = await TrajectoryClient.connect(*dep._ts_addr, token=dep._ts_token, timeout_s=10)
+        try:
+            return bool(await c.ping())
+        finally:
+            await c.close()
+
+    def ps_status() -> bool:
+        with ParamServerClient(tuple(dep._ps_addr), token=dep._ps_token, name="probe") as c:
+            return bool(c.status()["alive"])
+
+    for key, address, served in (
+        ("ts_flood", tuple(dep._ts_addr), lambda: asyncio.run(ts_ping())),
+        ("ps_flood", tuple(dep._ps_addr), ps_status),
+    ):
+        silent = [socket.create_connection(address, timeout=5) for _ in range(200)]
+        try:
+            time.sleep(0.5)
+            try:
+                ok: Any = served()
+            except Exception as e:
+                ok = f"{type(e).__name__}: {e}"
+            closed = 0
+            for s in silent:
+                s.settimeout(0.05)
+                try:
+                    closed += s.recv(1) == b""
+                except TimeoutError:
+                    pass
+                except ConnectionError:
+                    closed += 1
+            out[key] = {"served": ok, "closed_by_server": closed}
+        finally:
+            for s in silent:
+                s.close()
+
+    listeners = []
+    procs = [psutil.Process(), *psutil.Process().children(recursive=True)]
+    for proc in procs:
+        try:
+            conns = proc.net_connections(kind="inet")
+        except psutil.Error:
+            continue
+        for conn in conns:
+            if conn.status == psutil.CONN_LISTEN:
+                ip = conn.laddr.ip.removeprefix("::ffff:")
+                if not ipaddress.ip_address(ip).is_loopback:
+                    listeners.append(f"{proc.name()} ({proc.pid}) on {ip}:{conn.laddr.port}")
+    out["listening_processes"] = len(procs)
+    out["non_loopback_listeners"] = listeners
     return out
 
 
@@ -469,6 +544,18 @@ def test_security_loopback_and_tokens(sc: dict[str, Any]) -> None:
     assert sec["ts"][0] == "127.0.0.1" and sec["ps"][0] == "127.0.0.1"
     assert sec["ts_without_token"] != "accepted" and "token" in sec["ts_without_token"].lower()
     assert sec["ps_wrong_token"] != "accepted" and "token" in sec["ps_wrong_token"].lower()
+    # an unauthenticated 16 MiB frame is refused from its header, naming the 4 KiB limit
+    assert "MessageTooLarge" in sec["ts_hostile_frame"] and "4096" in sec["ts_hostile_frame"]
+    assert "ProtocolError" in sec["ps_hostile_frame"] and "4096" in sec["ps_hostile_frame"]
+    # 200 silent connections: the real client is served, and the server closed the silent
+    # ones beyond its cap of 32 waiting connections
+    for key in ("ts_flood", "ps_flood"):
+        assert sec[key]["served"] is True, (key, sec[key])
+        assert sec[key]["closed_by_server"] >= 200 - 32, (key, sec[key])
+    # Ray (GCS, raylet, workers, agents), the actors, the engines and the PS storage workers'
+    # NIXL/UCX endpoints: nothing listens beyond loopback
+    assert sec["listening_processes"] > 5
+    assert sec["non_loopback_listeners"] == [], sec["non_loopback_listeners"]
 
 
 def test_every_checkpoint_file_is_verified_on_load(sc: dict[str, Any], tmp_path: Path) -> None:

@@ -182,5 +182,9 @@ def test_encode_prompts_with_char_tokenizer() -> None:
     with pytest.raises(DataError) as info:
         encode_prompts(recs, tok, max_prompt_len=3)
     assert info.value.row == 0 and "max_prompt_len=3" in str(info.value)
+    with pytest.raises(DataError) as named:
+        encode_prompts(recs, tok, max_prompt_len=3, source="data/train.jsonl")
+    assert named.value.path == "data/train.jsonl"
+    assert str(named.value).startswith("data/train.jsonl: row 0: prompt has 4 tokens")
     with pytest.raises(DataError, match="chat template"):
         encode_prompts(recs, tok, max_prompt_len=8, apply_chat_template=True)

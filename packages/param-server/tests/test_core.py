@@ -9,7 +9,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from param_server._core import CoreConfig, ParamServerCore, TensorSpec
+from param_server._core import ParamServerCore
+from param_server._records import CoreConfig, TensorSpec
 from param_server.errors import (
     ConfigError,
     PushConflict,

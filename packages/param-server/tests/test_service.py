@@ -203,14 +203,57 @@ def test_corruption_detected_by_checksum(shared: ParamServer) -> None:
     version = _next(server)
     with ParamServerClient(server.address) as c:
         c.push(version, model)
-        server.corrupt(version, "layers.0.mlp.weight", slice_index=1, offset=5)
+        server.corrupt(version, "layers.0.mlp.weight", slice_index=1, offset=5)  # every copy
+        # without verification the flipped byte really comes through
+        _, got = c.pull(verify=False)
+        assert not torch.equal(got["layers.0.mlp.weight"], model["layers.0.mlp.weight"])
         with pytest.raises(ChecksumMismatch) as e:
             c.pull()
         assert e.value.name == "layers.0.mlp.weight" and e.value.slice_index == 1
-        assert e.value.version == version
-        # without verification the flipped byte really comes through: the check caught it
-        _, got = c.pull(verify=False)
-        assert not torch.equal(got["layers.0.mlp.weight"], model["layers.0.mlp.weight"])
+        assert e.value.version == version and "no good copy" in e.value.where
+        # both copies were checked where they lie and dropped: the slice is unavailable now
+        dropped = [d for d in server.status()["dropped_copies"] if d[0] == version]
+        assert sorted(dropped) == [[version, "layers.0.mlp.weight", 1, w] for w in ("w0", "w1")]
+        with pytest.raises(SliceUnavailable) as u:
+            c.pull()
+        assert u.value.slices == (("layers.0.mlp.weight", 1),) and len(u.value.dropped) == 2
+        _, rest = c.pull(names=["embed.weight"])  # other slices still serve
+        assert torch.equal(rest["embed.weight"], model["embed.weight"])
+        assert c.status()["active_pulls"] == 0  # in-order channel: pull_end already served
+
+
+@pytest.mark.fault
+def test_one_corrupt_replica_is_reread_from_the_other_and_dropped(shared: ParamServer) -> None:
+    """replication=2, every slice of one worker corrupted: each pull re-reads those slices from
+    the other holder and returns the exact pushed bytes; the bad copies are dropped (once) and
+    later plans never pick them."""
+    server = shared
+    model = small_model(10)
+    version = _next(server)
+    with ParamServerClient(server.address) as c:
+        c.push(version, model)
+        on_w0 = [
+            (name, s.index)
+            for name, slices in server.core.slice_map(version).items()
+            for s in slices
+            if s.nbytes and any(loc.worker == "w0" for loc in s.locations)
+        ]
+        assert len(on_w0) >= 4
+        for name, index in on_w0:
+            server.corrupt(version, name, slice_index=index, offset=1, workers=["w0"])
+        for _ in range(6):
+            v, got = c.pull()
+            assert v == version and same(got, model)
+        dropped = sorted(tuple(d) for d in server.status()["dropped_copies"] if d[0] == version)
+        holders = {
+            (n, s.index): s.locations
+            for n, sl in server.core.slice_map(version).items()
+            for s in sl
+        }
+        assert dropped and all(w == "w0" for *_, w in dropped)
+        assert len(dropped) == len(set(dropped))  # each bad copy reported and dropped once
+        for _v, name, index, _w in dropped:
+            assert [loc.worker for loc in holders[(name, index)]] == ["w1"]
         assert c.status()["active_pulls"] == 0  # in-order channel: pull_end already served
 
 
@@ -235,9 +278,13 @@ def test_malformed_peer_messages_leave_state_unchanged(shared: ParamServer) -> N
     server = shared
     with ParamServerClient(server.address) as c:
         c.push(_next(server), small_model(8))
-    before = server.status()
+
+    def state() -> dict[str, object]:
+        return {k: v for k, v in server.status().items() if k != "connections"}
+
+    before = state()
     raw = socket.create_connection(server.address)
-    raw.sendall(b"\x00\x00\x00\x05hello")  # not msgpack
+    raw.sendall(b"\x00\x00\x00\x05hello")  # not msgpack (refused before any hello)
     raw.settimeout(10)
     assert raw.recv(4096)  # an error frame, then the server closes
     raw.close()
@@ -268,7 +315,7 @@ def test_malformed_peer_messages_leave_state_unchanged(shared: ParamServer) -> N
     assert kind == "error" and body["kind"] == "PushFailed", body
     assert "cannot allocate" in body["message"]
     chan.close()
-    assert server.status() == before
+    assert state() == before
 
 
 def test_pull_that_hits_a_dead_worker_reports_it_and_retries_on_replicas() -> None:

@@ -138,14 +138,16 @@ async def test_wrong_or_missing_token_rejected_state_unchanged() -> None:
         svc.store.submit_group("g", [1], 2)
         before = svc.store.to_dict()
         for token in (None, "", "wrong", TOKEN + " "):
-            client = await TrajectoryClient.connect(*svc.address, token=token)
-            try:
-                with pytest.raises(Unauthorized):
-                    await client.route("i0", ["g/0"], 0)
-                with pytest.raises(Unauthorized):
-                    await client.stats()  # reads are checked too
-            finally:
-                await client.close()
+            with pytest.raises(Unauthorized):  # refused at the handshake
+                await TrajectoryClient.connect(*svc.address, token=token)
+        # after a good hello, every request is still checked (reads too)
+        reader, writer = await _hello(svc.address[1], TOKEN)
+        try:
+            for req in (w.Route(instance_id="i0", trajectory_ids=("g/0",), version=0), w.Stats()):
+                resp = await _frame_call(reader, writer, w.encode_request(req, 7, "wrong"))
+                assert isinstance(resp.body, Unauthorized) and resp.request_id == 7
+        finally:
+            writer.close()
         assert svc.store.to_dict() == before
         good = await TrajectoryClient.connect(*svc.address, token=TOKEN)
         try:
@@ -171,12 +173,8 @@ def test_bind_rules() -> None:
 async def test_remote_bind_with_token_serves_and_checks_token() -> None:
     async with TrajectoryService(host="0.0.0.0", allow_remote=True, token=TOKEN) as svc:
         port = svc.address[1]
-        bad = await TrajectoryClient.connect("127.0.0.1", port)
-        try:
-            with pytest.raises(Unauthorized):
-                await bad.ping()
-        finally:
-            await bad.close()
+        with pytest.raises(Unauthorized):
+            await TrajectoryClient.connect("127.0.0.1", port)
         good = await TrajectoryClient.connect("127.0.0.1", port, token=TOKEN)
         try:
             assert (await good.ping())["schema"] == w.SCHEMA_VERSION
@@ -184,13 +182,32 @@ async def test_remote_bind_with_token_serves_and_checks_token() -> None:
             await good.close()
 
 
-async def _raw_call(port: int, payload: bytes, *, length: int | None = None) -> Any:
+async def _frame_call(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    payload: bytes,
+    *,
+    length: int | None = None,
+) -> Any:
+    writer.write(struct.pack(">I", len(payload) if length is None else length) + payload)
+    await writer.drain()
+    (size,) = struct.unpack(">I", await asyncio.wait_for(reader.readexactly(4), 10))
+    return w.decode_response(await reader.readexactly(size))
+
+
+async def _hello(port: int, token: str | None) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A raw connection that has passed the handshake."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    resp = await _frame_call(reader, writer, w.encode_hello(token))
+    assert resp.ok and resp.body["idle_timeout_s"] is not None, resp
+    return reader, writer
+
+
+async def _raw_call(port: int, payload: bytes, *, length: int | None = None) -> Any:
+    """One frame on a fresh, authenticated connection (no token configured)."""
+    reader, writer = await _hello(port, None)
     try:
-        writer.write(struct.pack(">I", len(payload) if length is None else length) + payload)
-        await writer.drain()
-        (size,) = struct.unpack(">I", await reader.readexactly(4))
-        return w.decode_response(await reader.readexactly(size)), reader
+        return await _frame_call(reader, writer, payload, length=length), reader
     finally:
         writer.close()
 

@@ -114,6 +114,7 @@ def preflight(cfg: AppConfig, model_path: Path) -> int:
         tok,
         max_prompt_len=cfg.data.max_prompt_len,
         apply_chat_template=cfg.data.apply_chat_template,
+        source=str(cfg.data.path) if cfg.data.path else None,
     )
     for rec, ids in zip(records, encoded, strict=True):
         if not ids:
@@ -178,6 +179,9 @@ def _engine_kwargs(cfg: AppConfig, i: int, model_path: Path) -> dict[str, Any]:
     }
 
 
+_RAY_SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": node IP = loopback
+
+
 def init_ray(cfg: AppConfig) -> bool:
     """Start a local Ray (or join ``ray.address``); returns True if this call started it."""
     for k, v in _ENV.items():
@@ -191,12 +195,19 @@ def init_ray(cfg: AppConfig) -> bool:
     if ray.is_initialized():
         return False
     if cfg.ray.address:
+        os.environ.pop(_RAY_SINGLE_MACHINE, None)  # a local run in this process set it
+        ray_constants.ENABLE_RAY_CLUSTER = not ray_constants.IS_WINDOWS_OR_OSX
         ray.init(
             address=cfg.ray.address,
             runtime_env={"env_vars": dict(_ENV)},
             log_to_driver=bool(os.environ.get("STALEFLOW_RAY_LOGS")),
         )
     else:
+        # A local Ray advertises its node IP and binds its gRPC servers, raylet, object
+        # manager and agents to it; Ray 2.60 resolves 127.0.0.1 to the external address unless
+        # clustering is off (its single-machine mode), so turn it off: everything on loopback.
+        os.environ[_RAY_SINGLE_MACHINE] = "0"
+        ray_constants.ENABLE_RAY_CLUSTER = False
         ray.init(
             num_cpus=cfg.ray.num_cpus or os.cpu_count() or 1,
             num_gpus=cfg.ray.num_gpus or 0,

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._core import CoreConfig, ParamServerCore, TensorSpec
+from ._core import ParamServerCore
+from ._listener import ConnectionLimits
 from ._plan import LinkClass, PlanRequest, SliceRef, TransferPlan, plan_transfers, uniform_link
+from ._records import CoreConfig, TensorSpec
 from .errors import (
     ChecksumMismatch,
     ConfigError,
@@ -24,6 +26,7 @@ from .errors import (
     PushConflict,
     PushFailed,
     RemoteError,
+    ServiceBusy,
     SliceUnavailable,
     TransferFailed,
     UnknownTensor,
@@ -33,14 +36,15 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from ._service import ParamServer, ParamServerConfig, new_token
+    from ._config import ParamServerConfig
+    from ._service import ParamServer, new_token
     from .client import ParamServerClient, PushResult
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _LAZY = {
     "ParamServer": "._service",
-    "ParamServerConfig": "._service",
+    "ParamServerConfig": "._config",
     "new_token": "._service",
     "ParamServerClient": ".client",
     "PushResult": ".client",
@@ -58,6 +62,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ChecksumMismatch",
     "ConfigError",
+    "ConnectionLimits",
     "CoreConfig",
     "LinkClass",
     "ParamServer",
@@ -71,6 +76,7 @@ __all__ = [
     "PushFailed",
     "PushResult",
     "RemoteError",
+    "ServiceBusy",
     "SliceRef",
     "SliceUnavailable",
     "TensorSpec",

@@ -29,19 +29,40 @@ with ``PushFailed`` naming the worker, new pushes fail until it rejoins, and pul
 versions still succeed for every slice that has a live replica elsewhere
 (``unavailable_slices`` reports the rest). ``worker_joined`` brings it back empty.
 
+*Corrupt copies.* A pull whose bytes from one holder fail their checksum asks for the slice
+again (``reread``): another live copy is planned when one exists. A copy confirmed bad at rest
+is dropped (``drop_copy``): no later plan picks it, ``dropped_copies`` reports it, and a slice
+left with no good copy is unavailable like one whose holders died.
+
 Nothing here does I/O, reads clocks, or logs; errors leave the state unchanged.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 
-from ._plan import LinkFn, PlanRequest, SliceRef, plan_transfers, str_tuple, uniform_link
+from ._plan import LinkFn, PlanRequest, SliceRef, plan_transfers, uniform_link
+from ._records import (
+    REGION_ALIGN,
+    ActivePull,
+    CommitResult,
+    CoreConfig,
+    HeldVersion,
+    Location,
+    LossReport,
+    PullTicket,
+    PushTicket,
+    RankPush,
+    RegionAlloc,
+    SliceRead,
+    SliceRecord,
+    Staging,
+    TensorSpec,
+    layout,
+)
 from .errors import (
-    ConfigError,
     PushConflict,
     PushFailed,
     SliceUnavailable,
@@ -49,192 +70,6 @@ from .errors import (
     UsageError,
     VersionUnavailable,
 )
-
-#: dtype name -> element size in bytes (torch names without the ``torch.`` prefix)
-DTYPE_SIZES: Mapping[str, int] = {
-    "float64": 8,
-    "float32": 4,
-    "float16": 2,
-    "bfloat16": 2,
-    "int64": 8,
-    "int32": 4,
-    "int16": 2,
-    "int8": 1,
-    "uint8": 1,
-    "bool": 1,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-}
-
-REGION_ALIGN = 64
-
-
-def _align(n: int) -> int:
-    return (n + REGION_ALIGN - 1) // REGION_ALIGN * REGION_ALIGN
-
-
-def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
-    return tuple(values)
-
-
-@attrs.frozen(kw_only=True)
-class CoreConfig:
-    workers: tuple[str, ...] = attrs.field(converter=str_tuple)
-    replication: int = 1
-    keep_versions: int = 2
-    max_slice_bytes: int = 64 << 20
-
-    def __attrs_post_init__(self) -> None:
-        if not self.workers:
-            raise ConfigError("workers", self.workers, "at least one worker name")
-        if len(set(self.workers)) != len(self.workers):
-            raise ConfigError("workers", self.workers, "unique worker names")
-        if not isinstance(self.replication, int) or not 1 <= self.replication <= len(self.workers):
-            raise ConfigError(
-                "replication", self.replication, f"an int in [1, {len(self.workers)}] (workers)"
-            )
-        if not isinstance(self.keep_versions, int) or self.keep_versions < 1:
-            raise ConfigError("keep_versions", self.keep_versions, "an int >= 1")
-        if not isinstance(self.max_slice_bytes, int) or self.max_slice_bytes < 8:
-            raise ConfigError("max_slice_bytes", self.max_slice_bytes, "an int >= 8")
-
-
-@attrs.frozen(kw_only=True)
-class TensorSpec:
-    name: str
-    dtype: str
-    shape: tuple[int, ...] = attrs.field(converter=_int_tuple)
-    nbytes: int
-
-    def __attrs_post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise UsageError(
-                f"tensor name must be a non-empty str, got {self.name!r}", field="name"
-            )
-        if self.dtype not in DTYPE_SIZES:
-            raise UsageError(
-                f"tensor {self.name!r}: dtype {self.dtype!r} not supported; allowed: "
-                f"{sorted(DTYPE_SIZES)}",
-                field="dtype",
-            )
-        if any((not isinstance(d, int)) or d < 0 for d in self.shape):
-            raise UsageError(
-                f"tensor {self.name!r}: shape {self.shape!r} must hold ints >= 0", field="shape"
-            )
-        expected = math.prod(self.shape) * DTYPE_SIZES[self.dtype]
-        if self.nbytes != expected:
-            raise UsageError(
-                f"tensor {self.name!r}: nbytes {self.nbytes} != prod(shape)*itemsize = {expected}",
-                field="nbytes",
-            )
-
-
-@attrs.frozen(kw_only=True)
-class Location:
-    worker: str
-    region: int
-    offset: int
-
-
-@attrs.frozen(kw_only=True)
-class SliceRecord:
-    name: str
-    index: int
-    byte_start: int
-    byte_end: int
-    locations: tuple[Location, ...]
-    checksum: int | None = None
-
-    @property
-    def nbytes(self) -> int:
-        return self.byte_end - self.byte_start
-
-
-@attrs.frozen(kw_only=True)
-class RegionAlloc:
-    region: int
-    worker: str
-    nbytes: int
-
-
-@attrs.frozen(kw_only=True)
-class PushTicket:
-    push_id: int
-    version: int
-    rank: int
-    world_size: int
-    regions: tuple[RegionAlloc, ...]
-    slices: tuple[SliceRecord, ...]
-
-
-@attrs.frozen(kw_only=True)
-class CommitResult:
-    version: int
-    complete: bool
-    free_regions: tuple[RegionAlloc, ...]
-
-
-@attrs.frozen(kw_only=True)
-class SliceRead:
-    name: str
-    index: int
-    byte_start: int
-    byte_end: int
-    worker: str
-    region: int
-    offset: int
-    checksum: int
-
-
-@attrs.frozen(kw_only=True)
-class PullTicket:
-    pull_id: int
-    version: int
-    tensors: tuple[TensorSpec, ...]
-    reads: tuple[SliceRead, ...]
-
-
-@attrs.frozen(kw_only=True)
-class LossReport:
-    worker: str
-    aborted_version: int | None
-    free_regions: tuple[RegionAlloc, ...]
-    unavailable: tuple[tuple[int, str, int], ...]  # (version, name, slice index)
-
-
-@attrs.define
-class _RankPush:
-    push_id: int
-    rank: int
-    tensors: tuple[TensorSpec, ...]
-    slices: tuple[SliceRecord, ...]
-    regions: tuple[RegionAlloc, ...]
-    checksums: dict[tuple[str, int], int] | None = None
-
-
-@attrs.define
-class _Staging:
-    version: int
-    world_size: int
-    ranks: dict[int, _RankPush] = attrs.Factory(dict)
-    placed_bytes: dict[str, int] = attrs.Factory(dict)
-
-
-@attrs.define
-class _Version:
-    version: int
-    tensors: dict[str, TensorSpec]
-    slices: dict[str, list[SliceRecord]]
-    regions: list[RegionAlloc]
-    pins: int = 0
-
-
-@attrs.define
-class _Pull:
-    pull_id: int
-    version: int
-    load_s: dict[str, float]
-    regions: frozenset[int]
 
 
 class ParamServerCore:
@@ -244,14 +79,15 @@ class ParamServerCore:
         self.config = config
         self._link = link or uniform_link()
         self._alive: dict[str, bool] = dict.fromkeys(config.workers, True)
-        self._staging: _Staging | None = None
-        self._versions: dict[int, _Version] = {}
+        self._staging: Staging | None = None
+        self._versions: dict[int, HeldVersion] = {}
         self._latest: int | None = None
-        self._pulls: dict[int, _Pull] = {}
+        self._pulls: dict[int, ActivePull] = {}
         self._next_push = 1
         self._next_pull = 1
         self._next_region = 1
         self._live_regions: dict[int, RegionAlloc] = {}
+        self._dropped: list[tuple[int, str, int, str]] = []  # version, name, index, worker
 
     # ------------------------------------------------------------------ queries
     @property
@@ -295,6 +131,10 @@ class ParamServerCore:
                         out.append((ver, name, s.index))
         return tuple(out)
 
+    def dropped_copies(self) -> tuple[tuple[int, str, int, str], ...]:
+        """(version, name, slice index, worker) of copies dropped as corrupt, of held versions."""
+        return tuple(self._dropped)
+
     def slice_map(self, version: int) -> dict[str, tuple[SliceRecord, ...]]:
         """Which slices of ``version`` live on which workers."""
         return {n: tuple(s) for n, s in self._get_version(version).slices.items()}
@@ -332,7 +172,7 @@ class ParamServerCore:
                 workers=dead,
             )
         st = self._staging
-        superseded: _Staging | None = None
+        superseded: Staging | None = None
         if st is not None:
             if version < st.version:
                 raise PushConflict(
@@ -365,36 +205,16 @@ class ParamServerCore:
         if superseded is not None:
             self._drop_staging()
         if self._staging is None:
-            self._staging = _Staging(version=version, world_size=world_size)
+            self._staging = Staging(version=version, world_size=world_size)
         st = self._staging
         ticket = self._place(st, rank, tensors)
         return ticket
 
-    def _place(self, st: _Staging, rank: int, tensors: Sequence[TensorSpec]) -> PushTicket:
+    def _place(self, st: Staging, rank: int, tensors: Sequence[TensorSpec]) -> PushTicket:
         cfg = self.config
-        pieces: list[tuple[str, int, int, int]] = []  # name, index, start, end
-        for t in tensors:
-            item = DTYPE_SIZES[t.dtype]
-            step = max(item, cfg.max_slice_bytes // item * item)
-            if t.nbytes == 0:
-                pieces.append((t.name, 0, 0, 0))
-                continue
-            for i, start in enumerate(range(0, t.nbytes, step)):
-                pieces.append((t.name, i, start, min(start + step, t.nbytes)))
-        # Largest first onto the least-loaded workers (bytes of this staged version).
-        order = sorted(range(len(pieces)), key=lambda i: (-(pieces[i][3] - pieces[i][2]), i))
-        placed = dict(st.placed_bytes)
-        used: dict[str, int] = {}
-        owners: dict[int, list[tuple[str, int]]] = {}
-        for i in order:
-            nbytes = pieces[i][3] - pieces[i][2]
-            chosen = sorted(cfg.workers, key=lambda w: (placed.get(w, 0), w))[: cfg.replication]
-            owners[i] = []
-            for w in chosen:
-                placed[w] = placed.get(w, 0) + nbytes
-                off = used.get(w, 0)
-                used[w] = off + _align(nbytes)
-                owners[i].append((w, off))
+        pieces, owners, used, placed = layout(
+            tensors, cfg.workers, cfg.replication, cfg.max_slice_bytes, st.placed_bytes
+        )
         regions = {}
         for w in cfg.workers:
             if w in used:
@@ -416,7 +236,7 @@ class ParamServerCore:
         )
         push_id = self._next_push
         self._next_push += 1
-        rp = _RankPush(
+        rp = RankPush(
             push_id=push_id,
             rank=rank,
             tensors=tuple(tensors),
@@ -436,7 +256,7 @@ class ParamServerCore:
             slices=slices,
         )
 
-    def _find_push(self, push_id: int) -> _RankPush:
+    def _find_push(self, push_id: int) -> RankPush:
         st = self._staging
         if st is not None:
             for rp in st.ranks.values():
@@ -499,7 +319,7 @@ class ParamServerCore:
             regions.extend(p.regions)
         for lst in slices.values():
             lst.sort(key=lambda s: s.index)
-        self._versions[version] = _Version(
+        self._versions[version] = HeldVersion(
             version=version, tensors=tensors, slices=slices, regions=regions
         )
         self._latest = version
@@ -567,15 +387,41 @@ class ParamServerCore:
                     )
                 )
         if missing:
-            raise SliceUnavailable(version, missing, self.dead_workers())
+            dropped = [(n, i, w) for v, n, i, w in self._dropped if v == version]
+            raise SliceUnavailable(version, missing, self.dead_workers(), dropped)
+        pull = ActivePull(
+            pull_id=self._next_pull,
+            version=version,
+            receiver=receiver,
+            load_s={},
+            regions=frozenset(),
+        )
+        reads = self._plan_reads(pull, requests, by_ref)
+        pull_id = self._next_pull
+        self._next_pull += 1
+        rec.pins += 1
+        self._pulls[pull_id] = pull
+        return PullTicket(
+            pull_id=pull_id,
+            version=version,
+            tensors=tuple(rec.tensors[n] for n in wanted),
+            reads=tuple(reads),
+        )
+
+    def _plan_reads(
+        self,
+        pull: ActivePull,
+        requests: list[PlanRequest],
+        by_ref: Mapping[tuple[str, int], SliceRecord],
+    ) -> tuple[SliceRead, ...]:
+        """Plan ``requests`` against the load of every pull in flight; add it to ``pull``."""
         inflight: dict[str, float] = {}
         for p in self._pulls.values():
             for w, sec in p.load_s.items():
                 inflight[w] = inflight.get(w, 0.0) + sec
         plan = plan_transfers(requests, self._link, inflight)
         reads = []
-        load: dict[str, float] = {}
-        regions = set()
+        regions = set(pull.regions)
         for a in plan.assignments:
             s = by_ref[(a.slice.name, a.slice.index)]
             loc = next(loc for loc in s.locations if loc.worker == a.holder)
@@ -592,21 +438,73 @@ class ParamServerCore:
                     checksum=s.checksum,
                 )
             )
-            load[a.holder] = load.get(a.holder, 0.0) + a.estimate_s
+            pull.load_s[a.holder] = pull.load_s.get(a.holder, 0.0) + a.estimate_s
             regions.add(loc.region)
-        reads.sort(key=lambda r: (r.worker, r.region, r.offset))
-        pull_id = self._next_pull
-        self._next_pull += 1
-        rec.pins += 1
-        self._pulls[pull_id] = _Pull(
-            pull_id=pull_id, version=version, load_s=load, regions=frozenset(regions)
-        )
-        return PullTicket(
-            pull_id=pull_id,
-            version=version,
-            tensors=tuple(rec.tensors[n] for n in wanted),
-            reads=tuple(reads),
-        )
+        pull.regions = frozenset(regions)
+        return tuple(sorted(reads, key=lambda r: (r.worker, r.region, r.offset)))
+
+    def _slice(self, version: int, name: str, index: int) -> SliceRecord:
+        rec = self._get_version(version)
+        for s in rec.slices.get(name, ()):
+            if s.index == index:
+                return s
+        raise UsageError(f"version {version} has no slice {name!r}[{index}]", field="slices")
+
+    def _active_pull(self, pull_id: int) -> ActivePull:
+        p = self._pulls.get(pull_id)
+        if p is None:
+            raise UsageError(f"pull {pull_id} is not active", field="pull_id")
+        return p
+
+    def pull_version(self, pull_id: int) -> int:
+        return self._active_pull(pull_id).version
+
+    def live_copy(self, version: int, name: str, index: int, worker: str) -> SliceRecord | None:
+        """The slice with only ``worker``'s live copy among its locations, or None."""
+        s = self._slice(version, name, index)
+        locs = tuple(loc for loc in self._live_locations(s) if loc.worker == worker)
+        return attrs.evolve(s, locations=locs) if locs else None
+
+    def drop_copy(self, version: int, name: str, index: int, worker: str) -> bool:
+        """Forget ``worker``'s copy of one slice (its bytes failed their checksum at rest).
+        True if there was such a copy; later plans never pick it."""
+        s = self._slice(version, name, index)
+        keep = tuple(loc for loc in s.locations if loc.worker != worker)
+        if len(keep) == len(s.locations):
+            return False
+        slices = self._versions[version].slices[name]
+        slices[slices.index(s)] = attrs.evolve(s, locations=keep)
+        self._dropped.append((version, name, index, worker))
+        return True
+
+    def reread(
+        self,
+        pull_id: int,
+        slices: Sequence[tuple[str, int]],
+        avoid: Mapping[tuple[str, int], str] | None = None,
+    ) -> tuple[SliceRead, ...]:
+        """Where pull ``pull_id`` reads these slices of its version again: a live copy other
+        than ``avoid[(name, index)]`` when there is one, else that copy (still live, so it
+        verified good). Slices without a live copy are left out."""
+        pull = self._active_pull(pull_id)
+        requests = []
+        by_ref = {}
+        for name, index in dict.fromkeys(slices):
+            s = self._slice(pull.version, name, index)
+            live = self._live_locations(s)
+            others = [loc for loc in live if loc.worker != (avoid or {}).get((name, index))]
+            holders = others or live
+            if not holders:
+                continue
+            by_ref[(name, index)] = s
+            requests.append(
+                PlanRequest(
+                    receiver=pull.receiver,
+                    slice=SliceRef(name=name, index=index, nbytes=s.nbytes),
+                    holders=tuple(loc.worker for loc in holders),
+                )
+            )
+        return self._plan_reads(pull, requests, by_ref)
 
     def end_pull(self, pull_id: int) -> tuple[RegionAlloc, ...]:
         """Unpin the pull's version; returns regions of versions that retire now."""
@@ -624,6 +522,7 @@ class ParamServerCore:
             if ver in keep or rec.pins > 0:
                 continue
             del self._versions[ver]
+            self._dropped = [d for d in self._dropped if d[0] != ver]
             for r in rec.regions:
                 if self._live_regions.pop(r.region, None) is not None and self._alive[r.worker]:
                     freed.append(r)
@@ -678,7 +577,7 @@ class ParamServerCore:
         self._alive[worker] = True
         return freed
 
-    def _get_version(self, version: int) -> _Version:
+    def _get_version(self, version: int) -> HeldVersion:
         rec = self._versions.get(version)
         if rec is None:
             raise VersionUnavailable(

@@ -4,6 +4,13 @@ The same code path serves DRAM here and VRAM on GPU machines: the memory type of
 is chosen from the tensor's device (``cpu`` -> ``DRAM``, ``cuda:i`` -> ``VRAM`` with device id
 ``i``). Storage workers always hold DRAM.
 
+Where UCX listens: by default UCX opens a TCP endpoint on every network device it finds (here
+eth0 and lo), even for a run whose peers are all on this machine. ``Transport(net_devices="lo")``
+keeps a local run on loopback: UCX reads ``UCX_NET_DEVICES`` when NIXL creates its UCX backend,
+so the variable is set for that moment only (NIXL 1.5's ``ucx_devices`` backend parameter does
+not restrict the TCP listener). :func:`local_net_devices` picks ``"lo"`` for a loopback control
+address. Shared-memory transports are not network devices and are unaffected.
+
 Metadata crosses processes through the service's own msgpack messages: agent metadata bytes
 (``get_agent_metadata``) and ``(addr, nbytes, dev)`` triples. NIXL's
 ``get_serialized_descs``/``deserialize_descs`` pickle, so they are never used here; descriptor
@@ -13,6 +20,8 @@ lists are rebuilt on the receiving side from the triples.
 from __future__ import annotations
 
 import hashlib
+import os
+import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -27,6 +36,18 @@ if TYPE_CHECKING:
 log = structlog.get_logger("param_server.nixl")
 
 Triple = tuple[int, int, int]  # addr, nbytes, device id
+LOOPBACK_DEVICE = "lo"
+_ENV_LOCK = threading.Lock()  # UCX_NET_DEVICES is process-wide while a backend is created
+
+
+def local_net_devices(host: str) -> str | None:
+    """``"lo"`` when the control endpoint is on loopback (every peer is on this machine), else
+    None (UCX uses every device). An explicit ``UCX_NET_DEVICES`` wins: None then too."""
+    from ._wire import is_loopback
+
+    if os.environ.get("UCX_NET_DEVICES"):
+        return None
+    return LOOPBACK_DEVICE if is_loopback(host) else None
 
 
 def load_nixl() -> tuple[Any, Any]:
@@ -71,15 +92,25 @@ class Pending:
 class Transport:
     """One NIXL agent plus the remote agents it has loaded."""
 
-    def __init__(self, name: str, *, progress_thread: bool = False) -> None:
+    def __init__(
+        self, name: str, *, progress_thread: bool = False, net_devices: str | None = None
+    ) -> None:
         agent_cls, config_cls = load_nixl()
         self.name = name
         # NIXL's progress thread busy-polls a whole core even when idle (its delay is fixed at
         # 0 by the Python API). Transfers here are one-sided and initiator-driven, and
         # ``wait`` progresses them, so the default is no progress thread.
-        self.agent = agent_cls(
-            name, config_cls(enable_prog_thread=progress_thread, backends=["UCX"])
-        )
+        self.agent = agent_cls(name, config_cls(enable_prog_thread=progress_thread, backends=[]))
+        with _ENV_LOCK:
+            if net_devices is None or os.environ.get("UCX_NET_DEVICES"):
+                self.agent.create_backend("UCX")
+            else:
+                os.environ["UCX_NET_DEVICES"] = net_devices
+                try:
+                    self.agent.create_backend("UCX")
+                finally:
+                    del os.environ["UCX_NET_DEVICES"]
+        self.net_devices = net_devices
         self._remote_md: dict[str, bytes] = {}
 
     # ------------------------------------------------------------------ metadata

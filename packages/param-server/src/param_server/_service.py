@@ -2,7 +2,8 @@
 endpoint clients talk to.
 
 Threads, not asyncio: each control connection gets a thread (requests on one connection are
-served in order); a single lock guards the core; each worker link has its own lock so region
+served in order), once it has authenticated (:mod:`param_server._listener`); a single lock
+guards the core; each worker link has its own lock so region
 allocation and checksum verification run on all workers in parallel. A monitor thread pings
 workers and notices dead processes, so a worker's death is reported even when nobody is
 pushing or pulling.
@@ -22,13 +23,16 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import attrs
 import structlog
 
-from ._core import CoreConfig, ParamServerCore, RegionAlloc, TensorSpec
+from ._config import ParamServerConfig
+from ._core import ParamServerCore
+from ._links import WorkerLink, WorkerRefused, error_body
+from ._listener import Listener
 from ._plan import LinkFn
-from ._wire import Channel, check_bind
-from ._worker import ENV_ADDR, ENV_FAULTS, ENV_POOL, ENV_TOKEN
+from ._records import CoreConfig, RegionAlloc, SliceRead, TensorSpec
+from ._wire import Channel
+from ._worker import ENV_ADDR, ENV_FAULTS, ENV_NET_DEVICES, ENV_POOL, ENV_TOKEN
 from .errors import (
     ChecksumMismatch,
     ConfigError,
@@ -39,73 +43,6 @@ from .errors import (
 )
 
 log = structlog.get_logger("param_server.service")
-
-
-@attrs.frozen(kw_only=True)
-class ParamServerConfig:
-    """How to run the service.
-
-    ``host``/``port``: control endpoint (loopback by default; anything else needs ``token``).
-    ``token``: shared secret checked on every message, client and worker channels alike.
-    ``verify_on_push``: workers recompute each slice checksum before a version is published.
-    ``worker_pool_bytes``: freed regions each worker keeps registered for reuse by later
-    versions (saves registration and page faults; costs that much idle memory).
-    ``fault_injection``: lets tests corrupt worker memory; never enable in production.
-    """
-
-    num_workers: int = 2
-    replication: int = 1
-    keep_versions: int = 2
-    max_slice_bytes: int = 64 << 20
-    host: str = "127.0.0.1"
-    port: int = 0
-    token: str | None = None
-    verify_on_push: bool = True
-    worker_start_timeout_s: float = 60.0
-    monitor_interval_s: float = 0.5
-    worker_pool_bytes: int = 2 << 30
-    fault_injection: bool = False
-
-    def __attrs_post_init__(self) -> None:
-        if not isinstance(self.worker_pool_bytes, int) or self.worker_pool_bytes < 0:
-            raise ConfigError("worker_pool_bytes", self.worker_pool_bytes, "an int >= 0")
-        if not isinstance(self.num_workers, int) or self.num_workers < 1:
-            raise ConfigError("num_workers", self.num_workers, "an int >= 1")
-        if not isinstance(self.port, int) or not 0 <= self.port < 65536:
-            raise ConfigError("port", self.port, "an int in [0, 65535]")
-        check_bind(self.host, self.token)
-
-    def worker_names(self) -> tuple[str, ...]:
-        return tuple(f"w{i}" for i in range(self.num_workers))
-
-
-class _WorkerRefused(ParamServerError):
-    """A live worker answered a request with an error (e.g. out of memory)."""
-
-    def __init__(self, worker: str, message: str) -> None:
-        self.worker = worker
-        super().__init__(f"storage worker {worker!r} {message}")
-
-
-class _WorkerLink:
-    def __init__(self, name: str, chan: Channel, agent: str, metadata: bytes, pid: int) -> None:
-        self.name = name
-        self.chan = chan
-        self.agent = agent
-        self.metadata = metadata
-        self.pid = pid
-        self.lock = threading.Lock()
-        self.addrs: dict[int, int] = {}
-
-    def call(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
-        with self.lock:
-            try:
-                rkind, rbody = self.chan.call(kind, body)
-            except (OSError, ConnectionError, ProtocolError) as exc:
-                raise WorkerLost(self.name, str(exc)) from exc
-        if rkind == "error":
-            raise _WorkerRefused(self.name, f"refused {kind}: {rbody['message']}")
-        return rbody
 
 
 class ParamServer:
@@ -128,21 +65,17 @@ class ParamServer:
             link,
         )
         self._lock = threading.RLock()
-        self._links: dict[str, _WorkerLink] = {}
+        self._links: dict[str, WorkerLink] = {}
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._joined = threading.Condition(self._lock)
         self._closed = threading.Event()
         self._pool = ThreadPoolExecutor(
             max_workers=max(2, cfg.num_workers), thread_name_prefix="ps-w"
         )
-        self._listener = socket.create_server((cfg.host, cfg.port), backlog=64)
-        self.address: tuple[str, int] = self._listener.getsockname()[:2]
-        self._threads = [
-            threading.Thread(target=self._accept_loop, name="ps-accept", daemon=True),
-            threading.Thread(target=self._monitor_loop, name="ps-monitor", daemon=True),
-        ]
-        for t in self._threads:
-            t.start()
+        sock = socket.create_server((cfg.host, cfg.port), backlog=64)
+        self.address: tuple[str, int] = sock.getsockname()[:2]
+        self._listener = Listener(sock, cfg.token, cfg.connection_limits, self._serve)
+        threading.Thread(target=self._monitor_loop, name="ps-monitor", daemon=True).start()
         try:
             for w in cfg.worker_names():
                 self._spawn(w)
@@ -162,6 +95,7 @@ class ParamServer:
             env.pop(ENV_TOKEN, None)
         env[ENV_FAULTS] = "1" if self.config.fault_injection else "0"
         env[ENV_POOL] = str(self.config.worker_pool_bytes)
+        env[ENV_NET_DEVICES] = self.config.net_devices() or ""
         self._procs[worker] = subprocess.Popen(
             [sys.executable, "-m", "param_server._worker", worker], env=env
         )
@@ -205,8 +139,7 @@ class ParamServer:
         if self._closed.is_set():
             return
         self._closed.set()
-        with contextlib.suppress(OSError):
-            self._listener.close()
+        self._listener.close()
         for w, link in list(self._links.items()):
             try:
                 link.call("shutdown", {})
@@ -237,16 +170,28 @@ class ParamServer:
                 "alive": list(self.core.alive_workers()),
                 "dead": list(self.core.dead_workers()),
                 "unavailable": [list(u) for u in self.core.unavailable_slices()],
+                "dropped_copies": [list(d) for d in self.core.dropped_copies()],
                 "active_pulls": len(self.core.active_pulls()),
+                "connections": self._listener.counts(),
             }
 
-    def corrupt(self, version: int, name: str, slice_index: int = 0, offset: int = 0) -> None:
-        """Flip a byte of a stored slice on every holder (tests of checksum detection only)."""
+    def corrupt(
+        self,
+        version: int,
+        name: str,
+        slice_index: int = 0,
+        offset: int = 0,
+        workers: Sequence[str] | None = None,
+    ) -> None:
+        """Flip a byte of a stored slice on every holder, or on ``workers`` only (tests of
+        checksum detection only)."""
         if not self.config.fault_injection:
             raise ConfigError("fault_injection", False, "True to corrupt stored bytes")
         with self._lock:
             s = self.core.slice_map(version)[name][slice_index]
             for loc in s.locations:
+                if workers is not None and loc.worker not in workers:
+                    continue
                 self._links[loc.worker].call(
                     "corrupt", {"region": loc.region, "offset": loc.offset + offset}
                 )
@@ -276,7 +221,7 @@ class ParamServer:
             link.addrs.pop(r.region, None)
             try:
                 link.call("free", {"region": r.region})
-            except (WorkerLost, _WorkerRefused):
+            except (WorkerLost, WorkerRefused):
                 log.warning("free_failed", worker=r.worker, region=r.region)
 
     def _monitor_loop(self) -> None:
@@ -295,47 +240,44 @@ class ParamServer:
                         if self._links.get(w) is link:
                             self._mark_lost(w, "process exited or channel broken")
 
-    def _worker_joined(self, chan: Channel, body: dict[str, Any]) -> None:
+    def _worker_joined(self, chan: Channel, body: dict[str, Any]) -> bool:
+        """Adopt a worker's channel as its link; False (channel to close) for unknown names."""
         w = body["worker"]
         if w not in self.config.worker_names():
-            chan.send(
-                "error", {"kind": "ConfigError", "message": f"unknown worker {w!r}", "context": {}}
-            )
-            chan.close()
-            return
+            with contextlib.suppress(OSError):
+                chan.send(
+                    "error",
+                    {"kind": "ConfigError", "message": f"unknown worker {w!r}", "context": {}},
+                )
+            return False
         with self._joined:
             if w in self._links:
                 self._mark_lost(w, "replaced by a new incarnation")
-            self._links[w] = _WorkerLink(w, chan, body["agent"], body["metadata"], body["pid"])
+            self._links[w] = WorkerLink(w, chan, body["agent"], body["metadata"], body["pid"])
             self._free(self.core.worker_joined(w))
             self._joined.notify_all()
         log.info("worker_joined", worker=w, agent=body["agent"], pid=body["pid"])
+        return True
 
     # ------------------------------------------------------------------ control endpoint
-    def _accept_loop(self) -> None:
-        while not self._closed.is_set():
-            try:
-                sock, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(sock,), name="ps-conn", daemon=True).start()
-
-    def _serve(self, sock: socket.socket) -> None:
-        chan = Channel(sock, self.config.token)
+    def _serve(self, chan: Channel) -> bool:
+        """Serve one authenticated connection in order; True if it became a worker's link."""
         handlers: dict[str, Callable[[dict[str, Any]], tuple[str, dict[str, Any]]]] = {
             "push_begin": self._push_begin,
             "push_commit": self._push_commit,
             "push_abort": self._push_abort,
             "pull_begin": self._pull_begin,
+            "pull_repair": self._pull_repair,
             "pull_end": self._pull_end,
             "status": lambda _b: ("status_reply", {"status": self.status()}),
+            "ping": lambda _b: ("ok", {}),
         }
         while not self._closed.is_set():
             try:
                 kind, body = chan.recv()
             except ProtocolError as exc:
                 log.warning("bad_message", error=str(exc), field=exc.field)
-                try:
+                with contextlib.suppress(OSError):
                     chan.send(
                         "error",
                         {
@@ -344,27 +286,29 @@ class ParamServer:
                             "context": {"field": exc.field},
                         },
                     )
-                finally:
-                    chan.close()
-                return
+                return False
+            except TimeoutError:
+                log.info(
+                    "idle_connection_closed", timeout_s=self.config.connection_limits.idle_timeout_s
+                )
+                return False
             except (ConnectionError, OSError):
-                chan.close()
-                return
+                return False
             if kind == "worker_hello":
-                self._worker_joined(chan, body)
-                return  # the channel now belongs to the worker link
+                chan.sock.settimeout(None)  # the server's own link: never idle-closed
+                return self._worker_joined(chan, body)
             handler = handlers.get(kind)
             try:
                 if handler is None:
                     raise ProtocolError(f"server does not serve {kind!r}", field="kind")
                 rkind, rbody = handler(body)
             except ParamServerError as exc:
-                rkind, rbody = "error", _error_body(exc)
+                rkind, rbody = "error", error_body(exc)
             try:
                 chan.send(rkind, rbody)
             except (ConnectionError, OSError):
-                chan.close()
-                return
+                return False
+        return False
 
     # ------------------------------------------------------------------ push
     def _push_begin(self, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -388,7 +332,7 @@ class ParamServer:
         for f in futures:
             try:
                 results.append(f.result())
-            except (WorkerLost, _WorkerRefused) as exc:
+            except (WorkerLost, WorkerRefused) as exc:
                 failure = failure or exc
         if failure is not None:
             with self._lock:
@@ -471,7 +415,7 @@ class ParamServer:
 
             try:
                 results = list(self._pool.map(verify, list(checks)))
-            except (WorkerLost, _WorkerRefused) as exc:
+            except (WorkerLost, WorkerRefused) as exc:
                 with self._lock:
                     if isinstance(exc, WorkerLost):
                         self._mark_lost(exc.worker, "verification failed")
@@ -507,29 +451,26 @@ class ParamServer:
         return "ok", {}
 
     # ------------------------------------------------------------------ pull
+    def _xfers(self, reads: Sequence[SliceRead]) -> tuple[list[list[Any]], dict[str, bytes]]:
+        """Planned reads as wire descriptors, and the agents they read from. Lock held."""
+        xfers = []
+        agents: dict[str, bytes] = {}
+        for r in reads:
+            link = self._links[r.worker]
+            agents[link.agent] = link.metadata
+            addr = link.addrs[r.region] + r.offset
+            xfers.append(
+                [r.name, r.index, r.byte_start, r.byte_end, link.agent, addr, 0, r.checksum]
+            )
+        return xfers, agents
+
     def _pull_begin(self, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         with self._lock:
             t = self.core.begin_pull(
                 receiver=body["receiver"], names=body["names"], version=body["version"]
             )
             try:
-                reads = []
-                agents: dict[str, bytes] = {}
-                for r in t.reads:
-                    link = self._links[r.worker]
-                    agents[link.agent] = link.metadata
-                    reads.append(
-                        [
-                            r.name,
-                            r.index,
-                            r.byte_start,
-                            r.byte_end,
-                            link.agent,
-                            link.addrs[r.region] + r.offset,
-                            0,
-                            r.checksum,
-                        ]
-                    )
+                reads, agents = self._xfers(t.reads)
             except KeyError:
                 self.core.end_pull(t.pull_id)
                 raise
@@ -542,6 +483,64 @@ class ParamServer:
             "agents": agents,
         }
 
+    def _pull_repair(self, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """A pull's bytes of some slices failed their checksum: check each copy on its worker,
+        drop the ones bad at rest, and say where to read those slices again."""
+        pull_id = body["pull_id"]
+        with self._lock:
+            version = self.core.pull_version(pull_id)
+            by_agent = {link.agent: w for w, link in self._links.items()}
+        avoid: dict[tuple[str, int], str] = {}
+        for name, index, agent in body["bad"]:
+            w = by_agent.get(agent)
+            if w is None:
+                continue  # that worker is gone; its copies are no longer live
+            avoid[(name, index)] = w
+            self._check_copy(version, name, index, w)
+        with self._lock:
+            reads = self.core.reread(pull_id, [(n, i) for n, i, _ in body["bad"]], avoid)
+            xfers, agents = self._xfers(reads)
+        return "pull_repair_ticket", {"reads": xfers, "agents": agents}
+
+    def _check_copy(self, version: int, name: str, index: int, worker: str) -> None:
+        """Re-hash ``worker``'s copy of one slice where it lies; drop it if it is corrupt."""
+        with self._lock:
+            s = self.core.live_copy(version, name, index, worker)
+            link = self._links.get(worker)
+        if s is None or link is None or s.checksum is None:
+            return
+        loc = s.locations[0]
+        try:
+            bad = link.call(
+                "verify", {"region": loc.region, "checks": [[loc.offset, s.nbytes, s.checksum]]}
+            )["bad"]
+        except WorkerLost:
+            with self._lock:
+                self._mark_lost(worker, "verification of a copy failed")
+            return
+        except WorkerRefused:
+            bad = [[loc.offset, 0]]  # a worker that cannot vouch for the copy: do not trust it
+        if bad:
+            with self._lock:
+                self.core.drop_copy(version, name, index, worker)
+            log.warning(
+                "corrupt_copy_dropped",
+                version=version,
+                name=name,
+                slice_index=index,
+                worker=worker,
+                expected=s.checksum,
+                actual=bad[0][1],
+            )
+        else:
+            log.warning(
+                "pull_checksum_mismatch_not_at_rest",
+                version=version,
+                name=name,
+                slice_index=index,
+                worker=worker,
+            )
+
     def _pull_end(self, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         failed = body["failed_worker"]
         with self._lock:
@@ -552,35 +551,10 @@ class ParamServer:
             if w is not None:
                 try:
                     self._links[w].call("ping", {})
-                except (WorkerLost, _WorkerRefused, KeyError):
+                except (WorkerLost, WorkerRefused, KeyError):
                     with self._lock:
                         self._mark_lost(w, "client transfer failed and ping failed")
         return "ok", {}
-
-
-def _error_body(exc: ParamServerError) -> dict[str, Any]:
-    context: dict[str, Any] = {}
-    for key in (
-        "version",
-        "rank",
-        "workers",
-        "field",
-        "worker",
-        "names",
-        "slices",
-        "dead_workers",
-        "name",
-        "slice_index",
-        "expected",
-        "actual",
-        "where",
-    ):
-        if hasattr(exc, key):
-            val = getattr(exc, key)
-            if isinstance(val, tuple):
-                val = [list(v) if isinstance(v, tuple) else v for v in val]
-            context[key] = val
-    return {"kind": type(exc).__name__, "message": str(exc), "context": context}
 
 
 def new_token() -> str:

@@ -23,12 +23,13 @@ import structlog
 from . import _checksum
 from ._nixl import Transport
 from ._wire import Channel
-from .errors import ProtocolError
+from .errors import ParamServerError, ProtocolError
 
 ENV_ADDR = "PARAM_SERVER_ADDR"
 ENV_TOKEN = "PARAM_SERVER_TOKEN"
 ENV_FAULTS = "PARAM_SERVER_FAULT_INJECTION"
 ENV_POOL = "PARAM_SERVER_POOL_BYTES"
+ENV_NET_DEVICES = "PARAM_SERVER_UCX_DEVICES"  # empty: every device UCX finds
 PROGRESS_TICK_S = 0.005
 
 log = structlog.get_logger("param_server.worker")
@@ -96,9 +97,14 @@ def _progress_loop(transport: Transport, lock: threading.Lock, stop: threading.E
 
 
 def serve(
-    worker: str, address: tuple[str, int], token: str | None, faults: bool, pool_bytes: int
+    worker: str,
+    address: tuple[str, int],
+    token: str | None,
+    faults: bool,
+    pool_bytes: int,
+    net_devices: str | None = None,
 ) -> None:
-    transport = Transport(f"ps-{worker}-{os.getpid()}")
+    transport = Transport(f"ps-{worker}-{os.getpid()}", net_devices=net_devices)
     lock = threading.Lock()
     stop = threading.Event()
     threading.Thread(
@@ -120,7 +126,7 @@ def _serve(
     pool_bytes: int,
 ) -> None:
     regions = _Regions(transport, pool_bytes)
-    chan = Channel.connect(address, token)
+    chan = Channel.connect(address, token, worker=worker)
     chan.send(
         "worker_hello",
         {
@@ -187,8 +193,9 @@ def main(argv: list[str]) -> int:
     faults = os.environ.get(ENV_FAULTS) == "1"
     try:
         pool_bytes = int(os.environ.get(ENV_POOL, "0"))
-        serve(argv[1], (host.strip("[]"), int(port)), token, faults, pool_bytes)
-    except (OSError, ConnectionError) as exc:
+        devices = os.environ.get(ENV_NET_DEVICES) or None
+        serve(argv[1], (host.strip("[]"), int(port)), token, faults, pool_bytes, devices)
+    except (OSError, ConnectionError, ParamServerError) as exc:
         log.warning("worker_exit", worker=argv[1], error=str(exc))
         return 1
     return 0

@@ -7,8 +7,15 @@ registered buffer. Workers never spend CPU on a pull.
 
 Checksums: the pushing client computes a CRC-32 per slice while its WRITE is in flight; the
 workers recompute it before the version is published (``verify_on_push``); the pulling client
-recomputes it after its READ (``verify=True``) and raises ``ChecksumMismatch`` instead of
-returning bytes that differ from what was pushed.
+recomputes it after its READ (``verify=True``). A slice whose bytes fail the check is reported
+to the server (``pull_repair``), which re-hashes that copy where it lies, drops it if it is
+corrupt there, and names another holder to read the slice from; the client reads it again and
+checks it again. Only when no good copy is left does the pull raise ``ChecksumMismatch``: it
+never returns bytes that differ from what was pushed.
+
+The control connection authenticates with a ``hello`` when it opens. When the server closes
+idle connections, the client reconnects before using one that has been quiet for half the
+server's idle timeout.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import collections
 import itertools
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -27,8 +35,8 @@ import torch
 
 from . import _checksum
 from . import errors as _errors
-from ._core import DTYPE_SIZES
-from ._nixl import Pending, Transport, Triple, tensor_mem
+from ._nixl import Pending, Transport, Triple, local_net_devices, tensor_mem
+from ._records import DTYPE_SIZES
 from ._wire import Channel
 from .errors import (
     ChecksumMismatch,
@@ -43,6 +51,8 @@ log = structlog.get_logger("param_server.client")
 
 _ALIGN = 64
 CHUNK_BYTES = 64 << 20
+REPAIR_ROUNDS = 3
+"""Times one pull asks for other copies of slices whose checksum failed before it gives up."""
 
 
 @attrs.frozen(kw_only=True)
@@ -85,6 +95,8 @@ class ParamServerClient:
 
     Thread-safe: calls are serialized. ``pull`` returns tensors that are views of a buffer the
     client reuses: they stay valid until the next ``pull`` (``clone()`` them to keep them).
+    ``ucx_devices``: network devices this client's NIXL/UCX endpoint may listen on; ``None``
+    means loopback when ``address`` is a loopback address (see ``ParamServerConfig``).
     """
 
     def __init__(
@@ -94,10 +106,17 @@ class ParamServerClient:
         token: str | None = None,
         name: str | None = None,
         device: str | torch.device = "cpu",
+        ucx_devices: str | None = None,
     ) -> None:
         self.name = name or f"ps-client-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.device = torch.device(device)
-        self._chan = Channel.connect(tuple(address), token)  # type: ignore[arg-type]
+        self._address: tuple[str, int] = (str(address[0]), int(address[1]))
+        self._token = token
+        self._net_devices = (
+            ucx_devices if ucx_devices is not None else local_net_devices(self._address[0])
+        )
+        self._chan = Channel.connect(self._address, token)
+        self._last_io = time.monotonic()
         self._lock = threading.Lock()
         self._transport: Transport | None = None
         self._buf: torch.Tensor | None = None
@@ -116,8 +135,22 @@ class ParamServerClient:
             if rkind == "error":
                 log.warning("deferred_reply_error", kind=rbody["kind"], message=rbody["message"])
 
+    def _fresh(self) -> None:
+        """Reconnect if the server may be about to close this connection for idleness."""
+        idle = self._chan.idle_timeout_s
+        if idle is not None and time.monotonic() - self._last_io > idle / 2:
+            self._drain_acks()
+            self._chan.close()
+            try:
+                self._chan = Channel.connect(self._address, self._token)
+            except (ConnectionError, OSError) as exc:
+                raise _errors.WorkerLost("server", f"cannot reconnect: {exc}") from exc
+            log.debug("reconnected_after_idle", idle_timeout_s=idle)
+        self._last_io = time.monotonic()
+
     def _send_nowait(self, kind: str, body: Mapping[str, Any]) -> None:
         """Send a message whose reply only needs reading later: saves a round trip per pull."""
+        self._fresh()
         try:
             self._chan.send(kind, body)
         except (ConnectionError, OSError) as exc:
@@ -126,10 +159,12 @@ class ParamServerClient:
 
     def _call(self, kind: str, body: Mapping[str, Any], expect: str) -> dict[str, Any]:
         self._drain_acks()
+        self._fresh()
         try:
             rkind, rbody = self._chan.call(kind, body)
         except (ConnectionError, OSError) as exc:
             raise _errors.WorkerLost("server", f"control channel broken: {exc}") from exc
+        self._last_io = time.monotonic()
         if rkind == "error":
             _raise_remote(rbody)
         if rkind != expect:
@@ -140,7 +175,7 @@ class ParamServerClient:
 
     def _nixl(self) -> Transport:
         if self._transport is None:
-            self._transport = Transport(self.name)
+            self._transport = Transport(self.name, net_devices=self._net_devices)
         return self._transport
 
     def status(self) -> dict[str, Any]:
@@ -356,17 +391,12 @@ class ParamServerClient:
                     if p is not None:
                         nx.release(p)
                 raise
-            for r, fut in checks:
-                actual = fut.result()
-                if actual != r[7]:
-                    raise ChecksumMismatch(
-                        name=r[0],
-                        slice_index=r[1],
-                        version=ticket["version"],
-                        expected=r[7],
-                        actual=actual,
-                        where=f"client {self.name} on pull",
-                    )
+            bad = [(r, actual) for r, fut in checks if (actual := fut.result()) != r[7]]
+            try:
+                self._repair(ticket, bad, buf, offsets)
+            except TransferFailed as exc:
+                failed = exc.worker
+                raise
             out: dict[str, torch.Tensor] = {}
             for name, dtype, shape, nbytes in ticket["tensors"]:
                 off = offsets[name]
@@ -379,6 +409,70 @@ class ParamServerClient:
                     "pull_end", {"pull_id": ticket["pull_id"], "failed_worker": failed}, "ok"
                 )
         return ticket["version"], out
+
+    def _repair(
+        self,
+        ticket: dict[str, Any],
+        bad: list[tuple[list[Any], int]],
+        buf: torch.Tensor,
+        offsets: dict[str, int],
+    ) -> None:
+        """Read the slices whose checksum failed again, from the holders the server names after
+        checking (and dropping) the bad copies, until each verifies; ``ChecksumMismatch`` when
+        some slice has no good copy left."""
+        nx = self._nixl()
+        mem, dev = tensor_mem(buf)
+        for _ in range(REPAIR_ROUNDS):
+            if not bad:
+                return
+            log.warning(
+                "pull_checksum_mismatch",
+                version=ticket["version"],
+                slices=[(r[0], r[1], r[4]) for r, _a in bad],
+            )
+            repair = self._call(
+                "pull_repair",
+                {"pull_id": ticket["pull_id"], "bad": [[r[0], r[1], r[4]] for r, _a in bad]},
+                "pull_repair_ticket",
+            )
+            reads = {(r[0], r[1]): r for r in repair["reads"]}
+            left = [(r, a) for r, a in bad if (r[0], r[1]) not in reads]
+            if left:
+                bad = left
+                break
+            for agent, md in repair["agents"].items():
+                nx.ensure_remote(agent, md)
+            per_agent: dict[str, tuple[list[Triple], list[Triple]]] = {}
+            for name, _index, start, end, agent, addr, rdev, _crc in reads.values():
+                if end > start:
+                    local, remote = per_agent.setdefault(agent, ([], []))
+                    local.append((buf.data_ptr() + offsets[name] + start, end - start, dev))
+                    remote.append((addr, end - start, rdev))
+            posted: list[Pending] = []
+            try:
+                for agent, (local, remote) in per_agent.items():
+                    posted.append(nx.post("READ", local, mem, remote, agent))
+            except TransferFailed:
+                for p in posted:
+                    nx.release(p)
+                raise
+            nx.wait(posted)
+            bad = []
+            for r in reads.values():
+                off = offsets[r[0]]
+                got = _checksum.crc(_host_bytes(buf[off + r[2] : off + r[3]]), 0, r[3] - r[2])
+                if got != r[7]:
+                    bad.append((r, got))
+        if bad:
+            r, actual = bad[0]
+            raise ChecksumMismatch(
+                name=r[0],
+                slice_index=r[1],
+                version=ticket["version"],
+                expected=r[7],
+                actual=actual,
+                where=f"client {self.name} on pull, no good copy left",
+            )
 
     def _buffer(self, nbytes: int) -> torch.Tensor:
         nbytes = max(nbytes, _ALIGN)

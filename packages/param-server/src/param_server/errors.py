@@ -9,10 +9,11 @@ Tree::
     ├── PushFailed                   a push could not be accepted or completed (version, rank, workers)
     │   └── PushConflict             another version is being pushed, or the version is not newer
     ├── VersionUnavailable           no complete version (or not the requested one)
-    ├── SliceUnavailable             every holder of some needed slice is dead
+    ├── SliceUnavailable             no holder of some needed slice is alive with a good copy
     ├── ChecksumMismatch             bytes received do not match the checksum pushed with them
     ├── TransferFailed               a NIXL transfer reported an error (worker, op)
     ├── WorkerLost                   a storage worker process died or its channel broke
+    ├── ServiceBusy                  the control endpoint already serves its connection limit
     └── ProtocolError                a peer sent a malformed, oversized, unauthenticated or
                                      out-of-schema message (bad input from a peer, not misuse)
 
@@ -86,16 +87,27 @@ class VersionUnavailable(ParamServerError):
 
 class SliceUnavailable(ParamServerError):
     def __init__(
-        self, version: int, slices: Sequence[tuple[str, int]], dead_workers: Sequence[str]
+        self,
+        version: int,
+        slices: Sequence[tuple[str, int]],
+        dead_workers: Sequence[str],
+        dropped: Sequence[tuple[str, int, str]] = (),
     ) -> None:
         self.version = version
         self.slices = tuple(slices)
         self.dead_workers = tuple(dead_workers)
+        #: (name, slice index, worker) of copies dropped after a checksum mismatch
+        self.dropped = tuple(dropped)
         shown = list(self.slices[:8])
         more = f" and {len(self.slices) - 8} more" if len(self.slices) > 8 else ""
+        corrupt = (
+            f"; copies dropped after a checksum mismatch: {list(self.dropped[:8])}"
+            if self.dropped
+            else ""
+        )
         super().__init__(
             f"version {version}: no live holder for slices {shown}{more} "
-            f"(dead workers: {list(self.dead_workers)})"
+            f"(dead workers: {list(self.dead_workers)}{corrupt})"
         )
 
 
@@ -126,6 +138,12 @@ class WorkerLost(ParamServerError):
     def __init__(self, worker: str, message: str = "") -> None:
         self.worker = worker
         super().__init__(f"storage worker {worker!r} lost" + (f": {message}" if message else ""))
+
+
+class ServiceBusy(ParamServerError):
+    def __init__(self, message: str, *, limit: int | None = None) -> None:
+        self.limit = limit
+        super().__init__(message)
 
 
 class ProtocolError(ParamServerError):

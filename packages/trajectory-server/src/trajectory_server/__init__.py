@@ -8,6 +8,8 @@ The synchronous core is :class:`TrajectoryStore`; the service, clients and wire 
 from trajectory_server._core import ALL_LEVELS, TrajectoryStore
 from trajectory_server._packed import FloatArray, IntArray
 from trajectory_server._records import (
+    MAX_GROUP_SIZE,
+    MAX_VERSION,
     ROUTABLE_AFTER,
     Completion,
     EventKind,
@@ -27,6 +29,8 @@ from trajectory_server._version import __version__
 
 __all__ = [
     "ALL_LEVELS",
+    "MAX_GROUP_SIZE",
+    "MAX_VERSION",
     "ROUTABLE_AFTER",
     "Completion",
     "EventKind",

@@ -36,6 +36,7 @@ import attrs
 from trajectory_server import _plain
 from trajectory_server._records import (
     FINISHED,
+    MAX_GROUP_SIZE,
     QUEUED,
     Completion,
     EventKind,
@@ -50,6 +51,7 @@ from trajectory_server._records import (
     StoreStats,
     Trajectory,
     check_id,
+    check_version,
     is_int,
 )
 from trajectory_server.errors import (
@@ -197,8 +199,12 @@ class TrajectoryStore:
         """Expand one prompt into ``n`` trajectories ``{group_id}/{i}`` (pass n' for group-level
         redundancy). With a sampling ``seed``, member ``i`` gets ``seed + i`` so members differ."""
         check_id("group_id", group_id)
-        if not is_int(n) or n < 1:
-            raise InvalidRecord(f"n must be an int >= 1, got {n!r}", field="n", value=n)
+        if not is_int(n) or not 1 <= n <= MAX_GROUP_SIZE:
+            raise InvalidRecord(
+                f"n must be an int in [1, {MAX_GROUP_SIZE}] (members of one group), got {n!r:.40}",
+                field="n",
+                value=n,
+            )
         if target_lengths is not None and len(target_lengths) != n:
             raise InvalidRecord(
                 f"target_lengths must have n={n} entries, got {len(target_lengths)}",
@@ -238,8 +244,7 @@ class TrajectoryStore:
         """Hand queued trajectories to ``instance_id`` serving ``version``; returns their payloads
         (with ``v_traj`` bound). All or nothing."""
         check_id("instance_id", instance_id)
-        if not is_int(version) or version < 0:
-            raise InvalidRecord(f"version must be an int >= 0, got {version!r}", field="version")
+        check_version("version", version)
         ids = self._unique_ids(trajectory_ids)
         for tid in ids:
             where = self._location(tid)

@@ -19,6 +19,10 @@ from trajectory_server._packed import FloatArray, IntArray, as_float_array, as_i
 from trajectory_server.errors import InvalidRecord
 
 MAX_ID_LENGTH = 512
+MAX_VERSION = 2**31 - 1
+"""Largest model version: per-token versions travel and are stored as int32."""
+MAX_GROUP_SIZE = 4096
+"""Most members one ``submit_group`` may expand a prompt into (n or n′)."""
 
 
 def is_int(value: object) -> bool:
@@ -35,11 +39,28 @@ def check_id(name: str, value: object) -> None:
         )
 
 
-def _check_int(name: str, value: object, *, minimum: int | None = None) -> None:
+def _check_int(
+    name: str, value: object, *, minimum: int | None = None, maximum: int | None = None
+) -> None:
     if not is_int(value):
         raise InvalidRecord(f"{name} must be an int, got {value!r:.80}", field=name, value=value)
     if minimum is not None and value < minimum:  # type: ignore[operator]
         raise InvalidRecord(f"{name} must be >= {minimum}, got {value!r}", field=name, value=value)
+    if maximum is not None and value > maximum:  # type: ignore[operator]
+        raise InvalidRecord(
+            f"{name} must be <= {maximum}, got {value!r:.80}", field=name, value=value
+        )
+
+
+def check_version(name: str, value: object) -> None:
+    """A model version: an int in [0, MAX_VERSION] (per-token versions are int32)."""
+    if not is_int(value) or not 0 <= value <= MAX_VERSION:  # type: ignore[operator]
+        raise InvalidRecord(
+            f"{name} must be an int in [0, {MAX_VERSION}] (versions are stored as int32), "
+            f"got {value!r:.80}",
+            field=name,
+            value=value,
+        )
 
 
 def _check_optional_int(name: str, value: object, *, minimum: int) -> None:
@@ -207,7 +228,8 @@ class Trajectory:
                 field="generated_token_ids",
                 trajectory_id=self.trajectory_id,
             )
-        _check_optional_int("v_traj", self.v_traj, minimum=0)
+        if self.v_traj is not None:
+            check_version("v_traj", self.v_traj)
         _check_int("interruptions", self.interruptions, minimum=0)
         _check_optional_int("target_length", self.target_length, minimum=0)
         if self.v_traj is None:

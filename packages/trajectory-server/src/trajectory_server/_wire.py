@@ -14,9 +14,11 @@ client raises that class again. Token ids, logprobs and versions travel as msgpa
 fields holding packed little-endian int32/float64 (see :mod:`trajectory_server._packed`), which
 is ~10x smaller and faster than lists of ints.
 
-Decoding checks, in order: the size limit, msgpack well-formedness, the envelope fields, the
-schema version, the message type, then every body field's presence and type (unknown fields are
-rejected); errors name the field (``route.trajectory_ids[2]``).
+Decoding checks, in order: the size limit, msgpack well-formedness within :data:`FRAME_LIMITS`
+(no msgpack container or string may claim more entries or bytes than those bounds), the envelope
+fields, the schema version, the message type, then every body field's presence and type (unknown
+fields are rejected); errors name the field (``route.trajectory_ids[2]``). Over TCP, none of
+this runs before the connection has authenticated (:mod:`trajectory_server._handshake`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,21 @@ from trajectory_server.errors import (
 
 SCHEMA_VERSION = 1
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+MAX_ITEMS = 1 << 20
+"""Most entries one msgpack array may hold (a route, submit or release of 1M ids is absurd)."""
+MAX_MAP_ITEMS = 1 << 16
+"""Most keys one msgpack map may hold (records have a dozen fields; metadata a handful)."""
+MAX_STR_BYTES = 16 << 20
+"""Longest msgpack string (metadata text such as a ground-truth answer)."""
+
+FRAME_LIMITS: dict[str, int] = {
+    "max_str_len": MAX_STR_BYTES,
+    "max_bin_len": DEFAULT_MAX_MESSAGE_BYTES,
+    "max_array_len": MAX_ITEMS,
+    "max_map_len": MAX_MAP_ITEMS,
+    "max_ext_len": 0,  # no msgpack extension type is part of the schema
+}
+"""``msgpack.unpackb`` bounds for every frame (each defaults to the frame length otherwise)."""
 
 
 # -- request records -----------------------------------------------------------------------------
@@ -450,7 +467,7 @@ def _pack(obj: Any) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
 
 
-def _unpack(data: bytes, max_bytes: int) -> Any:
+def _unpack(data: bytes, max_bytes: int, limits: dict[str, int] = FRAME_LIMITS) -> Any:
     if len(data) > max_bytes:
         raise MessageTooLarge(
             f"message of {len(data)} bytes exceeds the limit of {max_bytes}",
@@ -458,7 +475,7 @@ def _unpack(data: bytes, max_bytes: int) -> Any:
             limit=max_bytes,
         )
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True, **limits)
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise MalformedMessage(
             f"frame: not a valid msgpack message ({exc})", field="frame"
@@ -500,7 +517,7 @@ def encode_request(req: Any, request_id: int, token: str | None = None) -> bytes
 def peek_request_id(data: bytes) -> int:
     """Best-effort request id of a frame that failed to decode (0 when unknown)."""
     try:
-        obj = msgpack.unpackb(data, raw=False)
+        obj = msgpack.unpackb(data, raw=False, **FRAME_LIMITS)
         rid = obj.get("id") if isinstance(obj, dict) else None
         return rid if isinstance(rid, int) and not isinstance(rid, bool) else 0
     except Exception:

@@ -25,6 +25,7 @@ from typing import Any
 from trajectory_server import _wire
 from trajectory_server._core import TrajectoryStore
 from trajectory_server._dispatch import Dispatcher
+from trajectory_server._handshake import ConnectionLimits
 from trajectory_server._service import DEFAULT_HOST, TrajectoryService
 
 
@@ -33,6 +34,7 @@ class TrajectoryServerActor:
 
     ``restore=True`` loads ``checkpoint_path`` when that file exists (a restarted actor picks up
     where the last checkpoint left off); a damaged file raises ``CheckpointCorrupt``.
+    ``limits``: connection caps and timeouts of the TCP service (defaults: ``ConnectionLimits()``).
     """
 
     def __init__(
@@ -42,6 +44,7 @@ class TrajectoryServerActor:
         checkpoint_path: str | os.PathLike[str] | None = None,
         restore: bool = False,
         max_message_bytes: int = _wire.DEFAULT_MAX_MESSAGE_BYTES,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         store = TrajectoryStore()
         if restore and checkpoint_path is not None and Path(checkpoint_path).exists():
@@ -52,6 +55,7 @@ class TrajectoryServerActor:
             checkpoint_path=checkpoint_path,
             max_message_bytes=max_message_bytes,
         )
+        self._limits = limits
         self._service: TrajectoryService | None = None
 
     @property
@@ -64,7 +68,11 @@ class TrajectoryServerActor:
         """Start (once) the TCP service on this event loop; returns its address."""
         if self._service is None:
             self._service = TrajectoryService(
-                host=host, port=port, allow_remote=allow_remote, dispatcher=self._dispatcher
+                host=host,
+                port=port,
+                allow_remote=allow_remote,
+                dispatcher=self._dispatcher,
+                limits=self._limits,
             )
         return await self._service.start()
 
@@ -75,6 +83,12 @@ class TrajectoryServerActor:
 
     async def address(self) -> tuple[str, int] | None:
         return None if self._service is None else self._service.address
+
+    async def connection_counts(self) -> dict[str, int]:
+        """Open TCP connections: waiting for their hello, and authenticated."""
+        if self._service is None:
+            return {"unauthenticated": 0, "authenticated": 0}
+        return self._service.connection_counts()
 
     async def handle(self, frame: bytes) -> bytes:
         """One request frame (no length prefix) in, one response frame out."""

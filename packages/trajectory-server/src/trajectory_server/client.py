@@ -7,7 +7,10 @@ runs; by default it still encodes and decodes every message, so it accepts exact
 client accepts.
 
 The TCP client pipelines: many coroutines may call it at once; each request carries an id and
-responses are matched to their callers.
+responses are matched to their callers. ``connect`` authenticates the connection first (the
+``hello`` of :mod:`trajectory_server._handshake`): a wrong token fails there, with
+``Unauthorized``. When the server closes idle connections, the client pings it before that
+happens, so a connection that is merely quiet stays open.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from trajectory_server import _wire
+from trajectory_server import _handshake, _wire
 from trajectory_server._core import ALL_LEVELS, TrajectoryStore
 from trajectory_server._dispatch import Dispatcher
 from trajectory_server._packed import as_int_array
@@ -207,6 +210,7 @@ class TrajectoryClient(_Client):
         token: str | None,
         max_message_bytes: int,
         timeout_s: float | None,
+        idle_timeout_s: float | None = None,
     ) -> None:
         self._reader = reader
         self._writer = writer
@@ -217,7 +221,13 @@ class TrajectoryClient(_Client):
         self._pending: dict[int, tuple[Any, asyncio.Future[Any]]] = {}
         self._write_lock = asyncio.Lock()
         self._failure: TrajectoryServerError | None = None
+        self._last_sent = asyncio.get_running_loop().time()
         self._reader_task = asyncio.create_task(self._read_loop())
+        self._keepalive_task = (
+            None
+            if idle_timeout_s is None
+            else asyncio.create_task(self._keepalive(idle_timeout_s / 3))
+        )
 
     @classmethod
     async def connect(
@@ -241,16 +251,43 @@ class TrajectoryClient(_Client):
             raise TransportError(
                 f"cannot connect to trajectory server at {host}:{port}: {exc}", host=host, port=port
             ) from exc
+        try:
+            welcome = await asyncio.wait_for(
+                _authenticate(reader, writer, token, max_message_bytes), timeout=timeout_s
+            )
+        except BaseException as exc:
+            writer.close()
+            if isinstance(exc, TimeoutError):
+                raise TransportError(
+                    f"no answer to the handshake from {host}:{port} within {timeout_s} s",
+                    host=host,
+                    port=port,
+                ) from exc
+            if isinstance(exc, asyncio.IncompleteReadError | OSError):
+                raise TransportError(
+                    f"trajectory server at {host}:{port} closed the connection during the "
+                    f"handshake: {exc!r}",
+                    host=host,
+                    port=port,
+                ) from exc
+            raise
         return cls(
-            reader, writer, token=token, max_message_bytes=max_message_bytes, timeout_s=timeout_s
+            reader,
+            writer,
+            token=token,
+            max_message_bytes=min(max_message_bytes, welcome.max_message_bytes),
+            timeout_s=timeout_s,
+            idle_timeout_s=welcome.idle_timeout_s,
         )
 
     async def close(self) -> None:
         if self._failure is None:
             self._failure = ServiceClosed("the client is closed")
-        self._reader_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._reader_task
+        for task in (self._reader_task, self._keepalive_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         self._writer.close()
         with contextlib.suppress(Exception):
             await self._writer.wait_closed()
@@ -274,6 +311,7 @@ class TrajectoryClient(_Client):
             async with self._write_lock:
                 self._writer.write(LENGTH.pack(len(data)))
                 self._writer.write(data)
+                self._last_sent = asyncio.get_running_loop().time()
                 await self._writer.drain()
             return await asyncio.wait_for(future, timeout=self.timeout_s)
         except (ConnectionError, OSError) as exc:
@@ -320,11 +358,43 @@ class TrajectoryClient(_Client):
         finally:
             self._fail_pending()
 
+    async def _keepalive(self, every_s: float) -> None:
+        """Ping when nothing was sent for ``every_s``, so the server's idle timeout never hits a
+        connection that is merely quiet; stops once the connection failed."""
+        loop = asyncio.get_running_loop()
+        while self._failure is None:
+            quiet = loop.time() - self._last_sent
+            if quiet < every_s:
+                await asyncio.sleep(every_s - quiet)
+                continue
+            try:
+                await self.ping()
+            except TrajectoryServerError:
+                return
+
     def _fail_pending(self) -> None:
         failure = self._failure or TransportError("connection to the trajectory server lost")
         for _req, future in list(self._pending.values()):
             if not future.done():
                 future.set_exception(type(failure)(failure.message, **failure.context))
+
+
+async def _authenticate(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, token: str | None, max_bytes: int
+) -> _handshake.Welcome:
+    hello = _handshake.encode_hello(token)
+    writer.write(LENGTH.pack(len(hello)) + hello)
+    await writer.drain()
+    (size,) = LENGTH.unpack(await reader.readexactly(LENGTH.size))
+    if size > _handshake.PRE_AUTH_MAX_BYTES:
+        raise MessageTooLarge(
+            f"handshake answer of {size} bytes exceeds {_handshake.PRE_AUTH_MAX_BYTES}",
+            size=size,
+            limit=_handshake.PRE_AUTH_MAX_BYTES,
+        )
+    return _handshake.decode_welcome(
+        await reader.readexactly(size), max_bytes=min(max_bytes, _handshake.PRE_AUTH_MAX_BYTES)
+    )
 
 
 def _unwrap(req: Any, rid: int, frame: _wire.ResponseFrame) -> Any:

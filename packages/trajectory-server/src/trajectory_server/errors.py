@@ -28,6 +28,7 @@ Tree::
     │   └── Unauthorized                  missing or wrong token
     ├── CheckpointError                   a checkpoint could not be written or read (``path``)
     │   └── CheckpointCorrupt             bad magic, length or checksum
+    ├── ServiceBusy                       the service is at its connection ``limit``
     └── TransportError                    the connection to the service failed or closed
 
 ``InvalidRecord``, ``StateError`` and ``WireError`` are what a peer's bad message produces; the
@@ -144,6 +145,10 @@ class CheckpointCorrupt(CheckpointError):
     """The checkpoint at ``path`` fails its magic, length or checksum check."""
 
 
+class ServiceBusy(TrajectoryServerError):
+    """The service already serves ``limit`` authenticated connections; try again later."""
+
+
 class TransportError(TrajectoryServerError):
     """The connection to the service failed or was closed."""
 
@@ -173,6 +178,7 @@ ERROR_CLASSES: dict[str, type[TrajectoryServerError]] = {
         Unauthorized,
         CheckpointError,
         CheckpointCorrupt,
+        ServiceBusy,
         TransportError,
     )
 }

@@ -1,7 +1,21 @@
-"""Public view of the wire format (see :mod:`trajectory_server._wire` for the layout)."""
+"""Public view of the wire format (see :mod:`trajectory_server._wire` for the layout and
+:mod:`trajectory_server._handshake` for the hello every TCP connection starts with)."""
 
+from trajectory_server._handshake import (
+    PRE_AUTH_LIMITS,
+    PRE_AUTH_MAX_BYTES,
+    Welcome,
+    decode_hello,
+    decode_welcome,
+    encode_hello,
+    encode_welcome,
+)
 from trajectory_server._wire import (
     DEFAULT_MAX_MESSAGE_BYTES,
+    FRAME_LIMITS,
+    MAX_ITEMS,
+    MAX_MAP_ITEMS,
+    MAX_STR_BYTES,
     REQUEST_TYPES,
     SCHEMA_VERSION,
     Drop,
@@ -36,6 +50,12 @@ from trajectory_server._wire import (
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "FRAME_LIMITS",
+    "MAX_ITEMS",
+    "MAX_MAP_ITEMS",
+    "MAX_STR_BYTES",
+    "PRE_AUTH_LIMITS",
+    "PRE_AUTH_MAX_BYTES",
     "REQUEST_TYPES",
     "SCHEMA_VERSION",
     "Drop",
@@ -59,11 +79,16 @@ __all__ = [
     "Stats",
     "Submit",
     "SubmitGroup",
+    "Welcome",
+    "decode_hello",
     "decode_request",
     "decode_response",
     "decode_result",
+    "decode_welcome",
     "encode_error",
+    "encode_hello",
     "encode_ok",
     "encode_request",
     "encode_result",
+    "encode_welcome",
 ]

@@ -17,6 +17,7 @@ from typing import Any
 import structlog
 
 from staleflow_trainer.data.records import PromptRecord
+from staleflow_trainer.data.tokenize import prompt_too_long
 from staleflow_trainer.errors import DataError
 
 log = structlog.get_logger(__name__)
@@ -156,13 +157,14 @@ def load_dataset(
 
 
 def check_prompt_lengths(
-    records: Sequence[PromptRecord], token_counts: Sequence[int], *, max_prompt_len: int
+    records: Sequence[PromptRecord],
+    token_counts: Sequence[int],
+    *,
+    max_prompt_len: int,
+    source: str | None = None,
 ) -> None:
-    """Raise a DataError naming the first row whose prompt exceeds ``max_prompt_len`` tokens."""
+    """Raise a DataError naming the file (``source``) and the first row whose prompt exceeds
+    ``max_prompt_len`` tokens."""
     for rec, n in zip(records, token_counts, strict=True):
         if n > max_prompt_len:
-            raise DataError(
-                f"row {rec.index}: prompt has {n} tokens > data.max_prompt_len={max_prompt_len}",
-                row=rec.index,
-                field="prompt",
-            )
+            raise prompt_too_long(rec, n, max_prompt_len=max_prompt_len, source=source)

@@ -9,14 +9,37 @@ from staleflow_trainer.data.records import PromptRecord
 from staleflow_trainer.errors import DataError
 
 
+def _where(source: str | None, row: int) -> str:
+    return f"{source}: row {row}" if source else f"row {row}"
+
+
+def prompt_too_long(
+    record: PromptRecord, n_tokens: int, *, max_prompt_len: int, source: str | None = None
+) -> DataError:
+    """The error for a prompt of ``n_tokens`` > ``max_prompt_len``, naming file, row, field."""
+    return DataError(
+        f"{_where(source, record.index)}: prompt has {n_tokens} tokens > "
+        f"data.max_prompt_len={max_prompt_len}",
+        path=source,
+        row=record.index,
+        field="prompt",
+    )
+
+
 def encode_prompt(
-    record: PromptRecord, tokenizer: Any, *, apply_chat_template: bool
+    record: PromptRecord,
+    tokenizer: Any,
+    *,
+    apply_chat_template: bool,
+    source: str | None = None,
 ) -> tuple[int, ...]:
-    """Token ids of one prompt (chat template applied when asked and available)."""
+    """Token ids of one prompt (chat template applied when asked and available); errors name
+    ``source`` (the dataset file) when given."""
     if apply_chat_template:
         if not getattr(tokenizer, "chat_template", None):
             raise DataError(
                 "data.apply_chat_template=true but the tokenizer has no chat template",
+                path=source,
                 row=record.index,
                 field="prompt",
             )
@@ -30,7 +53,10 @@ def encode_prompt(
     out = tuple(int(i) for i in ids)
     if not out:
         raise DataError(
-            f"row {record.index}: prompt tokenizes to nothing", row=record.index, field="prompt"
+            f"{_where(source, record.index)}: prompt tokenizes to nothing",
+            path=source,
+            row=record.index,
+            field="prompt",
         )
     return out
 
@@ -41,18 +67,15 @@ def encode_prompts(
     *,
     max_prompt_len: int,
     apply_chat_template: bool = False,
+    source: str | None = None,
 ) -> list[tuple[int, ...]]:
     """Encode every prompt; a prompt longer than ``max_prompt_len`` tokens is a DataError
-    naming its row (checked up front so no over-long prompt ever reaches an engine)."""
+    naming the file (``source``), its row and field (checked up front so no over-long prompt
+    ever reaches an engine)."""
     out = []
     for rec in records:
-        ids = encode_prompt(rec, tokenizer, apply_chat_template=apply_chat_template)
+        ids = encode_prompt(rec, tokenizer, apply_chat_template=apply_chat_template, source=source)
         if len(ids) > max_prompt_len:
-            raise DataError(
-                f"row {rec.index}: prompt has {len(ids)} tokens > data.max_prompt_len="
-                f"{max_prompt_len}",
-                row=rec.index,
-                field="prompt",
-            )
+            raise prompt_too_long(rec, len(ids), max_prompt_len=max_prompt_len, source=source)
         out.append(ids)
     return out
