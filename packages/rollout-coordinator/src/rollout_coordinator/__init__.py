@@ -29,7 +29,7 @@ from rollout_coordinator.errors import (
     UnknownPolicy,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "MIGRATION_INDICATORS",

@@ -3,36 +3,52 @@
 Theory of operation
 -------------------
 Time is data: every public method takes ``now`` (seconds, never decreasing) and the core never
-reads a clock. The engine runs *decode steps*. Each step, every running trajectory produces one
-token; a step with ``n`` running trajectories and ``kv`` resident tokens takes
-``τ(n, kv) = k4 + k1·kv + max(k2, b + k3·n)`` (:class:`~engine_adapters.sim.cost.CostModel`),
-where ``kv`` counts the tokens resident *before* the step (context of every running trajectory).
-A step that admits trajectories also pays ``prefill_s_per_token ×`` their context (prompt plus
-any resumed / previously generated tokens: preemption recomputes) and yields their first token.
+reads a clock. The engine runs *steps*. In a step every *decoding* trajectory produces one token
+and at most one trajectory, the *prefill head*, has part of its context computed. A step with
+``n`` decoding trajectories and ``kv`` tokens resident for them takes
+``τ(n, kv) = k4 + k1·kv + max(k2, b + k3·n)`` (:class:`~engine_adapters.cost_model.CostModel`),
+plus the prefill it carries: ``x`` context tokens at positions ``[a, a + x)`` cost
+``x·s_tok + s_pos·(x·a + x(x−1)/2)`` (:meth:`SimConfig.prefill_seconds`: linear matmuls plus
+causal attention). Every time is divided by ``speed_factor``.
 
-Between two *boundaries* the batch is constant, so ``kv`` grows by ``n`` per step and the time of
-``j`` steps is a quadratic in ``j``: ``S(j) = P + j·(k4 + max(k2, b + k3·n)) + k1·(j·kv0 +
-n·j(j−1)/2)``. The core therefore jumps straight to the next boundary — the earliest of: a
-trajectory reaching its stop length, the KV budget running out, or a command — and inverts
-``S`` in closed form to place a command that lands mid-stretch. Nothing loops per token.
+Prefill is chunked under a per-step token budget ``max_num_batched_tokens`` (None: unlimited).
+Each decoding trajectory takes one token of it; the rest goes, in admission order, first to the
+head and then to waiting trajectories. A trajectory whose whole remaining context fits joins
+the decoding batch in that very step (it samples its first token, as a prefill's last chunk
+does); the first one that does not fit becomes the head, takes what is left of the budget, and
+gets the whole prefill budget of each later step until the step that finishes it. A trajectory
+is admitted only while the budget has room, ``running < max_running`` and its whole context
+plus one token per decoding trajectory fits in the KV budget (its context is reserved when it is
+admitted). Every admission recomputes the whole context, prompt plus any resumed tokens: after
+an interrupt, a preemption, a migration or a sync the KV cache is rebuilt from scratch (no
+prefix cache).
+
+Between two *boundaries* the batch is constant, so ``kv`` grows by ``n`` per step and the head
+takes the same number of tokens per step; the time of ``j`` steps is a quadratic in ``j``,
+``S(j) = c0 + c1·j + c2·j(j−1)/2``. The core jumps straight to the next boundary — the earliest
+of: a trajectory reaching its stop length, the KV budget running out, the step before the head
+would finish its prefill, or a command — and inverts ``S`` in closed form to place a command
+that lands mid-stretch. Nothing loops per token.
 
 At a boundary, in this order: (1) trajectories at their stop length finish; (2) a pending
-weight load starts (no steps run while loading; running trajectories keep their KV and resume
-on the new version, so per-token versions change mid-trajectory); (3) while the next step would
-not fit (``kv + n > capacity``) the most recently admitted trajectory is preempted (its KV is
-freed and it goes to the *front* of the waiting queue; re-admission recomputes its prefill);
-(4) if nothing was preempted, waiting trajectories are admitted FIFO while
-``running < max_running`` and ``kv + context + (n + 1) <= capacity``.
+weight load starts (no steps run while loading); (3) while the next step would not fit
+(``kv + n > capacity``, ``kv`` counting the head's context and first token) the most recently admitted
+trajectory is preempted — the head first, then decoding ones — its KV freed and it goes to the
+*front* of the waiting queue; (4) if nothing was preempted, the step's prefill is planned as
+above. When a weight load ends, trajectories still held in the engine follow
+``kv_after_weight_load``: ``recompute`` returns them to the front of the waiting queue (in
+admission order) to re-prefill on the new version, ``keep`` lets them continue on their old
+cache; either way their later tokens carry the new version.
 
 A command arriving inside a step takes effect at the end of that step (the step in flight
 completes with the old batch); an interrupted trajectory keeps only the tokens of steps
 completed by ``now``. A command at exactly a boundary takes effect before the next step starts.
 
 Token ids are synthetic (see :mod:`engine_adapters.sim._tokens`) and produced only when a
-result is materialised (:meth:`SimCompletion.to_result`), so a virtual-time simulation pays for
-events, not tokens. Generation stops only at the request's ``stop_token_ids`` or at
-``max_new_tokens`` / the model context; ``eos_token_id`` appears at the request's
-``target_length`` (its natural end) and stops it only when listed in ``stop_token_ids``.
+result is materialised (:meth:`SimCompletion.to_result`). Generation stops only at the
+request's ``stop_token_ids`` or at ``max_new_tokens`` / the model context; ``eos_token_id``
+appears at the request's ``target_length`` (its natural end) and stops it only when listed in
+``stop_token_ids``.
 """
 
 from __future__ import annotations
@@ -44,100 +60,41 @@ from collections.abc import Sequence
 from typing import Any
 
 import attrs
-import numpy as np
 
-from engine_adapters._contract import (
-    EngineSnapshot,
-    FinishReason,
-    GenerateRequest,
-    GenerateResult,
-    RunningTrajectory,
-)
-from engine_adapters.errors import InvalidRequest, PromptTooLong, UnknownTrajectory
-from engine_adapters.sim import _tokens
+from engine_adapters._contract import EngineSnapshot, FinishReason, GenerateRequest
+from engine_adapters._contract import RunningTrajectory as _Running
+from engine_adapters.cost_model import CostModel
+from engine_adapters.errors import InvalidRequest, UnknownTrajectory
+from engine_adapters.sim._completion import SimCompletion
 from engine_adapters.sim._config import SimConfig
+from engine_adapters.sim._traj import Traj, mark, new_traj
 
-_SCAN_CHUNK = 4096
-_PROMPT_CACHE_SIZE = 4096
 # Times within this many seconds of a step boundary count as on it, so callers that add up
 # step latencies themselves (in another order than the closed form) land where they meant.
 _EPS = 1e-9
-
-
-@attrs.frozen(kw_only=True)
-class SimCompletion:
-    """A trajectory that left the engine (finished or interrupted), without token payloads.
-
-    ``num_tokens`` counts the whole response so far, resumed prefix included.
-    ``version_segments`` lists ``(first_position, version)`` for every position the engine
-    generated (positions ``>= len(request.generated_token_ids)``), in order.
-    :meth:`to_result` materialises token ids, logprobs and per-token versions.
-    """
-
-    trajectory_id: str
-    prompt_tokens: int
-    num_tokens: int
-    finish_reason: FinishReason
-    time_s: float
-    version_segments: tuple[tuple[int, int], ...]
-    request: GenerateRequest = attrs.field(repr=False)
-    stream_key: int = attrs.field(repr=False)
-    eos_position: int | None = attrs.field(repr=False)
-    eos_token_id: int = attrs.field(repr=False)
-    token_range: tuple[int, int] = attrs.field(repr=False)
-
-    @property
-    def new_tokens(self) -> int:
-        """Tokens generated by this engine for this request (resumed prefix excluded)."""
-        return self.num_tokens - len(self.request.generated_token_ids)
-
-    def to_result(self) -> GenerateResult:
-        req = self.request
-        start = len(req.generated_token_ids)
-        toks = _tokens.token_ids(
-            self.stream_key, start, self.num_tokens, lo=self.token_range[0], hi=self.token_range[1]
-        )
-        if self.eos_position is not None and start <= self.eos_position < self.num_tokens:
-            toks[self.eos_position - start] = self.eos_token_id
-        positions = np.arange(start, self.num_tokens, dtype=np.int64)
-        versions = np.empty(len(positions), dtype=np.int64)
-        segments = self.version_segments
-        bounds = [p for p, _ in segments[1:]] + ([self.num_tokens] if segments else [])
-        for (first, version), end in zip(segments, bounds, strict=True):
-            versions[first - start : end - start] = version
-        lps = _tokens.logprobs(self.stream_key, positions, versions)
-        return GenerateResult(
-            trajectory_id=self.trajectory_id,
-            token_ids=req.generated_token_ids + tuple(toks.tolist()),
-            logprobs=req.generated_logprobs + tuple(lps.tolist()),
-            versions=req.generated_versions + tuple(versions.tolist()),
-            finish_reason=self.finish_reason,
-        )
-
-
-@attrs.define(slots=True, eq=False)
-class _Traj:
-    request: GenerateRequest
-    key: int
-    prompt_len: int
-    stop_len: int  # total response length at which it stops
-    stop_reason: FinishReason
-    eos_position: int | None
-    generated: int  # response tokens when (re)admitted / when last not running
-    marks: list[tuple[int, int]]  # (first position, version) for engine-generated positions
-    admit_step: int = 0
-    admit_seq: int = -1
-    context_at_admit: int = 0
+#: (seconds, tokens, trajectories) of step-1 prefill already planned for trajectories that
+#: joined the decoding batch, carried into a re-plan when a command cuts a stretch at step 0.
+_Carry = tuple[float, int, int]
+_NO_CARRY: _Carry = (0.0, 0, 0)
 
 
 @attrs.define(slots=True)
 class _Stretch:
     t0: float
-    n: int
-    kv0: int
-    prefill_s: float
-    batch_s: float  # k4 + max(k2, b + k3·n)
+    n: int  # decoding trajectories
+    kv0: int  # their resident tokens at t0
+    c0: float  # S(j) = c0 + c1·j + c2·j(j−1)/2 for j >= 1
+    c1: float
+    c2: float
     m_end: int  # steps until the stretch's boundary
+    head: Traj | None = None
+    head_first: int = 0  # head prefill tokens in step 1
+    head_step: int = 0  # head prefill tokens in each later step
+    pf_first: float = 0.0  # prefill seconds of step 1
+    pf_a: float = 0.0  # head prefill seconds of step 2; each later step adds pf_d
+    pf_d: float = 0.0
+    carry: _Carry = _NO_CARRY
+    refill: bool = False  # the step-1 budget ran out with trajectories still waiting
 
 
 class SimEngineCore:
@@ -158,12 +115,13 @@ class SimEngineCore:
         self.instance_id = instance_id
         self._version = version
         self._now = 0.0
-        self._steps = 0  # global decode steps completed at the start of the current stretch
-        self._running: dict[str, _Traj] = {}  # insertion order == admission order
-        self._waiting: deque[_Traj] = deque()
-        self._waiting_ids: dict[str, _Traj] = {}
+        self._steps = 0  # global steps completed at the start of the current stretch
+        self._running: dict[str, Traj] = {}  # decoding; insertion order == admission order
+        self._head: Traj | None = None  # admitted after every decoding one, prefill unfinished
+        self._waiting: deque[Traj] = deque()
+        self._waiting_ids: dict[str, Traj] = {}
         self._heap: list[tuple[int, int, str]] = []  # (finish step, admit seq, id)
-        self._k = 0  # Σ (context_at_admit − admit_step) over running; kv = _k + n·steps
+        self._k = 0  # Σ (context_at_admit − admit_step) over decoding; kv = _k + n·steps
         self._seq = 0
         self._stretch: _Stretch | None = None
         self._loading: tuple[int, float] | None = None  # (version, done at)
@@ -171,13 +129,22 @@ class SimEngineCore:
         self._paused = False
         self._outbox: list[SimCompletion] = []
         self._snapshot_seq = 0
-        cost = self.config.cost
-        self._batch_terms = [
-            cost.batch_term(n) for n in range(min(self.config.max_running, 4096) + 1)
-        ]
+        cfg = self.config
+        #: The instance's true step-latency model (the config's, at ``speed_factor``).
+        self.cost: CostModel = (
+            cfg.cost if cfg.speed_factor == 1.0 else cfg.cost.scaled(1.0 / cfg.speed_factor)
+        )
+        self._cap_tokens = cfg.kv_capacity
+        self._budget = cfg.max_num_batched_tokens
+        self._pf_lin, self._pf_quad = (c / cfg.speed_factor for c in cfg.prefill)
+        cost = self.cost
+        self._batch_terms = [cost.batch_term(n) for n in range(min(cfg.max_running, 4096) + 1)]
         self.total_generated_tokens = 0
         self.preemptions = 0
         self.events = 0
+        #: Context tokens prefilled (prompts and re-prefills) and the seconds that took.
+        self.prefill_tokens = 0
+        self.prefill_seconds = 0.0
 
     # ------------------------------------------------------------------ properties
     @property
@@ -192,7 +159,8 @@ class SimEngineCore:
 
     @property
     def num_running(self) -> int:
-        return len(self._running)
+        """Admitted trajectories: decoding ones plus the prefill head."""
+        return len(self._running) + (self._head is not None)
 
     @property
     def num_waiting(self) -> int:
@@ -208,8 +176,12 @@ class SimEngineCore:
         return self._paused
 
     def holds(self, trajectory_id: str) -> bool:
-        """Whether the trajectory is running or waiting inside the engine."""
-        return trajectory_id in self._running or trajectory_id in self._waiting_ids
+        """Whether the trajectory is admitted or waiting inside the engine."""
+        return (
+            trajectory_id in self._running
+            or trajectory_id in self._waiting_ids
+            or (self._head is not None and self._head.request.trajectory_id == trajectory_id)
+        )
 
     # ------------------------------------------------------------------ commands
     def add(self, request: GenerateRequest, now: float) -> None:
@@ -220,9 +192,7 @@ class SimEngineCore:
         vocabulary. On error nothing changes. Completions that happened before ``now`` are
         kept and returned by the next :meth:`advance_to`.
         """
-        self._advance(now)
-        self._enqueue(request)
-        self._touch(now)
+        self.add_many([request], now)
 
     def add_many(self, requests: Sequence[GenerateRequest], now: float) -> None:
         """:meth:`add` for a batch at one time, in order (cheaper: one scheduling pass).
@@ -233,67 +203,33 @@ class SimEngineCore:
         ids = [r.trajectory_id for r in requests]
         if len(set(ids)) != len(ids):
             raise InvalidRequest("add_many got duplicate trajectory ids", field="trajectory_id")
-        trajs = [self._validate(r) for r in requests]
+        for tid in ids:
+            if self.holds(tid):
+                raise InvalidRequest(
+                    f"trajectory {tid!r} is already held by instance {self.instance_id!r}",
+                    field="trajectory_id",
+                )
+        trajs = [new_traj(self.config, r, self.instance_id) for r in requests]
         for traj in trajs:
             self._waiting.append(traj)
             self._waiting_ids[traj.request.trajectory_id] = traj
         if trajs:
             self._touch(now)
 
-    def _enqueue(self, request: GenerateRequest) -> None:
-        traj = self._validate(request)
-        self._waiting.append(traj)
-        self._waiting_ids[request.trajectory_id] = traj
-
-    def _validate(self, request: GenerateRequest) -> _Traj:
-        tid = request.trajectory_id
-        if self.holds(tid):
-            raise InvalidRequest(
-                f"trajectory {tid!r} is already held by instance {self.instance_id!r}",
-                field="trajectory_id",
-            )
-        cfg = self.config
-        prompt = request.prompt_token_ids
-        facts = _prompt_facts(prompt)
-        if facts.lo < 0 or facts.hi >= cfg.vocab_size:
-            raise InvalidRequest(
-                f"prompt_token_ids of {tid!r} must lie in [0, {cfg.vocab_size})",
-                field="prompt_token_ids",
-            )
-        n_prior = len(request.generated_token_ids)
-        context = len(prompt) + n_prior
-        if context >= cfg.max_model_len:
-            raise PromptTooLong(
-                f"trajectory {tid!r}: prompt ({len(prompt)}) + resumed tokens ({n_prior}) = "
-                f"{context} leaves no room in max_model_len={cfg.max_model_len}",
-                field="prompt_token_ids",
-            )
-        seeds = (cfg.seed, request.sampling.seed)
-        key = facts.keys.get(seeds)
-        if key is None:
-            key = facts.keys[seeds] = _tokens.stream_key(cfg.seed, request.sampling.seed, prompt)
-        stop_len, reason, eos_pos = self._stop_point(request, key)
-        return _Traj(
-            request=request,
-            key=key,
-            prompt_len=len(prompt),
-            stop_len=stop_len,
-            stop_reason=reason,
-            eos_position=eos_pos,
-            generated=n_prior,
-            marks=[],
-        )
-
     def interrupt(self, trajectory_ids: Sequence[str] | None, now: float) -> list[SimCompletion]:
-        """Stop trajectories (``None`` = all running and waiting) and return their partials.
+        """Stop trajectories (``None`` = all held) and return their partials.
 
-        A running trajectory keeps the tokens of the steps completed by ``now``. Unknown ids
+        A decoding trajectory keeps the tokens of the steps completed by ``now``. Unknown ids
         raise :class:`UnknownTrajectory` and stop nothing. Results come back in the order
-        asked (for ``None``: running in admission order, then waiting in queue order).
+        asked (for ``None``: admitted in admission order, then waiting in queue order).
         """
         self._advance(now)
+        head = self._head
         if trajectory_ids is None:
-            ids = [*self._running, *(t.request.trajectory_id for t in self._waiting)]
+            ids = [*self._running]
+            if head is not None:
+                ids.append(head.request.trajectory_id)
+            ids.extend(t.request.trajectory_id for t in self._waiting)
             ids = [i for i in ids if self.holds(i)]
         else:
             ids = list(dict.fromkeys(trajectory_ids))
@@ -302,13 +238,17 @@ class SimEngineCore:
                 raise UnknownTrajectory(unknown)
         steps_now, on_boundary = self._position(now)
         out: list[SimCompletion] = []
-        removed_running = False
+        removed_admitted = False
         for tid in ids:
             traj = self._running.pop(tid, None)
             if traj is not None:
-                removed_running = True
+                removed_admitted = True
                 self._k -= traj.context_at_admit - traj.admit_step
                 generated = traj.generated + steps_now - traj.admit_step
+            elif head is not None and head.request.trajectory_id == tid:
+                removed_admitted = True
+                self._head = None
+                traj, generated = head, head.generated
             else:
                 traj = self._waiting_ids.pop(tid)
                 generated = traj.generated
@@ -319,7 +259,7 @@ class SimEngineCore:
             )
         elif not self._waiting_ids:
             self._waiting.clear()
-        if removed_running and self._stretch is not None:
+        if removed_admitted and self._stretch is not None:
             self._cap(steps_now - self._steps + (0 if on_boundary else 1))
             self._advance(now)
         return out
@@ -328,10 +268,10 @@ class SimEngineCore:
         """Load ``version`` (``nbytes`` of weights) in place; returns when it will be served.
 
         The load starts at the next step boundary (the step in flight finishes on the old
-        weights), takes ``nbytes / bandwidth + constant`` seconds during which no step runs,
-        and then every running trajectory continues on ``version``. Raises
-        :class:`InvalidRequest` if a load is already in progress or ``version`` is older than
-        the one served; nothing changes then.
+        weights) and takes ``nbytes / bandwidth + constant`` seconds during which no step runs;
+        then held trajectories follow ``kv_after_weight_load`` (see the module docstring).
+        Raises :class:`InvalidRequest` if a load is already in progress or ``version`` is
+        older than the one served; nothing changes then.
         """
         self._advance(now)
         if self.loading:
@@ -353,7 +293,7 @@ class SimEngineCore:
         return self.next_event_time() + seconds
 
     def pause(self, now: float) -> None:
-        """Stop stepping from the next boundary on; running trajectories keep their KV.
+        """Stop stepping from the next boundary on; admitted trajectories keep their KV.
 
         Commands still work while paused (adds queue up, interrupts return partials, a weight
         load runs); nothing is generated until :meth:`resume`.
@@ -371,7 +311,7 @@ class SimEngineCore:
             return
         self._paused = False
         if self._stretch is None and self._loading is None:
-            self._boundary(now, carry_prefill=0.0)
+            self._boundary(now, _NO_CARRY)
 
     def peek(self, trajectory_id: str, now: float) -> SimCompletion:
         """Progress of a held trajectory at ``now`` without stopping it.
@@ -380,9 +320,12 @@ class SimEngineCore:
         """
         self._advance(now)
         traj = self._running.get(trajectory_id)
+        head = self._head
         if traj is not None:
             steps_now, _ = self._position(now)
             generated = traj.generated + steps_now - traj.admit_step
+        elif head is not None and head.request.trajectory_id == trajectory_id:
+            traj, generated = head, head.generated
         elif trajectory_id in self._waiting_ids:
             traj = self._waiting_ids[trajectory_id]
             generated = traj.generated
@@ -398,7 +341,7 @@ class SimEngineCore:
         st = self._stretch
         if st is None:
             return math.inf
-        return st.t0 + self._elapsed(st, st.m_end)
+        return st.t0 + _elapsed(st, st.m_end)
 
     def advance_to(self, t: float) -> list[SimCompletion]:
         """Run the engine up to time ``t``; return what finished (in completion order).
@@ -410,19 +353,32 @@ class SimEngineCore:
         return out
 
     def snapshot(self, now: float) -> EngineSnapshot:
-        """The engine's state at ``now`` (advances to ``now`` first)."""
+        """The engine's state at ``now`` (advances to ``now`` first).
+
+        ``running`` lists the decoding trajectories and the prefill head; ``kv_used_tokens``
+        counts their resident tokens and the head's reservation.
+        """
         self._advance(now)
         steps_now, _ = self._position(now)
         n = len(self._running)
         kv = self._k + n * steps_now if n else 0
-        running = tuple(
-            RunningTrajectory(
+        running = [
+            _Running(
                 trajectory_id=tid,
                 prompt_tokens=tr.prompt_len,
                 generated_tokens=tr.generated + steps_now - tr.admit_step,
             )
             for tid, tr in self._running.items()
-        )
+        ]
+        head = self._head
+        if head is not None:
+            running.append(
+                _Running(
+                    trajectory_id=head.request.trajectory_id,
+                    prompt_tokens=head.prompt_len,
+                    generated_tokens=head.generated,
+                )
+            )
         self._snapshot_seq += 1
         decoding = self._stretch is not None and n > 0
         return EngineSnapshot(
@@ -430,44 +386,40 @@ class SimEngineCore:
             seq=self._snapshot_seq,
             time_s=now,
             version=self._version,
-            running=running,
+            running=tuple(running),
             waiting=len(self._waiting_ids),
-            kv_used_tokens=kv,
-            kv_capacity_tokens=self.config.kv_capacity_tokens,
-            throughput_tokens_per_s=self.config.cost.throughput(n, kv) if decoding else 0.0,
+            kv_used_tokens=kv + (head.context_at_admit if head is not None else 0),
+            kv_capacity_tokens=self._cap_tokens,
+            throughput_tokens_per_s=self.cost.throughput(n, kv) if decoding else 0.0,
         )
 
     def kv_used_tokens(self, now: float | None = None) -> int:
-        """KV-resident tokens at ``now`` (default: the latest driven time)."""
+        """KV tokens resident or reserved at ``now`` (default: the latest driven time)."""
         t = self._now if now is None else now
         steps_now, _ = self._position(t)
         n = len(self._running)
-        return self._k + n * steps_now if n else 0
+        head = self._head
+        return (self._k + n * steps_now if n else 0) + (
+            head.context_at_admit if head is not None else 0
+        )
 
     # ------------------------------------------------------------------ internals
-    def _elapsed(self, st: _Stretch, j: int) -> float:
-        if j <= 0:
-            return 0.0
-        k1 = self.config.cost.k1
-        return st.prefill_s + j * st.batch_s + k1 * (j * st.kv0 + st.n * j * (j - 1) / 2)
-
     def _steps_by(self, st: _Stretch, delta: float) -> int:
         """Largest j <= m_end with S(j) <= delta (closed form, then exact fix-up)."""
         delta += _EPS
-        if delta < self._elapsed(st, 1):
+        if delta < _elapsed(st, 1):
             return 0
-        k1 = self.config.cost.k1
-        a = k1 * st.n / 2
-        b = st.batch_s + k1 * st.kv0 - a
-        c = st.prefill_s - delta
-        if a == 0:
-            j = int((delta - st.prefill_s) / b)
+        a = st.c2 / 2
+        b = st.c1 - a
+        c = st.c0 - delta
+        if a <= 0:
+            j = int((delta - st.c0) / b)
         else:
             j = int((-b + math.sqrt(max(b * b - 4 * a * c, 0.0))) / (2 * a))
         j = min(max(j, 0), st.m_end)
-        while j < st.m_end and self._elapsed(st, j + 1) <= delta:
+        while j < st.m_end and _elapsed(st, j + 1) <= delta:
             j += 1
-        while j > 0 and self._elapsed(st, j) > delta:
+        while j > 0 and _elapsed(st, j) > delta:
             j -= 1
         return j
 
@@ -477,7 +429,7 @@ class SimEngineCore:
         if st is None:
             return self._steps, True
         j = self._steps_by(st, now - st.t0)
-        return self._steps + j, abs(st.t0 + self._elapsed(st, j) - now) <= _EPS
+        return self._steps + j, abs(st.t0 + _elapsed(st, j) - now) <= _EPS
 
     def _cap(self, m: int) -> None:
         st = self._stretch
@@ -491,7 +443,7 @@ class SimEngineCore:
         st = self._stretch
         if st is None:
             if not self._paused or self._pending_load is not None:
-                self._boundary(now, carry_prefill=0.0)
+                self._boundary(now, _NO_CARRY)
             return
         steps_now, on_boundary = self._position(now)
         self._cap(steps_now - self._steps + (0 if on_boundary else 1))
@@ -503,7 +455,6 @@ class SimEngineCore:
                 f"time went backwards: {t!r} < {self._now!r} on {self.instance_id!r}", field="now"
             )
         limit = t + _EPS
-        k1 = self.config.cost.k1
         while True:
             loading = self._loading
             if loading is not None:
@@ -511,33 +462,65 @@ class SimEngineCore:
                 if te > limit:
                     break
                 self.events += 1
-                self._version = loading[0]
-                self._loading = None
-                for tr in self._running.values():
-                    _mark(tr, tr.generated + self._steps - tr.admit_step, self._version)
-                self._boundary(te, carry_prefill=0.0)
+                self._finish_load(loading[0])
+                self._boundary(te, _NO_CARRY)
                 continue
             st = self._stretch
             if st is None:
                 break
             j = st.m_end
             # inlined _elapsed(st, j): this loop is the simulator's hot path
-            te = (
-                st.t0
-                if j <= 0
-                else st.t0
-                + st.prefill_s
-                + j * st.batch_s
-                + k1 * (j * st.kv0 + st.n * j * (j - 1) / 2)
-            )
+            te = st.t0 if j <= 0 else st.t0 + st.c0 + st.c1 * j + st.c2 * j * (j - 1) / 2
             if te > limit:
                 break
             self.events += 1
             self._steps += j
             self.total_generated_tokens += st.n * j
-            if j == 0 or not self._kv_boundary(st, te):
-                self._boundary(te, carry_prefill=st.prefill_s if j == 0 else 0.0)
+            if j == 0:
+                self._boundary(te, st.carry)
+                continue
+            self._commit_prefill(st, j)
+            if not self._kv_boundary(st, te):
+                self._boundary(te, _NO_CARRY)
         self._now = t
+
+    def _commit_prefill(self, st: _Stretch, j: int) -> None:
+        """Account the prefill of ``j >= 1`` executed steps of ``st``; advance its head."""
+        seconds = st.pf_first
+        tokens = st.carry[1]
+        if j > 1:
+            seconds += (j - 1) * st.pf_a + st.pf_d * (j - 1) * (j - 2) / 2
+        head = st.head
+        if head is not None:
+            done = st.head_first + (j - 1) * st.head_step
+            tokens += done
+            if head is self._head:
+                head.prefilled += done
+        self.prefill_seconds += seconds
+        self.prefill_tokens += tokens
+
+    def _finish_load(self, version: int) -> None:
+        self._version = version
+        self._loading = None
+        steps = self._steps
+        if self.config.kv_after_weight_load == "keep":
+            for tr in self._running.values():
+                mark(tr, tr.generated + steps - tr.admit_step, version)
+            return
+        # recompute: the cache built with the old weights is gone; everything re-prefills
+        back = list(self._running.values())
+        for tr in back:
+            tr.generated += steps - tr.admit_step
+        if self._head is not None:
+            back.append(self._head)
+            self._head = None
+        for tr in reversed(back):
+            tr.prefilled = 0
+            self._waiting.appendleft(tr)
+            self._waiting_ids[tr.request.trajectory_id] = tr
+        self._running.clear()
+        self._heap.clear()
+        self._k = 0
 
     def _kv_boundary(self, st: _Stretch, t: float) -> bool:
         """Fast path of :meth:`_boundary` for a boundary where only preemption happens.
@@ -549,9 +532,14 @@ class SimEngineCore:
         """
         heap = self._heap
         steps = self._steps
-        if (heap and heap[0][0] <= steps) or self._pending_load is not None or self._paused:
+        if (
+            (heap and heap[0][0] <= steps)
+            or self._pending_load is not None
+            or self._paused
+            or self._head is not None
+        ):
             return False
-        cap = self.config.kv_capacity_tokens
+        cap = self._cap_tokens
         running = self._running
         n = len(running)  # not st.n: an interrupt may have removed some since the stretch began
         k = self._k
@@ -575,21 +563,31 @@ class SimEngineCore:
         while heap[0][2] not in running or running[heap[0][2]].admit_seq != heap[0][1]:
             heapq.heappop(heap)
         kv = k + n * steps
+        k1 = self.cost.k1
         st.t0 = t
         st.n = n
         st.kv0 = kv
-        st.prefill_s = 0.0
-        st.batch_s = self._batch_term(n)
+        st.c0 = 0.0
+        st.c1 = self._batch_term(n) + k1 * kv
+        st.c2 = k1 * n
         st.m_end = min(heap[0][0] - steps, (cap - kv) // n)
+        st.head = None
+        st.head_first = st.head_step = 0
+        st.pf_first = st.pf_a = st.pf_d = 0.0
+        st.carry = _NO_CARRY
+        st.refill = False
         return True
 
     def _batch_term(self, n: int) -> float:
         terms = self._batch_terms
         if n < len(terms):
             return terms[n]
-        return self.config.cost.batch_term(n)
+        return self.cost.batch_term(n)
 
-    def _boundary(self, t: float, *, carry_prefill: float) -> None:
+    def _chunk_seconds(self, start: int, count: int) -> float:
+        return self._pf_lin * count + self._pf_quad * (count * start + count * (count - 1) / 2)
+
+    def _boundary(self, t: float, carry: _Carry) -> None:
         self._stretch = None
         steps = self._steps
         heap = self._heap
@@ -609,77 +607,154 @@ class SimEngineCore:
             return
         if self._paused:
             return
-        cfg = self.config
-        cap = cfg.kv_capacity_tokens
+        cap = self._cap_tokens
         n = len(running)
-        kv = self._k + n * steps
+        kv = self._k + n * steps  # decoding trajectories' resident tokens
         preempted = False
-        while n and kv + n > cap:
+        while n and kv + self._head_kv() + n > cap:
+            preempted = True
+            self.preemptions += 1
+            head = self._head
+            if head is not None:
+                self._head = None
+                head.prefilled = 0
+                self._waiting.appendleft(head)
+                self._waiting_ids[head.request.trajectory_id] = head
+                continue
             tid, tr = running.popitem()
             self._k -= tr.context_at_admit - tr.admit_step
             tr.generated += steps - tr.admit_step
             self._waiting.appendleft(tr)
             self._waiting_ids[tid] = tr
-            self.preemptions += 1
-            preempted = True
             n -= 1
             kv = self._k + n * steps
-        prefill = carry_prefill
-        if not preempted and self._waiting:
-            waiting = self._waiting
+        st = _Stretch(t0=t, n=0, kv0=0, c0=0.0, c1=0.0, c2=0.0, m_end=0, carry=carry)
+        if not preempted:
+            self._plan(st)
+        n = len(running)
+        head = self._head
+        if not n and head is None:
+            return
+        kv = self._k + n * steps
+        k1 = self.cost.k1
+        st.n = n
+        st.kv0 = kv
+        st.c0 = st.pf_first
+        st.c1 = self._batch_term(n) + k1 * kv
+        st.c2 = k1 * n
+        m_end = math.inf
+        if n:
+            while heap[0][2] not in running or running[heap[0][2]].admit_seq != heap[0][1]:
+                heapq.heappop(heap)
+            m_end = min(heap[0][0] - steps, (cap - kv - self._head_kv()) // n)
+        if st.refill:
+            m_end = 1
+        if head is not None:
+            assert self._budget is not None  # only a finite budget leaves a head
+            per_step = self._budget - n
+            left = head.context_at_admit - head.prefilled - st.head_first
+            m_end = min(m_end, 1 + (left - 1) // per_step)
+            a = self._chunk_seconds(head.prefilled + st.head_first, per_step)
+            d = self._pf_quad * per_step * per_step
+            st.head = head
+            st.head_step = per_step
+            st.pf_a, st.pf_d = a, d
+            st.c0 += d - a
+            st.c1 += a - d
+            st.c2 += d
+        st.m_end = int(m_end)
+        self._stretch = st
+
+    def _head_kv(self) -> int:
+        """KV the head holds for scheduling: its context plus the slot of its first token."""
+        head = self._head
+        return head.context_at_admit + 1 if head is not None else 0
+
+    def _plan(self, st: _Stretch) -> None:
+        """Plan step 1's prefill (see the module docstring); admitted ones join at once."""
+        carried_s, carried_tokens, carried_n = st.carry
+        running = self._running
+        n = len(running)
+        budget = math.inf if self._budget is None else self._budget
+        # decoding trajectories take one token each; those carried in take their chunks
+        left = budget - (n - carried_n) - carried_tokens
+        seconds = carried_s
+        joined_s, joined_tokens, joined_n = carried_s, carried_tokens, carried_n
+        head = self._head
+        if head is not None:
+            rest = head.context_at_admit - head.prefilled
+            if rest <= left:
+                cost = self._chunk_seconds(head.prefilled, rest)
+                seconds += cost
+                joined_s, joined_tokens, joined_n = (
+                    joined_s + cost,
+                    joined_tokens + rest,
+                    joined_n + 1,
+                )
+                left -= rest
+                self._head = None
+                self._join(head)
+            else:
+                st.head_first = int(left)
+                seconds += self._chunk_seconds(head.prefilled, st.head_first)
+                left = 0
+        waiting = self._waiting
+        if waiting and left > 0 and self._head is None:
             waiting_ids = self._waiting_ids
-            max_running = cfg.max_running
-            per_token = cfg.prefill_s_per_token
-            version = self._version
-            seq = self._seq
-            k = self._k
-            while waiting and n < max_running:
+            max_running = self.config.max_running
+            cap = self._cap_tokens
+            steps = self._steps
+            kv = self._k + len(running) * steps
+            while waiting and left > 0 and len(running) < max_running:
                 tr = waiting[0]
-                generated = tr.generated
-                context = tr.prompt_len + generated
-                if kv + context + n + 1 > cap:
+                context = tr.prompt_len + tr.generated
+                if kv + context + len(running) + 1 > cap:
                     break
                 waiting.popleft()
-                tid = tr.request.trajectory_id
-                del waiting_ids[tid]
-                seq += 1
-                tr.admit_seq = seq
-                tr.admit_step = steps
+                del waiting_ids[tr.request.trajectory_id]
+                self._seq += 1
+                tr.admit_seq = self._seq
                 tr.context_at_admit = context
-                marks = tr.marks
-                if not marks or marks[-1][1] != version:
-                    _mark(tr, generated, version)
-                running[tid] = tr
-                k += context - steps
-                heapq.heappush(heap, (steps + tr.stop_len - generated, seq, tid))
-                prefill += per_token * context
-                n += 1
+                tr.prefilled = 0
                 kv += context
-            self._seq = seq
-            self._k = k
-        if not n:
-            return
-        while heap and (heap[0][2] not in running or running[heap[0][2]].admit_seq != heap[0][1]):
-            heapq.heappop(heap)
-        m_fin = heap[0][0] - steps
-        m_kv = (cap - kv) // n
-        self._stretch = _Stretch(
-            t0=t,
-            n=n,
-            kv0=kv,
-            prefill_s=prefill,
-            batch_s=self._batch_term(n),
-            m_end=min(m_fin, m_kv),
-        )
+                if context <= left:
+                    cost = self._chunk_seconds(0, context)
+                    seconds += cost
+                    joined_s += cost
+                    joined_tokens += context
+                    joined_n += 1
+                    left -= context
+                    self._join(tr)
+                else:
+                    self._head = tr
+                    st.head_first = int(left)
+                    seconds += self._chunk_seconds(0, st.head_first)
+                    left = 0
+        st.pf_first = seconds
+        st.carry = (joined_s, joined_tokens, joined_n)
+        # the budget, not KV or max_running, stopped admission: the next step admits more
+        st.refill = self._head is None and bool(waiting) and left <= 0
+
+    def _join(self, tr: Traj) -> None:
+        """Add an admitted trajectory to the decoding batch: its first token is this step's."""
+        steps = self._steps
+        tr.admit_step = steps
+        generated = tr.generated
+        marks = tr.marks
+        if not marks or marks[-1][1] != self._version:
+            mark(tr, generated, self._version)
+        tid = tr.request.trajectory_id
+        self._running[tid] = tr
+        self._k += tr.context_at_admit - steps
+        heapq.heappush(self._heap, (steps + tr.stop_len - generated, tr.admit_seq, tid))
 
     def _completion(
-        self, tr: _Traj, generated: int, reason: FinishReason, t: float
+        self, tr: Traj, generated: int, reason: FinishReason, t: float
     ) -> SimCompletion:
         cfg = self.config
         n_prior = len(tr.request.generated_token_ids)
-        marks = tr.marks
         # Drop marks at or beyond the final length (e.g. interrupted right at admission).
-        segments = tuple(m for m in marks if m[0] < generated)
+        segments = tuple(m for m in tr.marks if m[0] < generated)
         if generated > n_prior and (not segments or segments[0][0] != n_prior):
             raise AssertionError("version marks must start at the first generated position")
         return SimCompletion(
@@ -696,70 +771,11 @@ class SimEngineCore:
             token_range=(cfg.num_special_tokens, cfg.vocab_size),
         )
 
-    def _stop_point(self, req: GenerateRequest, key: int) -> tuple[int, FinishReason, int | None]:
-        cfg = self.config
-        n_prior = len(req.generated_token_ids)
-        limit = min(
-            req.sampling.max_new_tokens, n_prior + cfg.max_model_len - len(req.prompt_token_ids)
-        )
-        best, reason = limit, FinishReason.LENGTH
-        stops = set(req.sampling.stop_token_ids)
-        eos_pos = None
-        if req.target_length is not None and req.target_length > n_prior:
-            eos_pos = req.target_length - 1
-            if cfg.eos_token_id in stops and req.target_length <= best:
-                best, reason = req.target_length, FinishReason.STOP
-        regular_ids = [s for s in stops if cfg.num_special_tokens <= s < cfg.vocab_size]
-        if regular_ids:
-            regular = np.asarray(regular_ids, dtype=np.int64)
-            for start in range(n_prior, best, _SCAN_CHUNK):
-                stop = min(start + _SCAN_CHUNK, best)
-                chunk = _tokens.token_ids(
-                    key, start, stop, lo=cfg.num_special_tokens, hi=cfg.vocab_size
-                )
-                hits = [start + int(h) for h in np.flatnonzero(np.isin(chunk, regular))]
-                hits = [p for p in hits if p != eos_pos]  # that position holds EOS instead
-                if hits:
-                    best, reason = hits[0] + 1, FinishReason.STOP
-                    break
-        return best, reason, eos_pos
 
-
-@attrs.define(slots=True, eq=False)
-class _PromptFacts:
-    prompt: tuple[int, ...]  # held, so its id() cannot be reused while the entry lives
-    lo: int
-    hi: int
-    keys: dict[tuple[int, int | None], int]  # (engine seed, sampling seed) -> stream key
-
-
-# GRPO groups (and the simulator's synthetic prompts) share one prompt tuple across requests and
-# instances: scan it for the vocabulary check and hash it for its stream key once per process,
-# not once per request and core. Keyed by id(); FIFO-bounded.
-_PROMPT_FACTS: dict[int, _PromptFacts] = {}
-
-
-def _prompt_facts(prompt: tuple[int, ...]) -> _PromptFacts:
-    facts = _PROMPT_FACTS.get(id(prompt))
-    if facts is None or facts.prompt is not prompt:
-        facts = _PromptFacts(prompt=prompt, lo=min(prompt), hi=max(prompt), keys={})
-        if len(_PROMPT_FACTS) >= _PROMPT_CACHE_SIZE:
-            _PROMPT_FACTS.pop(next(iter(_PROMPT_FACTS)))
-        _PROMPT_FACTS[id(prompt)] = facts
-    return facts
-
-
-def _mark(tr: _Traj, position: int, version: int) -> None:
-    """Record that tokens from ``position`` on are generated by ``version``."""
-    marks = tr.marks
-    if marks and marks[-1][1] == version:
-        return
-    if marks and marks[-1][0] == position:
-        marks[-1] = (position, version)
-        if len(marks) > 1 and marks[-2][1] == version:
-            marks.pop()
-        return
-    marks.append((position, version))
+def _elapsed(st: _Stretch, j: int) -> float:
+    if j <= 0:
+        return 0.0
+    return st.c0 + st.c1 * j + st.c2 * j * (j - 1) / 2
 
 
 def make_core(**kwargs: Any) -> SimEngineCore:
