@@ -28,8 +28,8 @@ from engine_adapters.errors import (
     UnknownTrajectory,
 )
 from engine_adapters.sim._clock import Clock, RealClock
-from engine_adapters.sim._config import SimConfig
 from engine_adapters.sim._completion import SimCompletion
+from engine_adapters.sim._config import SimConfig
 from engine_adapters.sim._core import SimEngineCore
 
 log = structlog.get_logger(__name__)
