@@ -35,9 +35,9 @@ The default ``mfu`` 0.6 is the H20 utilisation the InferSim kernel benchmarks re
 
 Sources: model geometry from the models' published ``config.json`` (Qwen3-30B-A3B: 48 layers,
 32 query heads, 4 KV heads, head dim 128, hidden 2048, 128 experts of width 768, 8 active,
-vocabulary 151,936, untied embeddings; Qwen2.5-7B: 28 layers, 28 / 4 heads, hidden 3584, FFN
-18,944; Qwen2.5-14B: 48 layers, 40 / 8 heads, hidden 5120, FFN 13,824; both vocabulary 152,064,
-untied); parameter counts from the model cards (30.5 B total / 3.3 B active, 7.61 B, 14.7 B).
+vocabulary 151,936, untied embeddings: 28.99 B parameters in experts; Qwen2.5-7B: 28 layers,
+28 / 4 heads, hidden 3584, FFN 18,944; Qwen2.5-14B: 48 layers, 40 / 8 heads, hidden 5120, FFN
+13,824; both vocabulary 152,064, untied); parameter counts from the model cards (30.5 B total / 3.3 B active, 7.61 B, 14.7 B).
 H20: 96 GB HBM3 at 4.0 TB/s, 148 TFLOP/s dense bf16 (NVIDIA's published figures).
 """
 
@@ -70,7 +70,8 @@ class ModelSpec:
     """The geometry of a decoder-only transformer, enough for KV, prefill and training FLOPs.
 
     ``active_params`` counts the parameters one token passes through, embeddings and output
-    head included (for a dense model it equals ``total_params``).
+    head included (for a dense model it equals ``total_params``); ``expert_params`` the
+    parameters of the routed experts (0 for a dense model), which expert parallelism shards.
     """
 
     name: str
@@ -82,10 +83,16 @@ class ModelSpec:
     vocab_size: int = attrs.field(validator=_positive)
     total_params: float = attrs.field(validator=_positive)
     active_params: float = attrs.field(validator=_positive)
+    expert_params: float = 0.0
     tied_embeddings: bool = False
     dtype_bytes: int = attrs.field(default=2, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
+        if not 0.0 <= self.expert_params < self.total_params:
+            raise InvalidRequest(
+                f"ModelSpec.expert_params ({self.expert_params:g}) must be in [0, total_params)",
+                field="expert_params",
+            )
         if self.active_params > self.total_params:
             raise InvalidRequest(
                 f"ModelSpec.active_params ({self.active_params:g}) exceeds total_params "
@@ -158,6 +165,7 @@ MODELS: dict[str, ModelSpec] = {
             vocab_size=151_936,
             total_params=30.53e9,
             active_params=3.35e9,
+            expert_params=128 * 3 * 2048 * 768 * 48,  # 28.99 B
         ),
         ModelSpec(
             name="qwen2.5-7b",
