@@ -16,7 +16,7 @@ Parts:
   share of engine time spent in prefill. The target is the headline step staying well under a
   second of wall time.
 
-  What "a step of 32 instances × 1,024 trajectories" means here (issue 3): the paper's batch is
+  What "a step of 32 instances × 1,024 trajectories" means here: the paper's batch is
   B × n = 64 prompts × 16 samples = **1,024 trajectories per training step, spread over the 32
   rollout instances** (32 each), up to 20K tokens long. The engine settings are those of
   ``examples/sim-paper-30b-a3b.yaml`` (Qwen3-30B-A3B/H20 cost model, 256 max running, 400K KV
