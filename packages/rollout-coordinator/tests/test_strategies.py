@@ -51,7 +51,7 @@ def test_paper_profile_holds_the_published_runs_values():
     assert cfg.candidate_order == "reserve"
     assert CoordinatorConfig.from_profile("default") == CoordinatorConfig()
     robust = CoordinatorConfig.from_profile("robust")
-    assert (robust.sync_max_lag, robust.partial_order) == (2, "gain")
+    assert (robust.sync_lag_fraction, robust.partial_order) == (0.5, "gain")
     assert set(PROFILES) == {"default", "paper", "robust"}
 
 
@@ -75,6 +75,8 @@ def test_profile_in_a_mapping_and_overrides():
         ("partial_order", "random"),
         ("sync_require_starved", "yes"),
         ("sync_max_lag", 0),
+        ("sync_lag_fraction", 0.0),
+        ("sync_lag_fraction", 1.5),
         ("migration_amount", "most"),
         ("migration_during_sync", 1),
         ("preemption_rule", "drop"),
@@ -157,6 +159,21 @@ def test_lag_bound_forces_a_busy_instance_with_work_to_sync():
     assert run(sync_max_lag=3) == {}  # lags by 2 < 3
     assert run(sync_max_lag=2) == {"a": 2}
     assert run(sync_max_lag=1) == {"a": 2}  # = greedy global sync
+
+
+@pytest.mark.parametrize(
+    ("eta", "fraction", "lag", "syncs_now"),
+    [(8, 0.5, 3, False), (8, 0.5, 4, True), (3, 0.5, 2, True), (1, 0.5, 1, True)],
+)
+def test_lag_bound_relative_to_eta(eta, fraction, lag, syncs_now):
+    coord, _, _ = make(instances=[("a", 0)], start_version=lag, eta=eta, sync_lag_fraction=fraction)
+    busy = snap("a", n=60, tokens_each=1000)
+    assert bool(syncs(coord.step([busy], [new("t0")], now=0.0))) is syncs_now
+    # with both bounds, the tighter applies
+    coord, _, _ = make(
+        instances=[("a", 0)], start_version=2, eta=8, sync_lag_fraction=0.5, sync_max_lag=2
+    )
+    assert syncs(coord.step([busy], [new("t0")], now=0.0)) == {"a": 2}
 
 
 def test_without_require_starved_a_light_instance_syncs_despite_work_at_its_version():

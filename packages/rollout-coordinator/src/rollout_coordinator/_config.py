@@ -19,10 +19,11 @@ A *profile* is a named set of field values (:data:`PROFILES`), applied with
   is aborted back to the trajectory server once the engine's waiting queue exceeds 3; new
   groups go to the version whose latest reservable buffer is latest.
 * ``robust`` — ``paper`` plus two rules beyond it: a stale instance syncs at once when it lags
-  the latest published version by 2 (so no instance rides an old version to the abort floor,
-  and syncs cannot pile up into a herd there; see :mod:`rollout_coordinator.policies.
-  sync_per_instance`), and queued partial trajectories go to the instance with the best
-  marginal gain among every version that can serve them, not to the oldest version first.
+  the latest published version by ``⌈η/2⌉`` (greedy global sync at η ≤ 2; no instance rides an
+  old version to the abort floor, so syncs cannot pile up into a herd there; see
+  :mod:`rollout_coordinator.policies.sync_per_instance`), and queued partial trajectories go
+  to the instance with the best marginal gain among every version that can serve them, not to
+  the oldest version first.
 """
 
 from __future__ import annotations
@@ -73,6 +74,13 @@ def _optional_non_negative(inst: Any, a: attrs.Attribute[float | None], v: float
         isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
     ):
         raise ConfigError(a.name, v, "a finite number >= 0 or None (η)")
+
+
+def _optional_fraction(inst: Any, a: attrs.Attribute[float | None], v: float | None) -> None:
+    if v is not None and not (
+        isinstance(v, int | float) and not isinstance(v, bool) and 0.0 < v <= 1.0
+    ):
+        raise ConfigError(a.name, v, "in (0, 1] or None (off)")
 
 
 def _bool(inst: Any, a: attrs.Attribute[bool], v: bool) -> None:
@@ -141,6 +149,9 @@ class CoordinatorConfig:
     #: syncs at once, whatever its load (None: never forced before the abort floor; 1 is greedy
     #: global sync).
     sync_max_lag: int | None = attrs.field(default=None, validator=_optional_positive_int)
+    #: The same bound relative to the staleness bound: ``max(1, ⌈fraction × η⌉)`` versions
+    #: (None: off). When both are set the tighter one applies.
+    sync_lag_fraction: float | None = attrs.field(default=None, validator=_optional_fraction)
 
     # --- migration ---
     #: Migrate when the loaded instance's indicator is ≥ this × the starving one's (> 1; ≈5).
@@ -238,5 +249,5 @@ PAPER: dict[str, Any] = {
 PROFILES: dict[str, dict[str, Any]] = {
     "default": {},
     "paper": PAPER,
-    "robust": {**PAPER, "sync_max_lag": 2, "partial_order": "gain"},
+    "robust": {**PAPER, "sync_lag_fraction": 0.5, "partial_order": "gain"},
 }

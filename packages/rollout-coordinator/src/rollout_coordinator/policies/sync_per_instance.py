@@ -9,8 +9,9 @@ whole context. StaleFlow instead lets each instance choose its moment. A stale i
 ``v`` below the latest published ``L``, not mid-sync) pulls ``L`` when the first of these holds:
 
 1. **Floor.** ``v`` is at or below the protocol's abort floor: it can place nothing.
-2. **Lag bound.** ``L − v ≥ sync_max_lag`` (when set): it has ridden an old version long enough;
-   it pulls now whatever it runs, as greedy sync would have done ``sync_max_lag − 1`` versions
+2. **Lag bound.** ``L − v ≥ k`` with ``k`` the tighter of ``sync_max_lag`` and
+   ``max(1, ⌈sync_lag_fraction × η⌉)`` (each when set): it has ridden an old version long
+   enough; it pulls now whatever it runs, as greedy sync would have done ``k − 1`` versions
    ago.
 3. **Cheap moment.** Its KV usage is below ``sync_kv_threshold`` and its engine waiting queue is
    empty (an interrupted batch is small), and — with ``sync_require_starved`` — it cannot take
@@ -22,12 +23,14 @@ Why this never does worse than greedy global sync: every pull goes to the latest
 instance pulls at most once per published version — never more loads than greedy; a pull by
 rule 3 interrupts less than ``sync_kv_threshold`` of a KV cache where greedy interrupts whatever
 runs at the publish; a pull by rules 1–2 interrupts what greedy would, but at most once per
-``sync_max_lag`` versions. No instance lags by ``sync_max_lag`` or more, so new work is never
-admitted more than ``sync_max_lag − 1`` versions behind greedy's (its reservation deadline is at
-most that much tighter) and, with ``sync_max_lag ≤ η``, a rollout-bound run never reaches the
-abort floor: instances cannot ride an old version together until the floor forces them all to
-pull at once (a *herd*), and trajectories admitted at an old version are not left to be aborted
-there. With ``sync_max_lag = 1`` this is greedy global sync. Two routing rules close the rest
+``k`` versions. No instance lags by ``k`` or more, so new work is never admitted more than
+``k − 1`` versions behind greedy's (its reservation deadline is at most that much tighter)
+and, with ``k ≤ η``, a rollout-bound run never reaches the abort floor: instances cannot ride
+an old version together until the floor forces them all to pull at once (a *herd*), and
+trajectories admitted at an old version are not left to be aborted there. With ``k = 1`` this
+is greedy global sync. How large ``k`` may be depends on the tail: new work at lag ``ℓ`` has
+about ``(η − ℓ)`` step times before its latest buffer is trained, which must cover the longest
+response; ``k = ⌈η/2⌉`` (``sync_lag_fraction = 0.5``) leaves half the window. Two routing rules close the rest
 (:mod:`~rollout_coordinator.policies.routing_gain`): new groups go to the newest version first
 (``candidate_order="reserve"``) so old instances drain and hit rule 3, and partials go to the
 best gain over every version that can serve them (``partial_order="gain"``) so long partials of
@@ -38,6 +41,8 @@ server with V_traj kept (partial rollout).
 """
 
 from __future__ import annotations
+
+import math
 
 from rollout_coordinator._commands import Sync
 from rollout_coordinator.policies._base import AdmissionPort, CycleView
@@ -52,7 +57,10 @@ def sync_when_starved(view: CycleView, port: AdmissionPort, quota: int | None) -
     latest = view.latest_version
     floor = view.abort_floor
     thr = cfg.sync_kv_threshold
-    max_lag = cfg.sync_max_lag
+    bounds = [cfg.sync_max_lag] if cfg.sync_max_lag is not None else []
+    if cfg.sync_lag_fraction is not None:
+        bounds.append(max(1, math.ceil(cfg.sync_lag_fraction * view.eta)))
+    max_lag = min(bounds) if bounds else None
     starved_only = cfg.sync_require_starved
     queue = view.queue
     min_partial = queue.min_partial_version(above=floor)
