@@ -265,14 +265,18 @@ def test_context_limit_gives_length() -> None:
     assert a.num_tokens == 4 and a.finish_reason is FinishReason.LENGTH
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(40))
 def test_closed_form_matches_per_step_reference(seed: int) -> None:
     rng = random.Random(seed)
+    max_running = rng.choice([2, 4, 16])
     c = cfg(
         kv_capacity_tokens=rng.choice([400, 800, 5_000]),
         max_model_len=300,
-        max_running=rng.choice([2, 4, 16]),
+        max_running=max_running,
         prefill_s_per_token=rng.choice([0.0, 1e-4]),
+        prefill_s_per_token_position=rng.choice([0.0, 3e-7]),
+        max_num_batched_tokens=rng.choice([None, max_running + 1, max_running + 7, 64]),
+        speed_factor=rng.choice([1.0, 0.7, 1.3]),
     )
     trajs = [
         RefTraj(

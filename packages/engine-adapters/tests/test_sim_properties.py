@@ -17,6 +17,8 @@ CFG = SimConfig(
     kv_capacity_tokens=600,
     max_model_len=300,
     prefill_s_per_token=1e-4,
+    prefill_s_per_token_position=1e-6,
+    max_num_batched_tokens=40,  # prompts of up to 120 tokens prefill in chunks
     weight_load_constant_s=0.05,
 )
 

@@ -91,3 +91,75 @@ def test_config_validation(kwargs: dict[str, object], field: str) -> None:
 def test_from_mapping_rejects_unknown() -> None:
     with pytest.raises(InvalidRequest, match="medain"):
         WorkloadConfig.from_mapping({"medain": 3})
+
+
+# ---- traces of whole groups ----------------------------------------------------------------
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def test_group_trace_keeps_each_group_inside_one_record(tmp_path: Path) -> None:
+    records = [[100, 110, 120, 130], [5000, 5100, 5200, 5300], [20_000, 19_000, 18_000, 17_000]]
+    p = _write(tmp_path / "g.jsonl", "".join(json.dumps({"lengths": r}) + "\n" for r in records))
+    cfg = WorkloadConfig(kind="group_trace", trace_path=str(p), max_length=18_500, seed=3)
+    groups = LengthSampler(cfg).groups(300, 4)
+    capped = [sorted(min(x, 18_500) for x in r) for r in records]
+    for g in groups:
+        assert sorted(g.tolist()) in capped  # all four members from one record
+    # every record is drawn, and the draw is deterministic under seed and stream
+    assert {min(g) for g in groups.tolist()} == {100, 5000, 17_000}
+    assert np.array_equal(groups, LengthSampler(cfg).groups(300, 4))
+    assert not np.array_equal(groups, LengthSampler(cfg).groups(300, 4, stream=1))
+    # bigger groups than the records: drawn with replacement, still from one record
+    big = LengthSampler(cfg).groups(50, 10)
+    for g in big:
+        assert any(set(g.tolist()) <= set(r) for r in capped)
+
+
+def test_group_trace_csv(tmp_path: Path) -> None:
+    p = _write(tmp_path / "g.csv", "group,length\na,10\nb,900\na,12\nb,950\n")
+    groups = LengthSampler(WorkloadConfig(kind="group_trace", trace_path=str(p))).groups(40, 2)
+    assert {tuple(sorted(g)) for g in groups.tolist()} == {(10, 12), (900, 950)}
+    # columns in either order
+    q = _write(tmp_path / "h.csv", "length,group\n7,x\n8,x\n")
+    assert LengthSampler(WorkloadConfig(kind="group_trace", trace_path=str(q))).groups(
+        1, 2
+    ).tolist() in ([[7, 8]], [[8, 7]])
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "where"),
+    [
+        ("a.jsonl", '{"lengths": [1, 2]}\nnot json\n', ":2: line"),
+        ("a.jsonl", '{"lengths": [1, 2]}\n[3, 4]\n', ":2: line"),
+        ("a.jsonl", '{"lens": [1]}\n', ":1: lens"),
+        ("a.jsonl", '{"id": 3, "lengths": [1]}\n', ":1: id"),
+        ("a.jsonl", "{}\n", ":1: lengths"),
+        ("a.jsonl", '{"lengths": []}\n', ":1: lengths"),
+        ("a.jsonl", '{"lengths": [5, 0]}\n', ":1: lengths[1]"),
+        ("a.jsonl", '{"lengths": [5, 2.5]}\n', ":1: lengths[1]"),
+        ("a.jsonl", "\n\n", "holds no groups"),
+        ("a.csv", "grp,length\nx,1\n", ":1: header"),
+        ("a.csv", "group,length\nx,1\ny,ten\n", ":3: length"),
+        ("a.csv", "group,length\nx,1\ny,-4\n", ":3: length"),
+        ("a.csv", "group,length\nx,1,2\n", ":2: row"),
+        ("a.csv", "group,length\n,5\n", ":2: group"),
+    ],
+)
+def test_group_trace_errors_name_line_and_field(
+    tmp_path: Path, name: str, text: str, where: str
+) -> None:
+    p = _write(tmp_path / name, text)
+    with pytest.raises(InvalidRequest, match=where.replace("[", r"\[").replace("]", r"\]")):
+        LengthSampler(WorkloadConfig(kind="group_trace", trace_path=str(p)))
+
+
+def test_group_trace_needs_a_path_and_a_readable_file(tmp_path: Path) -> None:
+    with pytest.raises(InvalidRequest) as ei:
+        WorkloadConfig(kind="group_trace")
+    assert ei.value.field == "trace_path"
+    with pytest.raises(InvalidRequest, match="cannot read trace"):
+        LengthSampler(WorkloadConfig(kind="group_trace", trace_path=str(tmp_path / "nope.jsonl")))

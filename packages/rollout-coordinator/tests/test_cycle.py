@@ -108,6 +108,7 @@ def test_registry_builds_every_named_policy():
         "one-step",
         "coarse-async",
         "coarse-async-drop",
+        "verl-async",
         "vanilla-routing",
         "vanilla-sync",
         "vanilla-migration",
@@ -120,7 +121,10 @@ def test_registry_builds_every_named_policy():
     assert build_policy("one-step").required_eta == 1
     assert build_policy("vanilla-routing").routing is build_policy("all-vanilla").routing
     assert build_policy("vanilla-routing").sync is build_policy("staleflow").sync
-    assert {n for n in POLICIES if build_policy(n).protocol == "gc-fifo"} == {"coarse-async-drop"}
+    assert {n for n in POLICIES if build_policy(n).protocol == "gc-fifo"} == {
+        "coarse-async-drop",
+        "verl-async",
+    }
 
 
 def test_a_policy_refuses_a_protocol_that_keeps_eta_another_way():

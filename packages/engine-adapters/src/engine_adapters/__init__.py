@@ -26,7 +26,7 @@ from engine_adapters.errors import (
     UnknownTrajectory,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "BACKENDS",

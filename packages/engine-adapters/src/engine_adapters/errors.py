@@ -3,7 +3,8 @@
 EngineError                      root of this package
 ├── InvalidRequest               the caller sent a bad request (field named in ``.field``)
 │   ├── PromptTooLong            prompt (+ resumed tokens) exceeds the model context
-│   └── InvalidWeights           missing / extra / mis-shaped tensors in load_weights
+│   ├── InvalidWeights           missing / extra / mis-shaped tensors in load_weights
+│   └── CostModelError           bad cost-model coefficients, preset name or coefficient file
 ├── UnknownTrajectory            interrupt() named an id the engine does not hold
 ├── EngineUnavailable            the engine is not started, closed or dead
 └── BackendNotInstalled (also ImportError)  the backend's extra is missing
@@ -28,6 +29,10 @@ class PromptTooLong(InvalidRequest):
 
 class InvalidWeights(InvalidRequest):
     pass
+
+
+class CostModelError(InvalidRequest):
+    """Bad cost-model coefficients, an unknown preset or an unreadable coefficient file."""
 
 
 class UnknownTrajectory(EngineError, KeyError):

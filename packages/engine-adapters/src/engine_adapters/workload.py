@@ -3,14 +3,20 @@
 Theory of operation
 -------------------
 Every trajectory gets a true response length (``GenerateRequest.target_length``) drawn from a
-distribution — lognormal, power-law (Pareto), bimodal (two lognormals) or a replayed trace —
-and capped at ``max_length``: whatever would exceed the cap lands exactly on it, which is how
-real RL runs look (a spike of truncated responses at the limit).
+distribution — lognormal, power-law (Pareto), bimodal (two lognormals), a replayed trace of
+single lengths, or a replayed trace of whole groups — and capped at ``max_length``: whatever
+would exceed the cap lands exactly on it, which is how real RL runs look (a spike of truncated
+responses at the limit).
 
 Lengths inside a GRPO group are correlated through a per-prompt difficulty factor: each draw
 uses the standard normal ``z = √ρ·d + √(1−ρ)·ε`` (``d`` shared by the group, ``ε`` per
 trajectory, ``ρ = group_correlation``) mapped through the distribution's quantile function
 (a Gaussian copula), so the marginal distribution is the same for any ``ρ``.
+
+A *group trace* (``kind="group_trace"``) keeps the correlation a real run had instead: each
+record is one prompt's responses (:func:`load_group_trace`), a group is drawn as one record
+(uniformly, with replacement) and its members come from that record only — ``group_size``
+of its lengths drawn without replacement if it has that many, else with replacement. ``group_correlation`` does not apply to it.
 
 Everything is deterministic under ``seed``; ``stream`` selects independent sub-streams (e.g.
 one per training step).
@@ -18,6 +24,7 @@ one per training step).
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from collections.abc import Mapping
@@ -29,8 +36,8 @@ import numpy as np
 
 from engine_adapters.errors import InvalidRequest
 
-Kind = Literal["lognormal", "power_law", "bimodal", "trace"]
-KINDS: tuple[str, ...] = ("lognormal", "power_law", "bimodal", "trace")
+Kind = Literal["lognormal", "power_law", "bimodal", "trace", "group_trace"]
+KINDS: tuple[str, ...] = ("lognormal", "power_law", "bimodal", "trace", "group_trace")
 
 
 def _check(cond: bool, field: str, message: str) -> None:
@@ -48,6 +55,8 @@ class WorkloadConfig:
       second with probability ``weight2``.
     * trace: ``trace_path`` to a JSONL file, one length per line (a bare integer or an object
       with a ``"length"`` key); draws are quantiles of the empirical distribution.
+    * group_trace: ``trace_path`` to a file of groups (:func:`load_group_trace`); every group
+      is one record of it.
     """
 
     kind: Kind = "lognormal"
@@ -85,9 +94,9 @@ class WorkloadConfig:
             f"must be in [0, 1], got {self.group_correlation}",
         )
         _check(
-            self.kind != "trace" or self.trace_path is not None,
+            self.kind not in ("trace", "group_trace") or self.trace_path is not None,
             "trace_path",
-            "is required when kind='trace'",
+            f"is required when kind={self.kind!r}",
         )
 
     @classmethod
@@ -122,6 +131,88 @@ def load_trace(path: str | Path) -> np.ndarray:
     return np.sort(np.asarray(lengths, dtype=np.int64))
 
 
+def _trace_error(path: str | Path, line: int, field: str, message: str) -> InvalidRequest:
+    return InvalidRequest(f"{path}:{line}: {field}: {message}", field=field)
+
+
+def _lengths_of(path: str | Path, line: int, value: Any, field: str) -> list[int]:
+    if not isinstance(value, list) or not value:
+        raise _trace_error(path, line, field, f"must be a non-empty list of lengths, got {value!r}")
+    for i, x in enumerate(value):
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            raise _trace_error(path, line, f"{field}[{i}]", f"must be an integer >= 1, got {x!r}")
+    return value
+
+
+def load_group_trace(path: str | Path) -> list[np.ndarray]:
+    """Read a trace of groups: one record (a prompt's response lengths) per group.
+
+    Two formats, by file name: ``.csv`` — a header with the columns ``group`` and ``length``
+    and one row per response (rows of a group need not be adjacent; groups keep the order of
+    their first row); anything else — JSON lines, each an object ``{"lengths": [n, ...]}``.
+    Lengths are integers >= 1. Errors name the line and the field.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidRequest(f"cannot read trace {str(path)!r}: {exc}", field="trace_path") from exc
+    groups = _csv_groups(path, text) if str(path).endswith(".csv") else _jsonl_groups(path, text)
+    if not groups:
+        raise InvalidRequest(f"trace {path} holds no groups", field="trace_path")
+    return [np.asarray(g, dtype=np.int64) for g in groups]
+
+
+def _jsonl_groups(path: str | Path, text: str) -> list[list[int]]:
+    groups = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise _trace_error(path, lineno, "line", f"not JSON ({exc.msg})") from None
+        if not isinstance(item, dict):
+            raise _trace_error(path, lineno, "line", f"must be an object, got {item!r}")
+        unknown = sorted(set(item) - {"lengths"})
+        if unknown:
+            raise _trace_error(path, lineno, unknown[0], "unknown key; allowed: ['lengths']")
+        if "lengths" not in item:
+            raise _trace_error(path, lineno, "lengths", "missing")
+        groups.append(_lengths_of(path, lineno, item["lengths"], "lengths"))
+    return groups
+
+
+def _csv_groups(path: str | Path, text: str) -> list[list[int]]:
+    rows = list(csv.reader(text.splitlines()))
+    if not rows:
+        return []
+    header = [h.strip() for h in rows[0]]
+    if sorted(header) != ["group", "length"]:
+        raise _trace_error(
+            path, 1, "header", f"must be the columns 'group' and 'length', got {header}"
+        )
+    gi, li = header.index("group"), header.index("length")
+    groups: dict[str, list[int]] = {}
+    for lineno, row in enumerate(rows[1:], 2):
+        if not row or all(not c.strip() for c in row):
+            continue
+        if len(row) != 2:
+            raise _trace_error(path, lineno, "row", f"must have 2 columns, got {len(row)}")
+        group, raw = row[gi].strip(), row[li].strip()
+        if not group:
+            raise _trace_error(path, lineno, "group", "is empty")
+        try:
+            length = int(raw)
+        except ValueError:
+            raise _trace_error(
+                path, lineno, "length", f"must be an integer >= 1, got {raw!r}"
+            ) from None
+        if length < 1:
+            raise _trace_error(path, lineno, "length", f"must be an integer >= 1, got {length}")
+        groups.setdefault(group, []).append(length)
+    return list(groups.values())
+
+
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
@@ -136,12 +227,19 @@ class LengthSampler:
     def __init__(self, config: WorkloadConfig) -> None:
         self.config = config
         self._trace = None
+        self._groups: list[np.ndarray] | None = None
         if config.kind == "trace":
             assert config.trace_path is not None  # validated by WorkloadConfig
             self._trace = load_trace(config.trace_path)
+        elif config.kind == "group_trace":
+            assert config.trace_path is not None
+            self._groups = load_group_trace(config.trace_path)
 
     def quantile(self, u: np.ndarray) -> np.ndarray:
-        """Uncapped length at probability ``u`` in (0, 1) (float array)."""
+        """Uncapped length at probability ``u`` in (0, 1) (float array).
+
+        For a group trace: the quantile of all its lengths pooled.
+        """
         c = self.config
         u = np.clip(u, 1e-12, 1 - 1e-12)
         if c.kind == "lognormal":
@@ -157,7 +255,9 @@ class LengthSampler:
             if c.weight2 > 0:
                 out[~low] = c.median2 * np.exp(c.sigma2 * _probit((u[~low] - w1) / c.weight2))
             return out
-        assert self._trace is not None
+        if self._trace is None:
+            assert self._groups is not None
+            self._trace = np.sort(np.concatenate(self._groups))
         idx = np.minimum((u * len(self._trace)).astype(np.int64), len(self._trace) - 1)
         picked: np.ndarray = self._trace[idx].astype(np.float64)
         return picked
@@ -171,6 +271,8 @@ class LengthSampler:
             )
         c = self.config
         rng = np.random.default_rng([c.seed, stream])
+        if self._groups is not None:
+            return self._trace_groups(rng, num_groups, group_size)
         d = rng.standard_normal((num_groups, 1))
         eps = rng.standard_normal((num_groups, group_size))
         rho = c.group_correlation
@@ -178,6 +280,21 @@ class LengthSampler:
         raw = self.quantile(_normal_cdf(z))
         lengths: np.ndarray = np.clip(np.rint(raw), c.min_length, c.max_length).astype(np.int64)
         return lengths
+
+    def _trace_groups(
+        self, rng: np.random.Generator, num_groups: int, group_size: int
+    ) -> np.ndarray:
+        assert self._groups is not None
+        c = self.config
+        out = np.empty((num_groups, group_size), dtype=np.int64)
+        for g, pick in enumerate(rng.integers(len(self._groups), size=num_groups)):
+            record = self._groups[int(pick)]
+            if len(record) >= group_size:
+                out[g] = rng.choice(record, size=group_size, replace=False)
+            else:
+                out[g] = rng.choice(record, size=group_size, replace=True)
+        clipped: np.ndarray = np.clip(out, c.min_length, c.max_length)
+        return clipped
 
     def sample(self, n: int, *, stream: int = 0) -> np.ndarray:
         """``n`` independent lengths (groups of one)."""

@@ -9,7 +9,7 @@ from rollout_coordinator._commands import (
     Route,
     Sync,
 )
-from rollout_coordinator._config import MIGRATION_INDICATORS, CoordinatorConfig
+from rollout_coordinator._config import MIGRATION_INDICATORS, PROFILES, CoordinatorConfig
 from rollout_coordinator._cycle import Coordinator, CycleReport
 from rollout_coordinator._records import InstanceSnapshot, QueuedTrajectory, QueueView, RunningEntry
 from rollout_coordinator._speculative import InstanceState, SpeculativeState
@@ -29,11 +29,12 @@ from rollout_coordinator.errors import (
     UnknownPolicy,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "MIGRATION_INDICATORS",
     "PRESETS",
+    "PROFILES",
     "Command",
     "ConfigError",
     "Coordinator",

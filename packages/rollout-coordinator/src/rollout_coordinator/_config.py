@@ -3,18 +3,45 @@
 Out-of-range values raise :class:`ConfigError` naming the field and the allowed range; nothing is
 clamped. Batch size, group size and η are *not* here: they belong to the staleness protocol and
 the coordinator reads them from it, so the two can never disagree.
+
+Profiles
+--------
+A *profile* is a named set of field values (:data:`PROFILES`), applied with
+:meth:`CoordinatorConfig.from_profile` or ``from_dict({"profile": ...})``; explicit fields win.
+
+* ``default`` — the field defaults below.
+* ``paper`` — the values of the published StaleFlow runs: θ 0.3; the router takes at most 128
+  concurrent requests per instance with a KV limit of 100 %; a stale instance syncs once its KV
+  usage is at most 0.5 and its engine waiting queue is empty, whether or not work at its version
+  remains; migration compares throughput, needs a ratio above 5 and at least 8 running, moves
+  all the loaded instance's movable requests (the router re-places them by the cost model), one
+  instance per cycle, never while a sync is issued or in flight; a request the engine preempts
+  is aborted back to the trajectory server once the engine's waiting queue exceeds 3; new
+  groups go to the version whose latest reservable buffer is latest.
+* ``robust`` — ``paper`` plus two rules beyond it: a stale instance syncs at once when it lags
+  the latest published version by ``⌈η/2⌉`` (greedy global sync at η ≤ 2; no instance rides an
+  old version to the abort floor, so syncs cannot pile up into a herd there; see
+  :mod:`rollout_coordinator.policies.sync_per_instance`), and queued partial trajectories go
+  to the instance with the best marginal gain among every version that can serve them, not to
+  the oldest version first.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
 from rollout_coordinator.cost_model import QWEN3_30B_A3B_H20, CostModel
-from rollout_coordinator.errors import ConfigError
+from rollout_coordinator.errors import ConfigError, CostModelError
 
 MIGRATION_INDICATORS = ("kv", "running", "waiting", "throughput")
+MIGRATION_AMOUNTS = ("half_gap", "all")
+PREEMPTION_RULES = ("bounce", "abort", "off")
+CANDIDATE_ORDERS = ("oldest", "reserve")
+PARTIAL_ORDERS = ("version", "gain")
 
 
 def _open_unit(inst: Any, a: attrs.Attribute[float], v: float) -> None:
@@ -37,9 +64,36 @@ def _positive_int(inst: Any, a: attrs.Attribute[int], v: int) -> None:
         raise ConfigError(a.name, v, "an integer >= 1")
 
 
-def _indicator(inst: Any, a: attrs.Attribute[str], v: str) -> None:
-    if v not in MIGRATION_INDICATORS:
-        raise ConfigError(a.name, v, f"one of {list(MIGRATION_INDICATORS)}")
+def _optional_positive_int(inst: Any, a: attrs.Attribute[int | None], v: int | None) -> None:
+    if v is not None and not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+        raise ConfigError(a.name, v, "an integer >= 1 or None (off)")
+
+
+def _optional_non_negative(inst: Any, a: attrs.Attribute[float | None], v: float | None) -> None:
+    if v is not None and not (
+        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+    ):
+        raise ConfigError(a.name, v, "a finite number >= 0 or None (η)")
+
+
+def _optional_fraction(inst: Any, a: attrs.Attribute[float | None], v: float | None) -> None:
+    if v is not None and not (
+        isinstance(v, int | float) and not isinstance(v, bool) and 0.0 < v <= 1.0
+    ):
+        raise ConfigError(a.name, v, "in (0, 1] or None (off)")
+
+
+def _bool(inst: Any, a: attrs.Attribute[bool], v: bool) -> None:
+    if not isinstance(v, bool):
+        raise ConfigError(a.name, v, "true or false")
+
+
+def _one_of(*choices: str) -> Any:
+    def check(inst: Any, a: attrs.Attribute[str], v: str) -> None:
+        if v not in choices:
+            raise ConfigError(a.name, v, f"one of {list(choices)}")
+
+    return check
 
 
 def _policy(inst: Any, a: attrs.Attribute[str], v: str) -> None:
@@ -56,7 +110,7 @@ def _cost_model(inst: Any, a: attrs.Attribute[CostModel], v: CostModel) -> None:
 
 @attrs.frozen(kw_only=True)
 class CoordinatorConfig:
-    """Thresholds of the snapshot–command cycle. Defaults follow the reference runs (DESIGN §5)."""
+    """Thresholds of the snapshot–command cycle (see the module docstring for profiles)."""
 
     #: Policy name from the registry (``rollout_coordinator.policies.POLICIES``).
     policy: str = attrs.field(default="staleflow", validator=_policy)
@@ -69,6 +123,16 @@ class CoordinatorConfig:
     theta: float = attrs.field(default=0.3, validator=_open_unit)
     #: An instance has KV room for a trajectory if its KV usage *after* adding it stays ≤ this.
     route_kv_limit: float = attrs.field(default=0.9, validator=_open_unit)
+    #: The cost-model router gives an instance no more work once it runs this many
+    #: trajectories (None: no cap; the paper's runs: 128).
+    route_max_concurrency: int | None = attrs.field(default=None, validator=_optional_positive_int)
+    #: Which version group new groups try first: ``oldest`` (smallest admissible version) or
+    #: ``reserve`` (the version whose latest reservable buffer is latest: under the buffer
+    #: protocol that is the newest admissible version).
+    candidate_order: str = attrs.field(default="oldest", validator=_one_of(*CANDIDATE_ORDERS))
+    #: Where queued partials go: ``version`` (the smallest version that can serve them first)
+    #: or ``gain`` (the best marginal gain among every version that can serve them).
+    partial_order: str = attrs.field(default="version", validator=_one_of(*PARTIAL_ORDERS))
     #: Hard cap on routes issued in one cycle (bounds the cycle's cost; the rest go next cycle).
     max_routes_per_cycle: int = attrs.field(default=4096, validator=_positive_int)
     #: Stop scanning the queue after this many consecutive trajectories that found no instance.
@@ -78,15 +142,40 @@ class CoordinatorConfig:
     #: A stale instance syncs only while its KV usage is below this (syncing unlocks routing
     #: only if the instance would have room; a busy instance keeps serving its version).
     sync_kv_threshold: float = attrs.field(default=0.3, validator=_unit)
+    #: ... and only once it cannot take admissible work at its own version (the paper's runs
+    #: do not require this: False).
+    sync_require_starved: bool = attrs.field(default=True, validator=_bool)
+    #: A stale instance that lags the latest published version by at least this many versions
+    #: syncs at once, whatever its load (None: never forced before the abort floor; 1 is greedy
+    #: global sync).
+    sync_max_lag: int | None = attrs.field(default=None, validator=_optional_positive_int)
+    #: The same bound relative to the staleness bound: ``max(1, ⌈fraction × η⌉)`` versions
+    #: (None: off). When both are set the tighter one applies.
+    sync_lag_fraction: float | None = attrs.field(default=None, validator=_optional_fraction)
 
     # --- migration ---
     #: Migrate when the loaded instance's indicator is ≥ this × the starving one's (> 1; ≈5).
     migration_ratio: float = attrs.field(default=5.0, validator=_above_one)
     #: Load indicator compared by migration: "kv" (KV tokens), "running", "waiting" or
     #: "throughput" (tokens/s from the snapshot).
-    migration_indicator: str = attrs.field(default="kv", validator=_indicator)
+    migration_indicator: str = attrs.field(default="kv", validator=_one_of(*MIGRATION_INDICATORS))
     #: A loaded instance gives up trajectories only if it runs at least this many.
     migration_min_running: int = attrs.field(default=4, validator=_positive_int)
+    #: How many it gives up: ``half_gap`` (half the running-count gap, largest first) or
+    #: ``all`` (every one the starving instance can serve; the router re-places them).
+    migration_amount: str = attrs.field(default="half_gap", validator=_one_of(*MIGRATION_AMOUNTS))
+    #: Whether migration may act in a cycle where a sync is issued or in flight.
+    migration_during_sync: bool = attrs.field(default=True, validator=_bool)
+
+    # --- preemption ---
+    #: What happens to work the engine preempts or is about to: ``bounce`` (interrupt running
+    #: trajectories of an instance with a long waiting queue and nearly full KV, below),
+    #: ``abort`` (the paper's rule: once the engine's waiting queue exceeds
+    #: ``preempt_abort_waiting``, the excess waiting trajectories go back to the trajectory
+    #: server, oldest routed first — those are the preempted ones) or ``off``.
+    preemption_rule: str = attrs.field(default="bounce", validator=_one_of(*PREEMPTION_RULES))
+    #: The waiting queue an engine may keep under the ``abort`` rule.
+    preempt_abort_waiting: int = attrs.field(default=3, validator=_positive_int)
     #: Bounce (interrupt for re-routing) trajectories on an instance whose engine waiting queue
     #: is at least this long ...
     bounce_waiting_threshold: int = attrs.field(default=8, validator=_positive_int)
@@ -95,21 +184,70 @@ class CoordinatorConfig:
     #: ... at most this many trajectories per instance per cycle.
     bounce_max_per_instance: int = attrs.field(default=8, validator=_positive_int)
 
+    # --- the VeRL-Async baseline (policy ``verl-async``) ---
+    #: verl's ``staleness_threshold``: between two parameter syncs the rollouter starts at most
+    #: ``(1 + this) × B`` groups, counting those still in flight or queued (None: η).
+    verl_staleness_threshold: float | None = attrs.field(
+        default=None, validator=_optional_non_negative
+    )
+    #: verl's concurrency cap: at most this many groups in flight per rollout server.
+    verl_max_concurrent_groups_per_instance: int = attrs.field(default=16, validator=_positive_int)
+
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CoordinatorConfig:
-        """Build from a plain mapping (YAML); ``cost_model`` may be a preset name, a path to a
-        coefficient JSON file, or an inline mapping of coefficients."""
+    def from_profile(cls, name: str, **overrides: Any) -> CoordinatorConfig:
+        """The named profile (:data:`PROFILES`) with ``overrides`` on top."""
+        if name not in PROFILES:
+            raise ConfigError("profile", name, f"one of {sorted(PROFILES)}")
+        return cls.from_dict({**PROFILES[name], **overrides})
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CoordinatorConfig:
+        """Build from a plain mapping (YAML). ``profile`` names a profile the other keys
+        override; ``cost_model`` may be a preset name, a path to a coefficient JSON file, or an
+        inline mapping of coefficients."""
         data = dict(data)
+        profile = data.pop("profile", None)
+        if profile is not None:
+            if profile not in PROFILES:
+                raise ConfigError("profile", profile, f"one of {sorted(PROFILES)}")
+            data = {**PROFILES[profile], **data}
         known = {a.name for a in attrs.fields(cls)}
         unknown = set(data) - known
         if unknown:
             name = sorted(unknown)[0]
-            raise ConfigError(name, data[name], f"a known field: one of {sorted(known)}")
+            raise ConfigError(
+                name, data[name], f"a known field: one of {sorted(known | {'profile'})}"
+            )
         cm = data.get("cost_model")
-        if isinstance(cm, str):
-            from rollout_coordinator.cost_model import PRESETS
-
-            data["cost_model"] = PRESETS[cm] if cm in PRESETS else CostModel.load(cm)
-        elif isinstance(cm, dict):
-            data["cost_model"] = CostModel.from_dict(cm)
+        if isinstance(cm, str | Mapping):
+            try:
+                data["cost_model"] = CostModel.resolve(cm)
+            except CostModelError as exc:
+                raise ConfigError(
+                    "cost_model", cm, "a preset, a .json path or coefficients", detail=str(exc)
+                ) from exc
         return cls(**data)
+
+
+PAPER: dict[str, Any] = {
+    "theta": 0.3,
+    "route_max_concurrency": 128,
+    "route_kv_limit": 1.0,
+    "candidate_order": "reserve",
+    "sync_kv_threshold": 0.5,
+    "sync_require_starved": False,
+    "migration_indicator": "throughput",
+    "migration_ratio": 5.0,
+    "migration_min_running": 8,
+    "migration_amount": "all",
+    "migration_during_sync": False,
+    "preemption_rule": "abort",
+    "preempt_abort_waiting": 3,
+}
+
+#: Named field sets; see the module docstring.
+PROFILES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "paper": PAPER,
+    "robust": {**PAPER, "sync_lag_fraction": 0.5, "partial_order": "gain"},
+}

@@ -242,6 +242,16 @@ class Coordinator:
         self._dropped_since += n_drop
         return commands
 
+    def _waiting_ids(self, instance_id: str) -> tuple[str, ...]:
+        """Routed to the instance, not running there (its engine's waiting queue), oldest
+        route first; routes held for its sync in flight are not on the engine yet."""
+        inst = self.state.instances.get(instance_id)
+        routed = self._routed.get(instance_id)
+        if inst is None or not routed or inst.syncing:
+            return ()
+        running = {e.trajectory_id for e in inst.running_entries()}
+        return tuple(tid for tid in routed if tid not in running)
+
     def _forget(self, tid: str) -> None:
         iid = self._where.pop(tid, None)
         if iid is not None:
@@ -288,6 +298,7 @@ class Coordinator:
             eta=self.protocol.config.eta,
             admitted_total=self._admitted_total,
             lost_total=self._lost_total,
+            waiting_ids=self._waiting_ids,
         )
         port = _ProtocolPort(self)
         quota, self._gate = self.policy.admission(view, self._gate)
@@ -328,8 +339,10 @@ class Coordinator:
         migrated = bounced = 0
         for it in self.policy.migration(view, routing, self.v_traj_of):
             gone = self.state.interrupt(it.instance_id, it.trajectory_ids, now=now)
-            for e in gone:
-                self._forget(e.trajectory_id)
+            # the others were waiting in the engine (preemption abort)
+            self.state.withdraw_waiting(it.instance_id, len(it.trajectory_ids) - len(gone))
+            for tid in it.trajectory_ids:
+                self._forget(tid)
             commands.append(it)
             if it.reason == "bounce":
                 bounced += len(it.trajectory_ids)

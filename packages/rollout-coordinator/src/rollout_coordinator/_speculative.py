@@ -249,6 +249,12 @@ class SpeculativeState:
             s.kv_used = max(0, s.kv_used - e.tokens)
         return gone
 
+    def withdraw_waiting(self, instance_id: str, count: int) -> None:
+        """Account ``count`` trajectories taken out of the engine's waiting queue."""
+        if count > 0:
+            s = self.get(instance_id)
+            s.waiting = max(0, s.waiting - count)
+
     def begin_sync(self, instance_id: str, to_version: int, *, now: float) -> list[RunningEntry]:
         """Account a sync; returns the running entries it interrupts."""
         s = self.get(instance_id)

@@ -13,13 +13,18 @@ CoordinatorError                 root of this package; context travels as attrib
 │   └── InconsistentSnapshot     contradicts what the coordinator knows (version regression,
 │                                a version nobody synced to)
 ├── SyncInProgress               a second sync for an instance that is mid-sync
-├── CostModelError (ValueError)  bad coefficients or coefficient file (``.field``)
 └── FitError (ValueError)        the profile cannot be fitted (too few / malformed records)
+
+CostModelError (``.field``: bad coefficients, preset name or coefficient file) belongs to the
+cost model, which lives in engine-adapters; it is re-exported here unchanged
+(``engine_adapters.errors.CostModelError``, a ValueError).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from engine_adapters.errors import CostModelError
 
 
 class CoordinatorError(Exception):
@@ -88,13 +93,23 @@ class SyncInProgress(CoordinatorError):
         self.to_version = to_version
 
 
-class CostModelError(CoordinatorError, ValueError):
-    def __init__(self, message: str, *, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
-
-
 class FitError(CoordinatorError, ValueError):
     def __init__(self, message: str, *, line: int | None = None) -> None:
         super().__init__(message if line is None else f"line {line}: {message}")
         self.line = line
+
+
+__all__ = [
+    "ConfigError",
+    "CoordinatorError",
+    "CostModelError",
+    "FitError",
+    "FutureSnapshot",
+    "InconsistentSnapshot",
+    "InvalidSnapshot",
+    "SnapshotRejected",
+    "StaleSnapshot",
+    "SyncInProgress",
+    "UnknownInstance",
+    "UnknownPolicy",
+]

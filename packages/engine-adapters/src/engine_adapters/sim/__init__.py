@@ -2,19 +2,22 @@
 
 * :class:`SimEngineCore` — sans-IO synchronous core driven in (virtual) time.
 * :class:`SimAdapter` — the async :class:`~engine_adapters.EngineAdapter` over the core.
-* :class:`CostModel` / :data:`PRESETS` — ``τ(n, kv)`` step-latency fits (also for the
-  coordinator).
+* :class:`SimConfig` — one instance: model and GPU (KV capacity, prefill), batching limits,
+  speed factor; :func:`draw_speed_factors` for a heterogeneous fleet.
+* :class:`CostModel` / :data:`PRESETS` / :func:`preset` — re-exported from
+  :mod:`engine_adapters.cost_model` (the one step-latency model, shared with the coordinator).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from engine_adapters.cost_model import PRESETS, CostModel, preset
 from engine_adapters.sim._adapter import SimAdapter, weights_nbytes
 from engine_adapters.sim._clock import Clock, RealClock, VirtualClock
-from engine_adapters.sim._config import SimConfig
-from engine_adapters.sim._core import SimCompletion, SimEngineCore, make_core
-from engine_adapters.sim.cost import PRESETS, CostModel, preset
+from engine_adapters.sim._completion import SimCompletion
+from engine_adapters.sim._config import SimConfig, draw_speed_factors
+from engine_adapters.sim._core import SimEngineCore, make_core
 
 __all__ = [
     "PRESETS",
@@ -26,6 +29,7 @@ __all__ = [
     "SimConfig",
     "SimEngineCore",
     "VirtualClock",
+    "draw_speed_factors",
     "from_config",
     "make_core",
     "preset",

@@ -28,8 +28,9 @@ from engine_adapters.errors import (
     UnknownTrajectory,
 )
 from engine_adapters.sim._clock import Clock, RealClock
+from engine_adapters.sim._completion import SimCompletion
 from engine_adapters.sim._config import SimConfig
-from engine_adapters.sim._core import SimCompletion, SimEngineCore
+from engine_adapters.sim._core import SimEngineCore
 
 log = structlog.get_logger(__name__)
 
@@ -258,15 +259,22 @@ class SimAdapter(EngineAdapter):
         if (
             per < 1
             or per + steps >= cfg.max_model_len
-            or kv + running * (steps + 1) > cfg.kv_capacity_tokens
+            or kv + running * (steps + 1) > cfg.kv_capacity
         ):
             raise InvalidRequest(
                 f"profile point (running={running}, kv={kv}) does not fit: need kv >= running, "
                 f"kv/running + steps < max_model_len={cfg.max_model_len} and "
-                f"kv + running·steps <= kv_capacity_tokens={cfg.kv_capacity_tokens}",
+                f"kv + running·steps <= the KV capacity {cfg.kv_capacity}",
                 field="points",
             )
-        scratch = SimEngineCore(attrs.evolve(cfg, prefill_s_per_token=0.0), instance_id="profile")
+        no_prefill = attrs.evolve(
+            cfg,
+            prefill_s_per_token=0.0,
+            prefill_s_per_token_position=0.0,
+            max_num_batched_tokens=None,
+            kv_capacity_tokens=cfg.kv_capacity,
+        )
+        scratch = SimEngineCore(no_prefill, instance_id="profile")
         extra = kv - per * running
         for i in range(running):
             plen = per + (1 if i < extra else 0)
@@ -280,7 +288,7 @@ class SimAdapter(EngineAdapter):
             )
         # All were admitted at t=0 in one batch; the first boundary is after steps+1 steps.
         elapsed = scratch.next_event_time()
-        per_step = [cfg.cost.step_latency(running, kv + running * j) for j in range(steps + 1)]
+        per_step = [scratch.cost.step_latency(running, kv + running * j) for j in range(steps + 1)]
         if not math.isclose(elapsed, sum(per_step), rel_tol=1e-9):
             raise AssertionError("profile batch was not admitted at once")
         mean_kv = kv + running * steps / 2

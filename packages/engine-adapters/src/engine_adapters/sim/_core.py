@@ -3,144 +3,71 @@
 Theory of operation
 -------------------
 Time is data: every public method takes ``now`` (seconds, never decreasing) and the core never
-reads a clock. The engine runs *decode steps*. Each step, every running trajectory produces one
-token; a step with ``n`` running trajectories and ``kv`` resident tokens takes
-``τ(n, kv) = k4 + k1·kv + max(k2, b + k3·n)`` (:class:`~engine_adapters.sim.cost.CostModel`),
-where ``kv`` counts the tokens resident *before* the step (context of every running trajectory).
-A step that admits trajectories also pays ``prefill_s_per_token ×`` their context (prompt plus
-any resumed / previously generated tokens: preemption recomputes) and yields their first token.
+reads a clock. The engine runs *steps*. In a step every *decoding* trajectory produces one token
+and at most one trajectory, the *prefill head*, has part of its context computed. A step with
+``n`` decoding trajectories and ``kv`` tokens resident for them takes
+``τ(n, kv) = k4 + k1·kv + max(k2, b + k3·n)`` (:class:`~engine_adapters.cost_model.CostModel`),
+plus the prefill it carries: ``x`` context tokens at positions ``[a, a + x)`` cost
+``x·s_tok + s_pos·(x·a + x(x−1)/2)`` (:meth:`SimConfig.prefill_seconds`: linear matmuls plus
+causal attention). Every time is divided by ``speed_factor``.
 
-Between two *boundaries* the batch is constant, so ``kv`` grows by ``n`` per step and the time of
-``j`` steps is a quadratic in ``j``: ``S(j) = P + j·(k4 + max(k2, b + k3·n)) + k1·(j·kv0 +
-n·j(j−1)/2)``. The core therefore jumps straight to the next boundary — the earliest of: a
-trajectory reaching its stop length, the KV budget running out, or a command — and inverts
-``S`` in closed form to place a command that lands mid-stretch. Nothing loops per token.
+Prefill is chunked under a per-step token budget ``max_num_batched_tokens`` (None: unlimited).
+Each decoding trajectory takes one token of it; the rest goes, in admission order, first to the
+head and then to waiting trajectories. A trajectory whose whole remaining context fits joins
+the decoding batch in that very step (it samples its first token, as a prefill's last chunk
+does); the first one that does not fit becomes the head, takes what is left of the budget, and
+gets the whole prefill budget of each later step until the step that finishes it. A trajectory
+is admitted only while the budget has room, ``running < max_running`` and its whole context
+plus one token per decoding trajectory fits in the KV budget (its context is reserved when it is
+admitted). Every admission recomputes the whole context, prompt plus any resumed tokens: after
+an interrupt, a preemption, a migration or a sync the KV cache is rebuilt from scratch (no
+prefix cache).
+
+Between two *boundaries* the batch is constant, so ``kv`` grows by ``n`` per step and the head
+takes the same number of tokens per step; the time of ``j`` steps is a quadratic in ``j``,
+``S(j) = c0 + c1·j + c2·j(j−1)/2``. The core jumps straight to the next boundary — the earliest
+of: a trajectory reaching its stop length, the KV budget running out, the step before the head
+would finish its prefill, or a command — and inverts ``S`` in closed form to place a command
+that lands mid-stretch. Nothing loops per token.
 
 At a boundary, in this order: (1) trajectories at their stop length finish; (2) a pending
-weight load starts (no steps run while loading; running trajectories keep their KV and resume
-on the new version, so per-token versions change mid-trajectory); (3) while the next step would
-not fit (``kv + n > capacity``) the most recently admitted trajectory is preempted (its KV is
-freed and it goes to the *front* of the waiting queue; re-admission recomputes its prefill);
-(4) if nothing was preempted, waiting trajectories are admitted FIFO while
-``running < max_running`` and ``kv + context + (n + 1) <= capacity``.
+weight load starts (no steps run while loading); (3) while the next step would not fit
+(``kv + n > capacity``, ``kv`` counting the head's context and first token) the most recently admitted
+trajectory is preempted — the head first, then decoding ones — its KV freed and it goes to the
+*front* of the waiting queue; (4) if nothing was preempted, the step's prefill is planned as
+above. When a weight load ends, trajectories still held in the engine follow
+``kv_after_weight_load``: ``recompute`` returns them to the front of the waiting queue (in
+admission order) to re-prefill on the new version, ``keep`` lets them continue on their old
+cache; either way their later tokens carry the new version.
 
 A command arriving inside a step takes effect at the end of that step (the step in flight
 completes with the old batch); an interrupted trajectory keeps only the tokens of steps
 completed by ``now``. A command at exactly a boundary takes effect before the next step starts.
 
 Token ids are synthetic (see :mod:`engine_adapters.sim._tokens`) and produced only when a
-result is materialised (:meth:`SimCompletion.to_result`), so a virtual-time simulation pays for
-events, not tokens. Generation stops only at the request's ``stop_token_ids`` or at
-``max_new_tokens`` / the model context; ``eos_token_id`` appears at the request's
-``target_length`` (its natural end) and stops it only when listed in ``stop_token_ids``.
+result is materialised (:meth:`SimCompletion.to_result`). Generation stops only at the
+request's ``stop_token_ids`` or at ``max_new_tokens`` / the model context; ``eos_token_id``
+appears at the request's ``target_length`` (its natural end) and stops it only when listed in
+``stop_token_ids``.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-import attrs
-import numpy as np
-
-from engine_adapters._contract import (
-    EngineSnapshot,
-    FinishReason,
-    GenerateRequest,
-    GenerateResult,
-    RunningTrajectory,
-)
-from engine_adapters.errors import InvalidRequest, PromptTooLong, UnknownTrajectory
-from engine_adapters.sim import _tokens
+from engine_adapters._contract import EngineSnapshot, FinishReason, GenerateRequest
+from engine_adapters._contract import RunningTrajectory as _Running
+from engine_adapters.errors import InvalidRequest, UnknownTrajectory
+from engine_adapters.sim._completion import SimCompletion
 from engine_adapters.sim._config import SimConfig
-
-_SCAN_CHUNK = 4096
-_PROMPT_CACHE_SIZE = 4096
-# Times within this many seconds of a step boundary count as on it, so callers that add up
-# step latencies themselves (in another order than the closed form) land where they meant.
-_EPS = 1e-9
+from engine_adapters.sim._schedule import NO_CARRY, Scheduler, elapsed
+from engine_adapters.sim._traj import new_traj
 
 
-@attrs.frozen(kw_only=True)
-class SimCompletion:
-    """A trajectory that left the engine (finished or interrupted), without token payloads.
-
-    ``num_tokens`` counts the whole response so far, resumed prefix included.
-    ``version_segments`` lists ``(first_position, version)`` for every position the engine
-    generated (positions ``>= len(request.generated_token_ids)``), in order.
-    :meth:`to_result` materialises token ids, logprobs and per-token versions.
-    """
-
-    trajectory_id: str
-    prompt_tokens: int
-    num_tokens: int
-    finish_reason: FinishReason
-    time_s: float
-    version_segments: tuple[tuple[int, int], ...]
-    request: GenerateRequest = attrs.field(repr=False)
-    stream_key: int = attrs.field(repr=False)
-    eos_position: int | None = attrs.field(repr=False)
-    eos_token_id: int = attrs.field(repr=False)
-    token_range: tuple[int, int] = attrs.field(repr=False)
-
-    @property
-    def new_tokens(self) -> int:
-        """Tokens generated by this engine for this request (resumed prefix excluded)."""
-        return self.num_tokens - len(self.request.generated_token_ids)
-
-    def to_result(self) -> GenerateResult:
-        req = self.request
-        start = len(req.generated_token_ids)
-        toks = _tokens.token_ids(
-            self.stream_key, start, self.num_tokens, lo=self.token_range[0], hi=self.token_range[1]
-        )
-        if self.eos_position is not None and start <= self.eos_position < self.num_tokens:
-            toks[self.eos_position - start] = self.eos_token_id
-        positions = np.arange(start, self.num_tokens, dtype=np.int64)
-        versions = np.empty(len(positions), dtype=np.int64)
-        segments = self.version_segments
-        bounds = [p for p, _ in segments[1:]] + ([self.num_tokens] if segments else [])
-        for (first, version), end in zip(segments, bounds, strict=True):
-            versions[first - start : end - start] = version
-        lps = _tokens.logprobs(self.stream_key, positions, versions)
-        return GenerateResult(
-            trajectory_id=self.trajectory_id,
-            token_ids=req.generated_token_ids + tuple(toks.tolist()),
-            logprobs=req.generated_logprobs + tuple(lps.tolist()),
-            versions=req.generated_versions + tuple(versions.tolist()),
-            finish_reason=self.finish_reason,
-        )
-
-
-@attrs.define(slots=True, eq=False)
-class _Traj:
-    request: GenerateRequest
-    key: int
-    prompt_len: int
-    stop_len: int  # total response length at which it stops
-    stop_reason: FinishReason
-    eos_position: int | None
-    generated: int  # response tokens when (re)admitted / when last not running
-    marks: list[tuple[int, int]]  # (first position, version) for engine-generated positions
-    admit_step: int = 0
-    admit_seq: int = -1
-    context_at_admit: int = 0
-
-
-@attrs.define(slots=True)
-class _Stretch:
-    t0: float
-    n: int
-    kv0: int
-    prefill_s: float
-    batch_s: float  # k4 + max(k2, b + k3·n)
-    m_end: int  # steps until the stretch's boundary
-
-
-class SimEngineCore:
+class SimEngineCore(Scheduler):
     """A simulated rollout instance driven in (virtual) time by its caller.
 
     Typical driving loop::
@@ -154,30 +81,9 @@ class SimEngineCore:
     def __init__(
         self, config: SimConfig | None = None, *, instance_id: str = "sim-0", version: int = 0
     ) -> None:
-        self.config = config if config is not None else SimConfig()
-        self.instance_id = instance_id
-        self._version = version
-        self._now = 0.0
-        self._steps = 0  # global decode steps completed at the start of the current stretch
-        self._running: dict[str, _Traj] = {}  # insertion order == admission order
-        self._waiting: deque[_Traj] = deque()
-        self._waiting_ids: dict[str, _Traj] = {}
-        self._heap: list[tuple[int, int, str]] = []  # (finish step, admit seq, id)
-        self._k = 0  # Σ (context_at_admit − admit_step) over running; kv = _k + n·steps
-        self._seq = 0
-        self._stretch: _Stretch | None = None
-        self._loading: tuple[int, float] | None = None  # (version, done at)
-        self._pending_load: tuple[int, float] | None = None  # (version, seconds)
-        self._paused = False
-        self._outbox: list[SimCompletion] = []
-        self._snapshot_seq = 0
-        cost = self.config.cost
-        self._batch_terms = [
-            cost.batch_term(n) for n in range(min(self.config.max_running, 4096) + 1)
-        ]
-        self.total_generated_tokens = 0
-        self.preemptions = 0
-        self.events = 0
+        super().__init__(
+            config if config is not None else SimConfig(), instance_id=instance_id, version=version
+        )
 
     # ------------------------------------------------------------------ properties
     @property
@@ -192,7 +98,8 @@ class SimEngineCore:
 
     @property
     def num_running(self) -> int:
-        return len(self._running)
+        """Admitted trajectories: decoding ones plus the prefill head."""
+        return len(self._running) + (self._head is not None)
 
     @property
     def num_waiting(self) -> int:
@@ -208,8 +115,12 @@ class SimEngineCore:
         return self._paused
 
     def holds(self, trajectory_id: str) -> bool:
-        """Whether the trajectory is running or waiting inside the engine."""
-        return trajectory_id in self._running or trajectory_id in self._waiting_ids
+        """Whether the trajectory is admitted or waiting inside the engine."""
+        return (
+            trajectory_id in self._running
+            or trajectory_id in self._waiting_ids
+            or (self._head is not None and self._head.request.trajectory_id == trajectory_id)
+        )
 
     # ------------------------------------------------------------------ commands
     def add(self, request: GenerateRequest, now: float) -> None:
@@ -220,9 +131,7 @@ class SimEngineCore:
         vocabulary. On error nothing changes. Completions that happened before ``now`` are
         kept and returned by the next :meth:`advance_to`.
         """
-        self._advance(now)
-        self._enqueue(request)
-        self._touch(now)
+        self.add_many([request], now)
 
     def add_many(self, requests: Sequence[GenerateRequest], now: float) -> None:
         """:meth:`add` for a batch at one time, in order (cheaper: one scheduling pass).
@@ -233,67 +142,33 @@ class SimEngineCore:
         ids = [r.trajectory_id for r in requests]
         if len(set(ids)) != len(ids):
             raise InvalidRequest("add_many got duplicate trajectory ids", field="trajectory_id")
-        trajs = [self._validate(r) for r in requests]
+        for tid in ids:
+            if self.holds(tid):
+                raise InvalidRequest(
+                    f"trajectory {tid!r} is already held by instance {self.instance_id!r}",
+                    field="trajectory_id",
+                )
+        trajs = [new_traj(self.config, r, self.instance_id) for r in requests]
         for traj in trajs:
             self._waiting.append(traj)
             self._waiting_ids[traj.request.trajectory_id] = traj
         if trajs:
             self._touch(now)
 
-    def _enqueue(self, request: GenerateRequest) -> None:
-        traj = self._validate(request)
-        self._waiting.append(traj)
-        self._waiting_ids[request.trajectory_id] = traj
-
-    def _validate(self, request: GenerateRequest) -> _Traj:
-        tid = request.trajectory_id
-        if self.holds(tid):
-            raise InvalidRequest(
-                f"trajectory {tid!r} is already held by instance {self.instance_id!r}",
-                field="trajectory_id",
-            )
-        cfg = self.config
-        prompt = request.prompt_token_ids
-        facts = _prompt_facts(prompt)
-        if facts.lo < 0 or facts.hi >= cfg.vocab_size:
-            raise InvalidRequest(
-                f"prompt_token_ids of {tid!r} must lie in [0, {cfg.vocab_size})",
-                field="prompt_token_ids",
-            )
-        n_prior = len(request.generated_token_ids)
-        context = len(prompt) + n_prior
-        if context >= cfg.max_model_len:
-            raise PromptTooLong(
-                f"trajectory {tid!r}: prompt ({len(prompt)}) + resumed tokens ({n_prior}) = "
-                f"{context} leaves no room in max_model_len={cfg.max_model_len}",
-                field="prompt_token_ids",
-            )
-        seeds = (cfg.seed, request.sampling.seed)
-        key = facts.keys.get(seeds)
-        if key is None:
-            key = facts.keys[seeds] = _tokens.stream_key(cfg.seed, request.sampling.seed, prompt)
-        stop_len, reason, eos_pos = self._stop_point(request, key)
-        return _Traj(
-            request=request,
-            key=key,
-            prompt_len=len(prompt),
-            stop_len=stop_len,
-            stop_reason=reason,
-            eos_position=eos_pos,
-            generated=n_prior,
-            marks=[],
-        )
-
     def interrupt(self, trajectory_ids: Sequence[str] | None, now: float) -> list[SimCompletion]:
-        """Stop trajectories (``None`` = all running and waiting) and return their partials.
+        """Stop trajectories (``None`` = all held) and return their partials.
 
-        A running trajectory keeps the tokens of the steps completed by ``now``. Unknown ids
+        A decoding trajectory keeps the tokens of the steps completed by ``now``. Unknown ids
         raise :class:`UnknownTrajectory` and stop nothing. Results come back in the order
-        asked (for ``None``: running in admission order, then waiting in queue order).
+        asked (for ``None``: admitted in admission order, then waiting in queue order).
         """
         self._advance(now)
+        head = self._head
         if trajectory_ids is None:
-            ids = [*self._running, *(t.request.trajectory_id for t in self._waiting)]
+            ids = [*self._running]
+            if head is not None:
+                ids.append(head.request.trajectory_id)
+            ids.extend(t.request.trajectory_id for t in self._waiting)
             ids = [i for i in ids if self.holds(i)]
         else:
             ids = list(dict.fromkeys(trajectory_ids))
@@ -302,13 +177,17 @@ class SimEngineCore:
                 raise UnknownTrajectory(unknown)
         steps_now, on_boundary = self._position(now)
         out: list[SimCompletion] = []
-        removed_running = False
+        removed_admitted = False
         for tid in ids:
             traj = self._running.pop(tid, None)
             if traj is not None:
-                removed_running = True
+                removed_admitted = True
                 self._k -= traj.context_at_admit - traj.admit_step
                 generated = traj.generated + steps_now - traj.admit_step
+            elif head is not None and head.request.trajectory_id == tid:
+                removed_admitted = True
+                self._head = None
+                traj, generated = head, head.generated
             else:
                 traj = self._waiting_ids.pop(tid)
                 generated = traj.generated
@@ -319,7 +198,7 @@ class SimEngineCore:
             )
         elif not self._waiting_ids:
             self._waiting.clear()
-        if removed_running and self._stretch is not None:
+        if removed_admitted and self._stretch is not None:
             self._cap(steps_now - self._steps + (0 if on_boundary else 1))
             self._advance(now)
         return out
@@ -328,10 +207,10 @@ class SimEngineCore:
         """Load ``version`` (``nbytes`` of weights) in place; returns when it will be served.
 
         The load starts at the next step boundary (the step in flight finishes on the old
-        weights), takes ``nbytes / bandwidth + constant`` seconds during which no step runs,
-        and then every running trajectory continues on ``version``. Raises
-        :class:`InvalidRequest` if a load is already in progress or ``version`` is older than
-        the one served; nothing changes then.
+        weights) and takes ``nbytes / bandwidth + constant`` seconds during which no step runs;
+        then held trajectories follow ``kv_after_weight_load`` (see the module docstring).
+        Raises :class:`InvalidRequest` if a load is already in progress or ``version`` is
+        older than the one served; nothing changes then.
         """
         self._advance(now)
         if self.loading:
@@ -353,7 +232,7 @@ class SimEngineCore:
         return self.next_event_time() + seconds
 
     def pause(self, now: float) -> None:
-        """Stop stepping from the next boundary on; running trajectories keep their KV.
+        """Stop stepping from the next boundary on; admitted trajectories keep their KV.
 
         Commands still work while paused (adds queue up, interrupts return partials, a weight
         load runs); nothing is generated until :meth:`resume`.
@@ -371,7 +250,7 @@ class SimEngineCore:
             return
         self._paused = False
         if self._stretch is None and self._loading is None:
-            self._boundary(now, carry_prefill=0.0)
+            self._boundary(now, NO_CARRY)
 
     def peek(self, trajectory_id: str, now: float) -> SimCompletion:
         """Progress of a held trajectory at ``now`` without stopping it.
@@ -380,9 +259,12 @@ class SimEngineCore:
         """
         self._advance(now)
         traj = self._running.get(trajectory_id)
+        head = self._head
         if traj is not None:
             steps_now, _ = self._position(now)
             generated = traj.generated + steps_now - traj.admit_step
+        elif head is not None and head.request.trajectory_id == trajectory_id:
+            traj, generated = head, head.generated
         elif trajectory_id in self._waiting_ids:
             traj = self._waiting_ids[trajectory_id]
             generated = traj.generated
@@ -398,7 +280,7 @@ class SimEngineCore:
         st = self._stretch
         if st is None:
             return math.inf
-        return st.t0 + self._elapsed(st, st.m_end)
+        return st.t0 + elapsed(st, st.m_end)
 
     def advance_to(self, t: float) -> list[SimCompletion]:
         """Run the engine up to time ``t``; return what finished (in completion order).
@@ -410,19 +292,32 @@ class SimEngineCore:
         return out
 
     def snapshot(self, now: float) -> EngineSnapshot:
-        """The engine's state at ``now`` (advances to ``now`` first)."""
+        """The engine's state at ``now`` (advances to ``now`` first).
+
+        ``running`` lists the decoding trajectories and the prefill head; ``kv_used_tokens``
+        counts their resident tokens and the head's reservation.
+        """
         self._advance(now)
         steps_now, _ = self._position(now)
         n = len(self._running)
         kv = self._k + n * steps_now if n else 0
-        running = tuple(
-            RunningTrajectory(
+        running = [
+            _Running(
                 trajectory_id=tid,
                 prompt_tokens=tr.prompt_len,
                 generated_tokens=tr.generated + steps_now - tr.admit_step,
             )
             for tid, tr in self._running.items()
-        )
+        ]
+        head = self._head
+        if head is not None:
+            running.append(
+                _Running(
+                    trajectory_id=head.request.trajectory_id,
+                    prompt_tokens=head.prompt_len,
+                    generated_tokens=head.generated,
+                )
+            )
         self._snapshot_seq += 1
         decoding = self._stretch is not None and n > 0
         return EngineSnapshot(
@@ -430,336 +325,22 @@ class SimEngineCore:
             seq=self._snapshot_seq,
             time_s=now,
             version=self._version,
-            running=running,
+            running=tuple(running),
             waiting=len(self._waiting_ids),
-            kv_used_tokens=kv,
-            kv_capacity_tokens=self.config.kv_capacity_tokens,
-            throughput_tokens_per_s=self.config.cost.throughput(n, kv) if decoding else 0.0,
+            kv_used_tokens=kv + (head.context_at_admit if head is not None else 0),
+            kv_capacity_tokens=self._cap_tokens,
+            throughput_tokens_per_s=self.cost.throughput(n, kv) if decoding else 0.0,
         )
 
     def kv_used_tokens(self, now: float | None = None) -> int:
-        """KV-resident tokens at ``now`` (default: the latest driven time)."""
+        """KV tokens resident or reserved at ``now`` (default: the latest driven time)."""
         t = self._now if now is None else now
         steps_now, _ = self._position(t)
         n = len(self._running)
-        return self._k + n * steps_now if n else 0
-
-    # ------------------------------------------------------------------ internals
-    def _elapsed(self, st: _Stretch, j: int) -> float:
-        if j <= 0:
-            return 0.0
-        k1 = self.config.cost.k1
-        return st.prefill_s + j * st.batch_s + k1 * (j * st.kv0 + st.n * j * (j - 1) / 2)
-
-    def _steps_by(self, st: _Stretch, delta: float) -> int:
-        """Largest j <= m_end with S(j) <= delta (closed form, then exact fix-up)."""
-        delta += _EPS
-        if delta < self._elapsed(st, 1):
-            return 0
-        k1 = self.config.cost.k1
-        a = k1 * st.n / 2
-        b = st.batch_s + k1 * st.kv0 - a
-        c = st.prefill_s - delta
-        if a == 0:
-            j = int((delta - st.prefill_s) / b)
-        else:
-            j = int((-b + math.sqrt(max(b * b - 4 * a * c, 0.0))) / (2 * a))
-        j = min(max(j, 0), st.m_end)
-        while j < st.m_end and self._elapsed(st, j + 1) <= delta:
-            j += 1
-        while j > 0 and self._elapsed(st, j) > delta:
-            j -= 1
-        return j
-
-    def _position(self, now: float) -> tuple[int, bool]:
-        """(global steps completed by ``now``, whether ``now`` is exactly a step boundary)."""
-        st = self._stretch
-        if st is None:
-            return self._steps, True
-        j = self._steps_by(st, now - st.t0)
-        return self._steps + j, abs(st.t0 + self._elapsed(st, j) - now) <= _EPS
-
-    def _cap(self, m: int) -> None:
-        st = self._stretch
-        if st is not None and m < st.m_end:
-            st.m_end = m
-
-    def _touch(self, now: float) -> None:
-        """Make a new command take effect at the next boundary (now if idle)."""
-        if self._loading is not None:
-            return
-        st = self._stretch
-        if st is None:
-            if not self._paused or self._pending_load is not None:
-                self._boundary(now, carry_prefill=0.0)
-            return
-        steps_now, on_boundary = self._position(now)
-        self._cap(steps_now - self._steps + (0 if on_boundary else 1))
-        self._advance(now)
-
-    def _advance(self, t: float) -> None:
-        if t < self._now:
-            raise InvalidRequest(
-                f"time went backwards: {t!r} < {self._now!r} on {self.instance_id!r}", field="now"
-            )
-        limit = t + _EPS
-        k1 = self.config.cost.k1
-        while True:
-            loading = self._loading
-            if loading is not None:
-                te = loading[1]
-                if te > limit:
-                    break
-                self.events += 1
-                self._version = loading[0]
-                self._loading = None
-                for tr in self._running.values():
-                    _mark(tr, tr.generated + self._steps - tr.admit_step, self._version)
-                self._boundary(te, carry_prefill=0.0)
-                continue
-            st = self._stretch
-            if st is None:
-                break
-            j = st.m_end
-            # inlined _elapsed(st, j): this loop is the simulator's hot path
-            te = (
-                st.t0
-                if j <= 0
-                else st.t0
-                + st.prefill_s
-                + j * st.batch_s
-                + k1 * (j * st.kv0 + st.n * j * (j - 1) / 2)
-            )
-            if te > limit:
-                break
-            self.events += 1
-            self._steps += j
-            self.total_generated_tokens += st.n * j
-            if j == 0 or not self._kv_boundary(st, te):
-                self._boundary(te, carry_prefill=st.prefill_s if j == 0 else 0.0)
-        self._now = t
-
-    def _kv_boundary(self, st: _Stretch, t: float) -> bool:
-        """Fast path of :meth:`_boundary` for a boundary where only preemption happens.
-
-        When the KV budget runs out mid-generation the engine walks through a cascade of such
-        boundaries (one preemption each, no completion, no admission); this does exactly what
-        :meth:`_boundary` would do there, reusing ``st``. Returns False (changing nothing) when
-        the boundary is anything else, for :meth:`_boundary` to handle.
-        """
-        heap = self._heap
-        steps = self._steps
-        if (heap and heap[0][0] <= steps) or self._pending_load is not None or self._paused:
-            return False
-        cap = self.config.kv_capacity_tokens
-        running = self._running
-        n = len(running)  # not st.n: an interrupt may have removed some since the stretch began
-        k = self._k
-        if not n or k + n * steps + n <= cap:
-            return False  # no preemption: admission may happen
-        waiting = self._waiting
-        waiting_ids = self._waiting_ids
-        # the same preemption loop as _boundary (its admission is skipped after a preemption)
-        while n and k + n * steps + n > cap:
-            tid, tr = running.popitem()
-            k -= tr.context_at_admit - tr.admit_step
-            tr.generated += steps - tr.admit_step
-            waiting.appendleft(tr)
-            waiting_ids[tid] = tr
-            self.preemptions += 1
-            n -= 1
-        self._k = k
-        if not n:
-            self._stretch = None
-            return True
-        while heap[0][2] not in running or running[heap[0][2]].admit_seq != heap[0][1]:
-            heapq.heappop(heap)
-        kv = k + n * steps
-        st.t0 = t
-        st.n = n
-        st.kv0 = kv
-        st.prefill_s = 0.0
-        st.batch_s = self._batch_term(n)
-        st.m_end = min(heap[0][0] - steps, (cap - kv) // n)
-        return True
-
-    def _batch_term(self, n: int) -> float:
-        terms = self._batch_terms
-        if n < len(terms):
-            return terms[n]
-        return self.config.cost.batch_term(n)
-
-    def _boundary(self, t: float, *, carry_prefill: float) -> None:
-        self._stretch = None
-        steps = self._steps
-        heap = self._heap
-        running = self._running
-        while heap and heap[0][0] <= steps:
-            _, seq, tid = heapq.heappop(heap)
-            tr = running.get(tid)
-            if tr is None or tr.admit_seq != seq:
-                continue
-            del running[tid]
-            self._k -= tr.context_at_admit - tr.admit_step
-            self._outbox.append(self._completion(tr, tr.stop_len, tr.stop_reason, t))
-        if self._pending_load is not None:
-            version, seconds = self._pending_load
-            self._pending_load = None
-            self._loading = (version, t + seconds)
-            return
-        if self._paused:
-            return
-        cfg = self.config
-        cap = cfg.kv_capacity_tokens
-        n = len(running)
-        kv = self._k + n * steps
-        preempted = False
-        while n and kv + n > cap:
-            tid, tr = running.popitem()
-            self._k -= tr.context_at_admit - tr.admit_step
-            tr.generated += steps - tr.admit_step
-            self._waiting.appendleft(tr)
-            self._waiting_ids[tid] = tr
-            self.preemptions += 1
-            preempted = True
-            n -= 1
-            kv = self._k + n * steps
-        prefill = carry_prefill
-        if not preempted and self._waiting:
-            waiting = self._waiting
-            waiting_ids = self._waiting_ids
-            max_running = cfg.max_running
-            per_token = cfg.prefill_s_per_token
-            version = self._version
-            seq = self._seq
-            k = self._k
-            while waiting and n < max_running:
-                tr = waiting[0]
-                generated = tr.generated
-                context = tr.prompt_len + generated
-                if kv + context + n + 1 > cap:
-                    break
-                waiting.popleft()
-                tid = tr.request.trajectory_id
-                del waiting_ids[tid]
-                seq += 1
-                tr.admit_seq = seq
-                tr.admit_step = steps
-                tr.context_at_admit = context
-                marks = tr.marks
-                if not marks or marks[-1][1] != version:
-                    _mark(tr, generated, version)
-                running[tid] = tr
-                k += context - steps
-                heapq.heappush(heap, (steps + tr.stop_len - generated, seq, tid))
-                prefill += per_token * context
-                n += 1
-                kv += context
-            self._seq = seq
-            self._k = k
-        if not n:
-            return
-        while heap and (heap[0][2] not in running or running[heap[0][2]].admit_seq != heap[0][1]):
-            heapq.heappop(heap)
-        m_fin = heap[0][0] - steps
-        m_kv = (cap - kv) // n
-        self._stretch = _Stretch(
-            t0=t,
-            n=n,
-            kv0=kv,
-            prefill_s=prefill,
-            batch_s=self._batch_term(n),
-            m_end=min(m_fin, m_kv),
+        head = self._head
+        return (self._k + n * steps_now if n else 0) + (
+            head.context_at_admit if head is not None else 0
         )
-
-    def _completion(
-        self, tr: _Traj, generated: int, reason: FinishReason, t: float
-    ) -> SimCompletion:
-        cfg = self.config
-        n_prior = len(tr.request.generated_token_ids)
-        marks = tr.marks
-        # Drop marks at or beyond the final length (e.g. interrupted right at admission).
-        segments = tuple(m for m in marks if m[0] < generated)
-        if generated > n_prior and (not segments or segments[0][0] != n_prior):
-            raise AssertionError("version marks must start at the first generated position")
-        return SimCompletion(
-            trajectory_id=tr.request.trajectory_id,
-            prompt_tokens=tr.prompt_len,
-            num_tokens=generated,
-            finish_reason=reason,
-            time_s=t,
-            version_segments=segments,
-            request=tr.request,
-            stream_key=tr.key,
-            eos_position=tr.eos_position,
-            eos_token_id=cfg.eos_token_id,
-            token_range=(cfg.num_special_tokens, cfg.vocab_size),
-        )
-
-    def _stop_point(self, req: GenerateRequest, key: int) -> tuple[int, FinishReason, int | None]:
-        cfg = self.config
-        n_prior = len(req.generated_token_ids)
-        limit = min(
-            req.sampling.max_new_tokens, n_prior + cfg.max_model_len - len(req.prompt_token_ids)
-        )
-        best, reason = limit, FinishReason.LENGTH
-        stops = set(req.sampling.stop_token_ids)
-        eos_pos = None
-        if req.target_length is not None and req.target_length > n_prior:
-            eos_pos = req.target_length - 1
-            if cfg.eos_token_id in stops and req.target_length <= best:
-                best, reason = req.target_length, FinishReason.STOP
-        regular_ids = [s for s in stops if cfg.num_special_tokens <= s < cfg.vocab_size]
-        if regular_ids:
-            regular = np.asarray(regular_ids, dtype=np.int64)
-            for start in range(n_prior, best, _SCAN_CHUNK):
-                stop = min(start + _SCAN_CHUNK, best)
-                chunk = _tokens.token_ids(
-                    key, start, stop, lo=cfg.num_special_tokens, hi=cfg.vocab_size
-                )
-                hits = [start + int(h) for h in np.flatnonzero(np.isin(chunk, regular))]
-                hits = [p for p in hits if p != eos_pos]  # that position holds EOS instead
-                if hits:
-                    best, reason = hits[0] + 1, FinishReason.STOP
-                    break
-        return best, reason, eos_pos
-
-
-@attrs.define(slots=True, eq=False)
-class _PromptFacts:
-    prompt: tuple[int, ...]  # held, so its id() cannot be reused while the entry lives
-    lo: int
-    hi: int
-    keys: dict[tuple[int, int | None], int]  # (engine seed, sampling seed) -> stream key
-
-
-# GRPO groups (and the simulator's synthetic prompts) share one prompt tuple across requests and
-# instances: scan it for the vocabulary check and hash it for its stream key once per process,
-# not once per request and core. Keyed by id(); FIFO-bounded.
-_PROMPT_FACTS: dict[int, _PromptFacts] = {}
-
-
-def _prompt_facts(prompt: tuple[int, ...]) -> _PromptFacts:
-    facts = _PROMPT_FACTS.get(id(prompt))
-    if facts is None or facts.prompt is not prompt:
-        facts = _PromptFacts(prompt=prompt, lo=min(prompt), hi=max(prompt), keys={})
-        if len(_PROMPT_FACTS) >= _PROMPT_CACHE_SIZE:
-            _PROMPT_FACTS.pop(next(iter(_PROMPT_FACTS)))
-        _PROMPT_FACTS[id(prompt)] = facts
-    return facts
-
-
-def _mark(tr: _Traj, position: int, version: int) -> None:
-    """Record that tokens from ``position`` on are generated by ``version``."""
-    marks = tr.marks
-    if marks and marks[-1][1] == version:
-        return
-    if marks and marks[-1][0] == position:
-        marks[-1] = (position, version)
-        if len(marks) > 1 and marks[-2][1] == version:
-            marks.pop()
-        return
-    marks.append((position, version))
 
 
 def make_core(**kwargs: Any) -> SimEngineCore:

@@ -316,7 +316,7 @@ def build_app(
             "model_path": "staleflow-standin",
             "context_length": config.max_model_len,
             "max_running_requests": config.max_running,
-            "max_total_num_tokens": config.kv_capacity_tokens,
+            "max_total_num_tokens": config.kv_capacity,
             "weight_version": weight_version(),
             "internal_states": [
                 {"num_running_reqs": len(snap.running), "num_waiting_reqs": snap.waiting}

@@ -1,11 +1,14 @@
 """A naive per-step reference of the sim engine's scheduling rules.
 
-It loops over every decode step, so it is slow but obviously follows the rules stated in
-``engine_adapters.sim._core``; the closed-form core must agree with it exactly.
+It loops over every step, so it is slow but obviously follows the rules stated in
+``engine_adapters.sim._core`` (decode steps, KV-budget preemption, chunked prefill under the
+per-step token budget, the quadratic attention term, the speed factor); the closed-form core
+must agree with it exactly.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import attrs
@@ -21,47 +24,85 @@ class RefTraj:
     stop_len: int
     generated: int = 0
     finish: float | None = None
+    prefilled: int = 0
+
+    @property
+    def context(self) -> int:
+        return self.prompt_len + self.generated
 
 
 def run_reference(cfg: SimConfig, trajs: list[RefTraj]) -> tuple[dict[str, float], int]:
     """Finish time of every trajectory and the number of preemptions."""
     pending = deque(sorted(trajs, key=lambda t: t.arrive))
     waiting: deque[RefTraj] = deque()
-    running: list[RefTraj] = []
+    running: list[RefTraj] = []  # decoding, in admission order
+    head: RefTraj | None = None  # admitted last, prefill unfinished
     t = 0.0
     preemptions = 0
     finish: dict[str, float] = {}
-    cap = cfg.kv_capacity_tokens
-    while pending or waiting or running:
+    cap = cfg.kv_capacity
+    budget = math.inf if cfg.max_num_batched_tokens is None else cfg.max_num_batched_tokens
+    cost = cfg.cost
+    speed = cfg.speed_factor
+    while pending or waiting or running or head:
         while pending and pending[0].arrive <= t:
             waiting.append(pending.popleft())
         for tr in [r for r in running if r.generated == r.stop_len]:
             running.remove(tr)
             finish[tr.tid] = t
-        kv = sum(r.prompt_len + r.generated for r in running)
+        kv = sum(r.context for r in running)
+        head_kv = head.context + 1 if head is not None else 0  # context + its first token
         preempted = False
-        while running and kv + len(running) > cap:
-            tr = running.pop()
-            waiting.appendleft(tr)
+        while running and kv + head_kv + len(running) > cap:
             preemptions += 1
             preempted = True
-            kv = sum(r.prompt_len + r.generated for r in running)
+            if head is not None:
+                head.prefilled = 0
+                waiting.appendleft(head)
+                head, head_kv = None, 0
+                continue
+            waiting.appendleft(running.pop())
+            kv = sum(r.context for r in running)
         prefill = 0.0
+        head_chunk = 0
         if not preempted:
-            while waiting and len(running) < cfg.max_running:
-                context = waiting[0].prompt_len + waiting[0].generated
+            left = budget - len(running)
+            if head is not None:
+                rest = head.context - head.prefilled
+                if rest <= left:
+                    prefill += cfg.prefill_seconds(head.prefilled, rest)
+                    left -= rest
+                    running.append(head)
+                    kv += head.context
+                    head, head_kv = None, 0
+                else:
+                    head_chunk = int(left)
+                    prefill += cfg.prefill_seconds(head.prefilled, head_chunk)
+                    left = 0
+            while waiting and left > 0 and head is None and len(running) < cfg.max_running:
+                context = waiting[0].context
                 if kv + context + len(running) + 1 > cap:
                     break
                 tr = waiting.popleft()
-                running.append(tr)
-                prefill += cfg.prefill_s_per_token * context
-                kv += context
-        if not running:
+                if context <= left:
+                    prefill += cfg.prefill_seconds(0, context)
+                    left -= context
+                    running.append(tr)
+                    kv += context
+                else:
+                    head, head_kv = tr, context + 1
+                    tr.prefilled = 0
+                    head_chunk = int(left)
+                    prefill += cfg.prefill_seconds(0, head_chunk)
+                    left = 0
+        if not running and head is None:
             if not pending:
                 break
             t = max(t, pending[0].arrive)
             continue
-        t += prefill + cfg.cost.step_latency(len(running), kv)
+        t += prefill + cost.step_latency(len(running), kv) / speed
         for r in running:
             r.generated += 1
+        if head is not None:
+            head.prefilled += head_chunk
     return finish, preemptions

@@ -1,7 +1,7 @@
 """Policies: pure strategy functions, composed into named policies by a small registry.
 
 from rollout_coordinator.policies import build_policy, POLICIES
-policy = build_policy("staleflow")   # or "sync", "one-step", "coarse-async", ablations
+policy = build_policy("staleflow")   # or "sync", "one-step", "coarse-async", "verl-async", ...
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from rollout_coordinator.policies.baselines import (
     vanilla_migration,
     vanilla_routing,
     vanilla_sync,
+    verl_async_baseline,
 )
 
 POLICIES: dict[str, Callable[[], Policy]] = {
@@ -38,6 +39,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "one-step": one_step_baseline,
     "coarse-async": coarse_async_baseline,
     "coarse-async-drop": coarse_async_drop_baseline,
+    "verl-async": verl_async_baseline,
     "vanilla-routing": vanilla_routing,
     "vanilla-sync": vanilla_sync,
     "vanilla-migration": vanilla_migration,

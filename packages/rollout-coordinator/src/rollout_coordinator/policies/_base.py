@@ -20,6 +20,10 @@ from rollout_coordinator._records import QueuedTrajectory, QueueView
 from rollout_coordinator._speculative import InstanceState
 
 
+def _no_waiting(instance_id: str) -> tuple[str, ...]:
+    return ()
+
+
 @attrs.frozen(kw_only=True)
 class CycleView:
     now: float
@@ -36,6 +40,9 @@ class CycleView:
     #: Trajectories admitted (reserved) since start, and those lost (dropped/aborted) since.
     admitted_total: int = 0
     lost_total: int = 0
+    #: The trajectories the coordinator routed to an instance that its engine is not running
+    #: (its waiting queue: not admitted yet, or preempted), oldest route first.
+    waiting_ids: Callable[[str], tuple[str, ...]] = _no_waiting
 
 
 class AdmissionPort(Protocol):
@@ -78,10 +85,14 @@ MigrationFn = Callable[[CycleView, RoutingResult, VTrajLookup], list[Interrupt]]
 
 @attrs.frozen(kw_only=True)
 class GateState:
-    """Threaded admission state of the batch-barrier baselines (unused by others)."""
+    """Threaded admission state of the baselines' gates (unused by others)."""
 
     batches_started: int = 0
     remaining: int = 0  # new trajectories still to admit for the open batch
+    #: VeRL-Async: the published version whose sync window is open, and ``lost_total`` when
+    #: it opened (work lost later is not refunded within the window).
+    window_version: int = -1
+    window_lost: int = 0
 
 
 AdmissionGate = Callable[[CycleView, GateState], tuple[int | None, GateState]]

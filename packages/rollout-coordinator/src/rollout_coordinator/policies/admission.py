@@ -8,6 +8,11 @@ the baseline's own, coarser admission rule on top of it.
 * :func:`admit_by_inflight_budget` — verl fully-async / AReaL / ROLL Flash: admit new prompts
   while ``(η + v + 1)·B − (accepted + running) > 0`` (counted in trajectories, ``B·n`` per
   batch; ``accepted + running`` = admitted − lost).
+* :func:`admit_by_verl_window` — verl's fully-async rollouter: between two parameter syncs it
+  starts at most ``⌊(1 + s)·B⌋`` groups (``s`` = ``verl_staleness_threshold``, η by default),
+  counting the groups still in flight or finished-but-unconsumed when the window opened, and
+  keeps at most ``verl_max_concurrent_groups_per_instance`` groups per instance in flight.
+  Whole groups only (``n`` trajectories each).
 * :func:`batch_barrier` ``(lag)`` — verl synchronous (lag 0) and one-step off-policy (lag 1):
   a batch of exactly ``B·n`` new trajectories is admitted at once, only when the previous
   batch's generation is over (every instance idle, nothing partial queued, every instance
@@ -29,6 +34,28 @@ def admit_by_inflight_budget(view: CycleView, state: GateState) -> tuple[int | N
     per_batch = view.batch_size * view.group_size
     budget = (view.eta + view.latest_version + 1) * per_batch
     return max(0, budget - (view.admitted_total - view.lost_total)), state
+
+
+def admit_by_verl_window(view: CycleView, state: GateState) -> tuple[int | None, GateState]:
+    """verl fully-async's admission (see the module docstring), in trajectories.
+
+    The window opens when version ``v`` is published: verl resets its count of started
+    samples to what is in flight or queued then, ``admitted − lost − v·B·n`` (``v`` batches are
+    consumed by then), and adds every group started since. Work lost later in the window
+    (dropped for staleness) does not free room until the next window.
+    """
+    n = view.group_size
+    per_batch = view.batch_size * n
+    s = view.config.verl_staleness_threshold
+    s = float(view.eta) if s is None else s
+    if state.window_version != view.latest_version:
+        state = attrs.evolve(state, window_version=view.latest_version, window_lost=view.lost_total)
+    window = int((1.0 + s) * view.batch_size) * n
+    budget = window + view.latest_version * per_batch + state.window_lost - view.admitted_total
+    held = sum(i.n_running + i.waiting for i in view.instances.values())
+    room = view.config.verl_max_concurrent_groups_per_instance * n * len(view.instances) - held
+    quota = max(0, min(budget, room))
+    return quota - quota % n, state
 
 
 def batch_barrier(lag: int) -> AdmissionGate:

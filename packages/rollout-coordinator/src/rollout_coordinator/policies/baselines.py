@@ -4,8 +4,8 @@ Every policy is a combination of one routing, one synchronization, one migration
 one admission gate, run by the same coordinator cycle on the same engines, so a comparison
 changes nothing but the decisions. All of them reserve through a staleness protocol, so none
 can violate η; the baselines' own admission rules sit on top. Every policy but
-``coarse-async-drop`` uses StaleFlow's buffers; that one keeps η the way ROLL Flash does, by
-dropping what ages out of a FIFO (``Policy.protocol``).
+``coarse-async-drop`` and ``verl-async`` uses StaleFlow's buffers; those two keep η the way
+ROLL Flash and verl do, by dropping what ages out of a FIFO (``Policy.protocol``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from rollout_coordinator.policies._base import AdmissionGate, MigrationFn, Routi
 from rollout_coordinator.policies.admission import (
     admit_by_inflight_budget,
     admit_by_protocol,
+    admit_by_verl_window,
     batch_barrier,
 )
 from rollout_coordinator.policies.migration import migrate_to_starving, no_migration
@@ -129,6 +130,45 @@ def coarse_async_drop_baseline() -> Policy:
         admission=admit_by_inflight_budget,
         protocol="gc-fifo",
         description=coarse_async_drop_baseline.__doc__ or "",
+    )
+
+
+def verl_async_baseline() -> Policy:
+    """**verl-async** — verl's fully-async recipe (``recipe/fully_async_policy``) as it runs.
+
+    What it models. verl splits the GPUs into a *rollouter* and a *trainer* joined by a
+    message queue. The rollouter streams prompts one *sample* (a prompt and its ``n``
+    responses) at a time; between two parameter syncs it starts at most
+    ``⌊(1 + staleness_threshold)·B⌋`` samples, where its count restarts at each sync from the
+    samples still active, cancelled-for-resume or waiting in the queue, and it keeps at most
+    16 samples per rollout server in flight. Each response is sent to the least-loaded server.
+    The trainer takes ``B`` finished samples from the queue in completion order (``B`` =
+    ``ppo_mini_batch_size × require_batches × trigger_parameter_sync_step``: one sync per step
+    here), trains, and triggers the sync: with ``partial_rollout`` the rollouter aborts every
+    running request, all servers load the new weights (KV cache cleared), and the aborted
+    requests resume first, keeping their tokens and their version. Modeled as: the window gate
+    (:func:`~rollout_coordinator.policies.admission.admit_by_verl_window`, ``s`` =
+    ``verl_staleness_threshold``, η by default; ``verl_max_concurrent_groups_per_instance``),
+    even routing by trajectory count, greedy global sync on publish (partial rollout), no
+    migration, one FIFO with no per-version buffers (``staleness_protocol.GcFifo``).
+
+    What it leaves out. verl's queue drops a sample only if the version it *finished* at is
+    more than ``staleness_threshold`` behind, so no bound holds for a long partial rollout;
+    to compare at one η this model drops by the version a group *started* at, as
+    ``coarse-async-drop`` does. The trainer's wait for the rollouter to pause and for the
+    broadcast is the caller's (it models the push); the queue's size cap (implied by the
+    window within one sync) and the concurrency cap's count by samples (counted here as
+    engine-held trajectories ÷ n) are approximated; the mode without partial rollout (drain,
+    then sync), validation and checkpoint pauses are not modeled.
+    """
+    return Policy(
+        name="verl-async",
+        routing=route_evenly,
+        sync=sync_all_on_publish,
+        migration=no_migration,
+        admission=admit_by_verl_window,
+        protocol="gc-fifo",
+        description=verl_async_baseline.__doc__ or "",
     )
 
 

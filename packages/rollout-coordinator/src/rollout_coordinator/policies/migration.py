@@ -1,25 +1,34 @@
-"""Migration: move work from a loaded instance to a starving one; bounce imminent preemptions.
+"""Migration: move work from a loaded instance to a starving one; act on preemptions.
 
 Theory of operation
 -------------------
-*Starving–loaded migration* (at most one loaded instance per cycle). A starving instance is
-one routing left hungry this cycle: it had room and gain but the queue held no admissible work
-for it (the least loaded such instance is picked). Its partner is the non-syncing instance
-with the highest load indicator
-(``migration_indicator``: KV tokens, running count, engine-waiting count or throughput). If
-the partner's indicator is ≥ ``migration_ratio`` × the starving instance's (a zero indicator
-counts as zero, so any positive load qualifies against an empty instance) and the partner
-runs ≥ ``migration_min_running`` trajectories, the partner's trajectories that the starving
-instance can serve (V_traj ≤ its version after sync) are interrupted — largest first (the tail
-that holds the batch back and the most KV relief), half the running-count gap — and return to
-the trajectory server, where the next cycle's router sends them to the best instance (the
-starving one has the largest marginal gain).
+*Starving–loaded migration* (at most one loaded instance per cycle; with
+``migration_during_sync=False`` none in a cycle where any instance is syncing or a sync was
+just issued). A starving instance is one routing left hungry this cycle: it had room and gain
+but the queue held no admissible work for it (the least loaded such instance is picked). Its
+partner is the non-syncing instance with the highest load indicator (``migration_indicator``:
+KV tokens, running count, engine-waiting count or throughput). If the partner's indicator is
+≥ ``migration_ratio`` × the starving instance's (a zero indicator counts as zero, so any
+positive load qualifies against an empty instance) and the partner runs ≥
+``migration_min_running`` trajectories, the partner's trajectories that the starving instance
+can serve (V_traj ≤ its version after sync) are interrupted — largest first (the tail that
+holds the batch back and the most KV relief): half the running-count gap
+(``migration_amount="half_gap"``) or all of them (``"all"``) — and return to the trajectory
+server, where the next cycle's router re-places them by marginal gain (the starving one has the
+largest).
 
-*Bounce*. An instance whose engine waiting queue is already ≥ ``bounce_waiting_threshold``
-and whose KV usage is ≥ ``bounce_kv_threshold`` is about to preempt running trajectories into
-that queue. The coordinator interrupts the ones the engine would pick (the smallest — most
-recently started, cheapest to move), up to ``bounce_max_per_instance``, enough to bring KV
-usage back under the threshold, so they are re-routed rather than waiting behind the queue.
+Preemption (``preemption_rule``):
+
+* ``bounce``: an instance whose engine waiting queue is already ≥ ``bounce_waiting_threshold``
+  and whose KV usage is ≥ ``bounce_kv_threshold`` is about to preempt running trajectories into
+  that queue. The coordinator interrupts the ones the engine would pick (the smallest — most
+  recently started, cheapest to move), up to ``bounce_max_per_instance``, enough to bring KV
+  usage back under the threshold, so they are re-routed rather than waiting behind the queue.
+* ``abort``: once an engine's waiting queue exceeds ``preempt_abort_waiting``, the excess
+  waiting trajectories are aborted back to the trajectory server (``Interrupt``, requeue, reason
+  ``bounce``) and re-routed. The router sends no new work to an instance with a waiting queue,
+  so what waits there was preempted by the engine; the oldest routes go first.
+* ``off``: nothing.
 """
 
 from __future__ import annotations
@@ -44,9 +53,14 @@ def migrate_to_starving(
 ) -> list[Interrupt]:
     cfg = view.config
     out: list[Interrupt] = []
-    out.extend(_bounce(view))
+    if cfg.preemption_rule == "bounce":
+        out.extend(_bounce(view))
+    elif cfg.preemption_rule == "abort":
+        out.extend(_abort_preempted(view))
     bounced = {i.instance_id for i in out}
     if not routing.hungry:
+        return out
+    if not cfg.migration_during_sync and any(i.syncing for i in view.instances.values()):
         return out
     kind = cfg.migration_indicator
     instances = view.instances
@@ -69,7 +83,10 @@ def migrate_to_starving(
         return out
     target_v = starving.target_version
     movable = [e for e in loaded.running_entries() if (v_traj(e.trajectory_id) or 0) <= target_v]
-    k = min(len(movable), (loaded.n_running - starving.n_running) // 2)
+    if cfg.migration_amount == "all":
+        k = len(movable)
+    else:
+        k = min(len(movable), (loaded.n_running - starving.n_running) // 2)
     if k <= 0:
         return out
     movable.sort(key=lambda e: (-e.tokens, e.trajectory_id))
@@ -102,6 +119,20 @@ def _bounce(view: CycleView) -> list[Interrupt]:
         out.append(
             Interrupt(instance_id=iid, trajectory_ids=tuple(picked), reason=InterruptReason.BOUNCE)
         )
+    return out
+
+
+def _abort_preempted(view: CycleView) -> list[Interrupt]:
+    keep = view.config.preempt_abort_waiting
+    out: list[Interrupt] = []
+    for iid, inst in view.instances.items():
+        if inst.syncing or inst.waiting <= keep:
+            continue
+        ids = view.waiting_ids(iid)[: inst.waiting - keep]
+        if ids:
+            out.append(
+                Interrupt(instance_id=iid, trajectory_ids=ids, reason=InterruptReason.BOUNCE)
+            )
     return out
 
 

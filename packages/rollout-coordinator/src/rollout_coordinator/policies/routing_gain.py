@@ -1,16 +1,29 @@
-"""StaleFlow routing: cost-model marginal gain, version groups smaller first, θ acceptance.
+"""StaleFlow routing: cost-model marginal gain over version groups, θ acceptance.
 
 Theory of operation
 -------------------
 Serve the queue in its multi-level order (oldest V_traj first, new prompts last). For each
 trajectory, candidates are instances whose version after sync is ≥ V_traj (new trajectories:
-> abort floor, and the protocol admits the group at that version). Candidates are grouped by
-version, smaller versions first (they are the ones that can still serve old work; fresh
-instances stay free for fresh work). Within a group, only instances that can run the
-trajectory *now* — no engine waiting queue, KV usage after adding it ≤ ``route_kv_limit`` —
-compete, and the one with the largest marginal throughput gain ``T(n+1, kv+len) − T(n, kv)``
-wins, if that gain is ≥ θ × an empty instance's gain ``T(1, len)``. An instance whose best
-gain falls below θ is saturated and leaves the group for the rest of the cycle.
+> abort floor, and the protocol admits the group at that version). Within a version group, only
+instances that can run the trajectory *now* — no engine waiting queue, KV usage after adding it
+≤ ``route_kv_limit``, fewer than ``route_max_concurrency`` running — compete, and the one with
+the largest marginal throughput gain ``T(n+1, kv+len) − T(n, kv)`` wins, if that gain is ≥ θ ×
+an empty instance's gain ``T(1, len)``. An instance whose best gain falls below θ (or that
+reached the concurrency cap) is saturated and leaves the group for the rest of the cycle.
+
+Which version group is tried first:
+
+* new trajectories, ``candidate_order="oldest"``: smaller versions first (they are the ones
+  that can still serve old work; fresh instances stay free for fresh work);
+* new trajectories, ``candidate_order="reserve"``: the version whose latest reservable buffer
+  is latest first. A fresh group at version ``v`` reserves the latest buffer in
+  ``[c, v + η]`` with a free slot, so a newer version can reach every buffer an older one can
+  and more: the order is newest admissible version first. The group gets the loosest deadline
+  the protocol allows, and old instances are left to drain and sync;
+* partials, ``partial_order="version"``: smallest version first, as for new ones;
+* partials, ``partial_order="gain"``: every version group that can serve it competes and the
+  best gain wins — no version is preferred, so old partials do not pile up on the few
+  instances still at an old version.
 
 Cost: one max-heap per version group, keyed by the gain at a reference length (the queue
 head's length; the k1·len term is tiny next to the others, so the ranking barely depends on
@@ -23,6 +36,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from collections.abc import Callable
 
 from rollout_coordinator._commands import Route
 from rollout_coordinator.policies._base import AdmissionPort, CycleView, RoutingResult, eligible
@@ -38,6 +52,9 @@ def route_by_marginal_gain(
     k1, k2, k3, k4, b = cm.k1, cm.k2, cm.k3, cm.k4, cm.b
     theta = cfg.theta
     kv_limit = cfg.route_kv_limit
+    max_n = cfg.route_max_concurrency or 1 << 62
+    newest_first = cfg.candidate_order == "reserve"
+    partials_by_gain = cfg.partial_order == "gain"
     floor = view.abort_floor
     items = view.queue.items
     if items:
@@ -84,7 +101,7 @@ def route_by_marginal_gain(
         while h and len(skipped) < _ROOM_TRIES:
             top = h[0]
             n, kv, cap = local[top[1]]
-            if gain(n, kv, length) < threshold:
+            if n >= max_n or gain(n, kv, length) < threshold:
                 heapq.heappop(h)  # saturated: no trajectory of this size is worth it
                 live -= 1
                 continue
@@ -110,9 +127,18 @@ def route_by_marginal_gain(
             break  # new prompts are last in the queue: nothing else to route
         length = item.prompt_len + item.generated_len
         start = bisect.bisect_left(versions, floor + 1 if v_traj is None else v_traj)
+        candidates = versions[start:]
+        if is_new and newest_first:
+            candidates = candidates[::-1]
         routed = False
         resumable_checked = False
-        for v in versions[start:]:
+        if not is_new and partials_by_gain and candidates:
+            if not port.can_resume(item, candidates[0]):
+                candidates = []  # aborted or unknown to the protocol: never route it
+            else:
+                resumable_checked = True
+                candidates = _best_group(candidates, heaps, pick, local, length, gain, ref_len)
+        for v in candidates:
             h = heaps[v]
             if not h:
                 continue
@@ -170,3 +196,33 @@ def route_by_marginal_gain(
             and gain(local[iid][0], local[iid][1], ref_len) >= threshold
         )
     return RoutingResult(routes=routes, hungry=hungry, new_admitted=new_admitted)
+
+
+def _best_group(
+    candidates: list[int],
+    heaps: dict[int, list[tuple[float, str]]],
+    pick: Callable[[list[tuple[float, str]], int], str | None],
+    local: dict[str, list[int]],
+    length: int,
+    gain: Callable[[int, float, int], float],
+    ref_len: int,
+) -> list[int]:
+    """The one version group whose best acceptable instance has the largest gain ([] if none).
+
+    Each group's pick is put back (with its ranking key), so the caller's own pick in the
+    chosen group finds the same instance.
+    """
+    best: tuple[float, int] | None = None
+    for v in candidates:
+        h = heaps[v]
+        if not h:
+            continue
+        iid = pick(h, length)
+        if iid is None:
+            continue
+        n, kv = local[iid][0], local[iid][1]
+        heapq.heappush(h, (-gain(n, kv, ref_len), iid))
+        g = gain(n, kv, length)
+        if best is None or g > best[0]:
+            best = (g, v)
+    return [] if best is None else [best[1]]

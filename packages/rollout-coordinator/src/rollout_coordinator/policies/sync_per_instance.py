@@ -1,22 +1,48 @@
-"""StaleFlow synchronization: each instance syncs at its own pace, only when it helps.
+"""StaleFlow synchronization: each instance syncs at its own pace, and never later than it must.
 
-An instance (not mid-sync) pulls the latest published version only when all hold:
+Theory of operation
+-------------------
+Greedy global sync (the baselines, :mod:`~rollout_coordinator.policies.sync_global`) pulls every
+instance the moment a version is published. Each pull costs the instance its load time and
+interrupts everything it runs: those trajectories resume elsewhere (or here) and re-prefill their
+whole context. StaleFlow instead lets each instance choose its moment. A stale instance (version
+``v`` below the latest published ``L``, not mid-sync) pulls ``L`` when the first of these holds:
 
-1. it is stale (version after sync < latest published);
-2. it cannot take admissible work at its current version: no queued partial with
-   V_traj ≤ its version (above the abort floor), and new prompts are either absent, over the
-   admission quota, or not admitted by the protocol at its version;
-3. the update unlocks routing: its KV usage is below ``sync_kv_threshold`` and its engine
-   waiting queue is empty (a busy instance keeps serving its version; syncing would interrupt
-   useful work), and there is work routable at the latest version — or it is idle, so syncing
-   costs nothing.
+1. **Floor.** ``v`` is at or below the protocol's abort floor: it can place nothing.
+2. **Lag bound.** ``L − v ≥ k`` with ``k`` the tighter of ``sync_max_lag`` and
+   ``max(1, ⌈sync_lag_fraction × η⌉)`` (each when set): it has ridden an old version long
+   enough; it pulls now whatever it runs, as greedy sync would have done ``k − 1`` versions
+   ago.
+3. **Cheap moment.** Its KV usage is below ``sync_kv_threshold`` and its engine waiting queue is
+   empty (an interrupted batch is small), and — with ``sync_require_starved`` — it cannot take
+   admissible work at ``v`` (no queued partial with ``V_traj ≤ v`` above the floor; new prompts
+   absent, over the quota or not admitted at ``v``); and either there is work routable at ``L``
+   or it is idle (then syncing costs nothing).
 
-An instance at or below the protocol's abort floor can place nothing and always syncs.
+Why this never does worse than greedy global sync: every pull goes to the latest version, so an
+instance pulls at most once per published version — never more loads than greedy; a pull by
+rule 3 interrupts less than ``sync_kv_threshold`` of a KV cache where greedy interrupts whatever
+runs at the publish; a pull by rules 1–2 interrupts what greedy would, but at most once per
+``k`` versions. No instance lags by ``k`` or more, so new work is never admitted more than
+``k − 1`` versions behind greedy's (its reservation deadline is at most that much tighter)
+and, with ``k ≤ η``, a rollout-bound run never reaches the abort floor: instances cannot ride
+an old version together until the floor forces them all to pull at once (a *herd*), and
+trajectories admitted at an old version are not left to be aborted there. With ``k = 1`` this
+is greedy global sync. How large ``k`` may be depends on the tail: new work at lag ``ℓ`` has
+about ``(η − ℓ)`` step times before its latest buffer is trained, which must cover the longest
+response; ``k = ⌈η/2⌉`` (``sync_lag_fraction = 0.5``) leaves half the window. Two routing rules close the rest
+(:mod:`~rollout_coordinator.policies.routing_gain`): new groups go to the newest version first
+(``candidate_order="reserve"``) so old instances drain and hit rule 3, and partials go to the
+best gain over every version that can serve them (``partial_order="gain"``) so long partials of
+old versions do not pile onto the few instances still at those versions.
+
 Running work of a syncing instance is interrupted by the engine and returns to the trajectory
 server with V_traj kept (partial rollout).
 """
 
 from __future__ import annotations
+
+import math
 
 from rollout_coordinator._commands import Sync
 from rollout_coordinator.policies._base import AdmissionPort, CycleView
@@ -27,9 +53,15 @@ PROBE_GROUP = "\x00rollout-coordinator-probe"
 
 
 def sync_when_starved(view: CycleView, port: AdmissionPort, quota: int | None) -> list[Sync]:
+    cfg = view.config
     latest = view.latest_version
     floor = view.abort_floor
-    thr = view.config.sync_kv_threshold
+    thr = cfg.sync_kv_threshold
+    bounds = [cfg.sync_max_lag] if cfg.sync_max_lag is not None else []
+    if cfg.sync_lag_fraction is not None:
+        bounds.append(max(1, math.ceil(cfg.sync_lag_fraction * view.eta)))
+    max_lag = min(bounds) if bounds else None
+    starved_only = cfg.sync_require_starved
     queue = view.queue
     min_partial = queue.min_partial_version(above=floor)
     new_open = queue.has_new and (quota is None or quota > 0)
@@ -42,19 +74,24 @@ def sync_when_starved(view: CycleView, port: AdmissionPort, quota: int | None) -
             new_at[v] = port.admissible(PROBE_GROUP, v)
         return new_at[v]
 
-    work_at_latest = min_partial is not None or new_admissible(latest)
+    work_at_latest: bool | None = None
     out: list[Sync] = []
     for iid, inst in view.instances.items():
         if inst.syncing or inst.version >= latest:
             continue
         v = inst.version
-        if v <= floor:
+        if v <= floor or (max_lag is not None and latest - v >= max_lag):
             out.append(Sync(instance_id=iid, to_version=latest))
             continue
-        if (min_partial is not None and min_partial <= v) or new_admissible(v):
-            continue  # it still has admissible work at its own version
         if inst.kv_usage >= thr or inst.waiting > 0:
-            continue  # would not unlock routing now
-        if work_at_latest or inst.n_running == 0:
+            continue  # would interrupt too much now
+        if starved_only and ((min_partial is not None and min_partial <= v) or new_admissible(v)):
+            continue  # it still has admissible work at its own version
+        if inst.n_running == 0:
+            out.append(Sync(instance_id=iid, to_version=latest))
+            continue
+        if work_at_latest is None:
+            work_at_latest = min_partial is not None or new_admissible(latest)
+        if work_at_latest:
             out.append(Sync(instance_id=iid, to_version=latest))
     return out

@@ -1,4 +1,4 @@
-"""Cost model: the τ formula, presets, JSON round-trip and bad coefficients."""
+"""Cost model: the τ formula, presets, JSON round-trip, bad coefficients, error knobs."""
 
 from __future__ import annotations
 
@@ -6,8 +6,15 @@ import json
 
 import pytest
 
-from rollout_coordinator import PRESETS, CostModel, CostModelError
-from rollout_coordinator.cost_model import QWEN3_30B_A3B_H20, QWEN_7B_H20, QWEN_14B_H20
+from engine_adapters.cost_model import (
+    PRESETS,
+    QWEN3_30B_A3B_H20,
+    QWEN_7B_H20,
+    QWEN_14B_H20,
+    CostModel,
+    mean_abs_pct_error,
+)
+from engine_adapters.errors import CostModelError, InvalidRequest
 
 
 def test_presets_match_design_numbers():
@@ -54,6 +61,8 @@ def test_json_round_trip(tmp_path):
         ({"k1": 0, "k2": 0.01, "k3": 0, "k4": 0, "zz": 1}, "zz"),
         ({"k1": 0, "k2": 0.0, "k3": 0.1, "k4": 0.0, "b": 0.0}, "k4"),
         ({"format": "other/2", "k1": 0, "k2": 0.01, "k3": 0, "k4": 0}, "format"),
+        ({"k1": "0.1", "k2": 0.01, "k3": 0, "k4": 0}, "k1"),
+        ({"k1": True, "k2": 0.01, "k3": 0, "k4": 0}, "k1"),
     ],
 )
 def test_bad_coefficients(data, field):
@@ -69,3 +78,49 @@ def test_unreadable_file(tmp_path):
         CostModel.load(p)
     with pytest.raises(CostModelError, match="unknown cost-model preset"):
         CostModel.preset("gpt-9")
+
+
+def test_errors_are_bad_input_of_the_engine_package():
+    assert issubclass(CostModelError, InvalidRequest)
+
+
+def test_resolve_accepts_a_model_a_preset_a_file_or_a_mapping(tmp_path):
+    p = tmp_path / "fit.json"
+    QWEN_7B_H20.save(p)
+    assert CostModel.resolve(QWEN_14B_H20) is QWEN_14B_H20
+    assert CostModel.resolve("qwen-7b-h20") is QWEN_7B_H20
+    assert CostModel.resolve(str(p)) == QWEN_7B_H20
+    assert CostModel.resolve({"k1": 0, "k2": 0.01, "k3": 0, "k4": 0}).k2 == 0.01
+    with pytest.raises(CostModelError, match="unknown cost-model preset"):
+        CostModel.resolve("fast")
+
+
+def test_scaled_is_a_uniformly_faster_or_slower_instance():
+    m = QWEN3_30B_A3B_H20
+    half = m.scaled(0.5)
+    for n, kv in [(1, 0), (64, 100_000), (200, 250_000)]:
+        assert half.step_latency(n, kv) == pytest.approx(m.step_latency(n, kv) / 2)
+        assert half.throughput(n, kv) == pytest.approx(2 * m.throughput(n, kv))
+    with pytest.raises(CostModelError):
+        m.scaled(0.0)
+
+
+def test_with_errors_and_the_measured_error():
+    m = QWEN3_30B_A3B_H20
+    grid = [(n, n * 3000) for n in (8, 32, 64, 128, 200)]
+    assert mean_abs_pct_error(m, m, grid) == 0.0
+    believed = m.with_errors({"k3": 1.2, "k1": 0.9}, name="fitted")
+    assert believed.name == "fitted"
+    assert (believed.k3, believed.k1, believed.k2) == (m.k3 * 1.2, m.k1 * 0.9, m.k2)
+    err = mean_abs_pct_error(m, believed, grid)
+    assert 0.0 < err < 0.2
+    # a uniform +10 % error is exactly 10 % everywhere
+    assert mean_abs_pct_error(m, m.scaled(1.1), grid) == pytest.approx(0.1)
+    with pytest.raises(CostModelError) as ei:
+        m.with_errors({"k9": 1.1})
+    assert ei.value.field == "k9"
+    with pytest.raises(CostModelError) as ei:
+        m.with_errors({"k2": -1.0})
+    assert ei.value.field == "k2"
+    with pytest.raises(CostModelError):
+        mean_abs_pct_error(m, believed, [])

@@ -1,0 +1,344 @@
+"""The configurable strategy rules and their profiles, one rule per test on hand-built snapshots."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollout_coordinator import (
+    PROFILES,
+    ConfigError,
+    Coordinator,
+    CoordinatorConfig,
+    Interrupt,
+    QueueView,
+    Route,
+    RunningEntry,
+    SpeculativeState,
+    Sync,
+)
+from rollout_coordinator.policies import CycleView, GateState
+from rollout_coordinator.policies.admission import admit_by_verl_window
+from rollout_coordinator.testing import CAP, make, new, partial, snap
+from staleness_protocol import GcFifo, GcFifoConfig
+
+
+def routes(cmds):
+    return {c.trajectory_id: c.instance_id for c in cmds if isinstance(c, Route)}
+
+
+def syncs(cmds):
+    return {c.instance_id: c.to_version for c in cmds if isinstance(c, Sync)}
+
+
+def interrupts(cmds):
+    return [c for c in cmds if isinstance(c, Interrupt)]
+
+
+# ---- profiles -------------------------------------------------------------------------------
+
+
+def test_paper_profile_holds_the_published_runs_values():
+    cfg = CoordinatorConfig.from_profile("paper")
+    assert (cfg.theta, cfg.route_max_concurrency, cfg.route_kv_limit) == (0.3, 128, 1.0)
+    assert (cfg.sync_kv_threshold, cfg.sync_require_starved) == (0.5, False)
+    assert (cfg.migration_indicator, cfg.migration_ratio, cfg.migration_min_running) == (
+        "throughput",
+        5.0,
+        8,
+    )
+    assert (cfg.migration_amount, cfg.migration_during_sync) == ("all", False)
+    assert (cfg.preemption_rule, cfg.preempt_abort_waiting) == ("abort", 3)
+    assert cfg.candidate_order == "reserve"
+    assert CoordinatorConfig.from_profile("default") == CoordinatorConfig()
+    robust = CoordinatorConfig.from_profile("robust")
+    assert (robust.sync_lag_fraction, robust.partial_order) == (0.5, "gain")
+    assert set(PROFILES) == {"default", "paper", "robust"}
+
+
+def test_profile_in_a_mapping_and_overrides():
+    cfg = CoordinatorConfig.from_dict({"profile": "paper", "theta": 0.2, "policy": "all-vanilla"})
+    assert (cfg.theta, cfg.policy, cfg.route_max_concurrency) == (0.2, "all-vanilla", 128)
+    assert CoordinatorConfig.from_profile("paper", sync_kv_threshold=0.7).sync_kv_threshold == 0.7
+    with pytest.raises(ConfigError) as ei:
+        CoordinatorConfig.from_dict({"profile": "fastest"})
+    assert ei.value.field == "profile"
+    with pytest.raises(ConfigError) as ei:
+        CoordinatorConfig.from_profile("fastest")
+    assert ei.value.field == "profile"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("route_max_concurrency", 0),
+        ("candidate_order", "newest"),
+        ("partial_order", "random"),
+        ("sync_require_starved", "yes"),
+        ("sync_max_lag", 0),
+        ("sync_lag_fraction", 0.0),
+        ("sync_lag_fraction", 1.5),
+        ("migration_amount", "most"),
+        ("migration_during_sync", 1),
+        ("preemption_rule", "drop"),
+        ("preempt_abort_waiting", 0),
+        ("verl_staleness_threshold", -0.5),
+        ("verl_max_concurrent_groups_per_instance", 0),
+    ],
+)
+def test_new_fields_out_of_range_name_the_field(field, value):
+    with pytest.raises(ConfigError) as ei:
+        CoordinatorConfig(**{field: value})
+    assert ei.value.field == field
+
+
+# ---- routing --------------------------------------------------------------------------------
+
+
+def test_router_concurrency_cap():
+    q = [new("t0")]
+    coord, _, _ = make(instances=[("a", 0)], theta=0.01, route_max_concurrency=8)
+    assert routes(coord.step([snap("a", n=8, tokens_each=10)], q, now=0.0)) == {}
+    coord, _, _ = make(instances=[("a", 0)], theta=0.01, route_max_concurrency=9)
+    assert routes(coord.step([snap("a", n=8, tokens_each=10)], q, now=0.0)) == {"t0": "a"}
+
+
+def test_kv_limit_one_fills_the_cache():
+    coord, _, _ = make(instances=[("a", 0)], theta=0.01, route_kv_limit=1.0)
+    cmds = coord.step([snap("a", n=1, tokens_each=CAP - 600)], [new("t0", length=500)], now=0.0)
+    assert routes(cmds) == {"t0": "a"}
+
+
+@pytest.mark.parametrize(("order", "expected"), [("oldest", "old"), ("reserve", "fresh")])
+def test_candidate_order_for_new_groups(order, expected):
+    coord, _, _ = make(
+        instances=[("old", 0), ("fresh", 1)], start_version=1, eta=3, candidate_order=order
+    )
+    cmds = coord.step([snap("old"), snap("fresh", version=1)], [new("t0")], now=0.0)
+    assert routes(cmds) == {"t0": expected}
+
+
+@pytest.mark.parametrize(("order", "expected"), [("version", "old"), ("gain", "fresh")])
+def test_partial_order(order, expected):
+    coord, proto, _ = make(
+        instances=[("old", 0), ("fresh", 1)], start_version=1, eta=3, partial_order=order
+    )
+    proto.reserve("gp", "p0", 0)
+    # old is busy but still above θ; fresh is empty: only "gain" looks past the version
+    cmds = coord.step(
+        [snap("old", n=20, tokens_each=200), snap("fresh", version=1)],
+        [partial("p0", 0)],
+        now=0.0,
+    )
+    assert routes(cmds) == {"p0": expected}
+
+
+def test_partial_by_gain_never_goes_below_its_version_nor_when_aborted():
+    coord, proto, _ = make(
+        instances=[("v0", 0), ("v1", 1), ("v2", 2)], start_version=2, eta=3, partial_order="gain"
+    )
+    proto.reserve("gp", "p1", 1)
+    cmds = coord.step(
+        [snap("v0", n=40), snap("v1", version=1, n=30), snap("v2", version=2, n=10)],
+        [partial("p1", 1), partial("ghost", 1)],  # ghost: unknown to the protocol
+        now=0.0,
+    )
+    assert syncs(cmds) == {}  # v0 is busy, and the only version that cannot serve p1
+    assert routes(cmds) == {"p1": "v2"}
+
+
+# ---- synchronization ------------------------------------------------------------------------
+
+
+def test_lag_bound_forces_a_busy_instance_with_work_to_sync():
+    def run(**cfg):
+        coord, _, _ = make(instances=[("a", 0)], start_version=2, eta=4, **cfg)
+        busy = snap("a", n=60, tokens_each=1000)  # 60 % KV, admissible new work at v0
+        return syncs(coord.step([busy], [new("t0")], now=0.0))
+
+    assert run() == {}
+    assert run(sync_max_lag=3) == {}  # lags by 2 < 3
+    assert run(sync_max_lag=2) == {"a": 2}
+    assert run(sync_max_lag=1) == {"a": 2}  # = greedy global sync
+
+
+@pytest.mark.parametrize(
+    ("eta", "fraction", "lag", "syncs_now"),
+    [(8, 0.5, 3, False), (8, 0.5, 4, True), (3, 0.5, 2, True), (1, 0.5, 1, True)],
+)
+def test_lag_bound_relative_to_eta(eta, fraction, lag, syncs_now):
+    coord, _, _ = make(instances=[("a", 0)], start_version=lag, eta=eta, sync_lag_fraction=fraction)
+    busy = snap("a", n=60, tokens_each=1000)
+    assert bool(syncs(coord.step([busy], [new("t0")], now=0.0))) is syncs_now
+    # with both bounds, the tighter applies
+    coord, _, _ = make(
+        instances=[("a", 0)], start_version=2, eta=8, sync_lag_fraction=0.5, sync_max_lag=2
+    )
+    assert syncs(coord.step([busy], [new("t0")], now=0.0)) == {"a": 2}
+
+
+def test_without_require_starved_a_light_instance_syncs_despite_work_at_its_version():
+    def run(**cfg):
+        coord, _, _ = make(instances=[("a", 0)], start_version=1, sync_kv_threshold=0.5, **cfg)
+        light = snap("a", n=4, tokens_each=10_000)  # 40 % KV, admissible new work at v0
+        return syncs(coord.step([light], [new("t0")], now=0.0))
+
+    assert run() == {}
+    assert run(sync_require_starved=False) == {"a": 1}
+    # a waiting queue still blocks it (syncing would interrupt queued work)
+    coord, _, _ = make(instances=[("a", 0)], start_version=1, sync_require_starved=False)
+    assert syncs(coord.step([snap("a", waiting=1)], [new("t0")], now=0.0)) == {}
+
+
+def test_lag_bound_spreads_versions_no_herd_at_the_floor():
+    """Every instance riding version 0 until the floor makes them all pull at once; with the
+    lag bound they pull as they fall behind, before the floor."""
+    coord, proto, _ = make(
+        instances=[(f"i{k}", 0) for k in range(4)], start_version=3, eta=8, sync_max_lag=3
+    )
+    assert proto.abort_floor < 0  # far from the floor
+    busy = [snap(f"i{k}", n=50, tokens_each=1000) for k in range(4)]
+    assert syncs(coord.step(busy, [new("t0")], now=0.0)) == {f"i{k}": 3 for k in range(4)}
+
+
+# ---- migration ------------------------------------------------------------------------------
+
+
+def test_migration_moves_all_movable_requests():
+    coord, _, _ = make(instances=[("idle", 0), ("busy", 0)], migration_amount="all")
+    cmds = coord.step([snap("idle"), snap("busy", n=12, tokens_each=3000)], [], now=0.0)
+    (it,) = interrupts(cmds)
+    assert (it.instance_id, it.reason, len(it.trajectory_ids)) == ("busy", "migration", 12)
+
+
+def test_migration_by_throughput_with_min_running():
+    coord, _, _ = make(
+        instances=[("slow", 0), ("busy", 0)],
+        migration_indicator="throughput",
+        migration_min_running=8,
+    )
+    cmds = coord.step([snap("slow", tput=100.0), snap("busy", n=7, tput=900.0)], [], now=0.0)
+    assert interrupts(cmds) == []  # 7 < 8 running
+    coord, _, _ = make(
+        instances=[("slow", 0), ("busy", 0)],
+        migration_indicator="throughput",
+        migration_min_running=8,
+    )
+    cmds = coord.step([snap("slow", tput=100.0), snap("busy", n=8, tput=600.0)], [], now=0.0)
+    assert [i.instance_id for i in interrupts(cmds)] == ["busy"]
+    coord, _, _ = make(instances=[("slow", 0), ("busy", 0)], migration_indicator="throughput")
+    cmds = coord.step([snap("slow", tput=200.0), snap("busy", n=8, tput=900.0)], [], now=0.0)
+    assert interrupts(cmds) == []  # 4.5x < 5x
+
+
+def test_no_migration_while_a_sync_is_issued_or_in_flight():
+    def run(during_sync):
+        coord, _, _ = make(
+            instances=[("idle", 0), ("busy", 1), ("stale", 0)],
+            start_version=1,
+            migration_during_sync=during_sync,
+        )
+        return coord.step(
+            [snap("idle", version=1), snap("busy", version=1, n=12), snap("stale")], [], now=0.0
+        )
+
+    cmds = run(True)
+    assert syncs(cmds) and [i.reason for i in interrupts(cmds)] == ["migration"]
+    cmds = run(False)
+    assert syncs(cmds) and interrupts(cmds) == []
+
+
+# ---- preemption -----------------------------------------------------------------------------
+
+
+def test_preempted_requests_beyond_the_allowed_queue_are_aborted_back():
+    coord, _, clock = make(
+        instances=[("a", 0)], batch=8, group=2, theta=0.01, preemption_rule="abort"
+    )
+    q = [new(f"t{k}", group=f"g{k // 2}") for k in range(10)]
+    cmds = coord.step([snap("a")], q, now=0.0)
+    assert len(routes(cmds)) == 10
+    # the engine runs t4..t9 and has t0..t3 waiting (preempted), KV full
+    running = tuple(
+        RunningEntry(trajectory_id=f"t{k}", prompt_tokens=CAP // 6, generated_tokens=0)
+        for k in range(4, 10)
+    )
+    clock.t = 1.0
+    cmds = coord.step([snap("a", running=running, waiting=4, t=1.0)], [], now=1.0)
+    (it,) = interrupts(cmds)
+    assert (it.reason, it.requeue) == ("bounce", True)
+    assert it.trajectory_ids == ("t0",)  # 4 waiting, 3 allowed: the oldest route goes back
+    assert coord.instances["a"].waiting == 3
+    # not issued twice before the next snapshot
+    assert interrupts(coord.step([], [], now=1.5)) == []
+    # the default bounce rule acts on running work instead, and only with nearly full KV
+    coord, _, _ = make(instances=[("a", 0)], bounce_waiting_threshold=4)
+    assert interrupts(coord.step([snap("a", n=2, waiting=4)], [], now=0.0)) == []
+
+
+def test_preemption_rule_off():
+    coord, _, _ = make(instances=[("a", 0)], preemption_rule="off", bounce_waiting_threshold=1)
+    full = snap("a", n=10, tokens_each=CAP // 10, waiting=9)
+    assert interrupts(coord.step([full], [], now=0.0)) == []
+
+
+# ---- the VeRL-Async window ------------------------------------------------------------------
+
+
+def _view(*, latest, admitted, lost, held=0, eta=1, instances=2, **cfg):
+    state = SpeculativeState()
+    for k in range(instances):
+        inst = state.add_instance(f"i{k}", version=latest, kv_capacity_tokens=CAP)
+        inst.n_running = held if k == 0 else 0
+    return CycleView(
+        now=0.0,
+        instances=state.instances,
+        queue=QueueView([]),
+        latest_version=latest,
+        abort_floor=-1,
+        config=CoordinatorConfig(policy="verl-async", **cfg),
+        batch_size=4,
+        group_size=2,
+        eta=eta,
+        admitted_total=admitted,
+        lost_total=lost,
+    )
+
+
+def test_verl_window_budget_counts_carry_over_and_whole_groups():
+    # window (1 + η=1) x B=4 groups x n=2 = 16 trajectories; version 0, nothing admitted
+    quota, state = admit_by_verl_window(_view(latest=0, admitted=0, lost=0), GateState())
+    assert quota == 16 and state.window_version == 0
+    quota, _ = admit_by_verl_window(_view(latest=0, admitted=11, lost=0), state)
+    assert quota == 4  # 5 left, whole groups of 2
+    # version 1 published: 8 consumed, 12 still in flight or queued -> 4 more this window
+    quota, state = admit_by_verl_window(_view(latest=1, admitted=20, lost=0), state)
+    assert quota == 4 and state.window_version == 1
+    # losses after the window opened are not refunded until the next window
+    quota, state = admit_by_verl_window(_view(latest=1, admitted=20, lost=6), state)
+    assert quota == 4
+    quota, state = admit_by_verl_window(_view(latest=2, admitted=20, lost=6), state)
+    assert quota == 16 + 16 + 6 - 20
+    # staleness_threshold is fractional, floored in groups: (1 + 0.5) x 4 = 6 groups
+    quota, _ = admit_by_verl_window(
+        _view(latest=0, admitted=0, lost=0, verl_staleness_threshold=0.5), GateState()
+    )
+    assert quota == 12
+
+
+def test_verl_concurrency_cap():
+    quota, _ = admit_by_verl_window(
+        _view(latest=0, admitted=0, lost=0, held=5, verl_max_concurrent_groups_per_instance=2),
+        GateState(),
+    )
+    assert quota == 2  # 2 groups x 2 x 2 instances = 8, 5 held -> 3, whole groups -> 2
+
+
+def test_verl_async_runs_over_a_gc_fifo():
+    fifo = GcFifo(GcFifoConfig(batch_size=2, group_size=2, eta=1, max_inflight_groups=8))
+    coord = Coordinator(CoordinatorConfig(policy="verl-async"), fifo)
+    coord.add_instance("a", kv_capacity_tokens=CAP)
+    coord.add_instance("b", kv_capacity_tokens=CAP)
+    q = [new(f"t{k}", group=f"g{k // 2}") for k in range(12)]
+    cmds = coord.step([snap("a"), snap("b")], q, now=0.0)
+    assert len(routes(cmds)) == 8  # (1 + η) x B = 4 groups of 2
+    assert set(routes(cmds).values()) == {"a", "b"}  # even routing
