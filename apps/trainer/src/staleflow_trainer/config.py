@@ -311,6 +311,9 @@ class ProtocolConfig:
     batch_redundancy: int = _f(0, ge=0, doc="B' - B spare slots per buffer")
     group_redundancy: int = _f(0, ge=0, doc="n' - n extra responses per group")
     stuck_threshold: int = _f(4, ge=0, doc="abort stragglers of a buffer lacking <= this many")
+    stuck_after_s: float = _f(
+        5.0, ge=0.0, doc="resolve a stuck buffer only after the trainer waited this long for it"
+    )
     unbounded_inflight_batches: int = _f(
         2,
         ge=1,
@@ -507,7 +510,6 @@ class SimConfig:
     cycle_period_s: float = _f(0.1, gt=0.0, doc="coordinator cycle period (virtual s)")
     snapshot_max_age_s: float = _f(0.0, ge=0.0, doc="re-snapshot unchanged instances after")
     warmup_steps: int = _f(2, ge=0, doc="steps excluded from throughput (pipeline fill)")
-    stuck_after_s: float = _f(5.0, ge=0.0, doc="trainer wait before resolving a stuck buffer")
     workload: SimWorkloadConfig = attrs.field(factory=SimWorkloadConfig, validator=_validate_field)
 
     def __attrs_post_init__(self) -> None:

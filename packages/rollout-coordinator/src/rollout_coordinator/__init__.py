@@ -13,6 +13,7 @@ from rollout_coordinator._config import MIGRATION_INDICATORS, PROFILES, Coordina
 from rollout_coordinator._cycle import Coordinator, CycleReport
 from rollout_coordinator._records import InstanceSnapshot, QueuedTrajectory, QueueView, RunningEntry
 from rollout_coordinator._speculative import InstanceState, SpeculativeState
+from rollout_coordinator._state import coordinator_from_dict, coordinator_to_dict
 from rollout_coordinator.cost_model import PRESETS, CostModel
 from rollout_coordinator.errors import (
     ConfigError,
@@ -64,4 +65,6 @@ __all__ = [
     "SyncInProgress",
     "UnknownInstance",
     "UnknownPolicy",
+    "coordinator_from_dict",
+    "coordinator_to_dict",
 ]

@@ -344,7 +344,7 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
         batch_size=proto.batch_size,
         group_size=proto.group_size,
         stuck_threshold=proto.stuck_threshold,
-        stuck_after_s=sim.stuck_after_s,
+        stuck_after_s=proto.stuck_after_s,
         batch_redundancy=proto.batch_redundancy,
         group_redundancy=proto.group_redundancy,
         dynamic_sampling=cfg.trainer.dynamic_sampling,

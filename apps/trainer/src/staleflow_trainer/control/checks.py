@@ -1,0 +1,53 @@
+"""Ledger checks: nothing admitted is lost or counted twice, and the bound held.
+
+:func:`ledger_problems` compares the core's ledger with the protocol's own and returns what
+disagrees (empty when all is well); tests and the end of every run call it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from staleflow_trainer.control.ledger import Where
+from staleness_protocol import TrajectoryState
+
+_LIVE = {
+    Where.QUEUED: (TrajectoryState.IN_FLIGHT,),
+    Where.RUNNING: (TrajectoryState.IN_FLIGHT,),
+    # rewarded members are finished in the protocol only once their group's n are in
+    Where.FINISHED: (TrajectoryState.IN_FLIGHT, TrajectoryState.FINISHED, TrajectoryState.OCCUPIED),
+    Where.CONSUMED: (TrajectoryState.CONSUMED,),
+    Where.DROPPED: (TrajectoryState.DROPPED, TrajectoryState.ABORTED),
+}
+
+
+def ledger_problems(core: Any) -> list[str]:
+    """Every disagreement between the core's ledger and its protocol (empty when consistent):
+    each live admitted trajectory is where the protocol says, the totals balance (admitted =
+    consumed + dropped + in flight), and no consumed sample is staler than η."""
+    problems: list[str] = []
+    proto = core.protocol
+    admitted_live = 0
+    for e in core.ledger.live():
+        if e.v_traj is None:
+            continue
+        admitted_live += 1
+        state = core.trajectory_state(e.tid)
+        if state is None or state not in _LIVE[e.where]:
+            problems.append(f"{e.tid}: {e.where.value} in the ledger, {state} in the protocol")
+    counts = core.ledger.counts()
+    settled = core.ledger.settled
+    stats = proto.stats()
+    by_state = stats.trajectories_by_state
+    admitted = sum(by_state.values())
+    if admitted != admitted_live + settled["consumed"] + settled["dropped"]:
+        problems.append(
+            f"admitted {admitted} in the protocol, {admitted_live} live + {settled['consumed']} "
+            f"consumed + {settled['dropped']} dropped in the ledger"
+        )
+    if by_state.get("consumed", 0) != counts["consumed"]:
+        problems.append(f"consumed {by_state.get('consumed', 0)} vs {counts['consumed']}")
+    eta = proto.config.eta
+    if eta is not None and stats.staleness_histogram and max(stats.staleness_histogram) > eta:
+        problems.append(f"consumed staleness {max(stats.staleness_histogram)} > eta {eta}")
+    return problems

@@ -1,0 +1,162 @@
+"""The control core's configuration, and the one place the staleness protocol is built.
+
+:class:`CoreConfig` holds every setting the core's decisions depend on, as the library
+packages' own config records (``staleness_protocol`` and ``rollout_coordinator``) plus the few
+the core adds. :func:`core_config` reads it out of the app's config — both the Ray deployment
+and the simulator build their core through it, so a setting reaches both or neither.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from rollout_coordinator import CoordinatorConfig
+from staleness_protocol import (
+    GcFifo,
+    GcFifoConfig,
+    ProtocolConfig,
+    StalenessProtocol,
+    UnboundedConfig,
+    UnboundedFifo,
+)
+
+ProtocolSpec = ProtocolConfig | UnboundedConfig | GcFifoConfig
+AnyProtocol = StalenessProtocol | UnboundedFifo
+
+
+def _positive(inst: Any, a: attrs.Attribute[Any], v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"CoreConfig.{a.name} must be an integer >= 1, got {v!r}")
+
+
+def _non_negative(inst: Any, a: attrs.Attribute[Any], v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf"):
+        raise ValueError(f"CoreConfig.{a.name} must be a finite number >= 0, got {v!r}")
+
+
+@attrs.frozen(kw_only=True)
+class CoreConfig:
+    """Everything the control core decides by."""
+
+    #: The staleness protocol: ``ProtocolConfig`` (per-version buffers, bound η),
+    #: ``UnboundedConfig`` (no bound, FIFO) or ``GcFifoConfig`` (a FIFO dropping what ages out).
+    protocol: ProtocolSpec
+    coordinator: CoordinatorConfig
+    #: Training steps of the run.
+    steps: int = attrs.field(validator=_positive)
+    #: Drop a group whose kept members' rewards are all equal (DAPO dynamic sampling), before
+    #: it occupies a slot; a replacement prompt is admitted.
+    dynamic_sampling: bool = False
+    #: Resolve a stuck buffer only after the trainer has waited this long for it.
+    stuck_after_s: float = attrs.field(default=5.0, validator=_non_negative)
+    #: A checkpoint every this many steps (and after the last); 0 = only after the last.
+    checkpoint_every: int = attrs.field(default=0, validator=_non_negative)
+    #: Consecutive failed syncs of one instance tolerated; one more halts the run.
+    sync_retries: int = attrs.field(default=5, validator=_non_negative)
+    #: Dataset rows the prompt feed draws from; None = an unbounded synthetic stream (row =
+    #: group serial, the simulator's prompt stream).
+    rows: int | None = None
+    seed: int = 0
+    shuffle: bool = True
+    #: Keep at least this many batches of never-admitted groups queued.
+    feed_batches: int = attrs.field(default=1, validator=_positive)
+    #: At most this many queued trajectories are offered to the coordinator per cycle (None:
+    #: the whole queue).
+    queue_view_limit: int | None = None
+    #: Steps over which ``gen_tokens_per_s`` is averaged.
+    rate_window_steps: int = attrs.field(default=5, validator=_positive)
+
+    @property
+    def batch_size(self) -> int:
+        return self.protocol.batch_size
+
+    @property
+    def group_size(self) -> int:
+        return self.protocol.group_size
+
+    @property
+    def members(self) -> int:
+        """Trajectories submitted per group: ``n' = n + group_redundancy``."""
+        return self.protocol.group_size + self.protocol.group_redundancy
+
+
+def build_protocol(spec: ProtocolSpec) -> AnyProtocol:
+    """A fresh protocol for ``spec``."""
+    if isinstance(spec, GcFifoConfig):
+        return GcFifo(spec)
+    if isinstance(spec, UnboundedConfig):
+        return UnboundedFifo(spec)
+    return StalenessProtocol(spec)
+
+
+def protocol_mode(spec: ProtocolSpec) -> str:
+    """``"buffers"``, ``"unbounded"`` or ``"gc-fifo"``."""
+    if isinstance(spec, GcFifoConfig):
+        return "gc-fifo"
+    return "unbounded" if isinstance(spec, UnboundedConfig) else "buffers"
+
+
+def core_config(cfg: Any, *, rows: int | None) -> CoreConfig:
+    """The core's config from the app's (``staleflow_trainer.config.AppConfig``): the one
+    place both shells read their decisions' settings from. ``rows``: the dataset size (None
+    for the simulator's unbounded prompt stream)."""
+    from staleflow_trainer.config import GC_FIFO_POLICIES
+
+    p = cfg.protocol
+    filtering = cfg.trainer.dynamic_sampling
+    spec: ProtocolSpec
+    if p.eta == "unbounded":
+        spec = UnboundedConfig(
+            batch_size=p.batch_size,
+            group_size=p.group_size,
+            max_inflight_groups=p.unbounded_inflight_batches * p.batch_size,
+            group_redundancy=p.group_redundancy,
+            filtering=filtering,
+        )
+    elif cfg.coordinator.policy in GC_FIFO_POLICIES:
+        # its own cap is (η + 1)·B groups in flight, so the policy's (η + v + 1)·B budget gate,
+        # which also counts finished groups, always binds first
+        spec = GcFifoConfig(
+            batch_size=p.batch_size,
+            group_size=p.group_size,
+            eta=int(p.eta),
+            max_inflight_groups=(int(p.eta) + 1) * p.batch_size,
+            group_redundancy=p.group_redundancy,
+            filtering=filtering,
+        )
+    else:
+        spec = ProtocolConfig(
+            batch_size=p.batch_size,
+            group_size=p.group_size,
+            eta=int(p.eta),
+            batch_redundancy=p.batch_redundancy,
+            group_redundancy=p.group_redundancy,
+            filtering=filtering,
+            stuck_threshold=p.stuck_threshold or None,
+        )
+    c = cfg.coordinator
+    coordinator = CoordinatorConfig.from_dict(
+        {
+            "policy": c.policy,
+            "cost_model": c.cost_model,
+            "theta": c.theta,
+            "route_kv_limit": c.route_kv_limit,
+            "sync_kv_threshold": c.sync_kv_threshold,
+            "migration_ratio": c.migration_ratio,
+            "migration_indicator": c.migration_indicator,
+        }
+    )
+    return CoreConfig(
+        protocol=spec,
+        coordinator=coordinator,
+        steps=cfg.trainer.steps,
+        dynamic_sampling=filtering,
+        stuck_after_s=cfg.protocol.stuck_after_s,
+        checkpoint_every=cfg.run.checkpoint_every,
+        sync_retries=cfg.coordinator.sync_retries,
+        rows=rows,
+        seed=cfg.run.seed,
+        shuffle=cfg.data.shuffle,
+    )

@@ -1,0 +1,564 @@
+"""The control core: every decision of a StaleFlow run, as a deterministic state machine.
+
+Theory of operation
+-------------------
+Events in, effects out (:mod:`.events`, :mod:`.effects`), in the style of h11's state machine:
+no clock, no I/O, no Ray, no logging. A shell (the Ray deployment or the simulator) feeds each
+event to :meth:`ControlCore.handle` and carries out the effects it returns, in order, before
+it feeds the next event. The core owns:
+
+* the staleness protocol (built once, :func:`.config.build_protocol`) and the rollout
+  ``Coordinator`` that routes, syncs and migrates against it;
+* the trajectory :class:`~.ledger.Ledger` (ids, lengths, V_traj, where each one is) and the
+  multi-level queue the coordinator is offered;
+* the prompt feed: at least ``feed_batches`` batches of never-admitted groups stay queued,
+  plus one group per replacement the protocol asks for;
+* reward outcomes: when a group's ``n`` kept members are rewarded it is either filtered (all
+  rewards equal, with ``dynamic_sampling``; dropped *before* it occupies a slot) or finished
+  through the protocol (which occupies its slot); a reward that cannot be computed drops the
+  group with the reason;
+* training: when the trainer is idle and the next buffer is READY, ``consume`` → ``Train``;
+  ``Trained`` publishes the new version; a stuck buffer is resolved once the trainer has
+  waited ``stuck_after_s``;
+* instances joining and leaving, sync outcomes (``sync_retries`` failures in a row halt the
+  run), and the step records and instance timeline of the metrics contract (:mod:`.report`).
+
+Determinism: the same events from the same state give the same effects and the same state,
+in any process (no iteration over hash-ordered sets decides anything). The write-ahead journal
+records the events fed to the core; recovery replays them on the last base state
+(:meth:`to_dict` / :meth:`restore`).
+
+Invariants (checked by the tests after every event): every admitted trajectory ends consumed,
+or dropped with a reason; consumed staleness never exceeds η; no batch is trained twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, cast
+
+from rollout_coordinator import (
+    Coordinator,
+    InstanceSnapshot,
+    QueueView,
+)
+from rollout_coordinator import (
+    Drop as CoordDrop,
+)
+from rollout_coordinator import (
+    Interrupt as CoordInterrupt,
+)
+from rollout_coordinator import (
+    Route as CoordRoute,
+)
+from rollout_coordinator import (
+    Sync as CoordSync,
+)
+from staleflow_trainer.control import effects as fx
+from staleflow_trainer.control.config import AnyProtocol, CoreConfig, build_protocol
+from staleflow_trainer.control.events import (
+    Cycle,
+    Event,
+    InstanceJoined,
+    InstanceLost,
+    Reported,
+    Rewarded,
+    SyncDone,
+    SyncFailed,
+    Trained,
+)
+from staleflow_trainer.control.feed import PromptFeed
+from staleflow_trainer.control.ledger import Ledger, Where
+from staleflow_trainer.control.report import StepReport
+from staleness_protocol import GroupState, ProtocolError, TrajectoryState, protocol_from_dict
+
+STATE_FORMAT = "staleflow-core/1"
+_CLOSED = (GroupState.ABORTED, GroupState.DROPPED)
+COUNTERS = (
+    "routes", "syncs", "sync_failures", "migrations", "bounces", "interrupts", "aborts",
+    "filtered", "reward_dropped", "replacements", "stuck_resolved", "instances_lost",
+    "instances_joined", "lost_requeued", "late_outcomes", "sync_interrupts",
+)  # fmt: skip
+
+
+class CoreHalted(Exception):
+    """The core was fed an event after it halted (see :class:`~.effects.Halt`)."""
+
+
+class ControlCore:
+    """One run's control state. ``prompt_len(row)`` is the token length of a dataset row's
+    prompt (a pure function: the same row, the same length, in every process)."""
+
+    def __init__(
+        self,
+        config: CoreConfig,
+        *,
+        prompt_len: Callable[[int], int],
+        start_version: int = 0,
+    ) -> None:
+        self.config = config
+        self._prompt_len = prompt_len
+        self.protocol: AnyProtocol = build_protocol(config.protocol)
+        if start_version:
+            self.protocol = _at_version(self.protocol, start_version)
+        self.now = 0.0
+        self.coordinator = Coordinator(
+            config.coordinator, self.protocol, clock=lambda: self.now, latest_version=start_version
+        )
+        self.ledger = Ledger()
+        self.feed = PromptFeed(rows=config.rows, seed=config.seed, shuffle=config.shuffle)
+        self.steps_done = start_version
+        self.published = start_version
+        self.counters: dict[str, int] = dict.fromkeys(COUNTERS, 0)
+        self.report = StepReport(window=config.rate_window_steps)
+        #: the batch being trained (a Train effect not yet answered), or None
+        self.training: fx.Train | None = None
+        self._idle_since = 0.0
+        self._stuck_checked_at = -1.0
+        self._fresh: dict[str, None] = {}  # groups no member of which was admitted yet
+        self._snapshots: dict[str, InstanceSnapshot] = {}
+        self._sync_fail_streak: dict[str, int] = {}
+        self.halted: fx.Halt | None = None
+        self.done = False
+
+    # ------------------------------------------------------------------------- dispatch
+
+    def handle(self, event: Event) -> list[fx.Effect]:
+        """Apply one event; returns the effects the shell must carry out, in order."""
+        if self.halted is not None:
+            raise CoreHalted(f"the run halted: {self.halted.reason}")
+        self.now = max(self.now, float(event.at))
+        out: list[fx.Effect] = []
+        if isinstance(event, Cycle):
+            self._cycle(out)
+        elif isinstance(event, Reported):
+            self._reported(event, out)
+        elif isinstance(event, Rewarded):
+            self._rewarded(event, out)
+        elif isinstance(event, Trained):
+            self._trained(event, out)
+        elif isinstance(event, SyncDone):
+            self._sync_done(event)
+        elif isinstance(event, SyncFailed):
+            self._sync_failed(event, out)
+        elif isinstance(event, InstanceJoined):
+            self._joined(event)
+        elif isinstance(event, InstanceLost):
+            self._lost(event, out)
+        else:  # pragma: no cover - the Event union is closed
+            raise TypeError(f"not an event: {event!r}")
+        self._after_change(out)
+        if not isinstance(event, Cycle | SyncDone | InstanceJoined):
+            self._maybe_train(out)
+        return out
+
+    # ------------------------------------------------------------------------- the cycle
+
+    def _cycle(self, out: list[fx.Effect]) -> None:
+        if self.done:
+            return
+        self._stock(out)
+        snaps = list(self._snapshots.values())
+        self._snapshots.clear()
+        items = self.ledger.queue_items(self.config.queue_view_limit)
+        commands = self.coordinator.step(snaps, QueueView(items), self.now)
+        self._execute(commands, out)
+        self._maybe_train(out)
+
+    def _execute(self, commands: Sequence[Any], out: list[fx.Effect]) -> None:
+        routes: dict[tuple[str, int], list[str]] = {}
+        for c in commands:
+            if isinstance(c, CoordRoute):
+                e = self.ledger.run(c.trajectory_id, c.instance_id, c.version)
+                self._fresh.pop(e.group, None)
+                routes.setdefault((c.instance_id, c.version), []).append(c.trajectory_id)
+            elif isinstance(c, CoordInterrupt):
+                ids = tuple(c.trajectory_ids)
+                if not ids:
+                    continue
+                self.counters["interrupts"] += len(ids)
+                if c.requeue:
+                    self.counters["bounces" if c.reason == "bounce" else "migrations"] += len(ids)
+                else:  # the protocol aborted them: settled now, the shell discards the output
+                    self._drop_ids(ids, str(c.reason))
+                    self.coordinator.on_dropped(ids)
+                out.append(
+                    fx.Interrupt(instance_id=c.instance_id, trajectory_ids=ids,
+                                 reason=str(c.reason), requeue=bool(c.requeue))
+                )  # fmt: skip
+            elif isinstance(c, CoordDrop):
+                ids = tuple(c.trajectory_ids)
+                self._drop_ids(ids, str(c.reason))
+                self.coordinator.on_dropped(ids)
+                out.append(fx.Drop(trajectory_ids=ids, reason=str(c.reason)))
+            elif isinstance(c, CoordSync):
+                self.counters["syncs"] += 1
+                self.counters["sync_interrupts"] += len(self.ledger.held.get(c.instance_id, ()))
+                self.report.instance_syncing(c.instance_id, self.now, c.to_version)
+                out.append(fx.Sync(instance_id=c.instance_id, version=c.to_version))
+        for (iid, version), ids in routes.items():
+            self.counters["routes"] += len(ids)
+            out.append(fx.Route(instance_id=iid, version=version, trajectory_ids=ids))
+
+    def _drop_ids(self, ids: Iterable[str], reason: str) -> None:
+        self.counters["aborts"] += sum(1 for t in ids if self.ledger.drop(t, reason) is not None)
+
+    # ------------------------------------------------------------------------- feeding
+
+    def _stock(self, out: list[fx.Effect]) -> None:
+        want = self.config.feed_batches * self.config.batch_size - len(self._fresh)
+        extra = len(self.protocol.take_replacements())
+        self.counters["replacements"] += extra
+        want = max(want, 0) + extra
+        if want <= 0:
+            return
+        specs = []
+        for _ in range(want):
+            gid, row = self.feed.next_group()
+            self.ledger.add_group(gid, row, self.config.members, self._prompt_len(row))
+            self._fresh[gid] = None
+            specs.append(fx.GroupSpec(group_id=gid, row=row, members=self.config.members))
+        out.append(fx.SubmitGroups(groups=specs))
+
+    # ------------------------------------------------------------------------- results
+
+    def _reported(self, ev: Reported, out: list[fx.Effect]) -> None:
+        iid = ev.instance_id
+        partial: list[str] = []
+        finished: list[str] = []
+        for o in ev.outcomes:
+            e = self.ledger.get(o.trajectory_id)
+            if e is None or e.where is not Where.RUNNING or e.instance != iid:
+                # aborted (settled) while the instance worked on it, or not ours any more
+                self.counters["late_outcomes"] += 1
+                self.report.wasted(max(o.generated - (e.generated if e else 0), 0))
+                continue
+            self.report.generated(max(o.generated - e.generated, 0))
+            if o.finish is None:
+                self.ledger.requeue(o.trajectory_id, o.generated)
+                partial.append(o.trajectory_id)
+            else:
+                self.ledger.finish(o.trajectory_id, o.generated)
+                finished.append(o.trajectory_id)
+        if partial and iid in self.coordinator.instances:
+            self.coordinator.on_interrupted(iid, partial)
+        if finished:
+            self.coordinator.on_finished(finished)
+            out.append(fx.Score(trajectory_ids=finished))
+        if ev.snapshot is not None and iid in self.coordinator.instances:
+            self._snapshots[iid] = ev.snapshot
+            self.report.instance_load(iid, ev.at, ev.snapshot)
+
+    def _rewarded(self, ev: Rewarded, out: list[fx.Effect]) -> None:
+        n = self.config.group_size
+        for r in ev.rewards:
+            e = self.ledger.get(r.trajectory_id)
+            if e is None or e.where is not Where.FINISHED or e.reward is not None:
+                continue  # dropped while it was scored
+            gid = e.group
+            if r.score is None:
+                self.counters["reward_dropped"] += 1
+                self._drop_group(gid, f"reward_failed: {r.reason or 'unknown'}"[:200], out)
+                continue
+            g = self.ledger.reward(r.trajectory_id, float(r.score))
+            if len(g.rewarded) != n or self._group_state(gid) is not GroupState.RESERVED:
+                continue
+            kept = g.rewarded[:n]
+            scores = [cast(float, self.ledger.entries[t].reward) for t in kept]
+            if self.config.dynamic_sampling and len(set(scores)) == 1:
+                self.counters["filtered"] += 1
+                self._drop_group(gid, "filtered: equal rewards", out)
+                continue
+            for t in kept:
+                self.protocol.finish(t)
+            # never-admitted siblings can no longer join a complete group
+            stray = [t for t in g.members if self._never_admitted(t)]
+            if stray:
+                self._drop_ids(stray, "group_surplus")
+                out.append(fx.Drop(trajectory_ids=stray, reason="group_surplus"))
+
+    def _never_admitted(self, tid: str) -> bool:
+        e = self.ledger.entries.get(tid)
+        return e is not None and e.where is Where.QUEUED and e.v_traj is None
+
+    def _drop_group(self, gid: str, reason: str, out: list[fx.Effect]) -> None:
+        if self._group_state(gid) in (GroupState.RESERVED, GroupState.OCCUPIED):
+            self.protocol.drop_group(gid, reason)  # its aborts are drained by _after_change
+        self._close(gid, reason, out)
+
+    def _close(self, gid: str, reason: str, out: list[fx.Effect]) -> None:
+        """A closed group: its never-admitted members are dropped too, and the store discards
+        whatever it holds of the group."""
+        g = self.ledger.groups.get(gid)
+        if g is None or g.closed:
+            return
+        self.ledger.close_group(gid)
+        self._fresh.pop(gid, None)
+        # admitted members come back as the protocol's aborts; these it never saw
+        self._drop_ids([t for t in g.members if self._never_admitted(t)], reason)
+        out.append(fx.DropGroup(group_id=gid, reason=reason))
+
+    def _group_state(self, gid: str) -> GroupState | None:
+        try:
+            return cast(GroupState, self.protocol.group(gid).state)
+        except ProtocolError:
+            return None
+
+    def _after_change(self, out: list[fx.Effect]) -> None:
+        """Turn what the protocol decided during this event into effects: its aborts become
+        commands on the instances / drops in the store, and a group it closed is dropped."""
+        if not self.protocol.pending_aborts:
+            return
+        commands = self.coordinator.drain_aborts()
+        groups: dict[str, str] = {}
+        for c in commands:
+            for t in c.trajectory_ids:
+                e = self.ledger.get(t)
+                if e is not None:
+                    groups.setdefault(e.group, str(c.reason))
+        self._execute(commands, out)
+        for gid, reason in groups.items():
+            if self._group_state(gid) in _CLOSED:
+                self._close(gid, reason, out)
+
+    # ------------------------------------------------------------------------- instances
+
+    def _joined(self, ev: InstanceJoined) -> None:
+        self.coordinator.add_instance(
+            ev.instance_id, kv_capacity_tokens=ev.kv_capacity_tokens, version=ev.version
+        )
+        self.counters["instances_joined"] += 1
+        self.report.instance_joined(ev.instance_id, ev.at, ev.version)
+
+    def _lost(self, ev: InstanceLost, out: list[fx.Effect]) -> None:
+        iid = ev.instance_id
+        if iid not in self.coordinator.instances:
+            return
+        held = [r for r in self.coordinator.pending.held_for(iid) if r.new]
+        self.coordinator.remove_instance(iid)
+        lengths = dict(ev.requeued)
+        for tid in self.ledger.held_by(iid):
+            self.ledger.requeue(tid, lengths.get(tid))
+        for r in held:  # reserved for it but never handed out: queued at their V_traj
+            if self._never_admitted(r.trajectory_id):
+                self.ledger.set_v_traj(r.trajectory_id, r.version)
+        self.ledger.forget_instance(iid)
+        self._snapshots.pop(iid, None)
+        self._sync_fail_streak.pop(iid, None)
+        self.counters["instances_lost"] += 1
+        self.counters["lost_requeued"] += len(lengths)
+        self.report.instance_gone(iid, ev.at)
+
+    def _sync_done(self, ev: SyncDone) -> None:
+        inst = self.coordinator.instances.get(ev.instance_id)
+        if inst is None or ev.version < max(inst.version, inst.target_version):
+            return  # lost meanwhile, or superseded by a later sync (greedy sync)
+        self._sync_fail_streak.pop(ev.instance_id, None)
+        self.coordinator.on_sync_done(ev.instance_id, ev.version)
+        self.report.instance_synced(ev.instance_id, ev.at, ev.version)
+
+    def _sync_failed(self, ev: SyncFailed, out: list[fx.Effect]) -> None:
+        iid = ev.instance_id
+        if iid not in self.coordinator.instances:
+            return
+        self.counters["sync_failures"] += 1
+        streak = self._sync_fail_streak.get(iid, 0) + 1
+        self._sync_fail_streak[iid] = streak
+        held = [r for r in self.coordinator.pending.held_for(iid) if r.new]
+        self.coordinator.on_sync_failed(iid)
+        for r in held:
+            if self._never_admitted(r.trajectory_id):
+                self.ledger.set_v_traj(r.trajectory_id, r.version)
+        self.report.instance_synced(iid, ev.at, None)
+        if streak > self.config.sync_retries:
+            self.halted = fx.Halt(
+                component=f"rollout:{iid}",
+                reason=f"instance {iid} failed to sync {streak} times in a row "
+                f"(sync_retries={self.config.sync_retries}); last error: {ev.error}",
+            )
+            out.append(self.halted)
+
+    @property
+    def sync_fail_streak(self) -> Mapping[str, int]:
+        """Consecutive failed syncs per instance (the Ray shell backs off by it)."""
+        return self._sync_fail_streak
+
+    # ------------------------------------------------------------------------- training
+
+    def _maybe_train(self, out: list[fx.Effect]) -> None:
+        if self.training is not None or self.done:
+            return
+        proto = self.protocol
+        if not proto.ready():
+            thr = proto.config.stuck_threshold
+            waited = self.now - self._idle_since
+            if thr and waited >= self.config.stuck_after_s and self.now > self._stuck_checked_at:
+                self._stuck_checked_at = self.now
+                if proto.resolve_stuck().resolved:
+                    self.counters["stuck_resolved"] += 1
+                    self._after_change(out)
+            if not proto.ready():
+                return
+        batch = proto.consume()
+        ids: list[tuple[str, ...]] = []
+        rewards: list[tuple[float, ...]] = []
+        tokens = response = 0
+        for members in batch.trajectory_ids:
+            ids.append(tuple(str(t) for t in members))
+            rs = []
+            for t in members:
+                e = self.ledger.consume(str(t))
+                tokens += e.tokens
+                response += e.generated
+                rs.append(cast(float, e.reward))
+            rewards.append(tuple(rs))
+        self.training = fx.Train(
+            version=batch.version,
+            group_ids=tuple(str(g) for g in batch.group_ids),
+            trajectory_ids=tuple(ids),
+            staleness=tuple(tuple(int(s) for s in st) for st in batch.trajectory_staleness),
+            rewards=tuple(rewards),
+            tokens=tokens,
+            response_tokens=response,
+        )
+        self.report.consumed(self.now, self.now - self._idle_since)
+        out.append(self.training)
+        self._after_change(out)  # a FIFO that drops what aged out (GcFifo) aborts at consume
+
+    def _trained(self, ev: Trained, out: list[fx.Effect]) -> None:
+        tr = self.training
+        if tr is None or ev.version != tr.version + 1:
+            raise ValueError(
+                f"Trained(version={ev.version}) but the batch in training is "
+                f"{None if tr is None else tr.version} (expected version {tr.version + 1 if tr else '-'})"
+            )
+        self.training = None
+        self.steps_done += 1
+        self.published = ev.version
+        self.coordinator.on_version_published(ev.version)
+        self._idle_since = self.now
+        out.append(fx.Release(trajectory_ids=tr.flat_ids))
+        row = self.report.step(
+            step=self.steps_done,
+            version=ev.version,
+            at=self.now,
+            batch=tr,
+            counters=self.counters,
+            queue_depth=self.ledger.level_counts(),
+            in_flight=self._in_flight(),
+            trainer=ev.metrics,
+        )
+        out.append(fx.Record(row=row))
+        every = self.config.checkpoint_every
+        last = self.steps_done >= self.config.steps
+        if last or (every and self.steps_done % every == 0):
+            out.append(fx.Checkpoint(step=self.steps_done))
+        if last:
+            self.done = True
+            out.append(fx.Done(steps=self.steps_done))
+
+    def _in_flight(self) -> int:
+        return int(self.protocol.stats().trajectories_by_state.get("in_flight", 0))
+
+    # ------------------------------------------------------------------------- queries
+
+    def trajectory_state(self, tid: str) -> TrajectoryState | None:
+        try:
+            return cast(TrajectoryState, self.protocol.trajectory(tid).state)
+        except ProtocolError:
+            return None
+
+    def take_timeline(self) -> list[dict[str, Any]]:
+        return self.report.take_timeline()
+
+    # ------------------------------------------------------------------------- state
+
+    def to_dict(self) -> dict[str, Any]:
+        """The whole state, JSON-plain (the journal's base and the checkpoint)."""
+        from rollout_coordinator import coordinator_to_dict
+
+        return {
+            "format": STATE_FORMAT,
+            "now": self.now,
+            "protocol": self.protocol.to_dict(),
+            "coordinator": coordinator_to_dict(self.coordinator),
+            "ledger": self.ledger.to_dict(),
+            "feed": self.feed.to_dict(),
+            "steps_done": self.steps_done,
+            "published": self.published,
+            "counters": dict(self.counters),
+            "report": self.report.to_dict(),
+            "training": None if self.training is None else _train_to_dict(self.training),
+            "idle_since": self._idle_since,
+            "stuck_checked_at": self._stuck_checked_at,
+            "fresh": list(self._fresh),
+            "snapshots": {k: _snap(v) for k, v in self._snapshots.items()},
+            "sync_fail_streak": dict(self._sync_fail_streak),
+            "done": self.done,
+        }
+
+    @classmethod
+    def restore(
+        cls, state: Mapping[str, Any], config: CoreConfig, *, prompt_len: Callable[[int], int]
+    ) -> ControlCore:
+        from rollout_coordinator import coordinator_from_dict
+
+        from staleflow_trainer.control.events import _snapshot_from_dict
+
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"core state format {state.get('format')!r}, expected {STATE_FORMAT!r}")
+        core = cls(config, prompt_len=prompt_len)
+        core.now = float(state["now"])
+        core.protocol = protocol_from_dict(dict(state["protocol"]))
+        core.coordinator = coordinator_from_dict(
+            state["coordinator"], config.coordinator, core.protocol, clock=lambda: core.now
+        )
+        core.ledger = Ledger.from_dict(state["ledger"])
+        core.feed = PromptFeed.from_dict(state["feed"])
+        core.steps_done = int(state["steps_done"])
+        core.published = int(state["published"])
+        core.counters.update({str(k): int(v) for k, v in state["counters"].items()})
+        core.report = StepReport.from_dict(state["report"])
+        tr = state["training"]
+        core.training = None if tr is None else _train_from_dict(tr)
+        core._idle_since = float(state["idle_since"])
+        core._stuck_checked_at = float(state["stuck_checked_at"])
+        core._fresh = dict.fromkeys(str(g) for g in state["fresh"])
+        core._snapshots = {str(k): _snapshot_from_dict(v) for k, v in state["snapshots"].items()}
+        core._sync_fail_streak = {str(k): int(v) for k, v in state["sync_fail_streak"].items()}
+        core.done = bool(state["done"])
+        return core
+
+
+def _snap(s: InstanceSnapshot) -> dict[str, Any]:
+    from staleflow_trainer.control.events import _snapshot_to_dict
+
+    return _snapshot_to_dict(s)
+
+
+def _train_to_dict(t: fx.Train) -> dict[str, Any]:
+    return {
+        "version": t.version,
+        "group_ids": list(t.group_ids),
+        "trajectory_ids": [list(m) for m in t.trajectory_ids],
+        "staleness": [list(s) for s in t.staleness],
+        "rewards": [list(r) for r in t.rewards],
+        "tokens": t.tokens,
+        "response_tokens": t.response_tokens,
+    }
+
+
+def _train_from_dict(d: Mapping[str, Any]) -> fx.Train:
+    return fx.Train(
+        version=int(d["version"]),
+        group_ids=tuple(str(g) for g in d["group_ids"]),
+        trajectory_ids=tuple(tuple(str(t) for t in m) for m in d["trajectory_ids"]),
+        staleness=tuple(tuple(int(s) for s in st) for st in d["staleness"]),
+        rewards=tuple(tuple(float(r) for r in rs) for rs in d["rewards"]),
+        tokens=int(d["tokens"]),
+        response_tokens=int(d["response_tokens"]),
+    )
+
+
+def _at_version(protocol: AnyProtocol, version: int) -> AnyProtocol:
+    return type(protocol)(protocol.config, start_version=version)  # type: ignore[arg-type]

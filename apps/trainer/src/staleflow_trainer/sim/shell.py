@@ -1,0 +1,322 @@
+"""The simulator: the control core driving sim engines in virtual time.
+
+Theory of operation
+-------------------
+One process, one virtual clock ``now``. The shell owns what the core does not decide: the
+clock, one ``SimEngineCore`` per rollout instance (closed-form continuous batching), the
+synthetic prompt stream (prompt and response lengths, rewards), and the modeled trainer and
+parameter server (:class:`~staleflow_trainer.sim.spec.SimSpec` timings). Every decision —
+feeding prompts, admission, routing, syncs, migration, aborts, filtering, training, stuck
+buffers — is the :class:`~staleflow_trainer.control.ControlCore`'s, the same one the Ray
+deployment runs.
+
+The loop jumps to the earliest pending thing, in this order at equal times: engine
+boundaries (completions and the end of a weight load become ``Reported`` / ``SyncDone``),
+timed events (rewards computed, a step trained and pushed), then a coordinator cycle (fresh
+snapshots of the instances that changed, then ``Cycle``). Cycles run on a fixed grid of
+``cycle_period_s`` and are coalesced: one is scheduled only when something changed since the
+last, at the next grid point. Effects are carried out at once; an effect that produces
+results (an interrupt, a sync) feeds them back as events after the current effects are done.
+
+The shell reads the core's ledger for a routed trajectory's lengths — the length-only
+stand-in for the trajectory store the Ray deployment reads payloads from.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+from collections import deque
+from typing import Any
+
+import structlog
+
+from engine_adapters._contract import SamplingParams
+from engine_adapters.sim import SimConfig as EngineSimConfig
+from engine_adapters.sim import SimEngineCore
+from engine_adapters.sim.cost import CostModel as EngineCost
+from staleflow_trainer.control import ControlCore, core_config
+from staleflow_trainer.control import effects as fx
+from staleflow_trainer.control.events import (
+    Cycle,
+    Event,
+    InstanceJoined,
+    Outcome,
+    Reported,
+    Reward,
+    Rewarded,
+    SyncDone,
+    Trained,
+)
+from staleflow_trainer.sim.metrics import RunRecorder
+from staleflow_trainer.sim.requests import build_request
+from staleflow_trainer.sim.spec import SimSpec, spec_from_app_config
+from staleflow_trainer.sim.workload import PromptStream
+
+_log = structlog.get_logger("staleflow.simulate")
+
+_REWARDS = 0
+_TRAINED = 1
+_PUSHED = 2
+_EPS = 1e-9  # the sim engine's boundary tolerance
+
+
+class SimulationHalted(RuntimeError):
+    """The core halted the simulated run (e.g. an instance failed to sync too often)."""
+
+
+class Simulation:
+    """One simulated run of an app config; :meth:`run` returns the recorder with the metrics."""
+
+    def __init__(self, cfg: Any, *, recorder: RunRecorder | None = None) -> None:
+        self.cfg = cfg
+        self.spec: SimSpec = spec_from_app_config(cfg)
+        s = self.spec
+        self.stream = PromptStream(s)
+        stream = self.stream
+        self.core = ControlCore(
+            core_config(cfg, rows=None), prompt_len=lambda row: stream.group(row).prompt_len
+        )
+        coeffs = {"k1": s.k1, "k2": s.k2, "k3": s.k3, "k4": s.k4, "b": s.k_inner}
+        engine_cfg = EngineSimConfig(
+            cost=EngineCost(name=s.cost_model, **coeffs),
+            max_running=s.max_running,
+            kv_capacity_tokens=s.kv_capacity_tokens,
+            max_model_len=s.max_model_len,
+            prefill_s_per_token=s.prefill_s_per_token,
+            weight_bandwidth_bytes_per_s=s.pull_bandwidth_gb_s * 1e9,
+            weight_load_constant_s=s.transfer_overhead_s,
+            seed=s.seed,
+        )
+        self.engine_config = engine_cfg
+        self.engines: dict[str, SimEngineCore] = {}
+        self._next: dict[str, float] = {}
+        self.sampling = SamplingParams(
+            max_new_tokens=s.max_response_len, stop_token_ids=(engine_cfg.eos_token_id,)
+        )
+        self.now = 0.0
+        self.rec = recorder if recorder is not None else RunRecorder(s, [])
+        self._timed: list[tuple[float, int, int, Any]] = []
+        self._tseq = itertools.count()
+        self._pending: deque[Event] = deque()
+        self._dirty = True
+        self._cycle_at: float | None = 0.0
+        self._last_cycle = -1.0
+        self._changed: set[str] = set()
+        self._snap_at: dict[str, float] = {}
+        self.cycles = 0
+        self.wall_s = 0.0
+        for i in range(s.num_instances):
+            self.add_engine(f"r{i:03d}", version=0)
+
+    # ---- instances ---------------------------------------------------------------------------
+
+    def add_engine(self, iid: str, *, version: int) -> None:
+        eng = SimEngineCore(self.engine_config, instance_id=iid)
+        if version:
+            eng.load_weights(version, 0, self.now)
+            eng.advance_to(self.now + eng.config.weight_load_seconds(0))
+        self.engines[iid] = eng
+        self._next[iid] = eng.next_event_time()
+        self._snap_at[iid] = -math.inf
+        self._changed.add(iid)
+        self.rec.add_instance(iid)
+        self.feed(
+            InstanceJoined(
+                at=self.now,
+                instance_id=iid,
+                kv_capacity_tokens=self.engine_config.kv_capacity_tokens,
+                version=eng.version,
+            )
+        )
+
+    # ---- the event loop ----------------------------------------------------------------------
+
+    def feed(self, event: Event) -> None:
+        """Hand ``event`` to the core and carry out its effects (and any events they cause)."""
+        self._pending.append(event)
+        while self._pending:
+            ev = self._pending.popleft()
+            self.apply(self.core.handle(ev))
+        self._dirty = True
+        self._touch()
+
+    def _at(self, t: float, kind: int, payload: Any) -> None:
+        heapq.heappush(self._timed, (t, next(self._tseq), kind, payload))
+
+    def _touch(self) -> None:
+        if self._cycle_at is None:
+            p = self.spec.cycle_period_s
+            t = math.ceil(self.now / p - 1e-9) * p
+            if t <= self._last_cycle + 1e-12:
+                t += p
+            self._cycle_at = t
+
+    def run(self) -> RunRecorder:
+        wall0 = time.perf_counter()
+        nxt = self._next
+        timed = self._timed
+        while not self.core.done:
+            t_eng = min(nxt.values(), default=math.inf)
+            t_evt = timed[0][0] if timed else math.inf
+            t_cyc = self._cycle_at if self._cycle_at is not None else math.inf
+            t = min(t_eng, t_evt, t_cyc)
+            if t == math.inf:
+                raise RuntimeError(
+                    f"simulation deadlocked at t={self.now:.3f}s after {self.core.steps_done} "
+                    f"steps (policy {self.spec.policy}, eta {self.spec.eta}): nothing pending; "
+                    f"protocol {self.core.protocol.stats()}"
+                )
+            self.now = t
+            if t_eng <= t + _EPS:
+                for iid in [i for i, te in nxt.items() if te <= t + _EPS]:
+                    self._on_engine(iid)
+            while timed and timed[0][0] <= t:
+                _, _, kind, payload = heapq.heappop(timed)
+                self._on_timed(kind, payload)
+            if self._cycle_at is not None and self._cycle_at <= t:
+                self._cycle_at = None
+                self._cycle()
+        self.wall_s = time.perf_counter() - wall0
+        self.rec.finish(self.now, self.core)
+        return self.rec
+
+    def _on_engine(self, iid: str) -> None:
+        eng = self.engines[iid]
+        was_loading = eng.loading
+        outcomes = [
+            Outcome(trajectory_id=c.trajectory_id, generated=c.num_tokens,
+                    finish=c.finish_reason.value)
+            for c in eng.advance_to(self.now)
+        ]  # fmt: skip
+        self._engine_changed(iid)
+        if outcomes:
+            self.feed(Reported(at=self.now, instance_id=iid, outcomes=outcomes))
+        if was_loading and not eng.loading:
+            self.feed(SyncDone(at=self.now, instance_id=iid, version=eng.version))
+        self._dirty = True
+        self._touch()
+
+    def _engine_changed(self, iid: str) -> None:
+        self._changed.add(iid)
+        self._next[iid] = self.engines[iid].next_event_time()
+
+    def _on_timed(self, kind: int, payload: Any) -> None:
+        if kind == _REWARDS:
+            self.feed(Rewarded(at=self.now, rewards=payload))
+        elif kind == _TRAINED:
+            self.rec.trainer_phase(self.now, "pushing")
+            self._at(self.now + self.spec.push_seconds, _PUSHED, payload)
+        elif kind == _PUSHED:
+            self.rec.trainer_phase(self.now, "waiting")
+            self.feed(Trained(at=self.now, version=payload, metrics={"push_s": self.spec.push_seconds}))
+
+    def _cycle(self) -> None:
+        if not self._dirty:
+            return
+        self._dirty = False
+        self.cycles += 1
+        self._last_cycle = now = self.now
+        for iid, eng in self.engines.items():  # anything within the engine's tolerance of now
+            if eng.next_event_time() <= now + _EPS:
+                self._on_engine(iid)
+        # Fresh snapshots of the instances that changed since the last cycle (an event or a
+        # command) and of any whose last one is older than snapshot_max_age_s; the core's
+        # speculative state carries the others (only their token counts have grown).
+        max_age = self.spec.snapshot_max_age_s
+        for iid in sorted(self.engines):
+            if iid in self._changed or now - self._snap_at[iid] >= max_age:
+                self._snap_at[iid] = now
+                snap = self.engines[iid].snapshot(now)
+                self._pending.append(Reported(at=now, instance_id=iid, snapshot=snap))
+        self._changed.clear()
+        self.feed(Cycle(at=now))
+        self._dirty = False
+
+    # ---- effects -----------------------------------------------------------------------------
+
+    def apply(self, effects: list[fx.Effect]) -> None:
+        for e in effects:
+            if isinstance(e, fx.Route):
+                self._route(e)
+            elif isinstance(e, fx.Interrupt):
+                self._take_back(e.instance_id, list(e.trajectory_ids))
+            elif isinstance(e, fx.Sync):
+                self._take_back(e.instance_id, None)
+                eng = self.engines[e.instance_id]
+                eng.load_weights(e.version, self.spec.model_bytes, self.now)
+                self._engine_changed(e.instance_id)
+            elif isinstance(e, fx.Score):
+                self._score(e.trajectory_ids)
+            elif isinstance(e, fx.Train):
+                train_s = self.spec.train_seconds(e.tokens)
+                self.rec.trainer_phase(self.now, "training")
+                self._at(self.now + train_s, _TRAINED, e.version + 1)
+            elif isinstance(e, fx.Record):
+                self.rec.add_step(dict(e.row), self)
+            elif isinstance(e, fx.Checkpoint):
+                self.on_checkpoint(e.step)
+            elif isinstance(e, fx.Halt):
+                raise SimulationHalted(f"{e.component}: {e.reason}")
+            # SubmitGroups, Drop, DropGroup, Release, Done: nothing to store or free here
+
+    def on_checkpoint(self, step: int) -> None:
+        """A checkpoint is due (the fault simulation keeps the core's state)."""
+
+    def _route(self, r: fx.Route) -> None:
+        led = self.core.ledger
+        reqs = []
+        for tid in r.trajectory_ids:
+            e = led.entries[tid]
+            row = led.groups[e.group].row
+            target = self.stream.group(row).response_lens[e.member]
+            reqs.append(build_request(tid, e.prompt_len, e.generated, target, self.sampling))
+        self.engines[r.instance_id].add_many(reqs, self.now)
+        self._engine_changed(r.instance_id)
+
+    def _take_back(self, iid: str, tids: list[str] | None) -> None:
+        eng = self.engines.get(iid)
+        if eng is None:
+            return
+        # completions that land exactly now are collected first (they finished, not stopped)
+        done = eng.advance_to(self.now)
+        held = None if tids is None else [t for t in tids if eng.holds(t)]
+        stopped = eng.interrupt(held, self.now) if held is None or held else []
+        outcomes = [
+            Outcome(trajectory_id=c.trajectory_id, generated=c.num_tokens,
+                    finish=c.finish_reason.value)
+            for c in done
+        ] + [Outcome(trajectory_id=c.trajectory_id, generated=c.num_tokens) for c in stopped]  # fmt: skip
+        self._engine_changed(iid)
+        if outcomes:
+            self._pending.append(Reported(at=self.now, instance_id=iid, outcomes=outcomes))
+
+    def _score(self, tids: tuple[str, ...]) -> None:
+        led = self.core.ledger
+        rewards = []
+        for tid in tids:
+            e = led.entries[tid]
+            row = led.groups[e.group].row
+            rewards.append(Reward(trajectory_id=tid, score=self.stream.reward(row, e.member)))
+        if self.spec.reward_time_s > 0:
+            self._at(self.now + self.spec.reward_time_s, _REWARDS, tuple(rewards))
+        else:
+            self._pending.append(Rewarded(at=self.now, rewards=rewards))
+
+
+def run_simulation(cfg: Any) -> Simulation:
+    """Build and run one simulation of ``cfg``; returns it (``.rec`` holds the metrics)."""
+    sim = Simulation(cfg)
+    sim.run()
+    _log.info(
+        "simulation_done",
+        policy=sim.spec.policy,
+        eta=sim.spec.eta,
+        steps=sim.core.steps_done,
+        virtual_s=round(sim.now, 1),
+        wall_s=round(sim.wall_s, 2),
+        cycles=sim.cycles,
+    )
+    return sim
