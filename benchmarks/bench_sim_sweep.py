@@ -120,7 +120,7 @@ def run_sweep(a: argparse.Namespace) -> dict[str, Any]:
             rep = _cached(root, key) if a.reuse else None
             if rep is None:
                 rep = run_comparison(
-                    base, out, policies=policies, etas=(a.eta,), workers=a.workers, plots=False
+                    cfg, out, policies=policies, etas=(a.eta,), workers=a.workers, plots=False
                 )
                 (out / "spec_key.txt").write_text(key + "\n")
             else:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import structlog
 
-from staleflow_trainer.sim.faults import FaultPlan, FaultySimulation, faulty_spec
+from staleflow_trainer.sim.faults import FaultPlan, FaultySimulation, faulty_config
 
 
 def main() -> None:
@@ -43,7 +43,8 @@ def main() -> None:
     a = ap.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
-    spec = faulty_spec(
+    cfg = faulty_config(
+        checkpoint_every=a.checkpoint_every,
         instances=a.instances,
         steps=a.steps,
         batch=a.batch,
@@ -57,18 +58,17 @@ def main() -> None:
         instance_death_rate=a.death_rate,
         down_s=a.down_s,
         trainer_crash_rate=a.crash_rate,
-        checkpoint_every=a.checkpoint_every,
         check_every_fault=a.check_every_fault,
     )
     t0 = time.perf_counter()
-    sim = FaultySimulation(spec, plan)
+    sim = FaultySimulation(cfg, plan)
     sim.run()  # ends with the ledger check; raises if anything was lost or double counted
     wall = time.perf_counter() - t0
     counts = sim.check()
-    hist = {str(k): v for k, v in sorted(sim.protocol.stats().staleness_histogram.items())}
-    admitted = sum(1 for e in sim.ledger.entries.values() if e.v_traj is not None)
+    hist = {str(k): v for k, v in sorted(sim.core.protocol.stats().staleness_histogram.items())}
+    admitted = sum(sim.core.protocol.stats().trajectories_by_state.values())
     result = {
-        "steps": sim._steps_done,
+        "steps": sim.core.steps_done,
         "steps_trained_incl_rolled_back": sim.steps_trained,
         "instances": a.instances,
         "batch": a.batch,
@@ -81,7 +81,7 @@ def main() -> None:
         "admitted": admitted,
         "consumed_staleness_hist": hist,
         "max_consumed_staleness": max(int(k) for k in hist) if hist else 0,
-        "balanced": counts["consumed"] == sum(hist.values()) == sim._steps_done * a.batch * a.group,
+        "balanced": counts["consumed"] == sum(hist.values()) == sim.core.steps_done * a.batch * a.group,
         "plan": {"death_rate": a.death_rate, "down_s": a.down_s, "crash_rate": a.crash_rate,
                  "checkpoint_every": a.checkpoint_every, "seed": a.seed},
     }  # fmt: skip

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from staleflow_trainer.sim import POLICIES, SimSpec, Simulation
+from staleflow_trainer.config import POLICIES
+from staleflow_trainer.control.checks import ledger_problems
+from staleflow_trainer.sim import Simulation, with_policy
+from staleflow_trainer.sim.testing import sim_config
 
 pytestmark = pytest.mark.sim
 
@@ -25,11 +28,6 @@ TINY = dict(
     rollout_gpus=4,
     train_gpus=4,
     cost_model="qwen-7b-h20",
-    k1=3.35e-8,
-    k2=0.0064,
-    k_inner=0.0027,
-    k3=1.231e-4,
-    k4=0.0028,
     max_running=64,
     kv_capacity_tokens=24_000,
     prompt_len=128,
@@ -48,9 +46,9 @@ TINY = dict(
 
 
 def _run(policy: str, eta: int = 2, **kw: object) -> Simulation:
-    spec = SimSpec(**{**TINY, **kw}).with_policy(policy, eta)
-    sim = Simulation(spec)
+    sim = Simulation(with_policy(sim_config(**{**TINY, **kw}), policy, eta))
     sim.run()
+    assert ledger_problems(sim.core) == []  # nothing lost or counted twice; staleness <= eta
     return sim
 
 
@@ -60,12 +58,12 @@ def test_policy_closed_loop_keeps_every_promise(policy: str) -> None:
     spec = sim.spec
     assert len(sim.rec.steps) == spec.steps
     assert [r["version"] for r in sim.rec.steps] == list(range(1, spec.steps + 1))
-    counts = sim.ledger.check(sim.protocol)  # raises on any lost or mismatched trajectory
+    counts = sim.core.ledger.counts()
     assert counts["consumed"] == spec.steps * spec.batch_size * spec.group_size
     for row in sim.rec.steps:
         assert row["max_staleness"] <= spec.eta
         assert sum(row["staleness_hist"].values()) == spec.batch_size * spec.group_size
-    stats = sim.protocol.stats()
+    stats = sim.core.protocol.stats()
     assert max(stats.staleness_histogram, default=0) <= spec.eta
     assert sim.rec.summary()["tokens_per_s"] > 0
     if policy == "sync":
@@ -75,9 +73,12 @@ def test_policy_closed_loop_keeps_every_promise(policy: str) -> None:
 
 def test_dynamic_sampling_filters_and_still_completes() -> None:
     sim = _run("staleflow", dynamic_sampling=True, reward_mean=0.2)
-    assert sim.rec.groups_filtered > 0
-    counts = sim.ledger.check(sim.protocol)
-    assert counts["dropped"] >= sim.rec.groups_filtered * TINY["group_size"]
+    filtered = sim.core.counters["filtered"]
+    assert filtered > 0
+    counts = sim.core.ledger.counts()
+    assert counts["dropped"] >= filtered * TINY["group_size"]
+    # filtered before they occupy a slot, and a replacement prompt for each
+    assert sim.core.counters["replacements"] >= filtered
     assert len(sim.rec.steps) == TINY["steps"]
 
 
@@ -86,22 +87,34 @@ def test_redundant_rollout_keeps_every_promise() -> None:
     surplus is aborted, and still exactly B x n trajectories are consumed per step."""
     sim = _run("staleflow", batch_redundancy=2, group_redundancy=1, stuck_threshold=2)
     spec = sim.spec
-    assert spec.samples_per_group == spec.group_size + 1
-    counts = sim.ledger.check(sim.protocol)
+    assert sim.core.config.members == spec.group_size + 1
+    counts = sim.core.ledger.counts()
     assert counts["consumed"] == spec.steps * spec.batch_size * spec.group_size
     assert all(r["max_staleness"] <= spec.eta for r in sim.rec.steps)
-    reasons = sim.protocol.stats().aborts_by_reason
+    reasons = sim.core.protocol.stats().aborts_by_reason
     assert reasons.get("group_surplus", 0) > 0, reasons
     summary = sim.rec.summary()
     assert 0 < summary["rollout_busy_frac"] <= 1.0  # token-rate utilisation, not "has work"
     assert summary["rollout_busy_frac"] <= summary["rollout_active_frac"] + 1e-9
 
 
-def test_baselines_do_not_get_redundancy() -> None:
-    sim = _run("coarse-async", group_redundancy=2, batch_redundancy=2)
-    assert sim.spec.samples_per_group == sim.spec.group_size
-    assert sim.protocol.config.slots_per_buffer == sim.spec.batch_size
-    assert sim.protocol.config.stuck_threshold is None
+def test_compare_runs_baselines_without_staleflow_mechanisms() -> None:
+    """A comparison's baselines model systems without batch redundancy or stuck-buffer
+    resolution (group redundancy stays, so every policy draws the same responses)."""
+    cfg = sim_config(**TINY, group_redundancy=2, batch_redundancy=2, stuck_threshold=2)
+    sim = _run_cfg(with_policy(cfg, "coarse-async"))
+    assert sim.core.config.members == TINY["group_size"] + 2
+    assert sim.core.protocol.config.slots_per_buffer == TINY["batch_size"]
+    assert sim.core.protocol.config.stuck_threshold is None
+    sf = with_policy(cfg, "staleflow")
+    assert (sf.protocol.batch_redundancy, sf.protocol.stuck_threshold) == (2, 2)
+
+
+def _run_cfg(cfg: object) -> Simulation:
+    sim = Simulation(cfg)
+    sim.run()
+    assert ledger_problems(sim.core) == []
+    return sim
 
 
 # Rollout-bound and skewed: (eta+1)*B*n = 512 admissible trajectories against ~160 that fit in
@@ -146,10 +159,10 @@ def test_coarse_async_drop_keeps_eta_by_discarding_what_ages_out() -> None:
     workload keeps η without dropping anything as stale."""
     drop = _run("coarse-async-drop", eta=1)
     sf = _run("staleflow", eta=1)
-    reasons = drop.protocol.stats().aborts_by_reason
+    reasons = drop.core.protocol.stats().aborts_by_reason
     assert reasons.get("stale", 0) > 0, reasons
-    counts = drop.ledger.check(drop.protocol)
+    counts = drop.core.ledger.counts()
     assert counts["dropped"] >= reasons["stale"]
     assert drop.rec.summary()["tokens_wasted"] > 0
     assert all(r["max_staleness"] <= 1 for r in drop.rec.steps)
-    assert sf.protocol.stats().aborts_by_reason.get("stale", 0) == 0
+    assert sf.core.protocol.stats().aborts_by_reason.get("stale", 0) == 0

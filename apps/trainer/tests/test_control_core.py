@@ -77,7 +77,9 @@ class World:
     def apply(self, effects: list[fx.Effect]) -> None:
         for e in effects:
             if isinstance(e, fx.Route):
-                # a new trajectory starts at the instance's version, a partial keeps its V_traj
+                # routes wait for a sync to finish; a new trajectory starts at the instance's
+                # version, a partial keeps its V_traj
+                assert e.instance_id not in self.syncing, "routed to an instance mid-sync"
                 v = self.syncing.get(e.instance_id, self.version[e.instance_id])
                 assert e.version <= v
                 for t in e.trajectory_ids:
@@ -182,8 +184,11 @@ class CoreMachine(RuleBasedStateMachine):
     def _join(self, iid: str) -> None:
         self.world.running[iid] = {}
         self.world.version[iid] = self.core.published
-        self.feed(InstanceJoined(at=self.t, instance_id=iid, kv_capacity_tokens=10_000,
-                                 version=self.core.published))  # fmt: skip
+        self.feed(
+            InstanceJoined(
+                at=self.t, instance_id=iid, kv_capacity_tokens=10_000, version=self.core.published
+            )
+        )
 
     # ---- rules ---------------------------------------------------------------------------
 
@@ -194,8 +199,11 @@ class CoreMachine(RuleBasedStateMachine):
             if iid in self.world.syncing:
                 continue
             out = self.world.reports.pop(iid, [])
-            self.feed(Reported(at=at, instance_id=iid, outcomes=out,
-                               snapshot=self.world.snapshot(iid, at)))  # fmt: skip
+            self.feed(
+                Reported(
+                    at=at, instance_id=iid, outcomes=out, snapshot=self.world.snapshot(iid, at)
+                )
+            )
         self.feed(Cycle(at=at))
 
     @rule(data=st.data(), finish=st.booleans(), tokens=st.integers(1, 5))
@@ -215,8 +223,11 @@ class CoreMachine(RuleBasedStateMachine):
         tid = data.draw(st.sampled_from(sorted(self.world.to_score)))
         self.world.to_score.remove(tid)
         score = None if fail == 0 else float(data.draw(st.integers(0, 1)))
-        self.feed(Rewarded(at=self._tick(),
-                           rewards=[Reward(trajectory_id=tid, score=score, reason="boom")]))  # fmt: skip
+        self.feed(
+            Rewarded(
+                at=self._tick(), rewards=[Reward(trajectory_id=tid, score=score, reason="boom")]
+            )
+        )
 
     @precondition(lambda self: self.world.training is not None)
     @rule()
@@ -248,8 +259,7 @@ class CoreMachine(RuleBasedStateMachine):
         self.world.syncing.pop(iid, None)
         self.world.reports.pop(iid, None)
         self.world.version.pop(iid)
-        self.feed(InstanceLost(at=self._tick(), instance_id=iid,
-                               requeued=[(t, 0) for t in run]))  # fmt: skip
+        self.feed(InstanceLost(at=self._tick(), instance_id=iid, requeued=[(t, 0) for t in run]))
 
     @rule(n=st.integers(0, 9))
     def instance_joins(self, n: int) -> None:
@@ -330,8 +340,9 @@ def test_replay_in_another_process_gives_the_same_state(tmp_path: Any) -> None:
     examples = Path(__file__).resolve().parents[3] / "examples"
     args = [str(examples / "sim-tiny.yaml"), "trainer.steps=6", "metrics.timeline=false"]
     env = {**os.environ, "PYTHONHASHSEED": "1"}
-    out = subprocess.run([sys.executable, "-c", _REPLAY, *args], env=env, capture_output=True,
-                         text=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", _REPLAY, *args], env=env, capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rec = json.loads(out.stdout.strip().splitlines()[-1])
     script = r"""
@@ -351,8 +362,9 @@ print(json.dumps(core.to_dict()))
     path = tmp_path / "rec.json"
     path.write_text(json.dumps(rec))
     env["PYTHONHASHSEED"] = "2"
-    out2 = subprocess.run([sys.executable, "-c", script, *args, str(path)], env=env,
-                          capture_output=True, text=True)  # fmt: skip
+    out2 = subprocess.run(
+        [sys.executable, "-c", script, *args, str(path)], env=env, capture_output=True, text=True
+    )
     assert out2.returncode == 0, out2.stderr[-3000:]
     replayed = json.loads(out2.stdout.strip().splitlines()[-1])
     assert len(rec["journal"]) > 100
@@ -361,19 +373,28 @@ print(json.dumps(core.to_dict()))
 
 @pytest.mark.parametrize("policy", ["staleflow", "coarse-async-drop"])
 def test_events_round_trip_through_the_journal_form(policy: str) -> None:
-    snap = InstanceSnapshot(instance_id="a", seq=1, time_s=0.5, version=0, kv_capacity_tokens=9,
-                            running=(RunningEntry(trajectory_id="g/0", prompt_tokens=1,
-                                                  generated_tokens=2),))  # fmt: skip
+    snap = InstanceSnapshot(
+        instance_id="a",
+        seq=1,
+        time_s=0.5,
+        version=0,
+        kv_capacity_tokens=9,
+        running=(RunningEntry(trajectory_id="g/0", prompt_tokens=1, generated_tokens=2),),
+    )
     events: list[Event] = [
         Cycle(at=1.0),
-        Reported(at=1.0, instance_id="a", outcomes=[Outcome(trajectory_id="g/0", generated=3,
-                                                              finish="stop")], snapshot=snap),
+        Reported(
+            at=1.0,
+            instance_id="a",
+            outcomes=[Outcome(trajectory_id="g/0", generated=3, finish="stop")],
+            snapshot=snap,
+        ),
         Rewarded(at=2.0, rewards=[Reward(trajectory_id="g/0", score=None, reason="x")]),
         SyncDone(at=3.0, instance_id="a", version=2),
         SyncFailed(at=3.0, instance_id="a", error="e"),
         Trained(at=4.0, version=1, metrics={"loss": 0.5}),
         InstanceJoined(at=5.0, instance_id="b", kv_capacity_tokens=7, version=1),
         InstanceLost(at=6.0, instance_id="b", requeued=[("g/1", 4)]),
-    ]  # fmt: skip
+    ]
     for e in events:
         assert event_from_dict(json.loads(json.dumps(event_to_dict(e)))) == e

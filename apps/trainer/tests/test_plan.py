@@ -18,7 +18,7 @@ from staleflow_trainer.plan import (
     DEFAULT_FRACTIONS,
     budget_ideal,
     parse_grid,
-    plan_specs,
+    plan_configs,
     select,
     splits_for,
 )
@@ -38,8 +38,8 @@ def _paper() -> SimSpec:
 def test_parse_grid_defaults_and_sorting() -> None:
     g = parse_grid(policy="staleflow")
     assert g.fractions == DEFAULT_FRACTIONS and g.etas == DEFAULT_ETAS and g.tolerance == 0.05
-    g = parse_grid(policy="vanilla", fractions="0.75, 0.25", etas="3,1", tolerance="0")
-    assert g.policy == "all-vanilla"  # the app-config alias resolves
+    g = parse_grid(policy="all-vanilla", fractions="0.75, 0.25", etas="3,1", tolerance="0")
+    assert g.policy == "all-vanilla"
     assert g.fractions == (0.25, 0.75) and g.etas == (1, 3) and g.tolerance == 0.0
 
 
@@ -98,8 +98,10 @@ def test_splits_reject_fractions_without_an_instance_or_a_trainer() -> None:
     assert ei.value.key == "--fractions" and "1..7" in str(ei.value)
 
 
-def test_plan_specs_cover_the_grid() -> None:
-    specs = plan_specs(_paper(), parse_grid(policy="coarse-async", fractions="0.25,0.5"))
+def test_plan_configs_cover_the_grid() -> None:
+    cfg = load_config(EXAMPLES / "sim-paper-30b-a3b.yaml", [])
+    grid = parse_grid(policy="coarse-async", fractions="0.25,0.5")
+    specs = [spec_from_app_config(c) for c in plan_configs(cfg, grid)]
     got = [(s.policy, s.rollout_gpus, s.train_gpus, s.eta) for s in specs]
     assert got == [
         ("coarse-async", r, 64 - r, e) for r in (16, 32) for e in (1, 2, 3)

@@ -67,12 +67,14 @@ def test_restore_round_trips_and_refuses_a_mode_change() -> None:
 
 
 def test_simulator_runs_unbounded_with_fifo_and_measured_staleness() -> None:
-    """The simulator (real coordinator, sim engines, virtual time) in unbounded mode: every step
-    consumes a full batch FIFO, nothing is lost, and staleness is measured past what η = 1
-    allows on the same workload — while the bounded run stays within its η."""
-    from staleflow_trainer.sim import SimSpec, Simulation
+    """The simulator (the control core, sim engines, virtual time) in unbounded mode: every
+    step consumes a full batch FIFO, nothing is lost, and staleness is measured past what
+    η = 1 allows on the same workload — while the bounded run stays within its η."""
+    from staleflow_trainer.control.checks import ledger_problems
+    from staleflow_trainer.sim import Simulation, with_policy
+    from staleflow_trainer.sim.testing import sim_config
 
-    spec = SimSpec(
+    cfg = sim_config(
         steps=8, batch_size=4, group_size=4, total_gpus=4, rollout_gpus=2, train_gpus=2,
         max_running=32, kv_capacity_tokens=24_000, prompt_len=64, prompt_len_max=128,
         response_len_median=200, response_len_sigma=1.2, max_response_len=1024,
@@ -81,17 +83,17 @@ def test_simulator_runs_unbounded_with_fifo_and_measured_staleness() -> None:
     )  # fmt: skip
     runs = {}
     for eta in (1, "unbounded"):
-        sim = Simulation(spec.with_policy("all-vanilla", eta))
+        sim = Simulation(with_policy(cfg, "all-vanilla", eta))
         sim.run()
-        counts = sim.ledger.check(sim.protocol)  # raises on a lost or mismatched trajectory
-        assert counts["consumed"] == 8 * 4 * 4
+        assert ledger_problems(sim.core) == []  # nothing lost or counted twice
+        assert sim.core.ledger.counts()["consumed"] == 8 * 4 * 4
         assert [r["version"] for r in sim.rec.steps] == list(range(1, 9))
         runs[eta] = sim
-    assert isinstance(runs["unbounded"].protocol, UnboundedFifo)
-    assert max(runs[1].protocol.stats().staleness_histogram) <= 1
-    assert max(runs["unbounded"].protocol.stats().staleness_histogram) > 1
+    assert isinstance(runs["unbounded"].core.protocol, UnboundedFifo)
+    assert max(runs[1].core.protocol.stats().staleness_histogram) <= 1
+    assert max(runs["unbounded"].core.protocol.stats().staleness_histogram) > 1
     with pytest.raises(ConfigError) as e:
-        spec.with_policy("staleflow", "unbounded")
+        with_policy(cfg, "staleflow", "unbounded")
     assert e.value.key == "coordinator.policy"
 
 

@@ -30,10 +30,10 @@ from typing import Any
 import attrs
 import structlog
 
-from staleflow_trainer.config import AppConfig, dump_config
+from staleflow_trainer.config import FIXED_ETA, POLICIES, AppConfig, dump_config
 from staleflow_trainer.errors import ConfigError
 from staleflow_trainer.sim.ideal import ideal_throughput
-from staleflow_trainer.sim.spec import FIXED_ETA, POLICIES, SimSpec, spec_from_app_config
+from staleflow_trainer.sim.spec import spec_from_app_config, with_policy
 
 _log = structlog.get_logger("staleflow.compare")
 
@@ -49,7 +49,9 @@ RESULT_KEYS = (
 )
 
 
-def plan_runs(base: SimSpec, policies: list[str] | None, etas: tuple[int, ...]) -> list[SimSpec]:
+def plan_runs(
+    base: AppConfig, policies: list[str] | None, etas: tuple[int, ...]
+) -> list[AppConfig]:
     chosen = policies if policies else list(POLICIES)
     unknown = [p for p in chosen if p not in POLICIES]
     if unknown:
@@ -58,29 +60,33 @@ def plan_runs(base: SimSpec, policies: list[str] | None, etas: tuple[int, ...]) 
             key="--policies",
             allowed=", ".join(POLICIES),
         )
-    out: list[SimSpec] = []
+    out: list[AppConfig] = []
     for p in chosen:
         if p in FIXED_ETA:
-            out.append(base.with_policy(p))
+            out.append(with_policy(base, p))
         else:
-            out.extend(base.with_policy(p, eta) for eta in etas)
+            out.extend(with_policy(base, p, eta) for eta in etas)
     return out
 
 
-def _run_one(args: tuple[SimSpec, str]) -> dict[str, Any]:
+def run_name(cfg: AppConfig) -> str:
+    return f"{cfg.coordinator.policy}-eta{cfg.protocol.eta}"
+
+
+def _run_one(args: tuple[AppConfig, str]) -> dict[str, Any]:
     import logging
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     from staleflow_trainer.simulate import run_and_write
 
-    spec, run_dir = args
-    return run_and_write(spec, Path(run_dir), plots=False)
+    cfg, run_dir = args
+    return run_and_write(cfg, Path(run_dir), plots=False)
 
 
 def run_specs(
-    jobs: list[tuple[SimSpec, Path]], *, workers: int | None = None
+    jobs: list[tuple[AppConfig, Path]], *, workers: int | None = None
 ) -> list[dict[str, Any]]:
-    """Simulate every ``(spec, run_dir)`` (one process per core unless ``workers`` says
+    """Simulate every ``(config, run_dir)`` (one process per core unless ``workers`` says
     otherwise); returns their summaries in job order. Shared by compare and plan."""
     args = [(s, str(d)) for s, d in jobs]
     n = workers if workers is not None else min(len(args), os.cpu_count() or 1)
@@ -91,7 +97,7 @@ def run_specs(
 
 
 def run_comparison(
-    base: SimSpec,
+    base: AppConfig,
     out_dir: Path,
     *,
     policies: list[str] | None = None,
@@ -100,11 +106,10 @@ def run_comparison(
     plots: bool = True,
 ) -> dict[str, Any]:
     """Run every (policy, η) of ``base`` and write compare.json, the table and the plots."""
-    specs = plan_runs(base, policies, etas)
-    summaries = run_specs(
-        [(s, out_dir / "runs" / f"{s.policy}-eta{s.eta}") for s in specs], workers=workers
-    )
-    disagg = base if base.policy != "sync" else attrs.evolve(base, policy="staleflow")
+    runs = plan_runs(base, policies, etas)
+    summaries = run_specs([(c, out_dir / "runs" / run_name(c)) for c in runs], workers=workers)
+    spec = spec_from_app_config(base)
+    disagg = spec if spec.policy != "sync" else attrs.evolve(spec, policy="staleflow")
     ideal = ideal_throughput(disagg)
     results = []
     for s in summaries:
@@ -131,9 +136,9 @@ def run_comparison(
     report = {
         "ideal_tokens_per_s": ideal["ideal_tokens_per_s"],
         "split": {
-            "total_gpus": base.total_gpus,
-            "rollout_gpus": base.rollout_gpus,
-            "train_gpus": base.train_gpus,
+            "total_gpus": spec.total_gpus,
+            "rollout_gpus": spec.rollout_gpus,
+            "train_gpus": spec.train_gpus,
             "rollout_side_tokens_per_s": ideal["rollout_side_tokens_per_s"],
             "train_side_tokens_per_s": ideal["train_side_tokens_per_s"],
             "bound": ideal["bound"],
@@ -219,10 +224,18 @@ def markdown_table(report: dict[str, Any]) -> str:
 def compare_main(cfg: AppConfig, policies: list[str] | None = None) -> int:
     """The CLI command: config → base spec → comparison; prints the split and the table."""
     base = spec_from_app_config(cfg)
+    if policies:
+        unknown = [p for p in policies if p not in POLICIES]
+        if unknown:  # before anything is written
+            raise ConfigError(
+                f"unknown policy {unknown[0]!r} for compare",
+                key="--policies",
+                allowed=", ".join(POLICIES),
+            )
     out = Path(cfg.run.run_dir)
     out.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, out / "config.yaml")
-    report = run_comparison(base, out, policies=policies)
+    report = run_comparison(cfg, out, policies=policies)
     sp = report["split"]
     print(
         f"train/rollout split: {sp['rollout_gpus']} rollout GPUs "

@@ -25,6 +25,9 @@ from typing import Any, ClassVar, Literal
 import attrs
 import yaml
 
+from engine_adapters.cost_model import PRESETS as COST_PRESETS
+from rollout_coordinator.policies import POLICIES as _POLICY_REGISTRY
+from rollout_coordinator.policies import build_policy
 from staleflow_trainer.errors import ConfigError
 
 # ---------------------------------------------------------------------------------------------
@@ -321,24 +324,24 @@ class ProtocolConfig:
     )
 
 
-POLICIES = (
-    "staleflow",
-    "sync",
-    "one-step",
-    "coarse-async",
-    "coarse-async-drop",
-    "vanilla-routing",
-    "vanilla-sync",
-    "vanilla-migration",
-    "all-vanilla",
+# Policy facts come from the coordinator's registry (one place).
+POLICIES: tuple[str, ...] = tuple(_POLICY_REGISTRY)
+#: Policies whose η is fixed by the system they model (``sync``: 0, ``one-step``: 1).
+FIXED_ETA: dict[str, int] = {
+    p: eta for p in POLICIES if (eta := build_policy(p).required_eta) is not None
+}
+#: Policies that model another system: in a comparison they run without StaleFlow's own
+#: protocol mechanisms (redundant rollout, stuck-buffer resolution).
+BASELINE_POLICIES: tuple[str, ...] = tuple(p for p in POLICIES if build_policy(p).baseline)
+#: Policies whose η is kept by ``staleness_protocol.GcFifo`` (a FIFO that drops what ages out)
+#: rather than by the buffers.
+GC_FIFO_POLICIES: tuple[str, ...] = tuple(
+    p for p in POLICIES if build_policy(p).protocol == "gc-fifo"
 )
-COST_MODEL_PRESETS = ("qwen3-30b-a3b-h20", "qwen-7b-h20", "qwen-14b-h20")
+COST_MODEL_PRESETS = tuple(sorted(COST_PRESETS))
 #: Policies ``protocol.eta: unbounded`` runs with: greedy global sync on publish and admission
 #: by the protocol alone (its in-flight cap), as systems without a staleness guarantee do.
 UNBOUNDED_POLICIES = ("all-vanilla", "vanilla-sync")
-#: Policies whose η is kept by ``staleness_protocol.GcFifo`` (a FIFO that drops what ages out)
-#: rather than by the buffers: ``rollout_coordinator``'s ``Policy.protocol == "gc-fifo"``.
-GC_FIFO_POLICIES = ("coarse-async-drop",)
 
 
 @_section("coordinator")
@@ -347,17 +350,7 @@ class CoordinatorConfig:
     """Mirrors ``rollout_coordinator.CoordinatorConfig`` (names and defaults)."""
 
     __section__: ClassVar[str]
-    policy: Literal[
-        "staleflow",
-        "sync",
-        "one-step",
-        "coarse-async",
-        "coarse-async-drop",
-        "vanilla-routing",
-        "vanilla-sync",
-        "vanilla-migration",
-        "all-vanilla",
-    ] = _f("staleflow")
+    policy: str = _f("staleflow", doc="a policy of the coordinator's registry")
     cost_model: str = _f(
         "qwen3-30b-a3b-h20", doc="routing cost model: a preset name or a fitted JSON file"
     )
@@ -375,6 +368,12 @@ class CoordinatorConfig:
     )
 
     def __attrs_post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ConfigError(
+                f"coordinator.policy {self.policy!r} is not a known policy",
+                key="coordinator.policy",
+                allowed=f"one of {list(POLICIES)}",
+            )
         if self.cost_model not in COST_MODEL_PRESETS and not self.cost_model.endswith(".json"):
             raise ConfigError(
                 f"coordinator.cost_model {self.cost_model!r} is neither a preset nor a .json file",

@@ -32,16 +32,10 @@ import attrs
 import structlog
 
 from staleflow_trainer.compare import run_specs, write_report
-from staleflow_trainer.config import AppConfig, dump_config
+from staleflow_trainer.config import FIXED_ETA, POLICIES, AppConfig, dump_config
 from staleflow_trainer.errors import ConfigError
 from staleflow_trainer.sim.ideal import ideal_throughput, workload_moments
-from staleflow_trainer.sim.spec import (
-    FIXED_ETA,
-    POLICIES,
-    POLICY_ALIASES,
-    SimSpec,
-    spec_from_app_config,
-)
+from staleflow_trainer.sim.spec import SimSpec, spec_from_app_config, with_policy
 
 _log = structlog.get_logger("staleflow.plan")
 
@@ -102,7 +96,7 @@ def parse_grid(
     Raises :class:`ConfigError` naming the option (``--policy``, ``--fractions``, ``--etas``,
     ``--tolerance``) and its allowed values.
     """
-    pol = POLICY_ALIASES.get(policy, policy)
+    pol = policy
     if pol not in PLANNABLE:
         if pol == "sync":
             msg = (
@@ -182,12 +176,17 @@ def splits_for(base: SimSpec, fractions: tuple[float, ...]) -> list[Split]:
     ]
 
 
-def plan_specs(base: SimSpec, grid: PlanGrid) -> list[SimSpec]:
-    """Every (split, η) point of the grid as a spec for ``grid.policy``."""
-    out: list[SimSpec] = []
+def plan_configs(cfg: AppConfig, grid: PlanGrid) -> list[AppConfig]:
+    """Every (split, η) point of the grid as a config for ``grid.policy``."""
+    base = spec_from_app_config(cfg)
+    out: list[AppConfig] = []
     for sp in splits_for(base, grid.fractions):
-        at = attrs.evolve(base, rollout_gpus=sp.rollout_gpus, train_gpus=sp.train_gpus)
-        out.extend(at.with_policy(grid.policy, eta) for eta in grid.etas)
+        at = cfg.evolve(
+            f"sim.rollout_gpus={sp.rollout_gpus}",
+            f"sim.train_gpus={sp.train_gpus}",
+            f"rollout.num_instances={sp.rollout_gpus // base.gpus_per_instance}",
+        )
+        out.extend(with_policy(at, grid.policy, eta) for eta in grid.etas)
     return out
 
 
@@ -236,7 +235,7 @@ def _row_name(spec: SimSpec) -> str:
 
 
 def run_plan(
-    base: SimSpec,
+    cfg: AppConfig,
     out_dir: Path,
     grid: PlanGrid,
     *,
@@ -245,10 +244,15 @@ def run_plan(
 ) -> dict[str, Any]:
     """Simulate every grid point, select, write plan.json / results/plan.md / plan.png."""
     t0 = time.monotonic()
+    base = spec_from_app_config(cfg)
     splits = splits_for(base, grid.fractions)
-    specs = plan_specs(base, grid)
+    configs = plan_configs(cfg, grid)
+    specs = [spec_from_app_config(c) for c in configs]
     _log.info("plan_start", points=len(specs), splits=len(splits), etas=list(grid.etas))
-    summaries = run_specs([(s, out_dir / "runs" / _row_name(s)) for s in specs], workers=workers)
+    summaries = run_specs(
+        [(c, out_dir / "runs" / _row_name(s)) for c, s in zip(configs, specs, strict=True)],
+        workers=workers,
+    )
     moments = workload_moments(base)
     budget = budget_ideal(base, moments)
     results = []
@@ -428,7 +432,7 @@ def plan_main(
     out = Path(cfg.run.run_dir)
     out.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, out / "config.yaml")
-    report = run_plan(base, out, grid, workers=workers)
+    report = run_plan(cfg, out, grid, workers=workers)
     print(markdown_table(report), end="")
     print(f"written: {out / 'plan.json'}, {out / 'results'} ({report['wall_s']:.0f} s wall)")
     return 0

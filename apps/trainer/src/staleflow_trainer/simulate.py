@@ -24,10 +24,11 @@ from typing import Any
 import structlog
 
 from staleflow_trainer.config import AppConfig, dump_config
+from staleflow_trainer.control.checks import ledger_problems
+from staleflow_trainer.errors import StaleflowError
 from staleflow_trainer.metrics import TIMELINE_FILE, MetricsWriter
 from staleflow_trainer.sim.ideal import ideal_throughput
-from staleflow_trainer.sim.loop import Simulation
-from staleflow_trainer.sim.spec import SimSpec, spec_from_app_config
+from staleflow_trainer.sim.shell import Simulation
 
 _log = structlog.get_logger("staleflow.simulate")
 
@@ -35,13 +36,17 @@ __all__ = ["compare", "run_and_write", "simulate"]
 
 
 def run_and_write(
-    spec: SimSpec, run_dir: Path, *, tensorboard: bool = False, plots: bool = True
+    cfg: AppConfig, run_dir: Path, *, tensorboard: bool = False, plots: bool = True
 ) -> dict[str, Any]:
-    """Run one simulation of ``spec`` and write its files into ``run_dir``; returns the summary
+    """Run one simulation of ``cfg`` and write its files into ``run_dir``; returns the summary
     (with the ledger counts and the ideal throughput of the split)."""
-    sim = Simulation(spec)
+    sim = Simulation(cfg)
+    spec = sim.spec
     sim.run()
-    ledger = sim.ledger.check(sim.protocol)
+    problems = ledger_problems(sim.core)
+    if problems:
+        raise StaleflowError(f"simulation ledger check failed: {problems[:5]}")
+    ledger = sim.core.ledger.counts()
     run_dir.mkdir(parents=True, exist_ok=True)
     rec = sim.rec
     with MetricsWriter(run_dir, tensorboard=tensorboard) as writer:
@@ -73,6 +78,7 @@ def run_and_write(
         ledger=ledger,
         wall_s=sim.wall_s,
         cycles=sim.cycles,
+        counters=dict(sim.core.counters),
         ideal=ideal_throughput(spec),
     )
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -96,11 +102,13 @@ def run_and_write(
 
 def simulate(cfg: AppConfig) -> int:
     """``staleflow simulate``: one run of the configured policy; prints where the files are."""
+    from staleflow_trainer.sim.spec import spec_from_app_config
+
     spec = spec_from_app_config(cfg)
     run_dir = Path(cfg.run.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.yaml")
-    summary = run_and_write(spec, run_dir, tensorboard=cfg.metrics.tensorboard)
+    summary = run_and_write(cfg, run_dir, tensorboard=cfg.metrics.tensorboard)
     ideal = summary["ideal"]
     print(
         f"simulated {summary['steps']} steps of {spec.policy} (eta={spec.eta}) on "

@@ -13,6 +13,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import attrs
+
 from rollout_coordinator._commands import Route
 from rollout_coordinator._config import CoordinatorConfig
 from rollout_coordinator._cycle import Coordinator
@@ -94,8 +96,8 @@ def coordinator_to_dict(c: Coordinator) -> dict[str, Any]:
     """The coordinator's state, JSON-plain (its config and protocol are saved elsewhere)."""
     return {
         "format": FORMAT,
-        "latest": c._latest,
-        "gate": [c._gate.batches_started, c._gate.remaining],
+        "gate": attrs.asdict(c._gate),
+        "aborted_since": [c._aborted_since, c._dropped_since],
         "admitted_total": c._admitted_total,
         "lost_total": c._lost_total,
         "known_groups": sorted(c._known_groups),
@@ -116,8 +118,9 @@ def coordinator_from_dict(
     """A coordinator in the state ``d`` describes, over ``protocol`` (restored separately)."""
     if d.get("format") != FORMAT:
         raise ValueError(f"coordinator state format {d.get('format')!r}, expected {FORMAT!r}")
-    c = Coordinator(config, protocol, clock, latest_version=int(d["latest"]))
-    c._gate = GateState(batches_started=int(d["gate"][0]), remaining=int(d["gate"][1]))
+    c = Coordinator(config, protocol, clock)
+    c._gate = GateState(**{k: int(v) for k, v in d["gate"].items()})
+    c._aborted_since, c._dropped_since = (int(x) for x in d["aborted_since"])
     c._admitted_total = int(d["admitted_total"])
     c._lost_total = int(d["lost_total"])
     c._known_groups = {str(g) for g in d["known_groups"]}

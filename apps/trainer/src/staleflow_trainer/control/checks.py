@@ -16,8 +16,9 @@ _LIVE = {
     Where.RUNNING: (TrajectoryState.IN_FLIGHT,),
     # rewarded members are finished in the protocol only once their group's n are in
     Where.FINISHED: (TrajectoryState.IN_FLIGHT, TrajectoryState.FINISHED, TrajectoryState.OCCUPIED),
-    Where.CONSUMED: (TrajectoryState.CONSUMED,),
-    Where.DROPPED: (TrajectoryState.DROPPED, TrajectoryState.ABORTED),
+    # retired by the protocol (consumed at once, ended ones after its tombstone window)
+    Where.CONSUMED: (TrajectoryState.CONSUMED, None),
+    Where.DROPPED: (TrajectoryState.DROPPED, TrajectoryState.ABORTED, None),
 }
 
 
@@ -33,7 +34,7 @@ def ledger_problems(core: Any) -> list[str]:
             continue
         admitted_live += 1
         state = core.trajectory_state(e.tid)
-        if state is None or state not in _LIVE[e.where]:
+        if state not in _LIVE[e.where]:
             problems.append(f"{e.tid}: {e.where.value} in the ledger, {state} in the protocol")
     counts = core.ledger.counts()
     settled = core.ledger.settled

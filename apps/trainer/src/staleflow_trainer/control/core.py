@@ -34,6 +34,7 @@ or dropped with a reason; consumed staleness never exceeds η; no batch is train
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
@@ -70,15 +71,36 @@ from staleflow_trainer.control.events import (
 from staleflow_trainer.control.feed import PromptFeed
 from staleflow_trainer.control.ledger import Ledger, Where
 from staleflow_trainer.control.report import StepReport
-from staleness_protocol import GroupState, ProtocolError, TrajectoryState, protocol_from_dict
+from staleness_protocol import (
+    Abort,
+    GroupAborted,
+    GroupState,
+    ProtocolError,
+    ReplacementRequest,
+    StalenessProtocol,
+    TrajectoryState,
+    protocol_from_dict,
+)
 
 STATE_FORMAT = "staleflow-core/1"
-_CLOSED = (GroupState.ABORTED, GroupState.DROPPED)
 COUNTERS = (
-    "routes", "syncs", "sync_failures", "migrations", "bounces", "interrupts", "aborts",
-    "filtered", "reward_dropped", "replacements", "stuck_resolved", "instances_lost",
-    "instances_joined", "lost_requeued", "late_outcomes", "sync_interrupts",
-)  # fmt: skip
+    "routes",
+    "syncs",
+    "sync_failures",
+    "migrations",
+    "bounces",
+    "interrupts",
+    "aborts",
+    "filtered",
+    "reward_dropped",
+    "replacements",
+    "stuck_resolved",
+    "instances_lost",
+    "instances_joined",
+    "lost_requeued",
+    "late_outcomes",
+    "sync_interrupts",
+)
 
 
 class CoreHalted(Exception):
@@ -103,7 +125,7 @@ class ControlCore:
             self.protocol = _at_version(self.protocol, start_version)
         self.now = 0.0
         self.coordinator = Coordinator(
-            config.coordinator, self.protocol, clock=lambda: self.now, latest_version=start_version
+            config.coordinator, cast(StalenessProtocol, self.protocol), clock=lambda: self.now
         )
         self.ledger = Ledger()
         self.feed = PromptFeed(rows=config.rows, seed=config.seed, shuffle=config.shuffle)
@@ -116,6 +138,7 @@ class ControlCore:
         self._idle_since = 0.0
         self._stuck_checked_at = -1.0
         self._fresh: dict[str, None] = {}  # groups no member of which was admitted yet
+        self._replacements_due = 0  # replacement prompts the protocol asked for, not yet fed
         self._snapshots: dict[str, InstanceSnapshot] = {}
         self._sync_fail_streak: dict[str, int] = {}
         self.halted: fx.Halt | None = None
@@ -163,16 +186,35 @@ class ControlCore:
         items = self.ledger.queue_items(self.config.queue_view_limit)
         commands = self.coordinator.step(snaps, QueueView(items), self.now)
         self._execute(commands, out)
+        # routes held until their instance's sync is done were reserved: their V_traj is set
+        pending = self.coordinator.pending
+        if len(pending):
+            for iid in self.coordinator.instances:
+                for r in pending.held_for(iid):
+                    if r.new and self._never_admitted(r.trajectory_id):
+                        self.ledger.set_v_traj(r.trajectory_id, r.version)
         self._maybe_train(out)
 
     def _execute(self, commands: Sequence[Any], out: list[fx.Effect]) -> None:
+        """The coordinator's commands as effects, in its order (a route released by a finished
+        sync comes before the next sync of that instance); consecutive routes are batched per
+        instance and version."""
         routes: dict[tuple[str, int], list[str]] = {}
+
+        def flush() -> None:
+            for (iid, version), tids in routes.items():
+                self.counters["routes"] += len(tids)
+                out.append(fx.Route(instance_id=iid, version=version, trajectory_ids=tids))
+            routes.clear()
+
         for c in commands:
             if isinstance(c, CoordRoute):
                 e = self.ledger.run(c.trajectory_id, c.instance_id, c.version)
                 self._fresh.pop(e.group, None)
                 routes.setdefault((c.instance_id, c.version), []).append(c.trajectory_id)
-            elif isinstance(c, CoordInterrupt):
+                continue
+            flush()
+            if isinstance(c, CoordInterrupt):
                 ids = tuple(c.trajectory_ids)
                 if not ids:
                     continue
@@ -183,9 +225,13 @@ class ControlCore:
                     self._drop_ids(ids, str(c.reason))
                     self.coordinator.on_dropped(ids)
                 out.append(
-                    fx.Interrupt(instance_id=c.instance_id, trajectory_ids=ids,
-                                 reason=str(c.reason), requeue=bool(c.requeue))
-                )  # fmt: skip
+                    fx.Interrupt(
+                        instance_id=c.instance_id,
+                        trajectory_ids=ids,
+                        reason=str(c.reason),
+                        requeue=bool(c.requeue),
+                    )
+                )
             elif isinstance(c, CoordDrop):
                 ids = tuple(c.trajectory_ids)
                 self._drop_ids(ids, str(c.reason))
@@ -196,9 +242,7 @@ class ControlCore:
                 self.counters["sync_interrupts"] += len(self.ledger.held.get(c.instance_id, ()))
                 self.report.instance_syncing(c.instance_id, self.now, c.to_version)
                 out.append(fx.Sync(instance_id=c.instance_id, version=c.to_version))
-        for (iid, version), ids in routes.items():
-            self.counters["routes"] += len(ids)
-            out.append(fx.Route(instance_id=iid, version=version, trajectory_ids=ids))
+        flush()
 
     def _drop_ids(self, ids: Iterable[str], reason: str) -> None:
         self.counters["aborts"] += sum(1 for t in ids if self.ledger.drop(t, reason) is not None)
@@ -207,7 +251,7 @@ class ControlCore:
 
     def _stock(self, out: list[fx.Effect]) -> None:
         want = self.config.feed_batches * self.config.batch_size - len(self._fresh)
-        extra = len(self.protocol.take_replacements())
+        extra, self._replacements_due = self._replacements_due, 0
         self.counters["replacements"] += extra
         want = max(want, 0) + extra
         if want <= 0:
@@ -270,7 +314,7 @@ class ControlCore:
                 self._drop_group(gid, "filtered: equal rewards", out)
                 continue
             for t in kept:
-                self.protocol.finish(t)
+                self.protocol.finish(t)  # the n-th places the group (OCCUPIED)
             # never-admitted siblings can no longer join a complete group
             stray = [t for t in g.members if self._never_admitted(t)]
             if stray:
@@ -300,26 +344,25 @@ class ControlCore:
 
     def _group_state(self, gid: str) -> GroupState | None:
         try:
-            return cast(GroupState, self.protocol.group(gid).state)
+            return self.protocol.group(gid).state
         except ProtocolError:
             return None
 
     def _after_change(self, out: list[fx.Effect]) -> None:
-        """Turn what the protocol decided during this event into effects: its aborts become
-        commands on the instances / drops in the store, and a group it closed is dropped."""
-        if not self.protocol.pending_aborts:
+        """Turn what the protocol decided during this event (its notices, drained here and
+        nowhere else) into effects: aborts become commands on the instances or drops in the
+        store, a group it closed is dropped whole, replacement prompts are fed next cycle."""
+        notices = self.protocol.take_notices()
+        if not notices:
             return
-        commands = self.coordinator.drain_aborts()
-        groups: dict[str, str] = {}
-        for c in commands:
-            for t in c.trajectory_ids:
-                e = self.ledger.get(t)
-                if e is not None:
-                    groups.setdefault(e.group, str(c.reason))
-        self._execute(commands, out)
-        for gid, reason in groups.items():
-            if self._group_state(gid) in _CLOSED:
-                self._close(gid, reason, out)
+        aborts = [n for n in notices if isinstance(n, Abort)]
+        if aborts:
+            self._execute(self.coordinator.abort(aborts), out)
+        for n in notices:
+            if isinstance(n, GroupAborted):
+                self._close(str(n.group_id), str(n.reason), out)
+            elif isinstance(n, ReplacementRequest):
+                self._replacements_due += 1
 
     # ------------------------------------------------------------------------- instances
 
@@ -334,14 +377,10 @@ class ControlCore:
         iid = ev.instance_id
         if iid not in self.coordinator.instances:
             return
-        held = [r for r in self.coordinator.pending.held_for(iid) if r.new]
-        self.coordinator.remove_instance(iid)
+        self.coordinator.remove_instance(iid)  # routes held for it stay queued, reserved
         lengths = dict(ev.requeued)
         for tid in self.ledger.held_by(iid):
             self.ledger.requeue(tid, lengths.get(tid))
-        for r in held:  # reserved for it but never handed out: queued at their V_traj
-            if self._never_admitted(r.trajectory_id):
-                self.ledger.set_v_traj(r.trajectory_id, r.version)
         self.ledger.forget_instance(iid)
         self._snapshots.pop(iid, None)
         self._sync_fail_streak.pop(iid, None)
@@ -364,11 +403,7 @@ class ControlCore:
         self.counters["sync_failures"] += 1
         streak = self._sync_fail_streak.get(iid, 0) + 1
         self._sync_fail_streak[iid] = streak
-        held = [r for r in self.coordinator.pending.held_for(iid) if r.new]
-        self.coordinator.on_sync_failed(iid)
-        for r in held:
-            if self._never_admitted(r.trajectory_id):
-                self.ledger.set_v_traj(r.trajectory_id, r.version)
+        self.coordinator.on_sync_failed(iid)  # routes held for it stay queued, reserved
         self.report.instance_synced(iid, ev.at, None)
         if streak > self.config.sync_retries:
             self.halted = fx.Halt(
@@ -435,7 +470,7 @@ class ControlCore:
         self.training = None
         self.steps_done += 1
         self.published = ev.version
-        self.coordinator.on_version_published(ev.version)
+        self.protocol.publish(ev.version)
         self._idle_since = self.now
         out.append(fx.Release(trajectory_ids=tr.flat_ids))
         row = self.report.step(
@@ -464,9 +499,25 @@ class ControlCore:
 
     def trajectory_state(self, tid: str) -> TrajectoryState | None:
         try:
-            return cast(TrajectoryState, self.protocol.trajectory(tid).state)
+            return self.protocol.trajectory(tid).state
         except ProtocolError:
             return None
+
+    def pending_work(self) -> list[fx.Effect]:
+        """What a restarted shell must (re)issue after :meth:`restore` — ask right after it,
+        before feeding any event (an event may start new work): the rewards of finished
+        trajectories not yet scored, and the batch in training (the trainer's step is
+        idempotent per consumed version)."""
+        unscored = [
+            e.tid for e in self.ledger.live() if e.where is Where.FINISHED and e.reward is None
+        ]
+        out: list[fx.Effect] = [fx.Score(trajectory_ids=unscored)] if unscored else []
+        if self.training is not None:
+            out.append(self.training)
+        return out
+
+    def instances(self) -> list[str]:
+        return list(self.coordinator.instances)
 
     def take_timeline(self) -> list[dict[str, Any]]:
         return self.report.take_timeline()
@@ -492,6 +543,7 @@ class ControlCore:
             "idle_since": self._idle_since,
             "stuck_checked_at": self._stuck_checked_at,
             "fresh": list(self._fresh),
+            "replacements_due": self._replacements_due,
             "snapshots": {k: _snap(v) for k, v in self._snapshots.items()},
             "sync_fail_streak": dict(self._sync_fail_streak),
             "done": self.done,
@@ -502,16 +554,21 @@ class ControlCore:
         cls, state: Mapping[str, Any], config: CoreConfig, *, prompt_len: Callable[[int], int]
     ) -> ControlCore:
         from rollout_coordinator import coordinator_from_dict
-
         from staleflow_trainer.control.events import _snapshot_from_dict
 
+        state = copy.deepcopy(dict(state))  # the restored parts must not alias the caller's
         if state.get("format") != STATE_FORMAT:
-            raise ValueError(f"core state format {state.get('format')!r}, expected {STATE_FORMAT!r}")
+            raise ValueError(
+                f"core state format {state.get('format')!r}, expected {STATE_FORMAT!r}"
+            )
         core = cls(config, prompt_len=prompt_len)
         core.now = float(state["now"])
         core.protocol = protocol_from_dict(dict(state["protocol"]))
         core.coordinator = coordinator_from_dict(
-            state["coordinator"], config.coordinator, core.protocol, clock=lambda: core.now
+            state["coordinator"],
+            config.coordinator,
+            cast(StalenessProtocol, core.protocol),
+            clock=lambda: core.now,
         )
         core.ledger = Ledger.from_dict(state["ledger"])
         core.feed = PromptFeed.from_dict(state["feed"])
@@ -524,6 +581,7 @@ class ControlCore:
         core._idle_since = float(state["idle_since"])
         core._stuck_checked_at = float(state["stuck_checked_at"])
         core._fresh = dict.fromkeys(str(g) for g in state["fresh"])
+        core._replacements_due = int(state["replacements_due"])
         core._snapshots = {str(k): _snapshot_from_dict(v) for k, v in state["snapshots"].items()}
         core._sync_fail_streak = {str(k): int(v) for k, v in state["sync_fail_streak"].items()}
         core.done = bool(state["done"])

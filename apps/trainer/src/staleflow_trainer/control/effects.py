@@ -136,6 +136,14 @@ class Done:
     steps: int
 
 
+@attrs.frozen(kw_only=True, slots=True)
+class Halt:
+    """The run cannot go on (``component`` failed for good); the core takes no more events."""
+
+    component: str
+    reason: str
+
+
 Effect = (
     SubmitGroups
     | Route
@@ -149,15 +157,5 @@ Effect = (
     | Record
     | Checkpoint
     | Done
+    | Halt
 )
-
-
-@attrs.frozen(kw_only=True, slots=True)
-class Halt:
-    """The run cannot go on (``component`` failed for good); the core takes no more events."""
-
-    component: str
-    reason: str
-
-
-Effect = Effect | Halt

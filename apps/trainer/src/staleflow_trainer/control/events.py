@@ -110,7 +110,9 @@ class InstanceLost:
     requeued: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_tuple)
 
 
-Event = Cycle | Reported | Rewarded | SyncDone | SyncFailed | Trained | InstanceJoined | InstanceLost
+Event = (
+    Cycle | Reported | Rewarded | SyncDone | SyncFailed | Trained | InstanceJoined | InstanceLost
+)
 
 _KINDS: dict[str, type[Any]] = {
     "cycle": Cycle,
@@ -156,8 +158,10 @@ def event_from_dict(d: Mapping[str, Any]) -> Event:
         return Reported(
             at=at,
             instance_id=str(d["instance_id"]),
-            outcomes=tuple(Outcome(trajectory_id=str(t), generated=int(g), finish=f)
-                           for t, g, f in d["outcomes"]),  # fmt: skip
+            outcomes=tuple(
+                Outcome(trajectory_id=str(t), generated=int(g), finish=f)
+                for t, g, f in d["outcomes"]
+            ),
             snapshot=None if snap is None else _snapshot_from_dict(snap),
         )
     if cls is Rewarded:

@@ -49,8 +49,14 @@ class PromptFeed:
         return gid, row
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rows": self.rows, "seed": self.seed, "shuffle": self.shuffle,
-                "serial": self.serial, "epoch": self.epoch, "position": self.position}  # fmt: skip
+        return {
+            "rows": self.rows,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "serial": self.serial,
+            "epoch": self.epoch,
+            "position": self.position,
+        }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PromptFeed:

@@ -84,8 +84,16 @@ class Entry:
         return self.prompt_len + self.generated
 
     def to_list(self) -> list[Any]:
-        return [self.tid, self.member, self.prompt_len, self.generated, self.v_traj,
-                self.where.value, self.instance, self.reward]  # fmt: skip
+        return [
+            self.tid,
+            self.member,
+            self.prompt_len,
+            self.generated,
+            self.v_traj,
+            self.where.value,
+            self.instance,
+            self.reward,
+        ]
 
 
 class Group:
@@ -320,13 +328,15 @@ class Ledger:
         order = {tid: i for i, tid in enumerate(self._new)}
         return {
             "groups": [
-                [g.gid, g.row, list(g.members), list(g.rewarded), g.closed] for g in self.groups.values()
+                [g.gid, g.row, list(g.members), list(g.rewarded), g.closed]
+                for g in self.groups.values()
             ],
             "entries": [e.to_list() for e in self.entries.values()],
             # the queue's order: new prompts FIFO, partials by their keys
             "new": list(order),
             "keys": {tid: [v, list(k)] for tid, (v, k) in self._key.items()},
             "seq": self._seq,
+            "held": {iid: list(ids) for iid, ids in self.held.items()},
             "settled": dict(self.settled),
             "dropped_reasons": dict(self.dropped_reasons),
         }
@@ -350,8 +360,6 @@ class Ledger:
             led.entries[e.tid] = e
             if e.where is Where.QUEUED:
                 e.queued_item()
-            if e.where is Where.RUNNING and instance is not None:
-                led.held.setdefault(str(instance), {})[e.tid] = None
             if e.where in _SETTLED:
                 led.groups[gid].settled += 1
         for tid in d["new"]:
@@ -365,6 +373,7 @@ class Ledger:
                 bisect.insort(led._level_versions, int(v))
             bisect.insort(bucket, k)
         led._seq = int(d["seq"])
+        led.held = {str(i): dict.fromkeys(str(t) for t in ids) for i, ids in d["held"].items()}
         led.settled = {str(k): int(v) for k, v in d["settled"].items()}
         led.dropped_reasons = {str(k): int(v) for k, v in d["dropped_reasons"].items()}
         return led

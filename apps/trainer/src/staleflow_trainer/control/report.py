@@ -41,9 +41,17 @@ from rollout_coordinator import InstanceSnapshot
 from staleflow_trainer.control import effects as fx
 
 STEP_COUNTERS = (
-    "routes", "syncs", "migrations", "bounces", "interrupts", "aborts", "filtered",
-    "reward_dropped", "stuck_resolved", "instances_lost",
-)  # fmt: skip
+    "routes",
+    "syncs",
+    "migrations",
+    "bounces",
+    "interrupts",
+    "aborts",
+    "filtered",
+    "reward_dropped",
+    "stuck_resolved",
+    "instances_lost",
+)
 
 
 def staleness_summary(stalenesses: list[int]) -> dict[str, Any]:
@@ -106,9 +114,14 @@ class StepReport:
             if cur[0] == "busy":
                 self.busy[iid] = self.busy.get(iid, 0.0) + at - max(cur[1], self.last_step_at)
             self._timeline.append(
-                {"instance": iid, "state": cur[0], "start_s": cur[1], "end_s": at,
-                 "version": cur[2]}
-            )  # fmt: skip
+                {
+                    "instance": iid,
+                    "state": cur[0],
+                    "start_s": cur[1],
+                    "end_s": at,
+                    "version": cur[2],
+                }
+            )
 
     def instance_joined(self, iid: str, at: float, version: int) -> None:
         self._move(iid, at, "idle", version)
@@ -135,11 +148,14 @@ class StepReport:
         rows, self._timeline = self._timeline, []
         return rows
 
-    def close_all(self, at: float) -> None:
-        """End every open interval at ``at`` (the run is over)."""
-        for iid, cur in self.state.items():
-            self._close(iid, cur, at)
-            self.state[iid] = [cur[0], at, cur[2]]
+    def open_intervals(self, at: float) -> list[dict[str, Any]]:
+        """The intervals still open, as if they ended at ``at`` (the run is over; the state
+        is left as it is)."""
+        return [
+            {"instance": iid, "state": cur[0], "start_s": cur[1], "end_s": at, "version": cur[2]}
+            for iid, cur in self.state.items()
+            if at > cur[1]
+        ]
 
     # ---- steps ---------------------------------------------------------------------------
 

@@ -1,18 +1,15 @@
-"""The simulator: real protocol + real coordinator + sim engines + modeled trainer, virtual time."""
+"""The simulator: the control core driving sim engines and a modeled trainer in virtual time."""
 
-from staleflow_trainer.sim.ledger import SimLedgerError, TrajectoryLedger
-from staleflow_trainer.sim.loop import Simulation, run_spec
 from staleflow_trainer.sim.metrics import RunRecorder
-from staleflow_trainer.sim.spec import FIXED_ETA, POLICIES, SimSpec, spec_from_app_config
+from staleflow_trainer.sim.shell import Simulation, SimulationHalted, run_simulation
+from staleflow_trainer.sim.spec import SimSpec, spec_from_app_config, with_policy
 
 __all__ = [
-    "FIXED_ETA",
-    "POLICIES",
     "RunRecorder",
-    "SimLedgerError",
     "SimSpec",
     "Simulation",
-    "TrajectoryLedger",
-    "run_spec",
+    "SimulationHalted",
+    "run_simulation",
     "spec_from_app_config",
+    "with_policy",
 ]

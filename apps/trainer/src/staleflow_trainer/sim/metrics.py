@@ -68,8 +68,12 @@ class RunRecorder:
 
     def finish(self, now: float, core: Any) -> None:
         self.end_time = now
-        core.report.close_all(now)
         self._collect(core)
+        if self.spec.timeline:
+            for r in core.report.open_intervals(now):
+                self.timeline.append(
+                    (r["instance"], r["state"], r["start_s"], r["end_s"], r["version"])
+                )
         self.trainer_phase(now, "done")
         self.counters = dict(core.counters)
         self.tokens_wasted = core.report.wasted_total

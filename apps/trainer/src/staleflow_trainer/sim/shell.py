@@ -34,9 +34,10 @@ from typing import Any
 import structlog
 
 from engine_adapters._contract import SamplingParams
+from engine_adapters.cost_model import CostModel as EngineCost
 from engine_adapters.sim import SimConfig as EngineSimConfig
 from engine_adapters.sim import SimEngineCore
-from engine_adapters.sim.cost import CostModel as EngineCost
+from rollout_coordinator import InstanceSnapshot
 from staleflow_trainer.control import ControlCore, core_config
 from staleflow_trainer.control import effects as fx
 from staleflow_trainer.control.events import (
@@ -114,10 +115,7 @@ class Simulation:
     # ---- instances ---------------------------------------------------------------------------
 
     def add_engine(self, iid: str, *, version: int) -> None:
-        eng = SimEngineCore(self.engine_config, instance_id=iid)
-        if version:
-            eng.load_weights(version, 0, self.now)
-            eng.advance_to(self.now + eng.config.weight_load_seconds(0))
+        eng = SimEngineCore(self.engine_config, instance_id=iid, version=version)
         self.engines[iid] = eng
         self._next[iid] = eng.next_event_time()
         self._snap_at[iid] = -math.inf
@@ -127,7 +125,7 @@ class Simulation:
             InstanceJoined(
                 at=self.now,
                 instance_id=iid,
-                kv_capacity_tokens=self.engine_config.kv_capacity_tokens,
+                kv_capacity_tokens=self.engine_config.kv_capacity,
                 version=eng.version,
             )
         )
@@ -187,10 +185,11 @@ class Simulation:
         eng = self.engines[iid]
         was_loading = eng.loading
         outcomes = [
-            Outcome(trajectory_id=c.trajectory_id, generated=c.num_tokens,
-                    finish=c.finish_reason.value)
+            Outcome(
+                trajectory_id=c.trajectory_id, generated=c.num_tokens, finish=c.finish_reason.value
+            )
             for c in eng.advance_to(self.now)
-        ]  # fmt: skip
+        ]
         self._engine_changed(iid)
         if outcomes:
             self.feed(Reported(at=self.now, instance_id=iid, outcomes=outcomes))
@@ -209,9 +208,13 @@ class Simulation:
         elif kind == _TRAINED:
             self.rec.trainer_phase(self.now, "pushing")
             self._at(self.now + self.spec.push_seconds, _PUSHED, payload)
+            self._dirty = True
+            self._touch()
         elif kind == _PUSHED:
             self.rec.trainer_phase(self.now, "waiting")
-            self.feed(Trained(at=self.now, version=payload, metrics={"push_s": self.spec.push_seconds}))
+            self.feed(
+                Trained(at=self.now, version=payload, metrics={"push_s": self.spec.push_seconds})
+            )
 
     def _cycle(self) -> None:
         if not self._dirty:
@@ -229,7 +232,7 @@ class Simulation:
         for iid in sorted(self.engines):
             if iid in self._changed or now - self._snap_at[iid] >= max_age:
                 self._snap_at[iid] = now
-                snap = self.engines[iid].snapshot(now)
+                snap = InstanceSnapshot.from_engine(self.engines[iid].snapshot(now))
                 self._pending.append(Reported(at=now, instance_id=iid, snapshot=snap))
         self._changed.clear()
         self.feed(Cycle(at=now))
@@ -269,7 +272,9 @@ class Simulation:
         led = self.core.ledger
         reqs = []
         for tid in r.trajectory_ids:
-            e = led.entries[tid]
+            e = led.entries.get(tid)
+            if e is None:  # let go again later in the same event (its group settled)
+                continue
             row = led.groups[e.group].row
             target = self.stream.group(row).response_lens[e.member]
             reqs.append(build_request(tid, e.prompt_len, e.generated, target, self.sampling))
@@ -285,10 +290,11 @@ class Simulation:
         held = None if tids is None else [t for t in tids if eng.holds(t)]
         stopped = eng.interrupt(held, self.now) if held is None or held else []
         outcomes = [
-            Outcome(trajectory_id=c.trajectory_id, generated=c.num_tokens,
-                    finish=c.finish_reason.value)
+            Outcome(
+                trajectory_id=c.trajectory_id, generated=c.num_tokens, finish=c.finish_reason.value
+            )
             for c in done
-        ] + [Outcome(trajectory_id=c.trajectory_id, generated=c.num_tokens) for c in stopped]  # fmt: skip
+        ] + [Outcome(trajectory_id=c.trajectory_id, generated=c.num_tokens) for c in stopped]
         self._engine_changed(iid)
         if outcomes:
             self._pending.append(Reported(at=self.now, instance_id=iid, outcomes=outcomes))
@@ -297,7 +303,9 @@ class Simulation:
         led = self.core.ledger
         rewards = []
         for tid in tids:
-            e = led.entries[tid]
+            e = led.entries.get(tid)
+            if e is None:  # dropped later in the same event (its group settled)
+                continue
             row = led.groups[e.group].row
             rewards.append(Reward(trajectory_id=tid, score=self.stream.reward(row, e.member)))
         if self.spec.reward_time_s > 0:

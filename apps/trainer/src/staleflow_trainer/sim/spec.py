@@ -23,33 +23,15 @@ from typing import Any
 
 import attrs
 
-from staleflow_trainer.config import GC_FIFO_POLICIES, UNBOUNDED_POLICIES
+from engine_adapters.cost_model import PRESETS as COST_PRESETS
+from staleflow_trainer.config import (
+    BASELINE_POLICIES,
+    FIXED_ETA,
+    GC_FIFO_POLICIES,
+    POLICIES,
+    UNBOUNDED_POLICIES,
+)
 from staleflow_trainer.errors import ConfigError
-
-#: Policies of the coordinator registry the simulator can run.
-POLICIES = (
-    "staleflow",
-    "vanilla-routing",
-    "vanilla-sync",
-    "vanilla-migration",
-    "all-vanilla",
-    "sync",
-    "one-step",
-    "coarse-async",
-    "coarse-async-drop",
-)
-#: Policies whose η is fixed by the system they model.
-FIXED_ETA = {"sync": 0, "one-step": 1}
-#: Policies that run StaleFlow's protocol mechanisms (stuck-buffer resolution).
-STALEFLOW_FAMILY = (
-    "staleflow",
-    "vanilla-routing",
-    "vanilla-sync",
-    "vanilla-migration",
-    "all-vanilla",
-)
-#: App-config policy spellings → registry names.
-POLICY_ALIASES = {"vanilla": "all-vanilla", "one_step": "one-step", "strict_async": "coarse-async"}
 
 
 def _ge(low: float) -> Any:
@@ -125,9 +107,8 @@ class SimSpec:
     stuck_threshold: int = attrs.field(default=0, validator=_ge(0))  # 0 = off
     #: Resolve a stuck buffer only after the trainer has waited this long for it.
     stuck_after_s: float = attrs.field(default=5.0, validator=_ge(0))
-    #: StaleFlow's redundant rollout (DESIGN §3), used by the staleflow family only (the
-    #: baselines model systems without it): spare slots per buffer (``B' = B + this``; surplus
-    #: groups are aborted once a buffer is READY) ...
+    #: Redundant rollout: spare slots per buffer (``B' = B + this``; surplus groups are
+    #: aborted once a buffer is READY) ...
     batch_redundancy: int = attrs.field(default=0, validator=_ge(0))
     #: ... and extra samples per group (``n' = n + this``; the slowest are aborted once ``n``
     #: finish). The prompt stream always draws ``n'`` members so every policy sees the same
@@ -263,16 +244,6 @@ class SimSpec:
     # ---- derived ----------------------------------------------------------------------------
 
     @property
-    def redundant(self) -> bool:
-        """Does this run use StaleFlow's protocol mechanisms (stuck buffers, redundancy)?"""
-        return self.policy in STALEFLOW_FAMILY
-
-    @property
-    def samples_per_group(self) -> int:
-        """Members submitted per group: ``n'`` for the staleflow family, ``n`` otherwise."""
-        return self.group_size + (self.group_redundancy if self.redundant else 0)
-
-    @property
     def colocated(self) -> bool:
         return self.policy == "sync"
 
@@ -308,13 +279,6 @@ class SimSpec:
     def pull_seconds(self) -> float:
         return self.model_bytes / (self.pull_bandwidth_gb_s * 1e9) + self.transfer_overhead_s
 
-    def with_policy(self, policy: str, eta: int | str | None = None) -> SimSpec:
-        """This spec for another policy (η forced for the fixed-η baselines)."""
-        policy = POLICY_ALIASES.get(policy, policy)
-        if policy in FIXED_ETA:
-            eta = FIXED_ETA[policy]
-        return attrs.evolve(self, policy=policy, eta=self.eta if eta is None else eta)
-
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
 
@@ -330,14 +294,15 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
     wl = sim.workload
     proto = cfg.protocol
     coord = cfg.coordinator
-    policy = POLICY_ALIASES.get(coord.policy, coord.policy)
+    policy = coord.policy
     if sim.cost_model == "custom":
         coeffs = {"k1": sim.k1, "k2": sim.k2, "k3": sim.k3, "k4": sim.k4, "k_inner": sim.b or 0.0}
     else:
-        coeffs = dict(COST_PRESETS[sim.cost_model])
+        cm = COST_PRESETS[sim.cost_model]
+        coeffs = {"k1": cm.k1, "k2": cm.k2, "k3": cm.k3, "k4": cm.k4, "k_inner": cm.b}
     return SimSpec(
         policy=policy,
-        eta=FIXED_ETA.get(policy, proto.eta),
+        eta=proto.eta,
         unbounded_inflight_batches=proto.unbounded_inflight_batches,
         steps=cfg.trainer.steps,
         seed=cfg.run.seed,
@@ -387,27 +352,18 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
     )
 
 
-#: Engine cost-model presets (DESIGN §5 fits, H20 TP1; ``tiny-cpu`` is a small made-up model).
-COST_PRESETS: dict[str, dict[str, float]] = {
-    "qwen3-30b-a3b-h20": {
-        "k1": 7.28e-8,
-        "k2": 0.01151,
-        "k_inner": 0.00979,
-        "k3": 1.249e-4,
-        "k4": 8.67e-4,
-    },
-    "qwen-7b-h20": {
-        "k1": 3.35e-8,
-        "k2": 0.0064,
-        "k_inner": 0.0027,
-        "k3": 1.231e-4,
-        "k4": 0.0028,
-    },
-    "qwen-14b-h20": {
-        "k1": 1.165e-7,
-        "k2": 0.0123,
-        "k_inner": 0.00491,
-        "k3": 2.441e-4,
-        "k4": 0.00197,
-    },
-}
+def with_policy(cfg: Any, policy: str, eta: int | str | None = None) -> Any:
+    """``cfg`` (an ``AppConfig``) for another policy: η forced for the fixed-η baselines, and
+    for a baseline StaleFlow's batch redundancy and stuck-buffer resolution off — the systems
+    they model have neither. (Group redundancy stays: every policy then draws the same ``n'``
+    responses per prompt from the prompt stream.) ``compare`` and ``plan`` build every run
+    this way."""
+    if policy in FIXED_ETA:
+        eta = FIXED_ETA[policy]
+    over = [
+        f"coordinator.policy={policy}",
+        f"protocol.eta={cfg.protocol.eta if eta is None else eta}",
+    ]
+    if policy in BASELINE_POLICIES:
+        over += ["protocol.stuck_threshold=0", "protocol.batch_redundancy=0"]
+    return cfg.evolve(*over)

@@ -40,6 +40,9 @@ class Policy:
     #: Which staleness protocol keeps its η: ``"buffers"`` (``StalenessProtocol``'s
     #: per-version buffers) or ``"gc-fifo"`` (``GcFifo``: one FIFO, too-stale groups dropped).
     protocol: str = "buffers"
+    #: A baseline models another system: it runs none of StaleFlow's own protocol mechanisms
+    #: (redundant rollout, stuck-buffer resolution) in a comparison.
+    baseline: bool = False
     description: str = ""
 
 
@@ -57,6 +60,7 @@ def sync_baseline() -> Policy:
     """
     return Policy(
         name="sync",
+        baseline=True,
         routing=route_evenly,
         sync=sync_all_when_drained,
         migration=no_migration,
@@ -79,6 +83,7 @@ def one_step_baseline() -> Policy:
     """
     return Policy(
         name="one-step",
+        baseline=True,
         routing=route_evenly,
         sync=sync_all_when_drained,
         migration=no_migration,
@@ -101,6 +106,7 @@ def coarse_async_baseline() -> Policy:
     """
     return Policy(
         name="coarse-async",
+        baseline=True,
         routing=route_evenly,
         sync=sync_all_on_publish,
         migration=no_migration,
@@ -124,6 +130,7 @@ def coarse_async_drop_baseline() -> Policy:
     """
     return Policy(
         name="coarse-async-drop",
+        baseline=True,
         routing=route_evenly,
         sync=sync_all_on_publish,
         migration=no_migration,
@@ -163,6 +170,7 @@ def verl_async_baseline() -> Policy:
     """
     return Policy(
         name="verl-async",
+        baseline=True,
         routing=route_evenly,
         sync=sync_all_on_publish,
         migration=no_migration,

@@ -1,0 +1,76 @@
+"""Small simulator configs for tests and benchmarks, from flat keyword settings.
+
+``sim_config(steps=8, batch_size=8, kv_capacity_tokens=24_000, ...)`` builds a validated
+``AppConfig`` for the simulator: each keyword names a field of
+:class:`~staleflow_trainer.sim.spec.SimSpec` (the simulator's derived view) and is written to
+the config key it comes from (:data:`KEYS`), so a test states a workload in one flat list and
+still goes through the config every user goes through.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: SimSpec field → app config key.
+KEYS = {
+    "policy": "coordinator.policy",
+    "eta": "protocol.eta",
+    "steps": "trainer.steps",
+    "seed": "run.seed",
+    "batch_size": "protocol.batch_size",
+    "group_size": "protocol.group_size",
+    "stuck_threshold": "protocol.stuck_threshold",
+    "stuck_after_s": "protocol.stuck_after_s",
+    "batch_redundancy": "protocol.batch_redundancy",
+    "group_redundancy": "protocol.group_redundancy",
+    "unbounded_inflight_batches": "protocol.unbounded_inflight_batches",
+    "dynamic_sampling": "trainer.dynamic_sampling",
+    "theta": "coordinator.theta",
+    "migration_ratio": "coordinator.migration_ratio",
+    "sync_kv_threshold": "coordinator.sync_kv_threshold",
+    "max_running": "rollout.max_running",
+    "max_response_len": "rollout.sampling.max_new_tokens",
+    "prompt_len_max": "data.max_prompt_len",
+    "prompt_len": "sim.workload.prompt_len",
+    "prompt_len_sigma": "sim.workload.prompt_len_sigma",
+    "response_len_median": "sim.workload.response_len_median",
+    "response_len_sigma": "sim.workload.response_len_sigma",
+    "group_correlation": "sim.workload.group_correlation",
+    "reward_mean": "sim.workload.reward_mean",
+    **{
+        k: f"sim.{k}"
+        for k in (
+            "cost_model", "k1", "k2", "k3", "k4", "total_gpus", "rollout_gpus", "train_gpus",
+            "gpus_per_instance", "kv_capacity_tokens", "prefill_s_per_token", "trainer_model",
+            "trainer_time_a_s", "trainer_time_b_s_per_token", "active_params",
+            "peak_flops_per_gpu", "mfu", "train_overhead_s", "model_bytes", "push_bandwidth_gb_s",
+            "pull_bandwidth_gb_s", "transfer_overhead_s", "reward_time_s", "cycle_period_s",
+            "snapshot_max_age_s", "warmup_steps",
+        )
+    },
+}  # fmt: skip
+
+_DEFAULTS = {"cost_model": "qwen-7b-h20", "stuck_threshold": 0}
+
+
+def sim_config(**fields: Any) -> Any:
+    """An ``AppConfig`` running the simulator with these settings (see :data:`KEYS`)."""
+    from staleflow_trainer.config import load_config
+
+    f = {**_DEFAULTS, **fields}
+    unknown = sorted(set(f) - set(KEYS))
+    if unknown:
+        raise KeyError(f"unknown simulator setting(s) {unknown}; known: {sorted(KEYS)}")
+    over = [f"{KEYS[k]}={v}" for k, v in f.items()]
+    gpus = int(f.get("rollout_gpus", 1)) // int(f.get("gpus_per_instance", 1))
+    prompt = int(f.get("prompt_len_max", 64))
+    response = int(f.get("max_response_len", 64))
+    base = [
+        "rollout.backend=sim",
+        f"rollout.num_instances={max(gpus, 1)}",
+        f"rollout.max_model_len={prompt + response}",
+        f"coordinator.cost_model={f['cost_model'] if f['cost_model'] != 'custom' else 'qwen-7b-h20'}",
+        "metrics.tensorboard=false",
+        "metrics.progress_bar=false",
+    ]
+    return load_config(None, [*base, *over])
