@@ -77,7 +77,7 @@ def train_and_resume(
 
     import ray
 
-    from staleflow_trainer.actors.coordinator_loop import STATE_FILE, latest_checkpoint
+    from staleflow_trainer.actors.reconcile import STATE_FILE, latest_checkpoint
     from staleflow_trainer.metrics import read_jsonl
     from staleflow_trainer.wiring import Deployment
 

@@ -58,7 +58,7 @@ def _queue(n_groups: int) -> QueueView:
 def _raw_snapshot(
     iid: str, seq: int, t: float, version: int, running: list[str], kv: int, waiting: int = 0
 ) -> dict[str, Any]:
-    """What a rollout instance reports (the ``payloads.instance_snapshot`` field names)."""
+    """What a rollout instance reports (the field names of its snapshot)."""
     return {
         "instance_id": iid,
         "seq": seq,
@@ -284,21 +284,26 @@ def test_stale_version_route_is_refused() -> None:
     assert (store.stats(), store.history("g0/0")) == before
 
 
-async def test_coordinator_actor_refuses_bad_joins_at_the_call() -> None:
-    """``CoordinatorActor.add_instance`` (what a joining rollout instance sends) refuses a
-    duplicate id, a bad KV capacity or a version outside [0, current] before anything reaches
-    the loop; a good join is queued for the next cycle."""
+async def test_control_actor_refuses_bad_joins_at_the_call(tmp_path: Any) -> None:
+    """``ControlActor.add_instance`` (what a joining rollout instance sends) refuses a
+    duplicate id, a bad KV capacity or a version outside [0, published] before anything reaches
+    the control core; a good join is queued for the next cycle."""
     from pathlib import Path
 
-    from staleflow_trainer.actors.coordinator_loop import CoordinatorActor, protocol_config
+    from staleflow_trainer.actors.control import ControlActor
     from staleflow_trainer.config import load_config, to_dict
+    from staleflow_trainer.control.config import core_config
+    from staleflow_trainer.control.core import ControlCore
+    from staleflow_trainer.control.events import InstanceJoined
 
-    cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml")
-    actor = CoordinatorActor(
+    cfg = load_config(
+        Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml", [f"run_dir={tmp_path}"]
+    )
+    actor = ControlActor(
         cfg=to_dict(cfg), model_path="unused", ts_address=("127.0.0.1", 1), ts_token="t",
-        rollouts={"vllm-0": object()}, instances={}, trainer=None, rewards=[],
+        rollouts={"vllm-0": object()}, trainer=None, rewards=[],
     )  # fmt: skip
-    actor.protocol = StalenessProtocol(protocol_config(cfg))
+    actor.core = ControlCore(core_config(cfg, rows=8), prompt_len=lambda r: 4)
     for kw, field in [
         ({"instance_id": "vllm-0", "kv_capacity_tokens": 10, "version": 0}, "instance_id"),
         ({"instance_id": "", "kv_capacity_tokens": 10, "version": 0}, "instance_id"),
@@ -311,7 +316,10 @@ async def test_coordinator_actor_refuses_bad_joins_at_the_call() -> None:
             await actor.add_instance(iid, object(), **kw)
         assert actor._events == []
     await actor.add_instance("vllm-5", object(), kv_capacity_tokens=10, version=0)
-    assert [k for k, _ in actor._events] == ["joined"]
+    assert actor._events == [
+        InstanceJoined(at=actor._events[0].at, instance_id="vllm-5", kv_capacity_tokens=10,
+                       version=0)
+    ]  # fmt: skip
     with pytest.raises(ValueError, match="instance_id"):  # the same id, still joining
         await actor.add_instance("vllm-5", object(), kv_capacity_tokens=10, version=0)
 

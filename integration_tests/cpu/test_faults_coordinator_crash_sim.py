@@ -2,14 +2,14 @@
 TCP, the NIXL param server, the real trainer; only the engines are simulated, so one run can
 crash the coordinator at every write-ahead point within a minute or two.
 
-The coordinator is killed four times in one run — ``ray.kill`` at a random moment while the
-instances generate, and ``os._exit`` at three fixed points of the control loop (after a commit
-before its commands run; between a route in the TS and the submit to the instance; after a
-consume was committed, before the trainer is called). Each time the driver replaces it from
+The control actor is killed four times in one run — ``ray.kill`` at a random moment while the
+instances generate, and ``os._exit`` at the three crash points of the control shell (after a
+batch of events is journaled, before any of its effects; midway through an event's effects;
+before a checkpoint is written). Each time the driver replaces it from
 the write-ahead journal and the run goes on. Then: the run completed its steps, no trajectory
 was routed twice, the ledger balances (every admitted trajectory consumed once, in flight, or
 dropped with a reason), consumed staleness <= eta, and no step was trained twice (trainer
-version = steps, metrics rows 1..steps exactly once).
+version = steps, metrics rows 1..steps exactly once, each batch trained once).
 """
 
 from __future__ import annotations
@@ -84,9 +84,9 @@ def crashed(
 
     plan = [
         (2, kill_now),
-        (3, arm("after_commit_before_execute")),
-        (5, arm("mid_routes")),
-        (6, arm("after_consume_commit")),
+        (3, arm("after_journal")),
+        (4, arm("mid_effects")),
+        (5, arm("before_checkpoint")),
     ]
 
     def on_record(rec: dict[str, Any]) -> None:
@@ -102,6 +102,7 @@ def crashed(
         out["histories"] = ray.get(dep.coordinator.histories.remote())
         out["replacements"] = list(dep.coordinator_crashes)
         out["trainer_version"] = ray.get(dep.trainer.version.remote())
+        out["trained"] = ray.get(dep.trainer.trained.remote())
         out["wal"] = ray.get(dep.coordinator.wal_stats.remote())
     finally:
         dep.close()
@@ -110,21 +111,21 @@ def crashed(
 
 
 def test_every_crash_was_replaced_and_the_run_completed(crashed: dict[str, Any]) -> None:
-    assert crashed["crashes"] == [
-        "ray.kill",
-        "after_commit_before_execute",
-        "mid_routes",
-        "after_consume_commit",
-    ]
+    assert crashed["crashes"] == ["ray.kill", "after_journal", "mid_effects", "before_checkpoint"]
     assert len(crashed["replacements"]) == 4
     assert all(r["recovered"] for r in crashed["replacements"])
-    # the consume-commit crash left a committed batch for the replacement to train
-    assert any(r["training"] is not None for r in crashed["replacements"])
+    # each replacement replayed the journal written since the last checkpoint
+    assert all(r["replayed"] > 0 for r in crashed["replacements"])
     assert crashed["summary"]["steps_done"] == STEPS
 
 
 def test_no_step_trained_twice_or_lost(crashed: dict[str, Any]) -> None:
     assert crashed["trainer_version"] == STEPS
+    # what the trainer itself trained (a replayed step is not retrained): each version once,
+    # and no trajectory in two batches
+    assert [v for v, _ in crashed["trained"]] == list(range(STEPS))
+    ids = [t for _, batch in crashed["trained"] for t in batch]
+    assert len(ids) == len(set(ids)) == STEPS * BATCH * GROUP
     assert [r["step"] for r in crashed["metrics"]] == list(range(1, STEPS + 1))
     for r in crashed["metrics"]:
         assert 0 <= r["max_staleness"] <= ETA

@@ -77,7 +77,7 @@ def _overrides(run_dir: Path, steps: int, resume: str) -> list[str]:
 def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
     import ray
 
-    from staleflow_trainer.actors.coordinator_loop import (
+    from staleflow_trainer.actors.reconcile import (
         STATE_FILE,
         TRAINER_FILE,
         TS_FILE,
@@ -90,11 +90,11 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
     from staleflow_trainer.wiring import Deployment
     from trajectory_server.checkpoint import load_checkpoint
 
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"listeners_before": _own_listeners()}
     t0 = time.monotonic()
     dep = Deployment(tiny_config(run_dir, *_overrides(run_dir, STEPS_RUN1, "never"))).start()
     out["start_s"] = time.monotonic() - t0
-    out["security"] = _probe_security(dep)
+    out["security"] = _probe_security(dep, out["listeners_before"])
     done: set[int] = set()
 
     def fault1() -> None:  # kill a rollout instance mid-generation; a replacement joins
@@ -168,6 +168,7 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
             "trainer_version": ray.get(dep.trainer.version.remote()),
         }
         out["f4_killed_after_step"] = held["steps_done"]
+        out["trained1"] = ray.get(dep.trainer.trained.remote())
         ray.kill(dep.trainer, no_restart=True)
         dep.release_hold()
 
@@ -214,13 +215,15 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
     dep2 = Deployment(tiny_config(run_dir, *_overrides(run_dir, steps2, "must"))).start()
     try:
         out["resumed_from"] = dep2.resume_dir
-        out["resumed_protocol"] = dep2.protocol_state()
+        restored = ray.get(dep2.coordinator.restored.remote())
+        out["resumed_protocol"] = restored["protocol"]
         out["resumed_digest"] = ray.get(dep2.trainer.state_digest.remote())
-        out["resumed_groups_at_start"] = ray.get(dep2.coordinator.groups.remote())
+        out["resumed_groups_at_start"] = restored["groups"]
         out["summary2"] = dep2.run()
         out["ledger2"] = dep2.ledger()
         out["groups2"] = ray.get(dep2.coordinator.groups.remote())
         out["histories2"] = ray.get(dep2.coordinator.histories.remote())
+        out["trained2"] = ray.get(dep2.trainer.trained.remote())
     finally:
         dep2.close()
     out["run2_s"] = time.monotonic() - t1
@@ -228,12 +231,24 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
     return out
 
 
-def _probe_security(dep: Any) -> dict[str, Any]:
+def _own_listeners() -> set[tuple[str, int]]:
+    import psutil
+
+    return {
+        (c.laddr.ip, c.laddr.port)
+        for c in psutil.Process().net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN
+    }
+
+
+def _probe_security(dep: Any, before: set[tuple[str, int]]) -> dict[str, Any]:
     """What a hostile local peer meets: both services refuse a peer without the token; a
     16 MiB frame sent before authenticating is refused from its 4-byte header (nothing read or
     decoded); 200 silent connections neither lock out a real client nor stay open; and every
     process of the run (Ray, actors, engines, PS storage workers and their NIXL/UCX endpoints)
-    listens on loopback only."""
+    listens on loopback only. Listeners this test process had before the deployment started
+    (left by earlier tests in the same process, e.g. a torch TCPStore) are not the run's: they
+    are reported apart."""
     import asyncio
     import ipaddress
     import socket
@@ -318,20 +333,36 @@ def _probe_security(dep: Any) -> dict[str, Any]:
             for s in silent:
                 s.close()
 
-    listeners = []
-    procs = [psutil.Process(), *psutil.Process().children(recursive=True)]
-    for proc in procs:
-        try:
-            conns = proc.net_connections(kind="inet")
-        except psutil.Error:
-            continue
-        for conn in conns:
-            if conn.status == psutil.CONN_LISTEN:
+    def scan() -> tuple[list[str], list[str], int]:
+        found, preexisting = [], []
+        procs = [psutil.Process(), *psutil.Process().children(recursive=True)]
+        for proc in procs:
+            try:
+                conns = proc.net_connections(kind="inet")
+            except psutil.Error:
+                continue
+            for conn in conns:
+                if conn.status != psutil.CONN_LISTEN:
+                    continue
                 ip = conn.laddr.ip.removeprefix("::ffff:")
-                if not ipaddress.ip_address(ip).is_loopback:
-                    listeners.append(f"{proc.name()} ({proc.pid}) on {ip}:{conn.laddr.port}")
-    out["listening_processes"] = len(procs)
+                if ipaddress.ip_address(ip).is_loopback:
+                    continue
+                where = f"{proc.name()} ({proc.pid}) on {ip}:{conn.laddr.port}"
+                own = proc.pid == psutil.Process().pid
+                if own and (conn.laddr.ip, conn.laddr.port) in before:
+                    preexisting.append(where)
+                else:
+                    found.append(where)
+        return found, preexisting, len(procs)
+
+    listeners, preexisting, nprocs = scan()
+    out["listening_processes"] = nprocs
     out["non_loopback_listeners"] = listeners
+    out["preexisting_listeners"] = preexisting
+    # the scan is live: a listener on all interfaces opened now is reported
+    with socket.create_server(("0.0.0.0", 0)) as canary:
+        port = canary.getsockname()[1]
+        out["canary"] = [w for w in scan()[0] if w.endswith(f" on 0.0.0.0:{port}")]
     return out
 
 
@@ -417,12 +448,16 @@ def test_fault1_instance_killed_mid_generation(sc: dict[str, Any]) -> None:
     assert sc["summary1"]["counters"]["instances_joined"] == 1
     assert_never_routed_twice(sc["histories1"], {victim})
     assert_ledger_balances(sc["ledger1"], crashed_mid_step=True)
-    # every requeued trajectory is accounted for: consumed, in flight or dropped with a reason
-    # (the ledger covers them); at least one of them was trained on after the loss
-    consumed_after = [
-        t for t in lost["requeued"] if "released" in [e[0] for e in sc["histories1"][t]]
-    ]
-    assert consumed_after or sc["ledger1"]["dropped"] > 0
+    # every requeued trajectory was taken up again after the loss: routed to a live instance
+    # (and from there trained or dropped with a reason) or dropped from the queue — none was
+    # forgotten in the queue while the run went on for several more steps
+    for tid in lost["requeued"]:
+        kinds = [e[0] for e in sc["histories1"][tid]]
+        after = kinds[kinds.index("lost") + 1 :]
+        assert "routed" in after or "dropped" in after, (tid, kinds)
+        for e in sc["histories1"][tid][kinds.index("lost") + 1 :]:
+            if e[0] == "routed":
+                assert e[1] != victim, (tid, e)
 
 
 def test_fault2_storage_worker_killed(sc: dict[str, Any]) -> None:
@@ -474,6 +509,12 @@ def test_fault3_coordinator_crashed_replaced_from_its_journal(sc: dict[str, Any]
     assert_ledger_balances(sc["ledger1"], crashed_mid_step=True)
     assert_staleness_bounded(sc["metrics1"])
     assert sc["wal1"]["appends"] > 0
+    # what the trainer itself trained (replayed steps not counted): each consumed version once,
+    # in order, and no trajectory in two batches — a batch consumed twice would show here
+    versions = [v for v, _ in sc["trained1"]]
+    assert versions == list(range(sc["f4_killed_after_step"])), versions
+    ids = [t for _, batch in sc["trained1"] for t in batch]
+    assert len(ids) == len(set(ids)) == len(versions) * BATCH * GROUP
 
 
 def test_fault4_trainer_killed_app_resumes_exactly(sc: dict[str, Any]) -> None:
@@ -496,17 +537,16 @@ def test_fault4_trainer_killed_app_resumes_exactly(sc: dict[str, Any]) -> None:
     assert sc["resumed_protocol"] == state["protocol"]
     # the trajectory store: every trajectory the checkpoint knew is still known, same state
     # (those running at checkpoint time are back in the queue)
-    groups_at_start = sc["resumed_groups_at_start"]
-    assert groups_at_start == state["groups"]
-    # data cursor: groups submitted after the resume continue the checkpoint's cursor exactly
-    from staleflow_trainer.data import DataCursor
+    ckpt_groups = {gid: row for gid, row, *_ in state["ledger"]["groups"]}
+    assert sc["resumed_groups_at_start"] == ckpt_groups
+    # prompt feed: groups submitted after the resume continue the checkpoint's feed exactly
+    from staleflow_trainer.control.feed import PromptFeed
 
-    cursor = DataCursor(512, seed=0, shuffle=True)
-    cursor.load_state_dict(state["cursor"])
-    later = sorted(g for g in sc["groups2"] if g not in state["groups"])
+    feed = PromptFeed.from_dict(state["feed"])
+    later = sorted(g for g in sc["groups2"] if g not in ckpt_groups)
     assert later, "the resumed run fed new prompts"
-    assert [sc["groups2"][g] for g in later] == [cursor.next_index() for _ in later]
-    assert min(later) == f"g{state['serial']:06d}"  # no group id reused or skipped
+    assert min(later) == f"g{feed.serial:06d}"  # no group id reused or skipped
+    assert [sc["groups2"][g] for g in later] == [feed.next_group()[1] for _ in later]
     # the resumed run completed; staleness stayed bounded; the ledger balances
     assert sc["summary2"]["steps_done"] == sc["steps2"]
     assert [r["step"] for r in sc["metrics2"]] == list(range(1, sc["steps2"] + 1))
@@ -556,6 +596,8 @@ def test_security_loopback_and_tokens(sc: dict[str, Any]) -> None:
     # NIXL/UCX endpoints: nothing listens beyond loopback
     assert sec["listening_processes"] > 5
     assert sec["non_loopback_listeners"] == [], sec["non_loopback_listeners"]
+    # and the check is live: a listener on all interfaces opened during the run is caught
+    assert len(sec["canary"]) == 1, sec["canary"]
 
 
 def test_every_checkpoint_file_is_verified_on_load(sc: dict[str, Any], tmp_path: Path) -> None:
@@ -563,7 +605,7 @@ def test_every_checkpoint_file_is_verified_on_load(sc: dict[str, Any], tmp_path:
     refused on load, naming the file; so is a damaged ``latest`` pointer."""
     import shutil
 
-    from staleflow_trainer.actors.coordinator_loop import (
+    from staleflow_trainer.actors.reconcile import (
         STATE_FILE,
         TRAINER_FILE,
         TS_FILE,

@@ -9,11 +9,11 @@ the Ray tests use the real one, see ``integration_tests/cpu/test_faults_coordina
 and ``test_faults_vllm.py``).
 
 A crash cancels every task of the coordinator's loop — at each armed crash point of the loop
-(``CRASH_POINTS``, in a random order) and at random moments wherever it awaits:
-mid-cycle, between a commit and its effects, mid-routes, while rewards are scored, while the
-trainer trains — with no handover; a new actor built with ``recover=True`` replays the
+(``CRASH_POINTS``: after a batch of events is journaled and before its effects, midway through
+the effects, before a checkpoint; in a random order) and at random moments wherever it awaits:
+mid-cycle, while rewards are scored, while the trainer trains — with no handover; a new actor built with ``recover=True`` replays the
 write-ahead journal and carries on. Several seeds, several crashes each. Then: the run reached
-its steps, no step trained twice (trainer version = steps) or lost (records 1..steps), the
+its steps, no step trained twice (trainer version = steps, each batch trained once) or lost (records 1..steps), the
 ledger balances (consumed = steps x B x n, nothing lost or counted twice), no trajectory routed
 twice (TS history order), consumed staleness <= eta.
 """
@@ -147,7 +147,7 @@ def _crash_here(self: Any, point: str) -> None:
 
 def _scenario(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     import param_server
-    from staleflow_trainer.actors.coordinator_loop import CoordinatorActor
+    from staleflow_trainer.actors.control import CRASH_POINTS, ControlActor
     from staleflow_trainer.actors.reward_actor import RewardActor
     from staleflow_trainer.actors.rollout import RolloutActor
     from staleflow_trainer.actors.trainer_actor import TrainerActor
@@ -188,37 +188,44 @@ def _scenario(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> dic
             instance_id=f"sim-{i}",
             backend="sim",
             engine_kwargs=_engine_kwargs(cfg, i, model),
+            ts_address=ts_addr,
+            ts_token="tok",
             ps_address=("127.0.0.1", 1),
         )
         rollouts[r.instance_id] = r
-    trainer = TrainerActor(cfg=to_dict(cfg), model_path=str(model), ps_address=("127.0.0.1", 1))
+    trainer = TrainerActor(
+        cfg=to_dict(cfg), model_path=str(model), ps_address=("127.0.0.1", 1),
+        ts_address=ts_addr, ts_token="tok",
+    )  # fmt: skip
     trainer.push()
     reward = RewardActor(
         fn=cfg.reward.fn, retries=cfg.reward.retries, timeout_s=cfg.reward.timeout_s,
-        tokenizer_path=str(model),
+        tokenizer_path=str(model), ts_address=ts_addr, ts_token="tok",
     )  # fmt: skip
     handles = {iid: _Handle(r, cluster) for iid, r in rollouts.items()}
     rng = random.Random(seed)
-    plan = ["after_commit_before_execute", "mid_routes", "after_consume_commit", "before_drop"]
-    plan = [*rng.sample(plan, len(plan)), "timed", "timed"]
+    plan = [*rng.sample(CRASH_POINTS, len(CRASH_POINTS)), "timed", "timed", "timed"]
     out: dict[str, Any] = {"crashes": [], "records": {}, "setups": []}
     try:
         for gen in range(CRASHES + 1):
-            infos = {iid: cluster.run(r.start()) for iid, r in rollouts.items()}
-            actor = CoordinatorActor(
+            for r in rollouts.values():
+                cluster.run(r.start())
+            actor = ControlActor(
                 cfg=to_dict(cfg), model_path=str(model), ts_address=ts_addr, ts_token="tok",
-                rollouts=handles,
-                instances={i: {"kv_capacity_tokens": x["kv_capacity_tokens"],
-                               "version": x["version"]} for i, x in infos.items()},
-                trainer=_Handle(trainer, cluster), rewards=[_Handle(reward, cluster)],
-                recover=gen > 0,
+                rollouts=handles, trainer=_Handle(trainer, cluster),
+                rewards=[_Handle(reward, cluster)], recover=gen > 0,
             )  # fmt: skip
             point = plan[gen] if gen < CRASHES else None
             if point is not None and point != "timed":
                 actor._crash_at = point  # what inject_crash arms; here the crash is:
                 actor._maybe_crash = types.MethodType(_crash_here, actor)  # type: ignore[method-assign]
             proc = _Loop()
-            out["setups"].append(proc.run(actor.setup()))
+            try:
+                out["setups"].append(proc.run(actor.setup()))
+            except concurrent.futures.CancelledError:  # crashed at its point while setting up
+                out["crashes"].append(point)
+                proc.close()
+                continue
             running = asyncio.run_coroutine_threadsafe(actor.run(), proc.loop)
             wait_s = rng.uniform(0.05, 0.8) if point == "timed" else 30 if point else 120
             deadline = time.monotonic() + wait_s
@@ -243,7 +250,7 @@ def _scenario(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> dic
                 out["ledger"] = proc.run(actor.ledger())
                 out["histories"] = proc.run(actor.histories())
                 out["summary"] = proc.run(actor.summary())
-                proc.run(actor._ts.close())
+                proc.run(actor.io.ts.close())
                 proc.close()
                 break
             steps_before = proc.run(actor.drain())
@@ -254,6 +261,7 @@ def _scenario(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> dic
             time.sleep(0.05)
             proc.close()
         out["trainer_version"] = trainer.version()
+        out["trained"] = trainer.trained()
     finally:
         for r in rollouts.values():
             cluster.run(r.close())
@@ -266,16 +274,21 @@ def _scenario(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> dic
 def test_random_coordinator_crashes_lose_nothing(
     tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from staleflow_trainer.actors.control import CRASH_POINTS
+
     out = _scenario(tmp_path, seed, monkeypatch)
     # every armed point was hit (the timed ones may come after the run ended)
-    assert sorted(c for c in out["crashes"] if c != "timed")[:4] == sorted(
-        ["after_commit_before_execute", "mid_routes", "after_consume_commit", "before_drop"]
-    ), out["crashes"]
+    assert sorted(c for c in out["crashes"] if c != "timed") == sorted(CRASH_POINTS), out[
+        "crashes"
+    ]
     assert all(s["recovered"] for s in out["setups"][1:])
     assert out["summary"]["steps_done"] == STEPS
     # no step trained twice or lost
     assert out["trainer_version"] == STEPS
     assert sorted(out["records"]) == list(range(1, STEPS + 1))
+    assert [v for v, _ in out["trained"]] == list(range(STEPS))  # replays not retrained
+    ids = [t for _, batch in out["trained"] for t in batch]
+    assert len(ids) == len(set(ids)) == STEPS * B * N  # no trajectory in two batches
     for rec in out["records"].values():
         assert 0 <= rec["max_staleness"] <= ETA
         assert sum(rec["staleness_hist"].values()) == B * N

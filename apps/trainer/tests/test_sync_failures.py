@@ -9,16 +9,14 @@ from typing import Any
 
 import pytest
 
-from rollout_coordinator import Coordinator
-from staleflow_trainer.actors.coordinator_loop import (
-    CoordinatorActor,
-    coordinator_config,
-    protocol_config,
-    sync_retry_delay,
-)
+from staleflow_trainer.actors.control import ControlActor
+from staleflow_trainer.actors.shell_io import sync_retry_delay
 from staleflow_trainer.config import load_config, to_dict
+from staleflow_trainer.control import effects as fx
+from staleflow_trainer.control.config import core_config
+from staleflow_trainer.control.core import ControlCore
+from staleflow_trainer.control.events import InstanceJoined, SyncDone
 from staleflow_trainer.errors import ComponentLost, ConfigError
-from staleness_protocol import StalenessProtocol
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tiny.yaml"
 
@@ -35,50 +33,58 @@ class _Refuses:
         raise ValueError(f"InvalidWeights: lm_head.weight shape mismatch (version {version})")
 
 
-def _actor(*overrides: str) -> tuple[CoordinatorActor, _Refuses]:
-    cfg = load_config(EXAMPLE, list(overrides))
+def _actor(tmp_path: Path, *overrides: str) -> tuple[ControlActor, _Refuses]:
+    """The control shell over a real control core, with one instance whose syncs fail (no
+    Ray, no servers: the shell's sync path and the core's retry rule only)."""
+    cfg = load_config(EXAMPLE, [f"run.run_dir={tmp_path}", *overrides])
     handle = _Refuses()
-    actor = CoordinatorActor(
+    actor = ControlActor(
         cfg=to_dict(cfg), model_path="unused", ts_address=("127.0.0.1", 1), ts_token="t",
-        rollouts={"vllm-0": handle}, instances={}, trainer=None, rewards=[],
+        rollouts={"vllm-0": handle}, trainer=None, rewards=[],
     )  # fmt: skip
-    protocol = StalenessProtocol(protocol_config(cfg))
-    actor.protocol = protocol  # type: ignore[assignment]
-    actor.coordinator = Coordinator(coordinator_config(cfg), protocol, time.monotonic)
-    actor.coordinator.add_instance("vllm-0", kv_capacity_tokens=1000, version=0)
+    actor.core = ControlCore(core_config(cfg, rows=8), prompt_len=lambda r: 4)
+    actor._wal.reset(actor.core.to_dict())
+    actor.core.handle(
+        InstanceJoined(at=0.0, instance_id="vllm-0", kv_capacity_tokens=1000, version=0)
+    )
     return actor, handle
 
 
-async def _fail_once(actor: CoordinatorActor) -> None:
-    actor._start_sync("vllm-0", 0)
-    await actor._syncing["vllm-0"]
-    await actor._apply_events()
+async def _fail_once(actor: ControlActor) -> None:
+    await actor._sync(fx.Sync(instance_id="vllm-0", version=0))
+    events, actor._events = actor._events, []
+    await actor._feed_batch(events)
 
 
-async def test_the_run_fails_after_the_configured_number_of_failed_syncs_in_a_row() -> None:
-    actor, handle = _actor("coordinator.sync_retries=2", "coordinator.sync_retry_backoff_s=0")
+async def test_the_run_fails_after_the_configured_number_of_failed_syncs_in_a_row(
+    tmp_path: Path,
+) -> None:
+    actor, handle = _actor(
+        tmp_path, "coordinator.sync_retries=2", "coordinator.sync_retry_backoff_s=0"
+    )
     await _fail_once(actor)
     await _fail_once(actor)  # two failures tolerated: retried
-    assert actor._counters["sync_failures"] == 2
+    assert actor.core.counters["sync_failures"] == 2
     with pytest.raises(ComponentLost, match="vllm-0 failed to sync 3 times") as info:
         await _fail_once(actor)
     assert info.value.component == "rollout:vllm-0"
-    assert "InvalidWeights" in str(info.value) and "coordinator.sync_retries=2" in str(info.value)
+    assert "InvalidWeights" in str(info.value) and "sync_retries=2" in str(info.value)
     assert handle.calls == 3
 
 
-async def test_a_successful_sync_resets_the_count() -> None:
-    actor, _ = _actor("coordinator.sync_retries=1", "coordinator.sync_retry_backoff_s=0")
+async def test_a_successful_sync_resets_the_count(tmp_path: Path) -> None:
+    actor, _ = _actor(tmp_path, "coordinator.sync_retries=1", "coordinator.sync_retry_backoff_s=0")
     await _fail_once(actor)
-    actor._events.append(("synced", ("vllm-0", 0, {})))
-    await actor._apply_events()
-    assert "vllm-0" not in actor._sync_failures_in_row
+    await actor._feed_batch([SyncDone(at=1.0, instance_id="vllm-0", version=0)])
+    assert "vllm-0" not in actor.core.sync_fail_streak
     await _fail_once(actor)  # one failure after the success: still tolerated
-    assert actor._counters["sync_failures"] == 2
+    assert actor.core.counters["sync_failures"] == 2
 
 
-async def test_retries_back_off() -> None:
-    actor, _ = _actor("coordinator.sync_retries=3", "coordinator.sync_retry_backoff_s=0.2")
+async def test_retries_back_off(tmp_path: Path) -> None:
+    actor, _ = _actor(
+        tmp_path, "coordinator.sync_retries=3", "coordinator.sync_retry_backoff_s=0.2"
+    )
     await _fail_once(actor)  # the first try is not delayed
     t0 = time.monotonic()
     await _fail_once(actor)  # the retry waits backoff_s

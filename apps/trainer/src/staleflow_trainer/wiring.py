@@ -37,10 +37,7 @@ from typing import Any
 import attrs
 import structlog
 
-from staleflow_trainer.actors.coordinator_loop import (
-    TS_FILE,
-    latest_checkpoint,
-)
+from staleflow_trainer.actors.reconcile import STATE_FILE, TS_FILE, latest_checkpoint
 from staleflow_trainer.config import AppConfig, dump_config, to_dict
 from staleflow_trainer.errors import CheckpointError, ComponentLost, ConfigError
 from staleflow_trainer.metrics import MetricsWriter, ProgressBar, TimelineWriter
@@ -88,7 +85,22 @@ def resolve_resume(cfg: AppConfig) -> Path | None:
             f"run.resume=must but {cfg.run_dir / 'checkpoints'} holds no checkpoint",
             path=str(cfg.run_dir),
         )
+    if found is not None:
+        check_checkpoint_protocol(cfg, found)
     return found
+
+
+def check_checkpoint_protocol(cfg: AppConfig, ckpt: Path) -> None:
+    """Refuse, before anything is deployed, a resume whose config would run the checkpoint's
+    protocol under different rules (see :func:`~.control.config.check_resumable`)."""
+    import json
+
+    from staleflow_trainer.atomic_files import read_verified_bytes
+    from staleflow_trainer.control.config import check_resumable, core_config
+    from staleness_protocol import protocol_from_dict
+
+    state = json.loads(read_verified_bytes(ckpt / STATE_FILE))
+    check_resumable(protocol_from_dict(state["protocol"]), core_config(cfg, rows=None).protocol)
 
 
 def model_dir(cfg: AppConfig) -> Path:
@@ -308,6 +320,9 @@ class Deployment:
             )
         )
         ts_addr, ps_addr = ray.get([self.ts.start.remote(), self.ps.address.remote()])
+        self._ps_addr, self._ps_token = ps_addr, ps_token
+        self._ts_addr, self._ts_token = ts_addr, ts_token
+        self._cfg_dict, self._opts = cfg_dict, opts
         n = cfg.rollout.num_instances
         self.trainer = (
             ray.remote(TrainerActor)
@@ -321,35 +336,24 @@ class Deployment:
                 ps_address=ps_addr,
                 ps_token=ps_token,
                 checkpoint_dir=None if self.resume_dir is None else str(self.resume_dir),
+                ts_address=ts_addr,
+                ts_token=ts_token,
             )
         )
-        self._ps_addr, self._ps_token = ps_addr, ps_token
-        self._ts_addr, self._ts_token = ts_addr, ts_token
-        self._cfg_dict, self._opts = cfg_dict, opts
         self.rollouts = dict(self._make_rollout(i, pg_index=i) for i in range(n))
         self._next_instance = n
         self.rewards = [
-            ray.remote(RewardActor)
-            .options(num_cpus=0)
-            .remote(
-                fn=cfg.reward.fn,
-                retries=cfg.reward.retries,
-                timeout_s=cfg.reward.timeout_s,
-                tokenizer_path=str(self.model_path),
-            )
+            ray.remote(RewardActor).options(num_cpus=0).remote(**self._reward_spec())
             for _ in range(cfg.reward.num_workers)
         ]
         starts = [h.start.remote() for h in self.rollouts.values()]
         pushed = self.trainer.push.remote()  # version 0, or the resumed version
-        infos = ray.get(starts)
+        ray.get(starts)
         version = int(ray.get(pushed)["version"])
         if version > 0:  # resumed: every instance serves the trainer's version first
             ray.get([h.sync.remote(version) for h in self.rollouts.values()])
-        instances = {
-            i["instance_id"]: {"kv_capacity_tokens": i["kv_capacity_tokens"]} for i in infos
-        }
         self.coordinator = self._make_coordinator(
-            instances, resume_dir=None if self.resume_dir is None else str(self.resume_dir)
+            resume_dir=None if self.resume_dir is None else str(self.resume_dir)
         )
         info = ray.get(self.coordinator.setup.remote())
         self.steps_at_start = int(info["steps_done"])
@@ -384,26 +388,32 @@ class Deployment:
                 instance_id=iid,
                 backend=cfg.rollout.backend,
                 engine_kwargs=_engine_kwargs(cfg, i, self.model_path),
+                ts_address=self._ts_addr,
+                ts_token=self._ts_token,
                 ps_address=self._ps_addr,
                 ps_token=self._ps_token,
             )
         )
         return iid, handle
 
-    def _make_coordinator(
-        self,
-        instances: dict[str, dict[str, Any]],
-        *,
-        resume_dir: str | None = None,
-        handover_state: dict[str, Any] | None = None,
-        recover: bool = False,
-    ) -> Any:
+    def _reward_spec(self) -> dict[str, Any]:
+        cfg = self.cfg
+        return {
+            "fn": cfg.reward.fn,
+            "retries": cfg.reward.retries,
+            "timeout_s": cfg.reward.timeout_s,
+            "tokenizer_path": str(self.model_path),
+            "ts_address": self._ts_addr,
+            "ts_token": self._ts_token,
+        }
+
+    def _make_coordinator(self, *, resume_dir: str | None = None, recover: bool = False) -> Any:
         import ray
 
-        from staleflow_trainer.actors.coordinator_loop import CoordinatorActor
+        from staleflow_trainer.actors.control import ControlActor
 
         return (
-            ray.remote(CoordinatorActor)
+            ray.remote(ControlActor)
             .options(num_cpus=0, max_concurrency=64)
             .remote(
                 cfg=self._cfg_dict,
@@ -411,11 +421,10 @@ class Deployment:
                 ts_address=self._ts_addr,
                 ts_token=self._ts_token,
                 rollouts=self.rollouts,
-                instances=instances,
                 trainer=self.trainer,
                 rewards=self.rewards,
+                reward_spec=self._reward_spec(),
                 resume_dir=resume_dir,
-                handover_state=handover_state,
                 recover=recover,
             )
         )
@@ -449,38 +458,28 @@ class Deployment:
         return iid
 
     def restart_coordinator(self) -> dict[str, Any]:
-        """Replace the coordinator actor: the old one stops and hands over its live state
-        (protocol + bookkeeping), its process is killed, and a new one rebuilds its view from
-        that state, the trajectory server and fresh instance snapshots. ``run()`` carries on
-        with the new one. Returns the new actor's set-up info."""
+        """Replace the control actor on purpose: the old one is stopped (its last events are
+        journaled) and killed, and a new one recovers from the write-ahead journal exactly as
+        after a crash. ``run()`` carries on with the new one. Returns its set-up info."""
         import ray
 
         old = self.coordinator
-        state = ray.get(old.handover.remote())
-        self._pending_out.append(ray.get(old.drain.remote()))
-        live = set(ray.get(old.instances.remote()))
+        try:
+            ray.get(old.stop.remote(), timeout=60)
+            self._pending_out.append(ray.get(old.drain.remote(), timeout=60))
+        except Exception as e:  # already gone: recovery covers it
+            log.warning("control_stop_failed", error=repr(e)[:200])
         ray.kill(old, no_restart=True)
-        for iid in [i for i in self.rollouts if i not in live]:
-            self.rollouts.pop(iid)  # lost while the old loop ran
-        infos = ray.get([h.start.remote() for h in self.rollouts.values()])
-        instances = {
-            i["instance_id"]: {
-                "kv_capacity_tokens": i["kv_capacity_tokens"],
-                "version": i["version"],
-            }
-            for i in infos
-        }
-        self.coordinator = self._make_coordinator(instances, handover_state=state)
+        self.coordinator = self._make_coordinator(recover=True)
         info = dict(ray.get(self.coordinator.setup.remote()))
         log.info("coordinator_restarted", **info)
         return info
 
     def replace_crashed_coordinator(self, error: BaseException | None = None) -> dict[str, Any]:
-        """The coordinator actor died without handing over (crash, ``ray.kill``): start a new
-        one that replays the write-ahead journal and reconciles the TS, the instances and the
-        trainer with it (``CoordinatorActor(recover=True)``). At most
-        ``run.coordinator_restarts`` times per deployment; then :class:`ComponentLost`
-        (restart the app from its last checkpoint). Returns the new actor's set-up info."""
+        """The control actor died (crash, ``ray.kill``): start a new one that replays the
+        write-ahead journal and reconciles the trajectory server, the instances and the trainer
+        with it. At most ``run.coordinator_restarts`` times per deployment; then
+        :class:`ComponentLost` (restart the app from its last checkpoint)."""
         import ray
 
         limit = self.cfg.run.coordinator_restarts
@@ -493,20 +492,13 @@ class Deployment:
             )
         t0 = time.monotonic()
         ray.kill(self.coordinator, no_restart=True)  # make sure: it must not write any more
-        refs = {iid: h.start.remote() for iid, h in self.rollouts.items()}
-        instances: dict[str, dict[str, Any]] = {}
-        for iid, ref in refs.items():
+        for iid, h in list(self.rollouts.items()):
             try:
-                i = ray.get(ref)
-            except Exception as e:  # lost too: the TS still shows its work; recovery requeues it
+                ray.get(h.stats.remote(), timeout=30)
+            except Exception as e:  # lost too: recovery requeues what the store shows it held
                 log.warning("instance_gone_at_coordinator_restart", instance=iid, error=repr(e))
                 self.rollouts.pop(iid)
-                continue
-            instances[iid] = {
-                "kv_capacity_tokens": i["kv_capacity_tokens"],
-                "version": i["version"],
-            }
-        self.coordinator = self._make_coordinator(instances, recover=True)
+        self.coordinator = self._make_coordinator(recover=True)
         info = dict(ray.get(self.coordinator.setup.remote()))
         info["restart_s"] = time.monotonic() - t0
         info["error"] = repr(error)[:300]

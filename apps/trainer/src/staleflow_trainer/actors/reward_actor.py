@@ -1,47 +1,80 @@
-"""A reward worker: decodes responses and scores them with the configured plug-in.
+"""A reward worker: reads finished trajectories from the trajectory server by id, decodes the
+responses and scores them with the configured plug-in.
 
 Failures (an exception, a non-score, a timeout) are retried by :class:`RewardRunner`; a
-trajectory that still fails comes back ``dropped`` with the reason, and the control loop releases
-its group through the protocol.
+trajectory that still fails comes back with no score and the reason, and the control core
+drops its group through the protocol. A trajectory the store no longer holds as finished
+(dropped meanwhile) comes back with no score either; the core ignores it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from staleflow_trainer.reward import RewardRunner
 
 
 class RewardActor:
-    """Wrap with ``ray.remote``. ``score`` takes and returns plain dicts."""
+    """Wrap with ``ray.remote``. ``score`` takes ids and returns ``[id, score | None, reason]``."""
 
-    def __init__(self, *, fn: str, retries: int, timeout_s: float, tokenizer_path: str) -> None:
+    def __init__(
+        self,
+        *,
+        fn: str,
+        retries: int,
+        timeout_s: float,
+        tokenizer_path: str,
+        ts_address: Sequence[Any],
+        ts_token: str | None,
+    ) -> None:
         from transformers import AutoTokenizer
 
         self._runner = RewardRunner(fn, retries=retries, timeout_s=timeout_s)
         self._tok = AutoTokenizer.from_pretrained(tokenizer_path)
+        self._ts_address = tuple(ts_address)
+        self._ts_token = ts_token or None
 
-    def score(self, items: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """``items``: ``{"trajectory_id", "response_ids", "data_source", "ground_truth",
-        "extra_info"}`` → ``{"trajectory_id", "score" | None, "dropped", "reason", "text"}``."""
-        out = []
-        for it in items:
-            text = str(self._tok.decode(list(it["response_ids"]), skip_special_tokens=True))
+    def _read(self, ids: list[str]) -> dict[str, Any]:
+        from trajectory_server.client import TrajectoryClient
+        from trajectory_server.errors import TrajectoryServerError
+
+        async def read() -> dict[str, Any]:
+            ts = await TrajectoryClient.connect(*self._ts_address, token=self._ts_token)
+            try:
+                try:
+                    got = list(await ts.finished(ids))
+                except TrajectoryServerError:  # some were dropped meanwhile: one by one
+                    got = []
+                    for tid in ids:
+                        try:
+                            got.extend(await ts.finished([tid]))
+                        except TrajectoryServerError:
+                            continue
+                return {ft.trajectory.trajectory_id: ft.trajectory for ft in got}
+            finally:
+                await ts.close()
+
+        return asyncio.run(read())
+
+    def score(self, trajectory_ids: Sequence[str]) -> list[list[Any]]:
+        ids = [str(t) for t in trajectory_ids]
+        payloads = self._read(ids)
+        out: list[list[Any]] = []
+        for tid in ids:
+            t = payloads.get(tid)
+            if t is None:
+                out.append([tid, None, "not a finished trajectory in the store"])
+                continue
+            md = dict(t.metadata)
+            text = str(self._tok.decode(list(t.generated_token_ids), skip_special_tokens=True))
             o = self._runner.score(
-                trajectory_id=str(it["trajectory_id"]),
-                data_source=str(it.get("data_source", "unknown")),
+                trajectory_id=tid,
+                data_source=str(md.get("data_source", "unknown")),
                 solution_str=text,
-                ground_truth=str(it.get("ground_truth", "")),
-                extra_info=dict(it.get("extra_info") or {}),
+                ground_truth=str(md.get("ground_truth", "")),
+                extra_info=dict(md.get("extra_info") or {}),
             )
-            out.append(
-                {
-                    "trajectory_id": o.trajectory_id,
-                    "score": o.score,
-                    "dropped": o.dropped,
-                    "reason": o.reason,
-                    "text": text,
-                }
-            )
+            out.append([tid, o.score, o.reason])
         return out

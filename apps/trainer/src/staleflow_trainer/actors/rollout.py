@@ -1,19 +1,22 @@
-"""One rollout instance as an async actor: an engine adapter plus a results outbox.
+"""One rollout instance as an async actor: an engine adapter that takes its work from the
+trajectory server and writes its output back there itself.
 
-The control loop talks to it with short calls only:
+The control shell sends it ids and versions only; payloads move between this process and the
+trajectory server (TS) directly:
 
-* ``submit(requests)`` starts one ``generate`` task per request and returns once the engine has
-  registered them (so a snapshot taken afterwards already counts them);
-* ``poll()`` returns every result produced since the last poll (finished *and* interrupted,
-  each exactly once) together with a fresh engine snapshot — results first, so the snapshot never
-  shows a trajectory whose result was already handed out as still running;
-* ``interrupt(ids)`` stops trajectories; their partial results arrive through ``poll``;
-* ``sync(version)`` interrupts everything, pulls the latest version from the parameter server
-  over NIXL and loads it in place (the engine never serves half-loaded weights);
-* ``quiesce()`` waits for a running sync, interrupts everything and polls (a replacement
-  coordinator's first call);
-* ``probe(prompt_ids, n)`` greedy-decodes ``n`` tokens of a fixed prompt (tests check that
-  served weights really change after a sync).
+* ``submit(version, ids)`` routes the trajectories to this instance in the TS (ownership moves
+  here, V_traj is bound), reads their payloads from the answer and starts one ``generate``
+  task each; ids the TS refuses are reported by the next ``poll`` as ``refused``;
+* results are written to the TS in batches — ``finish`` for finished trajectories,
+  ``return_partial`` for interrupted ones, each carrying only the tokens generated here
+  (``start`` = what the store already held) — before they are reported;
+* ``poll()`` writes what is pending, then returns the outcomes since the last poll (id, response
+  length, finish reason or None), each exactly once, and a snapshot taken after them;
+* ``interrupt(ids)`` stops trajectories and writes their partial output back before returning;
+* ``sync(version)`` interrupts everything, pulls ``version`` from the parameter server over NIXL
+  and loads it in place (the engine never serves half-loaded weights);
+* ``quiesce()`` waits out a sync, interrupts everything and polls (a recovering control
+  shell's first call); ``probe`` greedy-decodes a fixed prompt (tests check served weights).
 """
 
 from __future__ import annotations
@@ -33,9 +36,24 @@ from engine_adapters import (
     SamplingParams,
     create_engine,
 )
-from staleflow_trainer.actors.payloads import request_from_dict, result_to_dict, snapshot_to_dict
+from trajectory_server import Completion, Segment
+from trajectory_server.errors import TrajectoryServerError
 
 log = structlog.get_logger(__name__)
+
+
+def engine_snapshot_dict(s: Any) -> dict[str, Any]:
+    return {
+        "instance_id": s.instance_id,
+        "seq": s.seq,
+        "time_s": s.time_s,
+        "version": s.version,
+        "running": [[r.trajectory_id, r.prompt_tokens, r.generated_tokens] for r in s.running],
+        "waiting": s.waiting,
+        "kv_used_tokens": min(s.kv_used_tokens, s.kv_capacity_tokens),
+        "kv_capacity_tokens": s.kv_capacity_tokens,
+        "throughput_tokens_per_s": s.throughput_tokens_per_s,
+    }
 
 
 class RolloutActor:
@@ -47,19 +65,29 @@ class RolloutActor:
         instance_id: str,
         backend: str,
         engine_kwargs: Mapping[str, Any],
+        ts_address: Sequence[Any],
+        ts_token: str | None,
         ps_address: Sequence[Any] | None = None,
         ps_token: str | None = None,
     ) -> None:
         self.instance_id = instance_id
         self.backend = backend
         self._engine_kwargs = dict(engine_kwargs)
+        self._ts_address = tuple(ts_address)
+        self._ts_token = ts_token or None
+        self._ts: Any = None
         self._ps_address = tuple(ps_address) if ps_address else None
         self._ps_token = ps_token or None
         self._ps: Any = None
         self._engine: EngineAdapter | None = None
-        self._tasks: dict[str, asyncio.Task[GenerateResult]] = {}
-        self._outbox: list[dict[str, Any]] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._known: dict[str, int] = {}  # response tokens the TS held when it was routed here
+        self._max_new: dict[str, int] = {}
+        self._to_write: list[tuple[GenerateResult, bool]] = []  # (result, finished)
+        self._outcomes: list[list[Any]] = []
+        self._refused: list[str] = []
         self._errors: list[dict[str, Any]] = []
+        self._write_lock = asyncio.Lock()
         self._sync_lock = asyncio.Lock()
         self._syncs = 0
         self._log = log.bind(instance=instance_id)
@@ -68,6 +96,13 @@ class RolloutActor:
         if self._engine is None:
             raise RuntimeError(f"rollout instance {self.instance_id!r} is not started")
         return self._engine
+
+    async def _store(self) -> Any:
+        if self._ts is None:
+            from trajectory_server.client import TrajectoryClient
+
+            self._ts = await TrajectoryClient.connect(*self._ts_address, token=self._ts_token)
+        return self._ts
 
     async def start(self) -> dict[str, Any]:
         """Create and start the engine; returns ``instance_id``, ``version``, KV capacity."""
@@ -79,6 +114,7 @@ class RolloutActor:
             await engine.start()
             self._engine = engine
             self._log.info("rollout_started", seconds=round(time.perf_counter() - t0, 2))
+        await self._store()
         snap = await self._require().snapshot()
         return {
             "instance_id": self.instance_id,
@@ -88,34 +124,58 @@ class RolloutActor:
 
     # ------------------------------------------------------------------------------- generation
 
-    async def submit(self, requests: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """Start generating; returns one ``{"trajectory_id", "ok", "error"}`` per request."""
+    async def submit(self, version: int, trajectory_ids: Sequence[str]) -> int:
+        """Take these queued trajectories from the TS (routing them here at ``version``, their
+        V_traj for a partial) and start generating; returns how many started."""
         engine = self._require()
-        out = []
-        for d in requests:
-            tid = str(d.get("trajectory_id", ""))
-            try:
-                req = request_from_dict(d)
-                if tid in self._tasks:
-                    raise ValueError(f"trajectory {tid!r} is already running here")
-            except Exception as e:  # a bad request is reported, never crashes the instance
-                out.append({"trajectory_id": tid, "ok": False, "error": repr(e)})
-                continue
-            task = asyncio.get_running_loop().create_task(self._run(engine, req))
-            self._tasks[tid] = task
-            out.append({"trajectory_id": tid, "ok": True, "error": None})
+        ts = await self._store()
+        ids = [str(t) for t in trajectory_ids]
+        try:
+            payloads = list(await ts.route(self.instance_id, ids, int(version)))
+        except TrajectoryServerError as e:  # all or nothing: retry one by one
+            self._log.warning("route_refused", error=str(e)[:200])
+            payloads = []
+            for tid in ids:
+                try:
+                    payloads.extend(await ts.route(self.instance_id, [tid], int(version)))
+                except TrajectoryServerError as e1:
+                    self._refused.append(tid)
+                    self._errors.append({"trajectory_id": tid, "error": str(e1)[:200]})
+        started = 0
+        for t in payloads:
+            tid = t.trajectory_id
+            s = t.sampling
+            req = GenerateRequest(
+                trajectory_id=tid,
+                prompt_token_ids=t.prompt_token_ids,
+                sampling=SamplingParams(
+                    temperature=s.temperature,
+                    top_p=s.top_p,
+                    max_new_tokens=s.max_new_tokens,
+                    stop_token_ids=tuple(s.stop_token_ids),
+                    seed=s.seed,
+                ),
+                generated_token_ids=t.generated_token_ids,
+                generated_logprobs=t.generated_logprobs,
+                generated_versions=t.generated_versions,
+                target_length=t.target_length,
+            )
+            self._known[tid] = len(req.generated_token_ids)
+            self._max_new[tid] = int(s.max_new_tokens)
+            self._tasks[tid] = asyncio.get_running_loop().create_task(self._run(engine, req))
+            started += 1
         await asyncio.sleep(0)  # let each task register with the engine before we return
-        return out
+        return started
 
-    async def _run(self, engine: EngineAdapter, req: GenerateRequest) -> GenerateResult:
+    async def _run(self, engine: EngineAdapter, req: GenerateRequest) -> None:
         tid = req.trajectory_id
         try:
             result = await engine.generate(req)
         except Exception as e:
-            # The engine refused or failed: report a zero-progress interruption so the
-            # trajectory goes back to the queue with what it had; log the cause.
+            # The engine refused or failed: a zero-progress interruption, so the trajectory
+            # goes back to the queue with what it had; the cause is logged and reported.
             self._log.warning("generate_failed", trajectory_id=tid, error=repr(e))
-            self._errors.append({"trajectory_id": tid, "error": repr(e)})
+            self._errors.append({"trajectory_id": tid, "error": repr(e)[:300]})
             result = GenerateResult(
                 trajectory_id=tid,
                 token_ids=req.generated_token_ids,
@@ -125,52 +185,112 @@ class RolloutActor:
             )
         finally:
             self._tasks.pop(tid, None)
-        self._outbox.append(result_to_dict(result))
-        return result
+        finished = result.finish_reason is not FinishReason.INTERRUPTED or len(
+            result.token_ids
+        ) >= self._max_new.get(tid, 1 << 30)
+        self._to_write.append((result, finished))
+
+    async def _flush(self) -> None:
+        """Write every pending result to the TS (new tokens only), then queue its outcome."""
+        async with self._write_lock:
+            pending, self._to_write = self._to_write, []
+            if not pending:
+                return
+            ts = await self._store()
+            done: list[tuple[Completion, GenerateResult]] = []
+            partial: list[tuple[Segment, GenerateResult]] = []
+            for r, finished in pending:
+                start = self._known.pop(r.trajectory_id, 0)
+                self._max_new.pop(r.trajectory_id, None)
+                tid = r.trajectory_id
+                toks, lps, vers = r.token_ids[start:], r.logprobs[start:], r.versions[start:]
+                if finished:
+                    reason = (
+                        "length"
+                        if r.finish_reason is FinishReason.INTERRUPTED
+                        else r.finish_reason.value
+                    )
+                    c = Completion(trajectory_id=tid, start=start, token_ids=toks, logprobs=lps,
+                                   versions=vers, finish_reason=reason)  # fmt: skip
+                    done.append((c, r))
+                else:
+                    seg = Segment(trajectory_id=tid, start=start, token_ids=toks, logprobs=lps,
+                                  versions=vers)  # fmt: skip
+                    partial.append((seg, r))
+            await self._write(ts.finish, done, finished=True)
+            await self._write(ts.return_partial, partial, finished=False)
+
+    async def _write(self, op: Any, items: list[Any], *, finished: bool) -> None:
+        if not items:
+            return
+        try:
+            await op(self.instance_id, [seg for seg, _ in items])
+            ok = items
+        except TrajectoryServerError as e:  # all or nothing: write one by one
+            self._log.warning("ts_write_refused", finished=finished, error=str(e)[:200])
+            ok = []
+            for item in items:
+                try:
+                    await op(self.instance_id, [item[0]])
+                    ok.append(item)
+                except TrajectoryServerError as e1:  # e.g. dropped meanwhile: output discarded
+                    self._errors.append({"trajectory_id": item[0].trajectory_id,
+                                         "error": str(e1)[:200]})  # fmt: skip
+        for seg, r in ok:
+            self._outcomes.append(
+                [
+                    r.trajectory_id,
+                    len(r.token_ids),
+                    seg.finish_reason.value if finished else None,
+                ]
+            )
 
     async def poll(self) -> dict[str, Any]:
-        """Results since the last poll (each exactly once) and a snapshot taken after them."""
+        """Outcomes since the last poll (each exactly once; already in the TS), ids the TS
+        refused to route here, and a snapshot taken after them."""
         engine = self._require()
-        results, self._outbox = self._outbox, []
+        await self._flush()
+        outcomes, self._outcomes = self._outcomes, []
+        refused, self._refused = self._refused, []
         errors, self._errors = self._errors, []
         snap = await engine.snapshot()
         return {
-            "results": results,
+            "outcomes": outcomes,
+            "refused": refused,
             "errors": errors,
-            "snapshot": snapshot_to_dict(snap),
+            "snapshot": engine_snapshot_dict(snap),
             "syncing": self._sync_lock.locked(),
         }
 
     async def interrupt(self, trajectory_ids: Sequence[str] | None = None) -> int:
-        """Stop these trajectories (None = all); partial results arrive through ``poll``.
-        Ids that already finished are skipped (their results are in the outbox)."""
+        """Stop these trajectories (None = all); their partial output is in the TS when this
+        returns (their outcomes come with the next poll). Finished ones are skipped."""
         engine = self._require()
         ids = (
             list(self._tasks)
             if trajectory_ids is None
             else [t for t in trajectory_ids if t in self._tasks]
         )
-        if not ids:
-            return 0
-        live = [t for t in ids if t in self._tasks]
-        try:
-            await engine.interrupt(live)
-        except Exception as e:  # e.g. one finished between the check and the call
-            self._log.warning("interrupt_retry_each", error=repr(e))
-            for t in live:
-                if t in self._tasks:
-                    try:
-                        await engine.interrupt([t])
-                    except Exception as e2:  # already gone
-                        self._log.debug("interrupt_skipped", trajectory_id=t, error=repr(e2))
-        tasks = [self._tasks[t] for t in live if t in self._tasks]
-        if tasks:
-            await asyncio.wait(tasks, timeout=30)
-        return len(live)
+        if ids:
+            try:
+                await engine.interrupt(ids)
+            except Exception as e:  # e.g. one finished between the check and the call
+                self._log.warning("interrupt_retry_each", error=repr(e))
+                for t in ids:
+                    if t in self._tasks:
+                        try:
+                            await engine.interrupt([t])
+                        except Exception as e2:  # already gone
+                            self._log.debug("interrupt_skipped", trajectory_id=t, error=repr(e2))
+            tasks = [self._tasks[t] for t in ids if t in self._tasks]
+            if tasks:
+                await asyncio.wait(tasks, timeout=30)
+        await self._flush()
+        return len(ids)
 
     async def quiesce(self) -> dict[str, Any]:
-        """For a replacement coordinator: wait out a sync in progress (so the version it
-        reports is final), stop everything, and :meth:`poll` — every result so far, each once."""
+        """Wait out a sync in progress (so the version reported is final), stop everything,
+        and :meth:`poll`."""
         async with self._sync_lock:
             await self.interrupt(None)
         return await self.poll()
@@ -200,19 +320,10 @@ class RolloutActor:
             served = await engine.load_weights(int(got), tensors)
             self._syncs += 1
             seconds = time.perf_counter() - t0
-            self._log.info(
-                "synced",
-                version=served,
-                interrupted=interrupted,
-                pull_s=round(t_pull, 4),
-                seconds=round(seconds, 4),
-            )
-            return {
-                "version": int(served),
-                "interrupted": interrupted,
-                "pull_s": t_pull,
-                "seconds": seconds,
-            }
+            self._log.info("synced", version=served, interrupted=interrupted,
+                           pull_s=round(t_pull, 4), seconds=round(seconds, 4))  # fmt: skip
+            return {"version": int(served), "interrupted": interrupted, "pull_s": t_pull,
+                    "seconds": seconds}  # fmt: skip
 
     async def check_pull(self, version: int | None = None) -> dict[str, Any]:
         """Pull ``version`` (None = latest) from the PS without loading it: ``{"version",
@@ -233,11 +344,8 @@ class RolloutActor:
             sampling=SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens),
         )
         r = await engine.generate(req)
-        return {
-            "version": engine.version,
-            "token_ids": list(r.token_ids),
-            "logprobs": list(r.logprobs),
-        }
+        return {"version": engine.version, "token_ids": list(r.token_ids),
+                "logprobs": list(r.logprobs)}  # fmt: skip
 
     async def stats(self) -> dict[str, Any]:
         return {"instance_id": self.instance_id, "running": len(self._tasks), "syncs": self._syncs}
@@ -249,3 +357,6 @@ class RolloutActor:
         if self._ps is not None:
             self._ps.close()
             self._ps = None
+        if self._ts is not None:
+            await self._ts.close()
+            self._ts = None

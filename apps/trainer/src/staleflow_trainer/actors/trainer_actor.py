@@ -6,6 +6,7 @@ parameter server (NIXL), tagged with the trainer's version, so a rollout instanc
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -33,6 +34,8 @@ class TrainerActor:
         ps_address: Sequence[Any],
         ps_token: str | None = None,
         checkpoint_dir: str | None = None,
+        ts_address: Sequence[Any] | None = None,
+        ts_token: str | None = None,
     ) -> None:
         app = from_dict(cfg)
         self._trainer = Trainer(
@@ -47,12 +50,17 @@ class TrainerActor:
         from param_server import ParamServerClient
 
         self._ps = ParamServerClient(tuple(ps_address), token=ps_token or None, name="trainer-0")
+        self._ts_address = tuple(ts_address) if ts_address else None
+        self._ts_token = ts_token or None
         self._push_retry_s = float(app.param_server.push_retry_s)
         self._push_failures: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._step_lock = threading.Lock()
         # (consumed version, metrics, pushed) of the last step: replayed, not retrained
         self._last_step: tuple[int, dict[str, Any], bool] | None = None
+        # (consumed version, trajectory ids) of the last steps actually trained (not replayed)
+        self._replays = 0
+        self._trained: collections.deque[tuple[int, list[str]]] = collections.deque(maxlen=256)
         log.info("trainer_ready", version=self._trainer.version, resumed=checkpoint_dir is not None)
 
     def version(self) -> int:
@@ -139,6 +147,7 @@ class TrainerActor:
                 if not last[2]:  # trained, but the push never completed
                     metrics.update(self._push_metrics())
                     self._last_step = (consumed_version, metrics, True)
+                self._replays += 1
                 log.info("train_step_replayed", consumed_version=consumed_version, version=v)
                 return metrics
             if consumed_version is not None and consumed_version != v:
@@ -158,6 +167,72 @@ class TrainerActor:
             metrics.update(self._push_metrics())
             self._last_step = (v, metrics, True)
             return metrics
+
+    def train_batch(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """Train a consumed batch named by ids (``version``, ``group_ids``,
+        ``trajectory_ids`` per group, ``staleness`` and ``rewards`` per trajectory): the
+        payloads are read from the trajectory server here, never through the control shell.
+        Idempotent per consumed version like :meth:`train_step` (a replayed batch whose
+        payloads the store already released answers from the record of that step)."""
+        version = int(batch["version"])
+        with self._step_lock:
+            last = self._last_step
+        if last is not None and last[0] == version:
+            return self.train_step([], consumed_version=version)
+        samples = self._read_samples(batch)
+        replays = self._replays
+        metrics = self.train_step(samples, consumed_version=version)
+        if self._replays == replays:
+            with self._lock:
+                ids = [str(t) for members in batch["trajectory_ids"] for t in members]
+                self._trained.append((version, ids))
+        return metrics
+
+    def trained(self) -> list[tuple[int, list[str]]]:
+        """``(consumed version, trajectory ids)`` of the most recent batches this trainer
+        actually trained (a replayed step is not listed twice)."""
+        with self._lock:
+            return list(self._trained)
+
+    def _read_samples(self, batch: Mapping[str, Any]) -> list[dict[str, Any]]:
+        import asyncio
+
+        from trajectory_server.client import TrajectoryClient
+
+        addr = self._ts_address
+        if addr is None:
+            raise RuntimeError("the trainer has no trajectory-server address")
+        ids = [str(t) for members in batch["trajectory_ids"] for t in members]
+
+        async def read() -> dict[str, Any]:
+            ts = await TrajectoryClient.connect(*addr, token=self._ts_token)
+            try:
+                return {ft.trajectory.trajectory_id: ft for ft in await ts.finished(ids)}
+            finally:
+                await ts.close()
+
+        finished = asyncio.run(read())
+        samples = []
+        for gid, members, stale, rewards in zip(
+            batch["group_ids"], batch["trajectory_ids"], batch["staleness"], batch["rewards"],
+            strict=True,
+        ):  # fmt: skip
+            for tid, s, r in zip(members, stale, rewards, strict=True):
+                ft = finished[str(tid)]
+                t = ft.trajectory
+                samples.append(
+                    {
+                        "group_id": str(gid),
+                        "prompt_ids": list(t.prompt_token_ids),
+                        "response_ids": list(t.generated_token_ids),
+                        "rollout_logprobs": list(t.generated_logprobs),
+                        "reward": float(r),
+                        "truncated": str(ft.finish_reason) == "length",
+                        "v_traj": int(t.v_traj or 0),
+                        "staleness": int(s),
+                    }
+                )
+        return samples
 
     def _push_metrics(self) -> dict[str, Any]:
         pushed = self.push()

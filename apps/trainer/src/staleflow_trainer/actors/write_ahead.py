@@ -1,34 +1,26 @@
-"""The coordinator loop's write-ahead journal: its protocol state and bookkeeping survive a crash.
+"""The control shell's write-ahead journal: the control core's state survives a crash.
 
 Theory of operation
 -------------------
-The control loop owns state that lives nowhere else: the staleness protocol (reservations,
-buffers, V_traj of every trajectory) and its bookkeeping (data cursor, group serial, reward
-scores, the batch being trained). A coordinator process that dies without handing over loses
-it, unless it is durable. Rule: **every state change is durable before any effect that depends
-on it reaches another process** (the trajectory server, an instance, the trainer). The loop calls
-:meth:`WriteAheadLog.commit` right before such effects; a replacement loop loads the committed
-state and reconciles the other processes forward to it (see ``coordinator_loop._recover``).
-
-Cheap per change: the protocol's state holds every live trajectory (thousands at B=64, n=16),
-so a commit does not rewrite it. Instead
-:class:`JournaledProtocol` (a wrapper) records each successful state-changing call (``reserve``,
-``finish``, ``abort``, ``drop_group``, ``consume``, ``publish``, ``resolve_stuck``,
-``take_notices``); the protocol is deterministic and sans-IO, so replaying those calls on
-the last base state reproduces it exactly. The bookkeeping is small except the group index
-(every group ever submitted), which is journaled as new entries; the rest is written per key
-only when it changed.
+The control core (:mod:`staleflow_trainer.control`) is deterministic and sans-IO, so its state
+is its base state plus the events fed to it since. Rule: **every event is durable before any
+effect it causes reaches another process** (the trajectory server, an instance, a reward
+worker, the trainer). The Ray control shell appends each batch of events it is about to feed
+(one fsync per batch) and only then carries out their effects; a replacement shell loads the
+base, replays the events (effects are not carried out again) and reconciles the other
+processes forward to the core (see :mod:`.control`).
 
 On disk (``RUN_DIR/coordinator_wal/``)::
 
-    base.json     "<sha256>\\n<json>": the full state at journal sequence number ``seq``,
+    base.json     "<sha256>\\n<json>": the core's state at journal sequence number ``seq``,
                   written to a temp file, fsynced, renamed (never half there)
-    journal.log   one line per commit: "<sha256> <json record>", appended and fsynced;
+    journal.log   one line per record: "<sha256> <json record>", appended and fsynced;
                   records carry consecutive ``seq`` numbers after the base's
 
-A torn last line (the process died mid-append) was never acknowledged, so none of its effects
-ran: it is dropped on load. A bad checksum anywhere else, a gap in the sequence or a damaged
-base is corruption: :class:`CheckpointError` naming the file (and line). Compaction (at every
+Only the last line can be torn (the process died mid-append): a final line *without* its
+newline was never acknowledged, so none of its effects ran, and it is dropped on load. A bad
+checksum on a complete (newline-terminated) line, anywhere, a gap in the sequence or a damaged
+base is corruption: :class:`CheckpointError` naming the file and line. Compaction (at every
 checkpoint, or when the journal passes ``compact_bytes``) writes a new base and then an empty
 journal; records at or below the base's ``seq`` are skipped, so a crash in between is safe.
 """
@@ -38,7 +30,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,109 +38,14 @@ import structlog
 
 from staleflow_trainer.atomic_files import replace_atomically, sha256_hex
 from staleflow_trainer.errors import CheckpointError
-from staleness_protocol import StalenessProtocol
 
 log = structlog.get_logger(__name__)
 
 WAL_DIR = "coordinator_wal"
 BASE_FILE = "base.json"
 JOURNAL_FILE = "journal.log"
-FORMAT = "staleflow-wal/1"
+FORMAT = "staleflow-wal/2"
 COMPACT_BYTES = 64 << 20
-
-MUTATORS = (
-    "reserve",
-    "finish",
-    "abort",
-    "drop_group",
-    "consume",
-    "publish",
-    "resolve_stuck",
-    "take_notices",
-)
-
-
-def _plain(v: Any) -> Any:
-    """Ids and reasons as JSON scalars (``AbortReason`` members are ``str`` subclasses)."""
-    if isinstance(v, bool) or v is None:
-        return v
-    if isinstance(v, int):
-        return int(v)
-    return str(v)
-
-
-class JournaledProtocol:
-    """Wraps the loop's protocol (a ``StalenessProtocol`` or any object with the same
-    methods) and records its successful state-changing calls; everything else passes through.
-
-    :meth:`take_ops` hands the calls made since the last take (``[name, *args]``, JSON-plain);
-    :meth:`replay` applies such calls without recording them. A call that raises changed
-    nothing (the protocol's contract) and is not recorded.
-    """
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self._ops: list[list[Any]] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def take_ops(self) -> list[list[Any]]:
-        ops, self._ops = self._ops, []
-        return ops
-
-    @property
-    def dirty(self) -> bool:
-        return bool(self._ops)
-
-    def replay(self, ops: Sequence[Sequence[Any]]) -> None:
-        for i, op in enumerate(ops):
-            name, *args = op
-            if name not in MUTATORS:
-                raise CheckpointError(f"journal op {i}: unknown protocol call {name!r}")
-            getattr(self.inner, name)(*args)
-
-    def reserve(self, group_id: Any, trajectory_id: Any, version: int) -> Any:
-        r = self.inner.reserve(group_id, trajectory_id, version)
-        self._ops.append(["reserve", _plain(group_id), _plain(trajectory_id), int(version)])
-        return r
-
-    def finish(self, trajectory_id: Any) -> Any:
-        r = self.inner.finish(trajectory_id)
-        self._ops.append(["finish", _plain(trajectory_id)])
-        return r
-
-    def abort(self, trajectory_id: Any, reason: str) -> Any:
-        r = self.inner.abort(trajectory_id, reason)
-        self._ops.append(["abort", _plain(trajectory_id), str(reason)])
-        return r
-
-    def drop_group(self, group_id: Any, reason: str) -> Any:
-        r = self.inner.drop_group(group_id, reason)
-        self._ops.append(["drop_group", _plain(group_id), str(reason)])
-        return r
-
-    def consume(self) -> Any:
-        r = self.inner.consume()
-        self._ops.append(["consume"])
-        return r
-
-    def publish(self, version: int) -> Any:
-        r = self.inner.publish(version)
-        self._ops.append(["publish", int(version)])
-        return r
-
-    def resolve_stuck(self) -> Any:
-        r = self.inner.resolve_stuck()
-        if r.resolved:  # an unresolved call changes nothing
-            self._ops.append(["resolve_stuck"])
-        return r
-
-    def take_notices(self) -> Any:
-        r = self.inner.take_notices()
-        if r:
-            self._ops.append(["take_notices"])
-        return r
 
 
 class WriteAheadLog:
@@ -253,13 +150,14 @@ class WriteAheadLog:
         data = self._read(self.journal_path)
         records: list[dict[str, Any]] = []
         lines = data.split(b"\n")
-        if lines and not lines[-1]:
-            lines.pop()  # the file ends with a newline
+        unterminated = bool(lines) and lines[-1] != b""  # the last line lacks its newline
+        if not unterminated:
+            lines.pop()  # the file ends with a newline (or is empty)
         good_end = 0
         for i, line in enumerate(lines):
             digest, _, payload = line.partition(b" ")
             if not payload or sha256_hex(payload).encode() != digest:
-                if i == len(lines) - 1:  # the last record: torn by a crash mid-append
+                if unterminated and i == len(lines) - 1:  # torn by a crash mid-append
                     log.warning("wal_torn_tail_dropped", path=str(self.journal_path), line=i + 1)
                     break
                 raise CheckpointError(
@@ -292,33 +190,3 @@ class WriteAheadLog:
         if not path.is_file():
             raise CheckpointError(f"write-ahead file {path} is missing", path=str(path))
         return path.read_bytes()
-
-
-def replay_state(
-    base: Mapping[str, Any],
-    records: Sequence[Mapping[str, Any]],
-    restore: Callable[[dict[str, Any]], Any] = StalenessProtocol.from_dict,
-) -> tuple[JournaledProtocol, dict[str, Any]]:
-    """The loop state after ``records``: the protocol (``restore(base["protocol"])`` + the
-    replayed calls, journaled from here on) and the bookkeeping (base, new groups added,
-    changed keys overwritten)."""
-    try:
-        protocol = JournaledProtocol(restore(dict(base["protocol"])))
-    except Exception as e:
-        raise CheckpointError(f"write-ahead base: protocol state unreadable: {e}") from e
-    state = {k: v for k, v in base.items() if k != "protocol"}
-    groups = dict(state.get("groups", {}))
-    for rec in records:
-        try:
-            protocol.replay(rec.get("ops", ()))
-        except CheckpointError:
-            raise
-        except Exception as e:
-            raise CheckpointError(
-                f"write-ahead journal record {rec.get('seq')}: replay failed: {e!r}"
-            ) from e
-        for gid, idx in rec.get("groups", ()):
-            groups[str(gid)] = int(idx)
-        state.update(rec.get("book", {}))
-    state["groups"] = groups
-    return protocol, state

@@ -98,6 +98,52 @@ def protocol_mode(spec: ProtocolSpec) -> str:
     return "unbounded" if isinstance(spec, UnboundedConfig) else "buffers"
 
 
+#: protocol settings -> the config key a user changes them with
+_KEYS = {
+    "batch_size": "protocol.batch_size",
+    "group_size": "protocol.group_size",
+    "eta": "protocol.eta",
+    "batch_redundancy": "protocol.batch_redundancy",
+    "group_redundancy": "protocol.group_redundancy",
+    "filtering": "trainer.dynamic_sampling",
+    "stuck_threshold": "protocol.stuck_threshold",
+    "max_inflight_groups": "protocol.unbounded_inflight_batches",
+}
+
+
+def check_resumable(restored: AnyProtocol, spec: ProtocolSpec) -> None:
+    """Refuse to resume a protocol state under a config that would run it differently (a
+    different mode, η, batch or group size, redundancy, ...): the checkpoint was written under
+    its own rules, and changing them mid-run would break the bound or lose admitted work.
+    Raises :class:`~staleflow_trainer.errors.CheckpointError` naming every differing key."""
+    import attrs
+
+    from staleflow_trainer.errors import CheckpointError
+
+    have, want = protocol_mode(restored.config), protocol_mode(spec)
+    if have != want:
+        raise CheckpointError(
+            f"the checkpoint's protocol runs in mode {have!r} ({_describe(restored.config)}) but "
+            f"the config asks for {want!r} ({_describe(spec)}); resume with the settings the "
+            "run was started with (protocol.eta, coordinator.policy), or start a new run "
+            "(run.resume=never)"
+        )
+    old, new = attrs.asdict(restored.config), attrs.asdict(spec)  # type: ignore[arg-type]
+    diff = [f"{_KEYS.get(k, 'protocol.' + k)}: checkpoint {old[k]!r}, config {new.get(k)!r}"
+            for k in old if old[k] != new.get(k)]  # fmt: skip
+    if diff:
+        raise CheckpointError(
+            "the config changes the protocol of the run it resumes: "
+            + "; ".join(diff)
+            + ". Resume with the checkpoint's values, or start a new run (run.resume=never)"
+        )
+
+
+def _describe(spec: ProtocolSpec) -> str:
+    eta = getattr(spec, "eta", None)
+    return f"eta={'unbounded' if eta is None else eta}, batch_size={spec.batch_size}"
+
+
 def core_config(cfg: Any, *, rows: int | None) -> CoreConfig:
     """The core's config from the app's (``staleflow_trainer.config.AppConfig``): the one
     place both shells read their decisions' settings from. ``rows``: the dataset size (None

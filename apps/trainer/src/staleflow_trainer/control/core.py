@@ -56,7 +56,12 @@ from rollout_coordinator import (
     Sync as CoordSync,
 )
 from staleflow_trainer.control import effects as fx
-from staleflow_trainer.control.config import AnyProtocol, CoreConfig, build_protocol
+from staleflow_trainer.control.config import (
+    AnyProtocol,
+    CoreConfig,
+    build_protocol,
+    check_resumable,
+)
 from staleflow_trainer.control.events import (
     Cycle,
     Event,
@@ -554,7 +559,7 @@ class ControlCore:
         cls, state: Mapping[str, Any], config: CoreConfig, *, prompt_len: Callable[[int], int]
     ) -> ControlCore:
         from rollout_coordinator import coordinator_from_dict
-        from staleflow_trainer.control.events import _snapshot_from_dict
+        from staleflow_trainer.control.events import snapshot_from_dict
 
         state = copy.deepcopy(dict(state))  # the restored parts must not alias the caller's
         if state.get("format") != STATE_FORMAT:
@@ -564,6 +569,7 @@ class ControlCore:
         core = cls(config, prompt_len=prompt_len)
         core.now = float(state["now"])
         core.protocol = protocol_from_dict(dict(state["protocol"]))
+        check_resumable(core.protocol, config.protocol)
         core.coordinator = coordinator_from_dict(
             state["coordinator"],
             config.coordinator,
@@ -582,16 +588,17 @@ class ControlCore:
         core._stuck_checked_at = float(state["stuck_checked_at"])
         core._fresh = dict.fromkeys(str(g) for g in state["fresh"])
         core._replacements_due = int(state["replacements_due"])
-        core._snapshots = {str(k): _snapshot_from_dict(v) for k, v in state["snapshots"].items()}
+        core._snapshots = {str(k): snapshot_from_dict(v) for k, v in state["snapshots"].items()}
         core._sync_fail_streak = {str(k): int(v) for k, v in state["sync_fail_streak"].items()}
-        core.done = bool(state["done"])
+        # the run may go on with more steps than the state it resumes from was written with
+        core.done = bool(state["done"]) and core.steps_done >= config.steps
         return core
 
 
 def _snap(s: InstanceSnapshot) -> dict[str, Any]:
-    from staleflow_trainer.control.events import _snapshot_to_dict
+    from staleflow_trainer.control.events import snapshot_to_dict
 
-    return _snapshot_to_dict(s)
+    return snapshot_to_dict(s)
 
 
 def _train_to_dict(t: fx.Train) -> dict[str, Any]:

@@ -133,7 +133,7 @@ def event_to_dict(e: Event) -> dict[str, Any]:
     if isinstance(e, Reported):
         d["instance_id"] = e.instance_id
         d["outcomes"] = [[o.trajectory_id, o.generated, o.finish] for o in e.outcomes]
-        d["snapshot"] = None if e.snapshot is None else _snapshot_to_dict(e.snapshot)
+        d["snapshot"] = None if e.snapshot is None else snapshot_to_dict(e.snapshot)
     elif isinstance(e, Rewarded):
         d["rewards"] = [[r.trajectory_id, r.score, r.reason] for r in e.rewards]
     elif isinstance(e, InstanceLost):
@@ -162,7 +162,7 @@ def event_from_dict(d: Mapping[str, Any]) -> Event:
                 Outcome(trajectory_id=str(t), generated=int(g), finish=f)
                 for t, g, f in d["outcomes"]
             ),
-            snapshot=None if snap is None else _snapshot_from_dict(snap),
+            snapshot=None if snap is None else snapshot_from_dict(snap),
         )
     if cls is Rewarded:
         return Rewarded(
@@ -182,7 +182,7 @@ def event_from_dict(d: Mapping[str, Any]) -> Event:
     return cls(at=at, **fields)  # type: ignore[no-any-return]
 
 
-def _snapshot_to_dict(s: InstanceSnapshot) -> dict[str, Any]:
+def snapshot_to_dict(s: InstanceSnapshot) -> dict[str, Any]:
     return {
         "instance_id": s.instance_id,
         "seq": s.seq,
@@ -196,7 +196,7 @@ def _snapshot_to_dict(s: InstanceSnapshot) -> dict[str, Any]:
     }
 
 
-def _snapshot_from_dict(d: Mapping[str, Any]) -> InstanceSnapshot:
+def snapshot_from_dict(d: Mapping[str, Any]) -> InstanceSnapshot:
     return InstanceSnapshot(
         instance_id=str(d["instance_id"]),
         seq=int(d["seq"]),

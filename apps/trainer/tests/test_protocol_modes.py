@@ -1,23 +1,30 @@
-"""protocol_mode: the run's protocol from its config — bounded, or the unbounded FIFO — and a
-checkpoint that names the other mode is refused."""
+"""The run's protocol from its config — bounded buffers, the GC FIFO or the unbounded FIFO —
+and a resume whose config would run a checkpoint's protocol under other rules is refused."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
 from staleflow_trainer.config import load_config
+from staleflow_trainer.control.config import build_protocol as _build
+from staleflow_trainer.control.config import check_resumable, core_config
 from staleflow_trainer.errors import CheckpointError, ConfigError
-from staleflow_trainer.protocol_mode import (
-    build_protocol,
-    protocol_config,
-    restore_protocol,
-    unbounded_config,
-)
-from staleness_protocol import StalenessProtocol, UnboundedFifo
+from staleness_protocol import StalenessProtocol, UnboundedFifo, protocol_from_dict
 
 UNBOUNDED = ["protocol.eta=unbounded", "coordinator.policy=all-vanilla"]
+
+
+def build_protocol(cfg: Any) -> Any:
+    return _build(core_config(cfg, rows=None).protocol)
+
+
+def restore_protocol(data: dict[str, Any], cfg: Any) -> Any:
+    p = protocol_from_dict(data)
+    check_resumable(p, core_config(cfg, rows=None).protocol)
+    return p
 
 
 def test_int_eta_builds_the_bounded_protocol() -> None:
@@ -36,10 +43,7 @@ def test_unbounded_builds_the_fifo_with_the_inflight_cap() -> None:
     p = build_protocol(cfg)
     assert isinstance(p, UnboundedFifo)
     assert p.config.max_inflight_groups == 12 and p.config.eta is None
-    assert unbounded_config(cfg).batch_size == 4
-    with pytest.raises(ConfigError) as e:
-        protocol_config(cfg)
-    assert e.value.key == "protocol.eta"
+    assert p.config.batch_size == 4
 
 
 def test_restore_round_trips_and_refuses_a_mode_change() -> None:
@@ -64,6 +68,27 @@ def test_restore_round_trips_and_refuses_a_mode_change() -> None:
         restore_protocol(build_protocol(unbounded).to_dict(), bounded)
     with pytest.raises(CheckpointError, match="eta=2"):
         restore_protocol(build_protocol(bounded).to_dict(), unbounded)
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ("protocol.eta=3", "protocol.eta"),
+        ("protocol.batch_size=6", "protocol.batch_size"),
+        ("protocol.group_size=2", "protocol.group_size"),
+        ("protocol.stuck_threshold=2", "protocol.stuck_threshold"),
+    ],
+)
+def test_resume_refuses_a_changed_protocol_setting(change: str, key: str) -> None:
+    """A changed η, B, n or stuck threshold is not silently ignored on resume: the error names
+    the key, both values, and how to go on."""
+    base = ["protocol.eta=2", "protocol.batch_size=4", "protocol.group_size=1",
+            "protocol.stuck_threshold=0"]  # fmt: skip
+    data = build_protocol(load_config(None, base)).to_dict()
+    restore_protocol(data, load_config(None, base))  # unchanged: fine
+    with pytest.raises(CheckpointError) as e:
+        restore_protocol(data, load_config(None, [*base, change]))
+    assert key in str(e.value) and "run.resume=never" in str(e.value)
 
 
 def test_simulator_runs_unbounded_with_fifo_and_measured_staleness() -> None:

@@ -1,0 +1,454 @@
+"""The Ray control shell: feeds the control core events and carries out its effects.
+
+Theory of operation
+-------------------
+Every decision is the :class:`~staleflow_trainer.control.ControlCore`'s; this actor does the
+I/O. One asyncio loop runs a cycle every ``coordinator.snapshot_interval_s``:
+
+1. gather the events background work produced since the last cycle (rewards computed, syncs
+   done or failed, a training step done, instances joined or lost), poll every instance
+   (``Reported``: its outcomes, already in the trajectory store, and a fresh snapshot), and
+   add ``Cycle``;
+2. append that batch to the write-ahead journal (one fsync), then feed the events to the core
+   one by one and carry out each event's effects before the next is fed.
+
+Effects name trajectories by id: instances take their work from the trajectory server (TS)
+themselves (``submit`` routes there), reward workers and the trainer read payloads from it; the
+control process sees ids, versions and token counts only. ``Sync``, ``Score`` and ``Train`` run
+in the background and answer with events at a later cycle.
+
+A control actor that dies loses nothing: a replacement built with ``recover=True`` restores the
+journal's base state and replays its events (without carrying out their effects again), then
+reconciles the other processes with the core (:mod:`.reconcile`). A run resumed from a
+checkpoint does the same from the checkpoint's core state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from staleflow_trainer.actors import reconcile
+from staleflow_trainer.actors.reconcile import (
+    LATEST_FILE,
+    STATE_FILE,
+    TS_FILE,
+    latest_checkpoint,
+)
+from staleflow_trainer.actors.shell_io import ShellIO, is_actor_death, sync_retry_delay
+from staleflow_trainer.actors.write_ahead import WAL_DIR, WriteAheadLog
+from staleflow_trainer.atomic_files import atomic_write_bytes, read_verified_bytes
+from staleflow_trainer.config import AppConfig, from_dict
+from staleflow_trainer.control import ControlCore, core_config
+from staleflow_trainer.control import effects as fx
+from staleflow_trainer.control.events import (
+    Cycle,
+    Event,
+    InstanceJoined,
+    Outcome,
+    Reported,
+    Reward,
+    Rewarded,
+    SyncDone,
+    SyncFailed,
+    Trained,
+    event_from_dict,
+    event_to_dict,
+)
+from staleflow_trainer.errors import ComponentLost
+
+log = structlog.get_logger(__name__)
+
+#: where :meth:`ControlActor.inject_crash` can make the process exit (fault tests)
+CRASH_POINTS = ("after_journal", "mid_effects", "before_checkpoint")
+
+
+class ControlActor:
+    """Wrap with ``ray.remote``; async. ``run()`` returns when ``trainer.steps`` are done."""
+
+    def __init__(
+        self,
+        *,
+        cfg: Mapping[str, Any],
+        model_path: str,
+        ts_address: Sequence[Any],
+        ts_token: str,
+        rollouts: Mapping[str, Any],
+        trainer: Any,
+        rewards: Sequence[Any],
+        reward_spec: Mapping[str, Any] | None = None,
+        resume_dir: str | None = None,
+        recover: bool = False,
+    ) -> None:
+        self.cfg: AppConfig = from_dict(cfg)
+        self.io = ShellIO(
+            self.cfg,
+            model_path=model_path,
+            ts_address=tuple(ts_address),
+            ts_token=ts_token,
+            rollouts=dict(rollouts),
+            trainer=trainer,
+            rewards=list(rewards),
+            reward_spec=dict(reward_spec or {}),
+        )
+        self._resume_dir = Path(resume_dir) if resume_dir else None
+        self._recover = bool(recover)
+        self._run_dir = Path(self.cfg.run.run_dir)
+        self._wal = WriteAheadLog(self._run_dir / WAL_DIR)
+        self.core: ControlCore
+        self._t0 = time.monotonic()
+        self._events: list[Event] = []  # from background work, fed at the next cycle
+        self._records: list[dict[str, Any]] = []
+        self._stop = False
+        self._running = False
+        self._crash_at: str | None = None
+        self._hold_armed = False
+        self._held_at: dict[str, Any] | None = None
+        self._hold_release = asyncio.Event()
+        self._restored: dict[str, Any] | None = None
+        self._log = log.bind(component="control")
+
+    def now(self) -> float:
+        return time.monotonic() - self._t0
+
+    # ------------------------------------------------------------------------------- set-up
+
+    async def setup(self) -> dict[str, Any]:
+        await self.io.start()
+        ccfg = core_config(self.cfg, rows=self.io.rows)
+        replayed = 0
+        if self._recover:  # the previous control actor died: its journal is the truth
+            base, records = self._wal.load()
+            self.core = ControlCore.restore(base, ccfg, prompt_len=self.io.prompt_len)
+            for rec in records:
+                for d in rec["events"]:
+                    effects = self.core.handle(event_from_dict(d))
+                    self._records.extend(dict(e.row) for e in effects if isinstance(e, fx.Record))
+                    replayed += 1
+        elif self._resume_dir is not None:
+            state = json.loads(read_verified_bytes(self._resume_dir / STATE_FILE))
+            self.core = ControlCore.restore(state, ccfg, prompt_len=self.io.prompt_len)
+            self._restored = {
+                "protocol": self.core.protocol.to_dict(),
+                "groups": {gid: g.row for gid, g in self.core.ledger.groups.items()},
+            }
+        else:
+            self.core = ControlCore(ccfg, prompt_len=self.io.prompt_len)
+        self._t0 = time.monotonic() - self.core.now  # the core's clock goes on
+        if not self._recover:
+            self._wal.reset(self.core.to_dict())
+        work = self.core.pending_work()  # before any event: events may start new work
+        events = await reconcile.world_to_core(self.core, self.io, self.now)
+        await self._feed_batch(events)
+        await self._carry(work)
+        self._log.info("control_ready", steps_done=self.core.steps_done,
+                       version=self.core.published, recovered=self._recover,
+                       resumed=self._resume_dir is not None, replayed=replayed)  # fmt: skip
+        return {"steps_done": self.core.steps_done, "version": self.core.published,
+                "recovered": self._recover, "replayed": replayed,
+                "training": None if self.core.training is None else self.core.training.version}  # fmt: skip
+
+    # ------------------------------------------------------------------------------- the loop
+
+    async def run(self) -> dict[str, Any]:
+        period = self.cfg.coordinator.snapshot_interval_s
+        self._running = True
+        try:
+            while not self.core.done and not self._stop:
+                t = time.monotonic()
+                await self._cycle()
+                await asyncio.sleep(max(0.0, period - (time.monotonic() - t)))
+            await self._settle()
+            return self.summary_now()
+        finally:
+            self._running = False
+
+    async def stop(self) -> None:
+        self._stop = True
+
+    async def _cycle(self) -> None:
+        events, self._events = self._events, []
+        polls = await self.io.poll_all()
+        at = self.now()
+        for iid, p in polls.items():
+            if isinstance(p, BaseException):
+                events.append(await self.io.lose(iid, p, at))
+            else:
+                events.append(self._reported(iid, p, at))
+        events.append(Cycle(at=at))
+        await self._feed_batch(events)
+
+    def _reported(self, iid: str, p: Mapping[str, Any], at: float) -> Reported:
+        outcomes = [Outcome(trajectory_id=str(t), generated=int(g), finish=f)
+                    for t, g, f in p["outcomes"]]  # fmt: skip
+        for tid in p.get("refused", ()):  # the TS refused to route it there: still queued
+            e = self.core.ledger.get(tid)
+            outcomes.append(Outcome(trajectory_id=tid, generated=e.generated if e else 0))
+        if p.get("errors"):
+            self.core.counters["generate_errors"] = self.core.counters.get(
+                "generate_errors", 0
+            ) + len(p["errors"])
+            self._log.warning("instance_errors", instance=iid, errors=p["errors"][:3])
+        return Reported(at=at, instance_id=iid, outcomes=outcomes,
+                        snapshot=self.io.snapshot(p["snapshot"], at))  # fmt: skip
+
+    async def _feed_batch(self, events: Sequence[Event]) -> None:
+        if not events:
+            return
+        self._wal.append({"events": [event_to_dict(e) for e in events]})
+        self._maybe_crash("after_journal")
+        for ev in events:
+            await self._carry(self.core.handle(ev))
+        if self._wal.journal_bytes() > self._wal.compact_bytes:
+            self._wal.compact(self.core.to_dict())
+
+    async def _carry(self, effects: Sequence[fx.Effect]) -> None:
+        hold: Mapping[str, Any] | None = None
+        for i, e in enumerate(effects):
+            if i == len(effects) // 2 and len(effects) > 1:
+                self._maybe_crash("mid_effects")
+            if hold is not None and not isinstance(e, fx.Checkpoint | fx.Done):
+                await self._hold(hold)  # the step is complete; nothing new started yet
+                hold = None
+            if isinstance(e, fx.Record):
+                self._records.append(dict(e.row))
+                if self._hold_armed:
+                    self._hold_armed = False
+                    hold = e.row
+            elif isinstance(e, fx.Checkpoint):
+                await self.checkpoint()
+            elif isinstance(e, fx.Sync):
+                self._background(self._sync(e))
+            elif isinstance(e, fx.Score):
+                self._background(self._score(e.trajectory_ids))
+            elif isinstance(e, fx.Train):
+                self._background(self._train(e))
+            elif isinstance(e, fx.Halt):
+                raise ComponentLost(e.reason, component=e.component)
+            elif isinstance(e, fx.Done):
+                self._log.info("run_done", steps=e.steps)
+            else:
+                lost = await self.io.carry(e)
+                if lost is not None:
+                    self._events.append(await self.io.lose(lost[0], lost[1], self.now()))
+        if hold is not None:
+            await self._hold(hold)
+
+    # --------------------------------------------------------------------------- background
+
+    def _background(self, coro: Any) -> None:
+        self.io.spawn(coro)
+
+    async def _sync(self, e: fx.Sync) -> None:
+        streak = self.core.sync_fail_streak.get(e.instance_id, 0)
+        delay = sync_retry_delay(streak, self.cfg.coordinator.sync_retry_backoff_s)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        h = self.io.rollouts.get(e.instance_id)
+        if h is None:
+            return
+        try:
+            info = await h.sync.remote(e.version)
+            self._events.append(SyncDone(at=self.now(), instance_id=e.instance_id,
+                                         version=int(info["version"])))  # fmt: skip
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            if is_actor_death(err):
+                self._events.append(await self.io.lose(e.instance_id, err, self.now()))
+            else:
+                self._log.warning("sync_failed", instance=e.instance_id, error=repr(err)[:300])
+                self._events.append(SyncFailed(at=self.now(), instance_id=e.instance_id,
+                                               error=repr(err)[:300]))  # fmt: skip
+
+    async def _score(self, ids: Sequence[str]) -> None:
+        for rows in await self.io.score(list(ids)):
+            rewards = [Reward(trajectory_id=str(t), score=None if s is None else float(s),
+                              reason=None if s is not None else str(r))
+                       for t, s, r in rows]  # fmt: skip
+            self._events.append(Rewarded(at=self.now(), rewards=rewards))
+
+    async def _train(self, e: fx.Train) -> None:
+        try:
+            metrics = await self.io.train(e)
+        except Exception as err:  # the trainer died or failed: the run cannot go on
+            self._log.error("train_step_failed", error=repr(err)[:500])
+            self.io.fatal = ComponentLost(f"the trainer failed during a step: {err!r:.500}",
+                                          component="trainer")  # fmt: skip
+            return
+        self._events.append(Trained(at=self.now(), version=int(metrics["version"]),
+                                    metrics={k: v for k, v in metrics.items()
+                                             if k != "version"}))  # fmt: skip
+
+    # --------------------------------------------------------------------------- checkpoint
+
+    async def checkpoint(self) -> str:
+        """``checkpoints/step_<k>``: the trainer, the trajectory store and the core's state,
+        written to a temp dir and renamed; ``latest`` names it. The journal restarts from it."""
+        self._maybe_crash("before_checkpoint")
+        k = self.core.steps_done
+        root = self._run_dir / "checkpoints"
+        root.mkdir(parents=True, exist_ok=True)
+        final, tmp = root / f"step_{k:06d}", root / f".tmp_step_{k:06d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        await self.io.trainer.save_checkpoint.remote(str(tmp))
+        shutil.copyfile(await self.io.ts.save_checkpoint(), tmp / TS_FILE)
+        state = self.core.to_dict()
+        encoded = json.dumps(state).encode()
+        atomic_write_bytes(tmp / STATE_FILE, encoded)
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.replace(final)
+        atomic_write_bytes(root / LATEST_FILE, final.name.encode())
+        for old in sorted(p for p in root.glob("step_*") if p.is_dir())[
+            : -self.cfg.run.keep_checkpoints
+        ]:
+            shutil.rmtree(old, ignore_errors=True)
+        self._wal.compact(state)
+        self._log.info("checkpoint_written", step=k, path=str(final))
+        return str(final)
+
+    # --------------------------------------------------------------------------- shutdown
+
+    async def _settle(self) -> None:
+        """Stop generating and bring the core level with the store: every instance stops,
+        writes back what it ran, and its outcomes are fed (journaled) like any others."""
+        await self.io.wait_background(timeout_s=60)
+        await self.io.interrupt_all()
+        events = list(self._events)
+        self._events = []
+        polls = await self.io.poll_all()
+        at = self.now()
+        for iid, p in polls.items():
+            if not isinstance(p, BaseException):
+                events.append(self._reported(iid, p, at))
+        await self._feed_batch(events)
+
+    # --------------------------------------------------------------------------- membership
+
+    async def add_instance(
+        self, instance_id: str, handle: Any, *, kv_capacity_tokens: int, version: int
+    ) -> None:
+        """A new (or replacement) instance joins at the next cycle, serving ``version``; a
+        duplicate id, a non-positive KV capacity or an unpublished version is refused here."""
+        if not instance_id or instance_id in self.io.rollouts:
+            raise ValueError(f"instance_id {instance_id!r} is empty or already part of the run")
+        if int(kv_capacity_tokens) <= 0:
+            raise ValueError(f"kv_capacity_tokens must be > 0, got {kv_capacity_tokens!r}")
+        if not 0 <= int(version) <= self.core.published:
+            raise ValueError(f"version must be in [0, {self.core.published}], got {version!r}")
+        self.io.rollouts[instance_id] = handle
+        self._events.append(InstanceJoined(at=self.now(), instance_id=instance_id,
+                                           kv_capacity_tokens=int(kv_capacity_tokens),
+                                           version=int(version)))  # fmt: skip
+
+    # --------------------------------------------------------------------------- queries
+
+    async def drain(self) -> dict[str, Any]:
+        """Step records and timeline rows produced since the last call (for the driver)."""
+        if self.io.fatal is not None:
+            raise self.io.fatal
+        records, self._records = self._records, []
+        return {"records": records, "timeline": self.core.take_timeline(),
+                "steps_done": self.core.steps_done}  # fmt: skip
+
+    def summary_now(self) -> dict[str, Any]:
+        st = self.core.protocol.stats()
+        return {
+            "steps_done": self.core.steps_done,
+            "version": self.core.published,
+            "tokens_total": self.core.report.gen_total,
+            "counters": dict(self.core.counters),
+            "staleness_histogram": {str(k): v for k, v in st.staleness_histogram.items()},
+            "aborts_by_reason": dict(st.aborts_by_reason),
+            "groups_submitted": self.core.feed.serial,
+        }
+
+    async def summary(self) -> dict[str, Any]:
+        return self.summary_now()
+
+    async def ledger(self) -> dict[str, Any]:
+        return await reconcile.ledger_report(self.core, self.io)
+
+    async def histories(self) -> dict[str, list[list[Any]]]:
+        return await reconcile.histories(self.core, self.io)
+
+    async def protocol_state(self) -> dict[str, Any]:
+        return dict(self.core.protocol.to_dict())
+
+    async def restored(self) -> dict[str, Any] | None:
+        """What a resume restored from the checkpoint, before anything changed it: the
+        protocol's state and the groups (id -> dataset row); ``None`` for a fresh run."""
+        return self._restored
+
+    async def groups(self) -> dict[str, int]:
+        """Group id -> dataset row: the groups the core knows plus those this process
+        submitted (settled ones included)."""
+        known = {gid: g.row for gid, g in self.core.ledger.groups.items()}
+        return {**self.io.submitted, **known}
+
+    async def instances(self) -> list[str]:
+        return list(self.io.rollouts)
+
+    async def lost_instances(self) -> list[dict[str, Any]]:
+        return list(self.io.lost)
+
+    async def held_by(self, instance_id: str) -> list[str]:
+        return list(await self.io.ts.held_by(instance_id))
+
+    async def ts_stats(self) -> dict[str, Any]:
+        import attrs
+
+        return attrs.asdict(await self.io.ts.stats())
+
+    async def wal_stats(self) -> dict[str, Any]:
+        return {**self._wal.stats, "journal_bytes": self._wal.journal_bytes()}
+
+    async def io_stats(self) -> dict[str, Any]:
+        """Bytes this process sent and received per peer kind (instances, TS, rewards,
+        trainer), and trajectories seen — the data-path benchmark reads it."""
+        return self.io.byte_stats()
+
+    # --------------------------------------------------------------------------- fault hooks
+
+    def _maybe_crash(self, point: str) -> None:
+        if self._crash_at == point:
+            self._log.warning("injected_crash", point=point)
+            os._exit(17)  # no cleanup: what a crashed process leaves behind
+
+    async def inject_crash(self, point: str) -> None:
+        """Make this process exit at the next ``point`` (one of :data:`CRASH_POINTS`)."""
+        if point not in CRASH_POINTS:
+            raise ValueError(f"point must be one of {CRASH_POINTS}, got {point!r}")
+        self._crash_at = point
+
+    async def hold_after_next_step(self) -> None:
+        """Hold the loop right after the next step's record (its checkpoint written if due,
+        no other step started) until :meth:`release_hold`."""
+        self._hold_armed = True
+
+    async def _hold(self, row: Mapping[str, Any]) -> None:
+        self._hold_release.clear()
+        self._held_at = {
+            "steps_done": int(row["step"]),
+            "version": int(row["version"]),
+            "train_in_flight": self.core.training is not None,
+            "checkpoint": str(latest_checkpoint(self._run_dir)),
+        }
+        self._log.info("held_between_steps", **self._held_at)
+        await self._hold_release.wait()
+        self._held_at = None
+
+    async def held(self) -> dict[str, Any] | None:
+        return None if self._held_at is None else dict(self._held_at)
+
+    async def release_hold(self) -> None:
+        self._hold_release.set()

@@ -1,0 +1,212 @@
+"""Bringing the other processes and a restored control core level, and checking they are.
+
+After a control actor is replaced (its journal replayed) or a run resumes from a checkpoint,
+the core's state is exact but the world may differ from it: effects of the last journaled
+events may not have run, instances may have written results the core never saw, instances of
+the old deployment are gone. :func:`world_to_core` asks the trajectory server (TS) and the
+live instances and returns the events that bring the core level with them:
+
+* every instance the core knows is stopped (live ones write back what they ran; the TS puts
+  back in the queue what dead ones held); each trajectory the core believes runs there is
+  reported with what the TS holds — finished (with its finish reason) or back in the queue
+  (with its response length) — and a dead instance leaves (``InstanceLost``);
+* live instances the core does not know join (``InstanceJoined``);
+* groups the core submitted that the TS lacks are submitted again, trajectories the TS holds
+  that the core let go are dropped, consumed ones not yet released are released.
+
+The rewards of finished trajectories not yet scored and the batch in training are re-issued
+by the shell from :meth:`~staleflow_trainer.control.ControlCore.pending_work`.
+:func:`ledger_report` is the end-of-run check that core, protocol and TS agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from staleflow_trainer.atomic_files import read_verified_bytes
+from staleflow_trainer.control import ControlCore
+from staleflow_trainer.control import effects as fx
+from staleflow_trainer.control.checks import ledger_problems
+from staleflow_trainer.control.events import Event, InstanceJoined, InstanceLost, Outcome, Reported
+from staleflow_trainer.control.ledger import Where
+from staleflow_trainer.errors import CheckpointError
+from trajectory_server import LocationState
+from trajectory_server.errors import TrajectoryServerError
+
+log = structlog.get_logger(__name__)
+
+
+STATE_FILE = "core.json"
+TS_FILE = "trajectory_store.bin"
+TRAINER_FILE = "trainer.pt"
+LATEST_FILE = "latest"
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The checkpoint directory the ``latest`` pointer names, or None when there is none.
+
+    Without a pointer (a crash between a step directory's rename and the pointer's write, a
+    partial copy, a deleted file), the newest step directory whose state verifies is used;
+    step directories of which none verifies are refused, never silently ignored."""
+    root = Path(run_dir) / "checkpoints"
+    pointer = root / LATEST_FILE
+    if pointer.is_file():
+        d = root / read_verified_bytes(pointer).decode().strip()
+        if not d.is_dir():
+            raise CheckpointError(f"{pointer} names {d.name!r}, which does not exist", path=str(d))
+        return d
+    steps = sorted(d for d in root.glob("step_*") if d.is_dir())
+    for d in reversed(steps):
+        try:
+            read_verified_bytes(d / STATE_FILE)
+        except CheckpointError as e:
+            log.warning("checkpoint_unverifiable", path=str(d), error=str(e)[:200])
+            continue
+        log.warning("latest_pointer_missing", using=str(d))
+        return d
+    if steps:
+        raise CheckpointError(
+            f"{root} holds {len(steps)} step directories but no {LATEST_FILE!r} pointer, and "
+            f"none of them verifies; move them away, or start a new run (run.resume=never)",
+            path=str(root),
+        )
+    return None
+
+
+async def world_to_core(core: ControlCore, io: Any, now: Callable[[], float]) -> list[Event]:
+    """The events (and store fix-ups, done here) that bring ``core`` level with the world.
+
+    Every instance the core knows leaves and, if it is live, joins again at the version it
+    really serves: its speculative state starts afresh from what the store holds."""
+    events: list[Event] = []
+    live = dict(io.rollouts)
+    infos: dict[str, dict[str, Any]] = {}
+    for iid in list(live):
+        try:
+            await live[iid].quiesce.remote()  # everything it ran is written back to the TS
+            infos[iid] = await live[iid].start.remote()
+        except Exception as e:  # died meanwhile: treated as gone
+            log.warning("instance_gone_at_recovery", instance=iid, error=repr(e)[:200])
+            live.pop(iid)
+            io.rollouts.pop(iid, None)
+    for iid in core.instances():
+        await io.ts.instance_lost(iid)  # stale ownership (a dead or restarted process)
+        events.append(
+            Reported(at=now(), instance_id=iid, outcomes=await _as_in_store(core, io, iid))
+        )
+        events.append(InstanceLost(at=now(), instance_id=iid))
+    for iid, info in infos.items():
+        events.append(InstanceJoined(at=now(), instance_id=iid,
+                                     kv_capacity_tokens=int(info["kv_capacity_tokens"]),
+                                     version=int(info["version"])))  # fmt: skip
+    await _fix_store(core, io)
+    return events
+
+
+async def _as_in_store(core: ControlCore, io: Any, iid: str) -> list[Outcome]:
+    """What the TS holds of each trajectory the core believes runs on ``iid``."""
+    ids = core.ledger.held_by(iid)
+    if not ids:
+        return []
+    locs = await io.ts.locate(ids)
+    lengths = await io.lengths(ids)
+    finished_ids = [t for t, loc in zip(ids, locs, strict=True)
+                    if loc.state is LocationState.FINISHED]  # fmt: skip
+    finished = (
+        {ft.trajectory.trajectory_id: ft for ft in await io.ts.finished(finished_ids)}
+        if finished_ids
+        else {}
+    )
+    out = []
+    for tid in ids:
+        ft = finished.get(tid)
+        if ft is not None:
+            out.append(Outcome(trajectory_id=tid, generated=len(ft.trajectory.generated_token_ids),
+                               finish=str(ft.finish_reason)))  # fmt: skip
+        else:  # back in the queue (or never delivered): what the store holds
+            e = core.ledger.entries[tid]
+            out.append(Outcome(trajectory_id=tid, generated=lengths.get(tid, e.generated)))
+    return out
+
+
+async def _fix_store(core: ControlCore, io: Any) -> None:
+    """Groups the TS lacks are submitted; what the core let go is dropped or released."""
+    for gid, g in list(core.ledger.groups.items()):
+        try:
+            await io.ts.group(gid)
+        except TrajectoryServerError:
+            log.info("group_resubmitted", group_id=gid)
+            await io.carry(fx.SubmitGroups(groups=[
+                fx.GroupSpec(group_id=gid, row=g.row, members=len(g.members))
+            ]))  # fmt: skip
+    training = set(core.training.flat_ids) if core.training is not None else set()
+    queued = [e.trajectory_id for e in await io.ts.queue_view(None, level=None)]
+    finished = [ft.trajectory.trajectory_id for ft in await io.ts.finished()]
+    gone = [t for t in queued + finished if _let_go(core, t) and t not in training]
+    drop = [t for t in gone if t in set(queued) or core.ledger.get(t) is not None]
+    release = [t for t in gone if t not in set(drop)]
+    if drop:
+        log.info("recover_dropped", count=len(drop))
+        await io.carry(fx.Drop(trajectory_ids=drop, reason="aborted"))
+    if release:  # consumed and trained before the crash: only the release was missing
+        await io.carry(fx.Release(trajectory_ids=release))
+
+
+def _let_go(core: ControlCore, tid: str) -> bool:
+    e = core.ledger.get(tid)
+    return e is None or e.where in (Where.DROPPED, Where.CONSUMED)
+
+
+async def ledger_report(core: ControlCore, io: Any) -> dict[str, Any]:
+    """Counts and every disagreement between the core, its protocol and the TS (``problems``
+    must be empty): each live trajectory is where the TS says, and the TS holds exactly the
+    trajectories the core submitted."""
+    problems = list(ledger_problems(core))
+    live = list(core.ledger.live())
+    if live:
+        locs = await io.ts.locate([e.tid for e in live])
+        for e, loc in zip(live, locs, strict=True):
+            want = {
+                Where.QUEUED: LocationState.QUEUED,
+                Where.RUNNING: LocationState.RUNNING,
+                Where.FINISHED: LocationState.FINISHED,
+            }.get(e.where)
+            if want is not None and loc.state is not want:
+                problems.append(f"{e.tid}: {e.where.value} in the core, {loc.state.value} in TS")
+            if want is LocationState.RUNNING and loc.instance_id != e.instance:
+                problems.append(f"{e.tid}: on {e.instance} in the core, {loc.instance_id} in TS")
+    counts = core.ledger.counts()
+    stats = await io.ts.stats()
+    submitted = core.feed.serial * core.config.members
+    if stats.total != submitted:
+        problems.append(f"the TS holds {stats.total} trajectories, the core submitted {submitted}")
+    dropped = counts["dropped"] + counts["unadmitted"]
+    if stats.dropped != dropped:
+        problems.append(f"{stats.dropped} dropped in the TS, {dropped} in the core")
+    return {
+        "groups": core.feed.serial,
+        "trajectories": submitted,
+        "consumed": counts["consumed"],
+        "in_flight": counts["queued"] + counts["running"],
+        "waiting_consume": counts["finished"],
+        "dropped": counts["dropped"] + counts["unadmitted"],
+        "dropped_reasons": dict(core.ledger.dropped_reasons),
+        "problems": problems,
+        "steps_done": core.steps_done,
+    }
+
+
+async def histories(core: ControlCore, io: Any) -> dict[str, list[list[Any]]]:
+    """The TS history of every trajectory submitted so far: ``tid → [[kind, instance_id,
+    version, seq], ...]`` in order."""
+    out: dict[str, list[list[Any]]] = {}
+    for serial in range(core.feed.serial):
+        gid = f"g{serial:06d}"
+        for tid in await io.ts.group(gid):
+            out[tid] = [[str(e.kind), e.instance_id, e.version, e.seq]
+                        for e in await io.ts.history(tid)]  # fmt: skip
+    return out

@@ -1,0 +1,327 @@
+"""The Ray control shell's I/O: what it sends to the trajectory server, the instances, the
+reward workers and the trainer, and what comes back — ids, versions and token counts only.
+
+:class:`ShellIO` carries out the effects that are one call or a few (submit groups, route,
+interrupt, drop, release), polls instances, scores and trains in the background, and turns a
+dead instance into an ``InstanceLost`` event with what the store held for it. It counts the
+bytes that cross this process per peer kind (pickled size of every call's arguments and
+answer), so the data-path benchmark can show they do not grow with response length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+import numpy as np
+import structlog
+
+from rollout_coordinator import InstanceSnapshot
+from staleflow_trainer.config import AppConfig
+from staleflow_trainer.control import effects as fx
+from staleflow_trainer.control.events import InstanceLost, snapshot_from_dict
+from trajectory_server import SamplingParams
+from trajectory_server.errors import TrajectoryServerError
+
+log = structlog.get_logger(__name__)
+
+
+def is_actor_death(e: BaseException) -> bool:
+    """True for Ray's "this actor is gone" errors (killed, crashed, its node died)."""
+    try:
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+    except ImportError:  # pragma: no cover - the shell only runs under Ray
+        return False
+    return isinstance(e, (RayActorError, ActorDiedError, ActorUnavailableError))
+
+
+def sync_retry_delay(failures_in_row: int, backoff_s: float) -> float:
+    """Seconds to wait before a sync after ``failures_in_row`` failed ones: 0 for the first
+    try, then ``backoff_s`` doubling per failure, capped at 30 s."""
+    if failures_in_row <= 0 or backoff_s <= 0:
+        return 0.0
+    return float(min(30.0, backoff_s * 2 ** (failures_in_row - 1)))
+
+
+def _size(x: Any) -> int:
+    return len(pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+class ShellIO:
+    def __init__(
+        self,
+        cfg: AppConfig,
+        *,
+        model_path: str,
+        ts_address: tuple[Any, ...],
+        ts_token: str,
+        rollouts: dict[str, Any],
+        trainer: Any,
+        rewards: list[Any],
+        reward_spec: dict[str, Any],
+    ) -> None:
+        self.cfg = cfg
+        self.model_path = model_path
+        self.ts_address = ts_address
+        self.ts_token = ts_token
+        self.rollouts = rollouts
+        self.trainer = trainer
+        self.rewards = rewards
+        self.reward_spec = reward_spec
+        self.ts: Any = None
+        self.rows = 0
+        self.lost: list[dict[str, Any]] = []
+        self.fatal: BaseException | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._prompts: dict[int, list[int]] = {}
+        self._bytes: dict[str, int] = {}
+        self._next_reward = 0
+        #: group id -> dataset row of the groups this process submitted (diagnostics)
+        self.submitted: dict[str, int] = {}
+
+    # ---- set-up --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        from transformers import AutoTokenizer
+
+        from staleflow_trainer.data import load_records
+        from trajectory_server.client import TrajectoryClient
+
+        self._tok = AutoTokenizer.from_pretrained(self.model_path)
+        self._eos = self._tok.eos_token_id
+        self._records = load_records(self.cfg)
+        self.rows = len(self._records)
+        self.ts = await TrajectoryClient.connect(*self.ts_address, token=self.ts_token)
+
+    def prompt_ids(self, row: int) -> list[int]:
+        ids = self._prompts.get(row)
+        if ids is None:
+            from staleflow_trainer.data import encode_prompts
+
+            rec = self._records[row]
+            ids = list(
+                encode_prompts(
+                    [rec],
+                    self._tok,
+                    max_prompt_len=self.cfg.data.max_prompt_len,
+                    apply_chat_template=self.cfg.data.apply_chat_template,
+                )[0]
+            )
+            self._prompts[row] = ids
+        return ids
+
+    def prompt_len(self, row: int) -> int:
+        return len(self.prompt_ids(row))
+
+    def snapshot(self, d: Mapping[str, Any], at: float) -> InstanceSnapshot:
+        """An instance's snapshot stamped with this process's clock (taken no earlier than
+        the poll that carried it, after every command sent before)."""
+        return snapshot_from_dict({**d, "time_s": at})
+
+    def _count(self, kind: str, n: int) -> None:
+        self._bytes[kind] = self._bytes.get(kind, 0) + n
+
+    def byte_stats(self) -> dict[str, int]:
+        return dict(self._bytes)
+
+    # ---- effects -------------------------------------------------------------------------
+
+    async def carry(self, e: fx.Effect) -> tuple[str, BaseException] | None:
+        """Carry out one simple effect; returns ``(instance, error)`` if an instance died."""
+        if isinstance(e, fx.SubmitGroups):
+            for g in e.groups:
+                await self._submit(g)
+                self.submitted[g.group_id] = g.row
+        elif isinstance(e, fx.Route):
+            h = self.rollouts.get(e.instance_id)
+            if h is None:
+                return None
+            args = (e.version, list(e.trajectory_ids))
+            self._count("instances", _size(args))
+            try:
+                await h.submit.remote(*args)
+            except Exception as err:
+                if is_actor_death(err):
+                    return e.instance_id, err
+                raise
+        elif isinstance(e, fx.Interrupt):
+            h = self.rollouts.get(e.instance_id)
+            if h is not None:
+                self._count("instances", _size(list(e.trajectory_ids)))
+                try:
+                    await h.interrupt.remote(list(e.trajectory_ids))
+                except Exception as err:
+                    if not is_actor_death(err):
+                        raise
+                    if e.requeue:
+                        return e.instance_id, err
+            if not e.requeue:  # the output came back to the store: discard it there
+                await self._ts_tolerant("drop", list(e.trajectory_ids), e.reason)
+        elif isinstance(e, fx.Drop):
+            await self._ts_tolerant("drop", list(e.trajectory_ids), e.reason)
+        elif isinstance(e, fx.DropGroup):
+            try:
+                await self.ts.drop_group(e.group_id, e.reason)
+            except TrajectoryServerError as err:
+                log.debug("drop_group_noop", group_id=e.group_id, error=str(err)[:200])
+        elif isinstance(e, fx.Release):
+            await self._ts_tolerant("release", list(e.trajectory_ids))
+        return None
+
+    async def _submit(self, g: fx.GroupSpec) -> None:
+        rec = self._records[g.row]
+        s = self.cfg.rollout.sampling
+        serial = int(g.group_id[1:]) + 1  # the seed a group always had
+        prompt = self.prompt_ids(g.row)
+        metadata = {
+            "index": rec.index,
+            "ground_truth": rec.ground_truth,
+            "data_source": rec.data_source,
+            "extra_info": rec.extra_info,
+        }
+        self._count("ts", _size((prompt, metadata)))
+        try:
+            await self.ts.submit_group(
+                g.group_id,
+                prompt,
+                g.members,
+                sampling=SamplingParams(
+                    temperature=s.temperature,
+                    top_p=s.top_p,
+                    max_new_tokens=s.max_new_tokens,
+                    stop_token_ids=() if self._eos is None else (int(self._eos),),
+                    seed=(self.cfg.run.seed * 1_000_003 + serial * 64) % (2**31),
+                ),
+                metadata=metadata,
+                target_lengths=self._target_lengths(serial, g.members),
+            )
+        except TrajectoryServerError as err:  # already there (resubmitted after a crash)
+            log.debug("submit_group_noop", group_id=g.group_id, error=str(err)[:200])
+
+    def _target_lengths(self, serial: int, members: int) -> list[int] | None:
+        """Response lengths the sim engine stops at (real engines ignore them): group-correlated
+        lognormal draws, a pure function of the run seed and the group."""
+        if self.cfg.rollout.backend != "sim":
+            return None
+        w, cap = self.cfg.sim.workload, self.cfg.rollout.sampling.max_new_tokens
+        rng = np.random.default_rng([self.cfg.run.seed, 17, serial])
+        base = int(
+            np.clip(rng.lognormal(np.log(w.response_len_median), w.response_len_sigma), 1, cap)
+        )
+        return [int(np.clip(base + j, 1, cap)) for j in rng.integers(-1, 2, size=members)]
+
+    async def _ts_tolerant(self, op: str, ids: list[str], *args: Any) -> None:
+        """A TS call on many ids that tolerates the ones already in the target state."""
+        if not ids:
+            return
+        fn = getattr(self.ts, op)
+        self._count("ts", _size(ids))
+        try:
+            await fn(ids, *args)
+            return
+        except TrajectoryServerError:
+            pass
+        for tid in ids:
+            try:
+                await fn([tid], *args)
+            except TrajectoryServerError as err:
+                log.debug(f"{op}_noop", trajectory_id=tid, error=str(err)[:200])
+
+    # ---- instances -----------------------------------------------------------------------
+
+    async def poll_all(self) -> dict[str, Any]:
+        iids = list(self.rollouts)
+        got = await asyncio.gather(
+            *(self.rollouts[i].poll.remote() for i in iids), return_exceptions=True
+        )
+        out: dict[str, Any] = {}
+        for iid, p in zip(iids, got, strict=True):
+            if isinstance(p, BaseException) and not is_actor_death(p):
+                raise p
+            if not isinstance(p, BaseException):
+                self._count("instances", _size(p))
+            out[iid] = p
+        return out
+
+    async def lose(self, iid: str, error: BaseException, at: float) -> InstanceLost:
+        """``iid`` died: the store puts back in the queue what it held (with the response
+        length the store holds for each); the instance leaves the run."""
+        self.rollouts.pop(iid, None)
+        requeued = list(await self.ts.instance_lost(iid))
+        lengths = await self.lengths(requeued)
+        self.lost.append({"instance_id": iid, "requeued": requeued, "error": repr(error)[:300]})
+        log.warning("instance_lost", instance=iid, requeued=len(requeued),
+                    error=repr(error)[:200])  # fmt: skip
+        return InstanceLost(at=at, instance_id=iid, requeued=[(t, lengths[t]) for t in requeued])
+
+    async def lengths(self, ids: Sequence[str]) -> dict[str, int]:
+        """Response lengths the store holds for queued trajectories."""
+        if not ids:
+            return {}
+        want = set(ids)
+        entries = await self.ts.queue_view(None, level=None)
+        return {e.trajectory_id: int(e.generated_len) for e in entries if e.trajectory_id in want}
+
+    async def interrupt_all(self) -> None:
+        await asyncio.gather(
+            *(h.interrupt.remote(None) for h in self.rollouts.values()), return_exceptions=True
+        )
+
+    # ---- background work -----------------------------------------------------------------
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and self.fatal is None:
+            self.fatal = task.exception()
+
+    async def wait_background(self, timeout_s: float) -> None:
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=timeout_s)
+
+    async def score(self, ids: list[str]) -> list[list[list[Any]]]:
+        """Score ``ids`` on the reward workers (shards in parallel); a dead worker is
+        replaced and its shard scored again once."""
+        k = len(self.rewards)
+        shards = [ids[i::k] for i in range(k)]
+        return list(await asyncio.gather(*(self._score_shard(i, s) for i, s in enumerate(shards)
+                                           if s)))  # fmt: skip
+
+    async def _score_shard(self, i: int, shard: list[str]) -> list[list[Any]]:
+        for attempt in (0, 1):
+            self._count("rewards", _size(shard))
+            try:
+                rows = cast(list[list[Any]], await self.rewards[i].score.remote(shard))
+                self._count("rewards", _size(rows))
+                return rows
+            except Exception as err:
+                if not is_actor_death(err) or attempt or not self.reward_spec:
+                    return [[t, None, f"reward worker failed: {err!r}"[:200]] for t in shard]
+                log.warning("reward_worker_replaced", worker=i, error=repr(err)[:200])
+                import ray
+
+                from staleflow_trainer.actors.reward_actor import RewardActor
+
+                self.rewards[i] = (
+                    ray.remote(RewardActor).options(num_cpus=0).remote(**self.reward_spec)
+                )
+        return []  # pragma: no cover - the loop returns
+
+    async def train(self, e: fx.Train) -> dict[str, Any]:
+        batch = {
+            "version": e.version,
+            "group_ids": list(e.group_ids),
+            "trajectory_ids": [list(m) for m in e.trajectory_ids],
+            "staleness": [list(s) for s in e.staleness],
+            "rewards": [list(r) for r in e.rewards],
+        }
+        self._count("trainer", _size(batch))
+        metrics = dict(await self.trainer.train_batch.remote(batch))
+        self._count("trainer", _size(metrics))
+        return metrics
