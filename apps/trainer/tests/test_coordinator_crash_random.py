@@ -278,9 +278,7 @@ def test_random_coordinator_crashes_lose_nothing(
 
     out = _scenario(tmp_path, seed, monkeypatch)
     # every armed point was hit (the timed ones may come after the run ended)
-    assert sorted(c for c in out["crashes"] if c != "timed") == sorted(CRASH_POINTS), out[
-        "crashes"
-    ]
+    assert sorted(c for c in out["crashes"] if c != "timed") == sorted(CRASH_POINTS), out["crashes"]
     assert all(s["recovered"] for s in out["setups"][1:])
     assert out["summary"]["steps_done"] == STEPS
     # no step trained twice or lost

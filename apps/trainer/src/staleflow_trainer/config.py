@@ -359,7 +359,11 @@ class CoordinatorConfig:
     sync_kv_threshold: float = _f(0.3, ge=0.0, le=1.0, doc="sync only below this KV usage")
     migration_ratio: float = _f(5.0, gt=1.0, doc="load ratio that triggers migration")
     migration_indicator: Literal["kv", "running", "waiting", "throughput"] = _f("kv")
-    snapshot_interval_s: float = _f(0.05, gt=0.0)
+    snapshot_interval_s: float = _f(
+        0.05,
+        gt=0.0,
+        doc="control cycle period: poll instances, decide (virtual s in the simulator)",
+    )
     sync_retries: int = _f(
         5, ge=0, doc="consecutive failed syncs of one instance tolerated; one more fails the run"
     )
@@ -460,6 +464,18 @@ class RayConfig:
     num_cpus: int | None = _f(None, ge=1)
     num_gpus: int | None = _f(None, ge=0)
     object_store_mb: int = _f(512, ge=64)
+    # Placement on a multi-node cluster: each role's actors ask for a sliver of this custom
+    # resource, so they land only on nodes started with it (``ray start --resources``).
+    control_resource: str = _f(
+        "", doc="custom resource of the node(s) for the control actor and the two servers"
+    )
+    rollout_resource: str = _f("", doc="custom resource of the rollout nodes")
+    trainer_resource: str = _f("", doc="custom resource of the trainer node")
+    reward_resource: str = _f("", doc="custom resource of the reward worker node(s)")
+    trajectory_server_host: str = _f(
+        "127.0.0.1",
+        doc="address the trajectory server binds and other nodes reach it at (token-checked)",
+    )
 
 
 @_section("sim.workload")
@@ -506,7 +522,6 @@ class SimConfig:
     peak_flops_per_gpu: float = _f(148e12, gt=0.0, doc="flops model: peak bf16 FLOP/s")
     mfu: float = _f(0.3, gt=0.0, le=1.0, doc="flops model: model FLOPs utilisation")
     train_overhead_s: float = _f(5.0, ge=0.0, doc="flops model: fixed per-step overhead")
-    cycle_period_s: float = _f(0.1, gt=0.0, doc="coordinator cycle period (virtual s)")
     snapshot_max_age_s: float = _f(0.0, ge=0.0, doc="re-snapshot unchanged instances after")
     warmup_steps: int = _f(2, ge=0, doc="steps excluded from throughput (pipeline fill)")
     workload: SimWorkloadConfig = attrs.field(factory=SimWorkloadConfig, validator=_validate_field)
@@ -653,7 +668,7 @@ def validate(cfg: AppConfig) -> None:
             "'unbounded' (a FIFO, no buffers; protocol.unbounded_inflight_batches sets admission)",
             "0 with eta 'unbounded'",
         )
-    if not _is_loopback(cfg.param_server.bind_host) and not cfg.param_server.auth_token:
+    if not is_loopback(cfg.param_server.bind_host) and not cfg.param_server.auth_token:
         raise _err(
             "param_server.auth_token",
             f"bind_host {cfg.param_server.bind_host!r} is not loopback; a shared token is required",
@@ -692,7 +707,7 @@ def validate(cfg: AppConfig) -> None:
                 )
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
 
 

@@ -1,17 +1,21 @@
-"""The Ray actors of ``staleflow train``: one class per component, Ray-free until wrapped.
+"""The Ray shell of ``staleflow train``: one class per component, Ray-free until wrapped.
 
 Each module holds a plain class that :mod:`staleflow_trainer.wiring` wraps with
-``ray.remote``. Only plain JSON-able values (dicts, lists, str, numbers) and bytes cross actor
-boundaries (:mod:`staleflow_trainer.actors.payloads`); weights travel through the parameter
-server over NIXL, never through Ray.
+``ray.remote``. The control process sees ids, versions, token counts and finish reasons only:
+rollout instances take their work from the trajectory server by id and write their output to
+it, reward workers and the trainer read it there by id, and weights travel through the
+parameter server over NIXL, never through Ray.
 
+* :mod:`~staleflow_trainer.actors.control` — ``ControlActor``: the control core
+  (:mod:`staleflow_trainer.control`) behind a write-ahead journal of the events it is fed;
+  polls instances, feeds events, carries out effects (with :mod:`.shell_io`); recovers by
+  replaying the journal and reconciling the other processes with the core (:mod:`.reconcile`).
 * :mod:`~staleflow_trainer.actors.rollout` — ``RolloutActor``: one engine adapter (vllm | sglang |
-  sim); submit / poll / interrupt / sync (pull from the PS, load in place) / probe.
+  sim); submit by id / poll / interrupt / sync (pull from the PS, load in place) / probe.
 * :mod:`~staleflow_trainer.actors.param_host` — ``ParamServerHost``: owns the ``ParamServer`` and
   its NIXL storage worker processes.
-* :mod:`~staleflow_trainer.actors.trainer_actor` — ``TrainerActor``: the PyTorch trainer; pushes
-  every new version to the PS.
-* :mod:`~staleflow_trainer.actors.reward_actor` — ``RewardActor``: runs the reward plug-in.
-* :mod:`~staleflow_trainer.actors.coordinator_loop` — ``CoordinatorActor``: owns the staleness
-  protocol and the rollout coordinator and runs the control loop.
+* :mod:`~staleflow_trainer.actors.trainer_actor` — ``TrainerActor``: the PyTorch trainer; reads a
+  consumed batch from the trajectory server, trains, pushes every new version to the PS.
+* :mod:`~staleflow_trainer.actors.reward_actor` — ``RewardActor``: reads finished trajectories
+  from the trajectory server and runs the reward plug-in on them.
 """

@@ -381,6 +381,19 @@ class ControlActor:
     async def histories(self) -> dict[str, list[list[Any]]]:
         return await reconcile.histories(self.core, self.io)
 
+    async def protocol_stats(self) -> dict[str, Any]:
+        st = self.core.protocol.stats()
+        return {"aborts_by_reason": dict(st.aborts_by_reason),
+                "replacements_requested": st.replacements_requested,
+                "consumed_batches": st.consumed_batches}  # fmt: skip
+
+    async def core_config(self) -> str:
+        """The control core's settings, as built from the app config (``repr``)."""
+        return repr(self.core.config)
+
+    async def rows(self) -> int:
+        return self.io.rows
+
     async def protocol_state(self) -> dict[str, Any]:
         return dict(self.core.protocol.to_dict())
 

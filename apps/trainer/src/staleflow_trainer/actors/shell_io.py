@@ -307,9 +307,12 @@ class ShellIO:
                 import ray
 
                 from staleflow_trainer.actors.reward_actor import RewardActor
+                from staleflow_trainer.wiring import role_options
 
                 self.rewards[i] = (
-                    ray.remote(RewardActor).options(num_cpus=0).remote(**self.reward_spec)
+                    ray.remote(RewardActor)
+                    .options(**role_options(self.cfg, "reward", num_cpus=0))
+                    .remote(**self.reward_spec)
                 )
         return []  # pragma: no cover - the loop returns
 

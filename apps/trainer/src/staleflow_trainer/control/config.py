@@ -128,7 +128,7 @@ def check_resumable(restored: AnyProtocol, spec: ProtocolSpec) -> None:
             "run was started with (protocol.eta, coordinator.policy), or start a new run "
             "(run.resume=never)"
         )
-    old, new = attrs.asdict(restored.config), attrs.asdict(spec)  # type: ignore[arg-type]
+    old, new = attrs.asdict(restored.config), attrs.asdict(spec)
     diff = [f"{_KEYS.get(k, 'protocol.' + k)}: checkpoint {old[k]!r}, config {new.get(k)!r}"
             for k in old if old[k] != new.get(k)]  # fmt: skip
     if diff:

@@ -34,7 +34,6 @@ or dropped with a reason; consumed staleness never exceeds η; no batch is train
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
@@ -60,7 +59,6 @@ from staleflow_trainer.control.config import (
     AnyProtocol,
     CoreConfig,
     build_protocol,
-    check_resumable,
 )
 from staleflow_trainer.control.events import (
     Cycle,
@@ -84,10 +82,8 @@ from staleness_protocol import (
     ReplacementRequest,
     StalenessProtocol,
     TrajectoryState,
-    protocol_from_dict,
 )
 
-STATE_FORMAT = "staleflow-core/1"
 COUNTERS = (
     "routes",
     "syncs",
@@ -531,98 +527,19 @@ class ControlCore:
 
     def to_dict(self) -> dict[str, Any]:
         """The whole state, JSON-plain (the journal's base and the checkpoint)."""
-        from rollout_coordinator import coordinator_to_dict
+        from staleflow_trainer.control.state import core_to_dict
 
-        return {
-            "format": STATE_FORMAT,
-            "now": self.now,
-            "protocol": self.protocol.to_dict(),
-            "coordinator": coordinator_to_dict(self.coordinator),
-            "ledger": self.ledger.to_dict(),
-            "feed": self.feed.to_dict(),
-            "steps_done": self.steps_done,
-            "published": self.published,
-            "counters": dict(self.counters),
-            "report": self.report.to_dict(),
-            "training": None if self.training is None else _train_to_dict(self.training),
-            "idle_since": self._idle_since,
-            "stuck_checked_at": self._stuck_checked_at,
-            "fresh": list(self._fresh),
-            "replacements_due": self._replacements_due,
-            "snapshots": {k: _snap(v) for k, v in self._snapshots.items()},
-            "sync_fail_streak": dict(self._sync_fail_streak),
-            "done": self.done,
-        }
+        return core_to_dict(self)
 
     @classmethod
     def restore(
         cls, state: Mapping[str, Any], config: CoreConfig, *, prompt_len: Callable[[int], int]
     ) -> ControlCore:
-        from rollout_coordinator import coordinator_from_dict
-        from staleflow_trainer.control.events import snapshot_from_dict
+        """A core in exactly the state :meth:`to_dict` wrote (the caller's dict is not
+        aliased); refuses a state whose protocol ``config`` would run under other rules."""
+        from staleflow_trainer.control.state import core_from_dict
 
-        state = copy.deepcopy(dict(state))  # the restored parts must not alias the caller's
-        if state.get("format") != STATE_FORMAT:
-            raise ValueError(
-                f"core state format {state.get('format')!r}, expected {STATE_FORMAT!r}"
-            )
-        core = cls(config, prompt_len=prompt_len)
-        core.now = float(state["now"])
-        core.protocol = protocol_from_dict(dict(state["protocol"]))
-        check_resumable(core.protocol, config.protocol)
-        core.coordinator = coordinator_from_dict(
-            state["coordinator"],
-            config.coordinator,
-            cast(StalenessProtocol, core.protocol),
-            clock=lambda: core.now,
-        )
-        core.ledger = Ledger.from_dict(state["ledger"])
-        core.feed = PromptFeed.from_dict(state["feed"])
-        core.steps_done = int(state["steps_done"])
-        core.published = int(state["published"])
-        core.counters.update({str(k): int(v) for k, v in state["counters"].items()})
-        core.report = StepReport.from_dict(state["report"])
-        tr = state["training"]
-        core.training = None if tr is None else _train_from_dict(tr)
-        core._idle_since = float(state["idle_since"])
-        core._stuck_checked_at = float(state["stuck_checked_at"])
-        core._fresh = dict.fromkeys(str(g) for g in state["fresh"])
-        core._replacements_due = int(state["replacements_due"])
-        core._snapshots = {str(k): snapshot_from_dict(v) for k, v in state["snapshots"].items()}
-        core._sync_fail_streak = {str(k): int(v) for k, v in state["sync_fail_streak"].items()}
-        # the run may go on with more steps than the state it resumes from was written with
-        core.done = bool(state["done"]) and core.steps_done >= config.steps
-        return core
-
-
-def _snap(s: InstanceSnapshot) -> dict[str, Any]:
-    from staleflow_trainer.control.events import snapshot_to_dict
-
-    return snapshot_to_dict(s)
-
-
-def _train_to_dict(t: fx.Train) -> dict[str, Any]:
-    return {
-        "version": t.version,
-        "group_ids": list(t.group_ids),
-        "trajectory_ids": [list(m) for m in t.trajectory_ids],
-        "staleness": [list(s) for s in t.staleness],
-        "rewards": [list(r) for r in t.rewards],
-        "tokens": t.tokens,
-        "response_tokens": t.response_tokens,
-    }
-
-
-def _train_from_dict(d: Mapping[str, Any]) -> fx.Train:
-    return fx.Train(
-        version=int(d["version"]),
-        group_ids=tuple(str(g) for g in d["group_ids"]),
-        trajectory_ids=tuple(tuple(str(t) for t in m) for m in d["trajectory_ids"]),
-        staleness=tuple(tuple(int(s) for s in st) for st in d["staleness"]),
-        rewards=tuple(tuple(float(r) for r in rs) for rs in d["rewards"]),
-        tokens=int(d["tokens"]),
-        response_tokens=int(d["response_tokens"]),
-    )
+        return core_from_dict(cls(config, prompt_len=prompt_len), state)
 
 
 def _at_version(protocol: AnyProtocol, version: int) -> AnyProtocol:

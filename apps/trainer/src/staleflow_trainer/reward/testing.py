@@ -36,3 +36,14 @@ def raise_or_hang(
     if kind == "hang":
         time.sleep(HANG_S)
     return compute_score(data_source, solution_str, ground_truth, extra_info)
+
+
+def coin(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None
+) -> float:
+    """0 or 1 from a hash of the response: rewards that vary within a group on any engine
+    output (the simulated engine's tokens included), so some groups have equal rewards and
+    some do not — what dynamic-sampling tests need."""
+    import hashlib
+
+    return float(hashlib.sha256(solution_str.encode()).digest()[0] & 1)

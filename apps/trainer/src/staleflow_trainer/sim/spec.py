@@ -342,7 +342,7 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
         pull_bandwidth_gb_s=sim.pull_bandwidth_gb_s,
         transfer_overhead_s=sim.transfer_overhead_s,
         reward_time_s=sim.reward_time_s,
-        cycle_period_s=sim.cycle_period_s,
+        cycle_period_s=coord.snapshot_interval_s,
         snapshot_max_age_s=sim.snapshot_max_age_s,
         theta=coord.theta,
         migration_ratio=coord.migration_ratio,

@@ -37,6 +37,7 @@ KEYS = {
     "response_len_sigma": "sim.workload.response_len_sigma",
     "group_correlation": "sim.workload.group_correlation",
     "reward_mean": "sim.workload.reward_mean",
+    "cycle_period_s": "coordinator.snapshot_interval_s",
     **{
         k: f"sim.{k}"
         for k in (
@@ -44,13 +45,13 @@ KEYS = {
             "gpus_per_instance", "kv_capacity_tokens", "prefill_s_per_token", "trainer_model",
             "trainer_time_a_s", "trainer_time_b_s_per_token", "active_params",
             "peak_flops_per_gpu", "mfu", "train_overhead_s", "model_bytes", "push_bandwidth_gb_s",
-            "pull_bandwidth_gb_s", "transfer_overhead_s", "reward_time_s", "cycle_period_s",
+            "pull_bandwidth_gb_s", "transfer_overhead_s", "reward_time_s",
             "snapshot_max_age_s", "warmup_steps",
         )
     },
 }  # fmt: skip
 
-_DEFAULTS = {"cost_model": "qwen-7b-h20", "stuck_threshold": 0}
+_DEFAULTS = {"cost_model": "qwen-7b-h20", "stuck_threshold": 0, "cycle_period_s": 0.1}
 
 
 def sim_config(**fields: Any) -> Any:

@@ -1,0 +1,486 @@
+"""The running system on Ray: :class:`Deployment` starts one actor per component from one
+config — the trajectory server, the parameter server host, the rollout instances, the reward
+workers, the trainer and the control actor (the Ray shell of the control core) — drives the
+control actor until the run is done, streams step records into the run directory, replaces a
+control actor that died, and stops everything. ``staleflow train`` is
+:func:`staleflow_trainer.wiring.train` over it; the integration tests use its handles.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from staleflow_trainer.actors.reconcile import TS_FILE
+from staleflow_trainer.actors.shell_io import is_actor_death
+from staleflow_trainer.config import AppConfig, dump_config, is_loopback, to_dict
+from staleflow_trainer.errors import ComponentLost
+from staleflow_trainer.metrics import MetricsWriter, ProgressBar, TimelineWriter
+from staleflow_trainer.wiring import (
+    _engine_kwargs,
+    init_ray,
+    model_dir,
+    preflight,
+    resolve_resume,
+    role_options,
+)
+
+log = structlog.get_logger(__name__)
+
+
+class Deployment:
+    """The running system. ``start()`` → ``run()`` → ``close()``; tests use the handles.
+
+    Actor handles: ``ts``, ``ps``, ``trainer``, ``rollouts`` (instance id → handle),
+    ``rewards``, ``coordinator``.
+    """
+
+    def __init__(self, cfg: AppConfig) -> None:
+        self.cfg = cfg
+        self.run_dir = cfg.run_dir
+        self.resume_dir: Path | None = None
+        self.model_path: Path | None = None
+        self.ts: Any = None
+        self.ps: Any = None
+        self.trainer: Any = None
+        self.rollouts: dict[str, Any] = {}
+        self.rewards: list[Any] = []
+        self.coordinator: Any = None
+        self.steps_at_start = 0
+        self.coordinator_crashes: list[dict[str, Any]] = []  # replaced after a crash
+        self._pending_out: list[dict[str, Any]] = []
+        self._next_instance = 0
+        self._ps_addr: Any = None
+        self._ps_token: str | None = None
+        self._ts_addr: Any = None
+        self._ts_token: str | None = None
+        self._cfg_dict: dict[str, Any] = {}
+        self._opts: Callable[..., dict[str, Any]] | None = None
+        self._started_ray = False
+        self._t0 = time.monotonic()
+
+    # ------------------------------------------------------------------------------ start
+
+    def start(self) -> Deployment:
+        import ray
+
+        from staleflow_trainer.actors.param_host import ParamServerHost
+        from staleflow_trainer.actors.reward_actor import RewardActor
+        from staleflow_trainer.actors.trainer_actor import TrainerActor
+        from trajectory_server.actor import TrajectoryServerActor
+
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.resume_dir = resolve_resume(cfg)
+        self.model_path = model_dir(cfg)
+        preflight(cfg, self.model_path)  # bad data fails here: before Ray, nothing touched
+        ckpt_root = self.run_dir / "checkpoints"
+        ts_ckpt = ckpt_root / TS_FILE
+        if self.resume_dir is None:
+            shutil.rmtree(ckpt_root, ignore_errors=True)
+            for name in ("timeline.jsonl",):
+                (self.run_dir / name).unlink(missing_ok=True)
+        else:
+            shutil.copyfile(self.resume_dir / TS_FILE, ts_ckpt)
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        dump_config(cfg, self.run_dir / "config.yaml")
+        self._started_ray = init_ray(cfg)
+        cfg_dict = to_dict(cfg)
+        pg = self._placement_group()
+
+        def opts(i: int | None, **kw: Any) -> dict[str, Any]:
+            if pg is not None and i is not None:
+                from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+                kw["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=i
+                )
+            return kw
+
+        ts_token = secrets.token_hex(16)
+        ps_token = cfg.param_server.auth_token or secrets.token_hex(16)
+        self.ts = (
+            ray.remote(TrajectoryServerActor)
+            .options(**role_options(cfg, "control", num_cpus=0, max_concurrency=64))
+            .remote(
+                token=ts_token, checkpoint_path=str(ts_ckpt), restore=self.resume_dir is not None
+            )
+        )
+        self.ps = (
+            ray.remote(ParamServerHost)
+            .options(**role_options(cfg, "control", num_cpus=0))
+            .remote(
+                num_workers=cfg.param_server.num_workers,
+                keep_versions=max(cfg.param_server.keep_versions, 2),
+                replication=cfg.param_server.replication,
+                host=cfg.param_server.bind_host,
+                token=ps_token,
+            )
+        )
+        ts_host = cfg.ray.trajectory_server_host
+        ts_addr, ps_addr = ray.get(
+            [
+                self.ts.start.remote(host=ts_host, allow_remote=not is_loopback(ts_host)),
+                self.ps.address.remote(),
+            ]
+        )
+        self._ps_addr, self._ps_token = ps_addr, ps_token
+        self._ts_addr, self._ts_token = ts_addr, ts_token
+        self._cfg_dict, self._opts = cfg_dict, opts
+        n = cfg.rollout.num_instances
+        self.trainer = (
+            ray.remote(TrainerActor)
+            .options(
+                # 2 threads: push_failures() answers while a step retries a push
+                **opts(
+                    n,
+                    **role_options(
+                        cfg,
+                        "trainer",
+                        num_cpus=0,
+                        num_gpus=cfg.trainer.num_gpus or 0,
+                        max_concurrency=2,
+                    ),
+                )
+            )
+            .remote(
+                cfg=cfg_dict,
+                model_path=str(self.model_path),
+                ps_address=ps_addr,
+                ps_token=ps_token,
+                checkpoint_dir=None if self.resume_dir is None else str(self.resume_dir),
+                ts_address=ts_addr,
+                ts_token=ts_token,
+            )
+        )
+        self.rollouts = dict(self._make_rollout(i, pg_index=i) for i in range(n))
+        self._next_instance = n
+        self.rewards = [
+            ray.remote(RewardActor)
+            .options(**role_options(cfg, "reward", num_cpus=0))
+            .remote(**self._reward_spec())
+            for _ in range(cfg.reward.num_workers)
+        ]
+        starts = [h.start.remote() for h in self.rollouts.values()]
+        pushed = self.trainer.push.remote()  # version 0, or the resumed version
+        ray.get(starts)
+        version = int(ray.get(pushed)["version"])
+        if version > 0:  # resumed: every instance serves the trainer's version first
+            ray.get([h.sync.remote(version) for h in self.rollouts.values()])
+        self.coordinator = self._make_coordinator(
+            resume_dir=None if self.resume_dir is None else str(self.resume_dir)
+        )
+        info = ray.get(self.coordinator.setup.remote())
+        self.steps_at_start = int(info["steps_done"])
+        log.info(
+            "deployment_started",
+            instances=list(self.rollouts),
+            version=version,
+            resumed_from=None if self.resume_dir is None else str(self.resume_dir),
+            seconds=round(time.monotonic() - self._t0, 1),
+        )
+        return self
+
+    def _make_rollout(self, i: int, *, pg_index: int | None = None) -> tuple[str, Any]:
+        import ray
+
+        from staleflow_trainer.actors.rollout import RolloutActor
+
+        cfg = self.cfg
+        assert self._opts is not None and self.model_path is not None
+        iid = f"{cfg.rollout.backend}-{i}"
+        handle = (
+            ray.remote(RolloutActor)
+            .options(
+                **self._opts(
+                    pg_index,
+                    **role_options(
+                        cfg,
+                        "rollout",
+                        num_cpus=cfg.rollout.cpus_per_instance,
+                        num_gpus=cfg.rollout.gpus_per_instance,
+                        max_concurrency=1000,
+                    ),
+                )
+            )
+            .remote(
+                instance_id=iid,
+                backend=cfg.rollout.backend,
+                engine_kwargs=_engine_kwargs(cfg, i, self.model_path),
+                ts_address=self._ts_addr,
+                ts_token=self._ts_token,
+                ps_address=self._ps_addr,
+                ps_token=self._ps_token,
+            )
+        )
+        return iid, handle
+
+    def _reward_spec(self) -> dict[str, Any]:
+        cfg = self.cfg
+        return {
+            "fn": cfg.reward.fn,
+            "retries": cfg.reward.retries,
+            "timeout_s": cfg.reward.timeout_s,
+            "tokenizer_path": str(self.model_path),
+            "ts_address": self._ts_addr,
+            "ts_token": self._ts_token,
+        }
+
+    def _make_coordinator(self, *, resume_dir: str | None = None, recover: bool = False) -> Any:
+        import ray
+
+        from staleflow_trainer.actors.control import ControlActor
+
+        return (
+            ray.remote(ControlActor)
+            .options(**role_options(self.cfg, "control", num_cpus=0, max_concurrency=64))
+            .remote(
+                cfg=self._cfg_dict,
+                model_path=str(self.model_path),
+                ts_address=self._ts_addr,
+                ts_token=self._ts_token,
+                rollouts=self.rollouts,
+                trainer=self.trainer,
+                rewards=self.rewards,
+                reward_spec=self._reward_spec(),
+                resume_dir=resume_dir,
+                recover=recover,
+            )
+        )
+
+    # ------------------------------------------------------------------------- faults
+
+    def kill_instance(self, instance_id: str) -> None:
+        """Kill a rollout instance's process (``ray.kill``); the loop notices at its next call
+        to it, returns its work to the queue and stops routing to it."""
+        import ray
+
+        ray.kill(self.rollouts.pop(instance_id), no_restart=True)
+
+    def add_instance(self) -> str:
+        """Start a new rollout instance, load the latest published version from the param
+        server, and let it join the running loop; returns its id. (With GPUs it is placed by
+        Ray outside the placement group.)"""
+        import ray
+
+        iid, handle = self._make_rollout(self._next_instance)
+        self._next_instance += 1
+        info = ray.get(handle.start.remote())
+        version = int(ray.get(handle.sync.remote(None))["version"])
+        ray.get(
+            self.coordinator.add_instance.remote(
+                iid, handle, kv_capacity_tokens=int(info["kv_capacity_tokens"]), version=version
+            )
+        )
+        self.rollouts[iid] = handle
+        log.info("instance_added", instance=iid, version=version)
+        return iid
+
+    def restart_coordinator(self) -> dict[str, Any]:
+        """Replace the control actor on purpose: the old one is stopped (its last events are
+        journaled) and killed, and a new one recovers from the write-ahead journal exactly as
+        after a crash. ``run()`` carries on with the new one. Returns its set-up info."""
+        import ray
+
+        old = self.coordinator
+        try:
+            ray.get(old.stop.remote(), timeout=60)
+            self._pending_out.append(ray.get(old.drain.remote(), timeout=60))
+        except Exception as e:  # already gone: recovery covers it
+            log.warning("control_stop_failed", error=repr(e)[:200])
+        ray.kill(old, no_restart=True)
+        self.coordinator = self._make_coordinator(recover=True)
+        info = dict(ray.get(self.coordinator.setup.remote()))
+        log.info("coordinator_restarted", **info)
+        return info
+
+    def replace_crashed_coordinator(self, error: BaseException | None = None) -> dict[str, Any]:
+        """The control actor died (crash, ``ray.kill``): start a new one that replays the
+        write-ahead journal and reconciles the trajectory server, the instances and the trainer
+        with it. At most ``run.coordinator_restarts`` times per deployment; then
+        :class:`ComponentLost` (restart the app from its last checkpoint)."""
+        import ray
+
+        limit = self.cfg.run.coordinator_restarts
+        if len(self.coordinator_crashes) >= limit:
+            raise ComponentLost(
+                f"the coordinator died again after {len(self.coordinator_crashes)} replacement(s);"
+                f" run.coordinator_restarts={limit} is exhausted — restart the app from its last "
+                f"checkpoint (run.resume=must): {error!r:.300}",
+                component="coordinator",
+            )
+        t0 = time.monotonic()
+        ray.kill(self.coordinator, no_restart=True)  # make sure: it must not write any more
+        for iid, h in list(self.rollouts.items()):
+            try:
+                ray.get(h.stats.remote(), timeout=30)
+            except Exception as e:  # lost too: recovery requeues what the store shows it held
+                log.warning("instance_gone_at_coordinator_restart", instance=iid, error=repr(e))
+                self.rollouts.pop(iid)
+        self.coordinator = self._make_coordinator(recover=True)
+        info = dict(ray.get(self.coordinator.setup.remote()))
+        info["restart_s"] = time.monotonic() - t0
+        info["error"] = repr(error)[:300]
+        self.coordinator_crashes.append(info)
+        log.warning("coordinator_replaced_after_crash", **info)
+        return info
+
+    def hold_between_steps(self, timeout_s: float = 300.0) -> dict[str, Any]:
+        """Hold the coordinator loop right after its next training step completes (record
+        committed, checkpoint written if due, no other step started) and return where it holds;
+        :meth:`release_hold` lets it go on. Fault tests kill the trainer in between."""
+        import ray
+
+        ray.get(self.coordinator.hold_after_next_step.remote())
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            held = ray.get(self.coordinator.held.remote())
+            if held is not None:
+                return dict(held)
+            time.sleep(0.05)
+        raise TimeoutError(f"the loop completed no training step within {timeout_s} s")
+
+    def release_hold(self) -> None:
+        import ray
+
+        ray.get(self.coordinator.release_hold.remote())
+
+    def _placement_group(self) -> Any:
+        cfg = self.cfg
+        if not (cfg.rollout.gpus_per_instance or cfg.trainer.num_gpus):
+            return None
+        import ray
+        from ray.util.placement_group import placement_group
+
+        bundles = [
+            {"CPU": cfg.rollout.cpus_per_instance, "GPU": cfg.rollout.gpus_per_instance}
+            for _ in range(cfg.rollout.num_instances)
+        ]
+        bundles.append({"CPU": 0.01, "GPU": float(cfg.trainer.num_gpus)})
+        pg = placement_group(bundles, strategy="PACK")
+        ray.get(pg.ready())
+        return pg
+
+    # ------------------------------------------------------------------------------- run
+
+    def run(self, on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Drive the coordinator loop until ``trainer.steps``; writes metrics and timeline."""
+        import ray
+
+        cfg = self.cfg
+        resumed = self.resume_dir is not None
+        writer = MetricsWriter(
+            self.run_dir,
+            tensorboard=cfg.metrics.tensorboard,
+            resume_step=self.steps_at_start if resumed else None,
+        )
+        timeline = TimelineWriter(self.run_dir)
+        coord: Any = None
+        run_ref: Any = None
+        last_step = self.steps_at_start
+        summary: Any = None
+
+        def emit(outs: list[dict[str, Any]], bar: Any) -> None:
+            nonlocal last_step
+            for out in outs:
+                for rec in out["records"]:
+                    if int(rec["step"]) <= last_step:
+                        continue  # re-sent by a coordinator recovered from its journal
+                    last_step = int(rec["step"])
+                    writer.log_step(rec)
+                    if bar is not None:
+                        bar.update(int(rec["step"]), rec)
+                    if on_record is not None:
+                        on_record(rec)
+                timeline.extend(out["timeline"])
+
+        try:
+            with ProgressBar(
+                cfg.trainer.steps, enabled=cfg.metrics.progress_bar, start_step=self.steps_at_start
+            ) as bar:
+                while True:
+                    if coord is not self.coordinator:  # started, or replaced
+                        coord = self.coordinator
+                        run_ref = coord.run.remote()
+                    ready, _ = ray.wait([run_ref], timeout=0.5)
+                    outs, self._pending_out = self._pending_out, []
+                    try:
+                        outs.append(ray.get(coord.drain.remote()))
+                    except Exception as e:
+                        if not is_actor_death(e) or coord is not self.coordinator:
+                            raise
+                        emit(outs, bar)
+                        self.replace_crashed_coordinator(e)
+                        continue
+                    emit(outs, bar)
+                    if ready and coord is self.coordinator:
+                        try:
+                            summary = ray.get(run_ref)
+                        except Exception as e:  # ComponentLost etc. propagate
+                            if not is_actor_death(e):
+                                raise
+                            self.replace_crashed_coordinator(e)
+                            continue
+                        break
+            emit([ray.get(coord.drain.remote())], None)
+        finally:
+            writer.close()
+            timeline.close()
+        return dict(summary)
+
+    # ------------------------------------------------------------------------- queries
+
+    def ledger(self) -> dict[str, Any]:
+        import ray
+
+        return dict(ray.get(self.coordinator.ledger.remote()))
+
+    def protocol_state(self) -> dict[str, Any]:
+        import ray
+
+        return dict(ray.get(self.coordinator.protocol_state.remote()))
+
+    # ------------------------------------------------------------------------------ stop
+
+    def close(self) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            return
+        closing = [h.close.remote() for h in self.rollouts.values()]
+        if self.trainer is not None:
+            closing.append(self.trainer.close.remote())
+        if self.ps is not None:
+            closing.append(self.ps.close.remote())
+        for ref in closing:  # one dead component must not keep the others from closing
+            try:
+                ray.get(ref, timeout=60)
+            except Exception as e:  # shutting down anyway
+                log.warning("close_incomplete", error=repr(e)[:300])
+        for h in [
+            self.coordinator,
+            *self.rollouts.values(),
+            *self.rewards,
+            self.trainer,
+            self.ps,
+            self.ts,
+        ]:
+            if h is not None:
+                ray.kill(h)
+        self.rollouts, self.rewards = {}, []
+        self.coordinator = self.trainer = self.ps = self.ts = None
+        if self._started_ray:
+            ray.shutdown()
+            self._started_ray = False
+
+    def __enter__(self) -> Deployment:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

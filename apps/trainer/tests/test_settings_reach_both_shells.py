@@ -1,0 +1,92 @@
+"""Every decision setting reaches both shells — the simulator and the Ray deployment — or is
+listed here as belonging to one of them, with the reason.
+
+Both shells build their control core from ``control.config.core_config(app_config)``; a
+setting that changes that config reaches both. The few settings a shell reads itself (its cycle
+period, its retry delay) must be read by both shells' code. A new field in the sections below
+fails this test until it is classified."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import pytest
+
+from staleflow_trainer.config import AppConfig, load_config
+from staleflow_trainer.control.config import core_config
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "staleflow_trainer"
+RAY_SHELL = [SRC / "actors" / "control.py", SRC / "actors" / "shell_io.py"]
+SIM_SHELL = [SRC / "sim" / "shell.py", SRC / "sim" / "spec.py"]
+
+#: a valid other value for each decision setting (the base is examples' defaults below)
+CHANGES = {
+    "protocol.batch_size": "6",
+    "protocol.group_size": "6",
+    "protocol.eta": "3",
+    "protocol.batch_redundancy": "1",
+    "protocol.group_redundancy": "1",
+    "protocol.stuck_threshold": "2",
+    "protocol.stuck_after_s": "9.5",
+    "protocol.unbounded_inflight_batches": "5",
+    "coordinator.policy": "vanilla-sync",
+    "coordinator.cost_model": "qwen-7b-h20",
+    "coordinator.theta": "0.5",
+    "coordinator.route_kv_limit": "0.8",
+    "coordinator.sync_kv_threshold": "0.6",
+    "coordinator.migration_ratio": "7.0",
+    "coordinator.migration_indicator": "running",
+    "coordinator.sync_retries": "2",
+    "trainer.steps": "7",
+    "trainer.dynamic_sampling": "true",
+    "run.checkpoint_every": "3",
+    "run.seed": "5",
+    "data.shuffle": "false",
+}
+#: settings a shell reads itself: the attribute both shells' code must read
+SHELL_READ = {
+    "coordinator.snapshot_interval_s": ".snapshot_interval_s",
+}
+#: settings that apply to one shell only, and why
+ONE_SHELL = {
+    "coordinator.sync_retry_backoff_s": "a real-time delay before retrying a failed sync; "
+    "simulated instances never fail to sync",
+}
+#: settings only meaningful with eta=unbounded (checked on such a config)
+UNBOUNDED_ONLY = {"protocol.unbounded_inflight_batches"}
+BASE = ["protocol.eta=2", "protocol.stuck_threshold=1", "protocol.batch_size=4"]
+
+
+def _fields(section: str) -> list[str]:
+    cls = attrs.fields_dict(AppConfig)[section].type
+    assert isinstance(cls, type)
+    return [f"{section}.{f.name}" for f in attrs.fields(cls)]
+
+
+def test_every_protocol_and_coordinator_setting_is_classified() -> None:
+    for key in _fields("protocol") + _fields("coordinator"):
+        assert key in CHANGES or key in SHELL_READ or key in ONE_SHELL, (
+            f"{key}: classify it — a decision setting (CHANGES), read by both shells "
+            "(SHELL_READ) or one shell's only (ONE_SHELL, with the reason)"
+        )
+
+
+@pytest.mark.parametrize("key", sorted(CHANGES))
+def test_a_decision_setting_changes_the_core_both_shells_run(key: str) -> None:
+    base = [*BASE, "protocol.eta=unbounded", "coordinator.policy=all-vanilla"] if (
+        key in UNBOUNDED_ONLY
+    ) else BASE  # fmt: skip
+    if key == "coordinator.policy" and key in CHANGES:
+        base = [*base, "protocol.stuck_threshold=0"]
+    a = core_config(load_config(None, base), rows=100)
+    b = core_config(load_config(None, [*base, f"{key}={CHANGES[key]}"]), rows=100)
+    assert a != b, f"{key} does not reach the control core"
+
+
+@pytest.mark.parametrize("key", sorted(SHELL_READ))
+def test_a_shell_setting_is_read_by_both_shells(key: str) -> None:
+    attr = SHELL_READ[key]
+    for name, files in (("ray", RAY_SHELL), ("sim", SIM_SHELL)):
+        text = "".join(f.read_text() for f in files)
+        assert attr in text, f"the {name} shell does not read {key}"
