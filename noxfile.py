@@ -44,8 +44,17 @@ def _sync(session: nox.Session, *args: str) -> None:
         # `uv sync --package X` leaves out the root's dev group: add the locked dev tools.
         req = Path(session.create_tmp()) / "dev-requirements.txt"
         session.run_install(
-            "uv", "export", "--locked", "--only-dev", "--no-hashes", "--no-emit-project",
-            "--no-emit-workspace", "--quiet", "-o", str(req), env=env,
+            "uv",
+            "export",
+            "--locked",
+            "--only-dev",
+            "--no-hashes",
+            "--no-emit-project",
+            "--no-emit-workspace",
+            "--quiet",
+            "-o",
+            str(req),
+            env=env,
         )
         session.run_install("uv", "pip", "install", "--quiet", "-r", str(req), env=env)
 
@@ -67,7 +76,10 @@ def typecheck(session: nox.Session) -> None:
     session.run("mypy", "--strict", *(f"packages/{p}/src" for p in PACKAGES), "apps/trainer/src")
 
 
-UNIT_TESTS = {**{p: f"packages/{p}/tests" for p in PACKAGES}, "staleflow-trainer": "apps/trainer/tests"}
+UNIT_TESTS = {
+    **{p: f"packages/{p}/tests" for p in PACKAGES},
+    "staleflow-trainer": "apps/trainer/tests",
+}
 
 
 @nox.session
@@ -93,7 +105,9 @@ def engine(session: nox.Session, backend: str) -> None:
     """The engine-adapter conformance suite against one backend."""
     _sync(session, "--package", "engine-adapters", "--all-extras")
     # Selecting no test is an error (pytest exits 5), so a missing backend never passes.
-    session.run("pytest", "packages/engine-adapters/tests", "-k", f"conformance and {backend}", env=ENV)
+    session.run(
+        "pytest", "packages/engine-adapters/tests", "-k", f"conformance and {backend}", env=ENV
+    )
 
 
 @nox.session
@@ -101,8 +115,13 @@ def engine(session: nox.Session, backend: str) -> None:
 def integration(session: nox.Session, backend: str) -> None:
     """The composed-system suite with one engine backend."""
     _sync(session, "--all-packages")
-    session.run("pytest", "integration_tests", "-m", backend,
-                env={**ENV, "STALEFLOW_REQUIRE_BACKEND": backend})
+    session.run(
+        "pytest",
+        "integration_tests",
+        "-m",
+        backend,
+        env={**ENV, "STALEFLOW_REQUIRE_BACKEND": backend},
+    )
 
 
 @nox.session
@@ -119,12 +138,14 @@ def bench(session: nox.Session) -> None:
 @nox.session(name="bench-sim")
 def bench_sim(session: nox.Session) -> None:
     _sync(session, "--all-packages")
-    session.run("staleflow", "compare", "examples/sim-paper-30b-a3b.yaml", *session.posargs, env=ENV)
+    session.run(
+        "staleflow", "compare", "examples/sim-paper-30b-a3b.yaml", *session.posargs, env=ENV
+    )
 
 
 @nox.session(name="bench-sim-sweep")
 def bench_sim_sweep(session: nox.Session) -> None:
-    """Scalability sweeps (issue 7): `nox -s bench-sim-sweep [-- gpus|response|batch [opts]]`."""
+    """Scalability sweeps: `nox -s bench-sim-sweep [-- gpus|response|batch [opts]]`."""
     _sync(session, "--all-packages")
     args = session.posargs
     if args and args[0] in ("gpus", "response", "batch"):
