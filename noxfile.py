@@ -145,7 +145,7 @@ def bench_sim(session: nox.Session) -> None:
 
 @nox.session(name="bench-sim-sweep")
 def bench_sim_sweep(session: nox.Session) -> None:
-    """Scalability sweeps (issue 7): `nox -s bench-sim-sweep [-- gpus|response|batch [opts]]`."""
+    """Scalability sweeps: `nox -s bench-sim-sweep [-- gpus|response|batch [opts]]`."""
     _sync(session, "--all-packages")
     args = session.posargs
     if args and args[0] in ("gpus", "response", "batch"):

@@ -3,7 +3,8 @@
 The character tokenizer covers exactly the toy tasks' alphabet (digits, ``+ - * = ( ) ?`` and
 space), so every toy answer digit is one token and a random policy already hits the right
 digit about 1 time in 20: GRPO gets signal from the first batch. Models satisfy vLLM-CPU's
-constraints (head_dim ≥ 32, see NOTES-ENV) so the same directory serves rollout and training.
+constraints (its CPU attention backend refuses head sizes below 32, e.g. head_dim 16) so the same
+directory serves rollout and training.
 """
 
 from __future__ import annotations

@@ -154,7 +154,8 @@ class RunningTrajectory:
 
 @attrs.frozen(kw_only=True)
 class EngineSnapshot:
-    """The five fields the coordinator reads (DESIGN §5), plus a monotone sequence number."""
+    """The five fields the coordinator reads (version, running, waiting, KV usage, throughput;
+    docs/design.md, "Rollout coordinator"), plus a monotone sequence number."""
 
     instance_id: str
     seq: int  # increases with every snapshot an adapter takes; lets consumers drop stale ones

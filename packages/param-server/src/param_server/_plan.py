@@ -1,6 +1,6 @@
 """Load-balancing plan: which holder serves each (receiver, slice) a pull needs.
 
-Theory of operation (DESIGN §4). Every slice of a version lives on one or more holders
+Theory of operation (docs/design.md, "Parameter server"). Every slice of a version lives on one or more holders
 (storage workers). A receiver (a rollout instance) needs some slices. The plan assigns each
 (receiver, slice) to one holder:
 

@@ -42,7 +42,7 @@ def _running_tuple(value: Iterable[RunningEntry]) -> tuple[RunningEntry, ...]:
 
 @attrs.frozen(kw_only=True, slots=True)
 class InstanceSnapshot:
-    """The five fields of DESIGN §5 (version, running, waiting, KV, throughput) + seq + time."""
+    """The five facts an instance reports (version, running, waiting, KV, throughput) + seq + time."""
 
     instance_id: str
     seq: int
@@ -155,7 +155,7 @@ class QueuedTrajectory:
 
 
 def _queue_key(item: QueuedTrajectory) -> tuple[int, int, int]:
-    # Multi-level queue (DESIGN §4): oldest V_traj first, new prompts last, longer partials first.
+    # Multi-level queue (docs/design.md, "Trajectory server"): oldest V_traj first, new prompts last, longer partials first.
     if item.v_traj is None:
         return (1, 0, 0)
     return (0, item.v_traj, -item.generated_len)

@@ -1,6 +1,6 @@
 """A STAND-IN for SGLang's HTTP server, for tests on machines where SGLang cannot run.
 
-This is **not SGLang**. SGLang needs CUDA kernels (see ``NOTES-ENV.md`` §2), so CI tests the
+This is **not SGLang**. SGLang needs CUDA kernels (its CPU path needs ``sgl_kernel`` ops built from source), so CI tests the
 SGLang adapter against this in-repo server, which implements the documented semantics of the
 endpoints the adapter uses, following the SGLang **0.5.x** native HTTP API
 (``python/sglang/srt/entrypoints/http_server.py`` / ``managers/io_struct.py``):

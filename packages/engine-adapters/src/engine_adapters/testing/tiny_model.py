@@ -24,7 +24,8 @@ EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
 SPECIAL_TOKENS = (EOS_TOKEN, BOS_TOKEN, PAD_TOKEN)  # ids 0, 1, 2
 
-# Head sizes vLLM's CPU attention backend accepts (NOTES-ENV §1).
+# Head sizes vLLM's CPU attention backend accepts; others (e.g. 16) fail at start-up with
+# "Unsupported CPU attention configuration".
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 _MARKER = "tiny_model.json"
