@@ -1,4 +1,4 @@
-"""Bad config and bad data at the app's front door (issue 8): ``staleflow train`` and
+"""Bad config and bad data at the app's front door: ``staleflow train`` and
 ``Deployment.start`` refuse them with an error naming the key / row and field, before Ray or
 any actor starts, and nothing already in the run directory (a checkpoint) is touched.
 

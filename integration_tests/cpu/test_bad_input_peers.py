@@ -1,4 +1,4 @@
-"""Bad input from peers (issue 8): malformed or out-of-order messages are rejected with an
+"""Bad input from peers: malformed or out-of-order messages are rejected with an
 error naming the field / id, and nothing already accepted is lost or changed.
 
 The trajectory server and the param server have their own wire and property tests

@@ -142,7 +142,7 @@ def test_cost_model_routing_and_migration_beat_all_vanilla_when_rollout_bound(se
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_staleflow_beats_all_vanilla_on_a_skewed_workload(seed: int) -> None:
-    """Issue 5: staleflow >= all-vanilla on a skewed, rollout-bound workload (virtual time, so
+    """staleflow >= all-vanilla on a skewed, rollout-bound workload (virtual time, so
     the result is deterministic per seed). Measured 1.02, 1.08, 1.10x for seeds 0-2. The larger
     margin of the vanilla-sync ablation above shows per-instance sync gives part of the gain
     back here; on the protocol-bound TINY workload (eta=1) every staleflow-family policy is

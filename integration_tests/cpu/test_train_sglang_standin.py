@@ -1,6 +1,6 @@
 """`staleflow train` with the SGLang backend, against the in-repo SGLang **stand-in** server.
 
-SGLang cannot run on our CPU machines (shared/NOTES-ENV.md §2). The stand-in
+SGLang cannot run on CPU-only machines (it needs a CUDA build). The stand-in
 (``engine_adapters.testing.sglang_standin``) implements the documented semantics of SGLang
 0.5.x's HTTP API (/generate with input_ids + logprobs, /abort_request, /pause_generation,
 /continue_generation, /update_weights_from_disk with weight_version, /get_server_info,

@@ -1,4 +1,4 @@
-"""Per-rule examples of DESIGN §3; each asserts the whole state (layout + ledger)."""
+"""Per-rule examples of the protocol rules (docs/design.md); each asserts the whole state (layout + ledger)."""
 
 from __future__ import annotations
 

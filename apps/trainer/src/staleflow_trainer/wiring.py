@@ -188,6 +188,7 @@ def _engine_kwargs(cfg: AppConfig, i: int, model_path: Path) -> dict[str, Any]:
     }
 
 
+_RAY_START_ATTEMPTS = 3
 _RAY_SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": node IP = loopback
 
 
@@ -217,13 +218,23 @@ def init_ray(cfg: AppConfig) -> bool:
         # clustering is off (its single-machine mode), so turn it off: everything on loopback.
         os.environ[_RAY_SINGLE_MACHINE] = "0"
         ray_constants.ENABLE_RAY_CLUSTER = False
-        ray.init(
-            num_cpus=cfg.ray.num_cpus or os.cpu_count() or 1,
-            num_gpus=cfg.ray.num_gpus or 0,
-            include_dashboard=False,
-            object_store_memory=cfg.ray.object_store_mb << 20,
-            log_to_driver=bool(os.environ.get("STALEFLOW_RAY_LOGS")),
-        )
+        for attempt in range(1, _RAY_START_ATTEMPTS + 1):
+            try:
+                ray.init(
+                    num_cpus=cfg.ray.num_cpus or os.cpu_count() or 1,
+                    num_gpus=cfg.ray.num_gpus or 0,
+                    include_dashboard=False,
+                    object_store_memory=cfg.ray.object_store_mb << 20,
+                    log_to_driver=bool(os.environ.get("STALEFLOW_RAY_LOGS")),
+                )
+                break
+            except Exception as e:
+                # Ray gives its raylet a fixed 30 s to register; a busy machine misses it
+                if "timed out during startup" not in str(e) or attempt == _RAY_START_ATTEMPTS:
+                    raise
+                log.warning("ray_start_timed_out_retrying", attempt=attempt,
+                            of=_RAY_START_ATTEMPTS)  # fmt: skip
+                ray.shutdown()
     return True
 
 
