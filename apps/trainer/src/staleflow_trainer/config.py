@@ -439,6 +439,9 @@ class RewardConfig:
     num_workers: int = _f(1, ge=1)
     retries: int = _f(2, ge=0)
     timeout_s: float = _f(10.0, gt=0.0)
+    max_failures_in_row: int = _f(
+        100, ge=1, doc="trajectories whose reward failed in a row (after retries) that stop the run"
+    )
 
 
 @_section("param_server")

@@ -114,8 +114,14 @@ def preflight(cfg: AppConfig, model_path: Path) -> int:
     from transformers import AutoTokenizer
 
     from staleflow_trainer.data import encode_prompts, load_records
-    from staleflow_trainer.errors import DataError
+    from staleflow_trainer.errors import DataError, RewardError
+    from staleflow_trainer.reward.plugin import load_reward_fn
 
+    try:  # a reward function that cannot be imported fails here, not in every worker
+        load_reward_fn(cfg.reward.fn)
+    except RewardError as e:
+        raise ConfigError(f"reward.fn: {e}", key="reward.fn",
+                          allowed="an importable 'pkg.module:function'") from e  # fmt: skip
     records = load_records(cfg)
     tok = AutoTokenizer.from_pretrained(str(model_path))
     encoded = encode_prompts(

@@ -65,6 +65,8 @@ class CoreConfig:
     #: At most this many queued trajectories are offered to the coordinator per cycle (None:
     #: the whole queue).
     queue_view_limit: int | None = None
+    #: Rewards failed in a row (after the workers' retries) that stop the run.
+    reward_failures_in_row: int = attrs.field(default=100, validator=_positive)
     #: Steps over which ``gen_tokens_per_s`` is averaged.
     rate_window_steps: int = attrs.field(default=5, validator=_positive)
 
@@ -202,6 +204,7 @@ def core_config(cfg: Any, *, rows: int | None) -> CoreConfig:
         stuck_after_s=cfg.protocol.stuck_after_s,
         checkpoint_every=cfg.run.checkpoint_every,
         sync_retries=cfg.coordinator.sync_retries,
+        reward_failures_in_row=cfg.reward.max_failures_in_row,
         rows=rows,
         seed=cfg.run.seed,
         shuffle=cfg.data.shuffle,

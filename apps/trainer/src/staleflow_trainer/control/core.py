@@ -142,6 +142,7 @@ class ControlCore:
         self._replacements_due = 0  # replacement prompts the protocol asked for, not yet fed
         self._snapshots: dict[str, InstanceSnapshot] = {}
         self._sync_fail_streak: dict[str, int] = {}
+        self._reward_fail_streak = 0
         self.halted: fx.Halt | None = None
         self.done = False
 
@@ -303,8 +304,19 @@ class ControlCore:
             gid = e.group
             if r.score is None:
                 self.counters["reward_dropped"] += 1
+                self._reward_fail_streak += 1
                 self._drop_group(gid, f"reward_failed: {r.reason or 'unknown'}"[:200], out)
+                if self._reward_fail_streak >= self.config.reward_failures_in_row:
+                    self.halted = fx.Halt(
+                        component="reward",
+                        reason=f"the reward failed for {self._reward_fail_streak} trajectories "
+                        f"in a row (reward.max_failures_in_row="
+                        f"{self.config.reward_failures_in_row}); last error: {r.reason}",
+                    )
+                    out.append(self.halted)
+                    return
                 continue
+            self._reward_fail_streak = 0
             g = self.ledger.reward(r.trajectory_id, float(r.score))
             if len(g.rewarded) != n or self._group_state(gid) is not GroupState.RESERVED:
                 continue
