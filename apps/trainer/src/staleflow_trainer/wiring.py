@@ -74,9 +74,9 @@ class RunSummary:
 def resolve_resume(cfg: AppConfig) -> Path | None:
     """The checkpoint to resume from under ``run.resume`` (CheckpointError for ``must``
     without one)."""
-    found = latest_checkpoint(cfg.run_dir)
     if cfg.run.resume == "never":
         return None
+    found = latest_checkpoint(cfg.run_dir)
     if found is None and cfg.run.resume == "must":
         raise CheckpointError(
             f"run.resume=must but {cfg.run_dir / 'checkpoints'} holds no checkpoint",
