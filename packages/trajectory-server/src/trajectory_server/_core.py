@@ -21,19 +21,22 @@ is rejected rather than silently doubling tokens.
 
 Every operation validates all of its inputs before it changes anything: an error leaves the
 store exactly as it was. No clocks, I/O, threads or logging here; the service shell adds those.
+
+The parts live beside this module: the multi-level queue in ``_queue``, the segment rules in
+``_segments``, the consistency check in ``_invariants``, the checkpoint state in ``_state``.
 """
 
 from __future__ import annotations
 
-import bisect
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from trajectory_server import _plain
+from trajectory_server._invariants import check_store
+from trajectory_server._queue import ALL_LEVELS, LevelQueue, queue_entry
 from trajectory_server._records import (
     FINISHED,
     MAX_GROUP_SIZE,
@@ -54,87 +57,20 @@ from trajectory_server._records import (
     check_version,
     is_int,
 )
+from trajectory_server._segments import extend
+from trajectory_server._state import STATE_FORMAT, store_from_dict, store_to_dict
 from trajectory_server.errors import (
-    CheckpointCorrupt,
     DuplicateTrajectory,
     InvalidRecord,
     NotQueued,
-    SegmentMismatch,
     StaleVersion,
-    TrajectoryServerError,
     UnknownGroup,
     UnknownTrajectory,
     WrongOwner,
     WrongState,
 )
 
-STATE_FORMAT = "staleflow.trajectory-store/1"
-
-ALL_LEVELS: Any = object()
-"""Sentinel for :meth:`TrajectoryStore.queue_view`: every level."""
-
-_QueueKey = tuple[int, int, str]  # (-generated_len, enqueue seq, trajectory_id)
-
-
-class _Queue:
-    """Multi-level queue: one sorted list of keys per level, levels in service order."""
-
-    def __init__(self) -> None:
-        self.levels: dict[int | None, list[_QueueKey]] = {}
-        self.versions: list[int] = []  # sorted int levels that exist
-        self.key_of: dict[str, tuple[int | None, _QueueKey]] = {}
-
-    def __len__(self) -> int:
-        return len(self.key_of)
-
-    def __contains__(self, tid: str) -> bool:
-        return tid in self.key_of
-
-    def push(self, tid: str, level: int | None, generated_len: int, seq: int) -> None:
-        key = (-generated_len, seq, tid)
-        bucket = self.levels.get(level)
-        if bucket is None:
-            bucket = self.levels[level] = []
-            if level is not None:
-                bisect.insort(self.versions, level)
-        if not bucket or bucket[-1] < key:
-            bucket.append(key)
-        else:
-            bisect.insort(bucket, key)
-        self.key_of[tid] = (level, key)
-
-    def remove(self, tid: str) -> None:
-        level, key = self.key_of.pop(tid)
-        bucket = self.levels[level]
-        i = bisect.bisect_left(bucket, key)
-        del bucket[i]
-        if not bucket:
-            del self.levels[level]
-            if level is not None:
-                self.versions.remove(level)
-
-    def order(self) -> list[int | None]:
-        out: list[int | None] = list(self.versions)
-        if None in self.levels:
-            out.append(None)
-        return out
-
-    def iter(self, level: Any = ALL_LEVELS) -> Iterator[str]:
-        levels = self.order() if level is ALL_LEVELS else [level]
-        for lv in levels:
-            for key in self.levels.get(lv, ()):
-                yield key[2]
-
-
-def _entry(t: Trajectory) -> QueueEntry:
-    return QueueEntry(
-        trajectory_id=t.trajectory_id,
-        group_id=t.group_id,
-        v_traj=t.v_traj,
-        prompt_len=t.prompt_len,
-        generated_len=t.generated_len,
-        interruptions=t.interruptions,
-    )
+__all__ = ["ALL_LEVELS", "STATE_FORMAT", "TrajectoryStore"]
 
 
 class TrajectoryStore:
@@ -143,7 +79,7 @@ class TrajectoryStore:
     def __init__(self) -> None:
         self._payload: dict[str, Trajectory] = {}  # queued, running and unreleased finished
         self._where: dict[str, Location] = {}  # every trajectory ever submitted
-        self._queue = _Queue()
+        self._queue = LevelQueue()
         self._running: dict[str, dict[str, None]] = {}  # instance -> ordered set of ids
         self._finished: dict[str, FinishReason] = {}  # unreleased finished ids
         self._finished_by: dict[str, str] = {}
@@ -300,7 +236,7 @@ class TrajectoryStore:
                 instance_id=instance_id,
                 generated_len=t.generated_len,
             )
-            out.append(_entry(t))
+            out.append(queue_entry(t))
         return tuple(out)
 
     def finish(
@@ -364,71 +300,8 @@ class TrajectoryStore:
                     owner=where.instance_id,
                     state=where.state.value,
                 )
-            planned.append((seg, self._extend(self._payload[tid], seg, final=final)))
+            planned.append((seg, extend(self._payload[tid], seg, final=final)))
         return planned
-
-    @staticmethod
-    def _extend(t: Trajectory, seg: Segment, *, final: bool) -> Trajectory:
-        tid = t.trajectory_id
-        held = t.generated_len
-        if seg.start > held:
-            raise SegmentMismatch(
-                f"output for {tid!r} starts at token {seg.start} but the store holds {held}; "
-                "a segment is missing",
-                trajectory_id=tid,
-                start=seg.start,
-                held=held,
-            )
-        overlap = min(held, seg.end) - seg.start
-        if overlap > 0 and (
-            seg.token_ids[:overlap] != t.generated_token_ids[seg.start : seg.start + overlap]
-            or seg.logprobs[:overlap] != t.generated_logprobs[seg.start : seg.start + overlap]
-            or seg.versions[:overlap] != t.generated_versions[seg.start : seg.start + overlap]
-        ):
-            raise SegmentMismatch(
-                f"output for {tid!r} overlaps tokens [{seg.start}, {seg.start + overlap}) the "
-                "store holds, with different values",
-                trajectory_id=tid,
-                start=seg.start,
-                held=held,
-            )
-        if seg.end < held:
-            raise SegmentMismatch(
-                f"output for {tid!r} ends at token {seg.end} but the store already holds {held}; "
-                "an engine reports everything generated so far",
-                trajectory_id=tid,
-                start=seg.start,
-                held=held,
-            )
-        new = held - seg.start
-        new_versions = seg.versions[new:]
-        assert t.v_traj is not None  # running implies routed
-        low = new_versions.min()
-        if low is not None and low < t.v_traj:
-            raise StaleVersion(
-                f"output for {tid!r} has a token at version {low} < v_traj={t.v_traj}",
-                trajectory_id=tid,
-                v_traj=t.v_traj,
-                version=low,
-            )
-        total = seg.end
-        limit = t.sampling.max_new_tokens
-        if total > limit or (not final and total == limit):
-            raise InvalidRecord(
-                f"output for {tid!r} brings it to {total} generated tokens; max_new_tokens is "
-                f"{limit}"
-                + ("" if total > limit else ": report it with finish(), reason 'length'"),
-                field="token_ids",
-                trajectory_id=tid,
-            )
-        if not new_versions:
-            return t
-        return attrs.evolve(
-            t,
-            generated_token_ids=t.generated_token_ids + seg.token_ids[new:],
-            generated_logprobs=t.generated_logprobs + seg.logprobs[new:],
-            generated_versions=t.generated_versions + new_versions,
-        )
 
     # -- drop / lost / release -------------------------------------------------------------------
 
@@ -557,7 +430,7 @@ class TrajectoryStore:
         for tid in self._queue.iter(level):
             if limit is not None and len(out) >= limit:
                 break
-            out.append(_entry(self._payload[tid]))
+            out.append(queue_entry(self._payload[tid]))
         return tuple(out)
 
     def level_counts(self) -> dict[int | None, int]:
@@ -592,123 +465,19 @@ class TrajectoryStore:
 
     def check_invariants(self) -> None:
         """Raise AssertionError unless every trajectory is in exactly one consistent place."""
-        places: dict[str, str] = {}
-
-        def put(tid: str, place: str) -> None:
-            assert tid not in places, f"{tid} is both {places[tid]} and {place}"
-            places[tid] = place
-
-        for tid in self._queue.key_of:
-            put(tid, "queued")
-        for inst, held in self._running.items():
-            for tid in held:
-                put(tid, f"running:{inst}")
-        for tid in self._finished:
-            put(tid, "finished")
-        for tid in self._released:
-            put(tid, "released")
-        for tid, where in self._where.items():
-            if where.state is LocationState.DROPPED:
-                put(tid, "dropped")
-        assert set(places) == set(self._where), "a trajectory vanished or appeared"
-        for tid, place in places.items():
-            where = self._where[tid]
-            expect = {
-                "queued": LocationState.QUEUED,
-                "finished": LocationState.FINISHED,
-                "released": LocationState.FINISHED,
-                "dropped": LocationState.DROPPED,
-            }.get(place, LocationState.RUNNING)
-            assert where.state is expect, f"{tid}: ledger {where.state} but held as {place}"
-            if place.startswith("running:"):
-                assert where.instance_id == place.split(":", 1)[1]
-            has_payload = place in ("queued", "finished") or place.startswith("running:")
-            assert (tid in self._payload) == has_payload, f"{tid}: payload presence wrong"
-        for tid, (level, key) in self._queue.key_of.items():
-            t = self._payload[tid]
-            assert level == t.v_traj and key[0] == -t.generated_len, f"{tid}: stale queue key"
-        order = self._queue.order()
-        assert order == sorted(v for v in order if v is not None) + (
-            [None] if None in order else []
-        )
-        for bucket in self._queue.levels.values():
-            assert bucket and bucket == sorted(bucket)
-        members = [tid for ids in self._groups.values() for tid in ids]
-        assert sorted(members) == sorted(self._where), "group membership out of sync"
+        check_store(self)
 
     # -- checkpoint state ------------------------------------------------------------------------
 
     def to_dict(self, *, binary: bool = False) -> dict[str, Any]:
         """The whole store as plain data; JSON-able unless ``binary`` (arrays as raw bytes)."""
-        queued = {tid: key[1] for tid, (_lv, key) in self._queue.key_of.items()}
-        return {
-            "format": STATE_FORMAT,
-            "event_seq": self._event_seq,
-            "enqueue_seq": self._enqueue_seq,
-            "payloads": [_plain.trajectory_to_plain(t, binary) for t in self._payload.values()],
-            "locations": {tid: _plain.location_to_plain(w) for tid, w in self._where.items()},
-            "queue": [[tid, queued[tid]] for tid in self._queue.iter()],
-            "running": {inst: list(held) for inst, held in self._running.items() if held},
-            "finished": [
-                [tid, reason.value, self._finished_by[tid]]
-                for tid, reason in self._finished.items()
-            ],
-            "released": sorted(self._released),
-            "groups": {g: list(ids) for g, ids in self._groups.items()},
-            "history": {
-                tid: [_plain.event_to_plain(e) for e in events]
-                for tid, events in self._history.items()
-            },
-        }
+        return store_to_dict(self, binary=binary)
 
     @classmethod
     def from_dict(cls, state: Mapping[str, Any]) -> TrajectoryStore:
         """Rebuild a store from :meth:`to_dict` output; inconsistent state raises
         :class:`~trajectory_server.errors.CheckpointCorrupt` naming the field."""
-        try:
-            store = cls._from_dict(state)
-            store.check_invariants()
-        except TrajectoryServerError as exc:
-            raise CheckpointCorrupt(
-                f"store state is invalid: {exc}", path=None, field=exc.context.get("field")
-            ) from exc
-        except (AssertionError, KeyError, TypeError, ValueError) as exc:
-            raise CheckpointCorrupt(f"store state is inconsistent: {exc!r}", path=None) from exc
-        return store
-
-    @classmethod
-    def _from_dict(cls, state: Mapping[str, Any]) -> TrajectoryStore:
-        r = _plain.Reader(dict(state), "state", CheckpointCorrupt)
-        fmt = r.text("format")
-        if fmt != STATE_FORMAT:
-            r.fail("state.format", f"must be {STATE_FORMAT!r}, got {fmt!r:.60}")
-        store = cls()
-        store._event_seq = r.integer("event_seq")
-        store._enqueue_seq = r.integer("enqueue_seq")
-        for i, p in enumerate(r.items("payloads")):
-            t = _plain.trajectory_from_plain(_plain.Reader(p, f"state.payloads[{i}]", r.error))
-            store._payload[t.trajectory_id] = t
-        for tid, loc in r.mapping("locations").items():
-            store._where[tid] = _plain.location_from_plain(
-                _plain.Reader(loc, f"state.locations.{tid}", r.error)
-            )
-        for tid, seq in r.items("queue"):
-            t = store._payload[tid]
-            store._queue.push(tid, t.v_traj, t.generated_len, seq)
-        for inst, ids in r.mapping("running").items():
-            store._running[inst] = dict.fromkeys(ids)
-        for tid, reason, inst in r.items("finished"):
-            store._finished[tid] = FinishReason(reason)
-            store._finished_by[tid] = inst
-        store._released = set(r.texts("released"))
-        store._groups = {g: list(ids) for g, ids in r.mapping("groups").items()}
-        for tid, events in r.mapping("history").items():
-            store._history[tid] = [
-                _plain.event_from_plain(_plain.Reader(e, f"state.history.{tid}", r.error))
-                for e in events
-            ]
-        r.done()
-        return store
+        return store_from_dict(cls, state)
 
     def save_checkpoint(self, path: str | os.PathLike[str]) -> Path:
         """Write the store atomically with a checksum (see :mod:`trajectory_server.checkpoint`)."""
