@@ -38,13 +38,20 @@ def cluster() -> Iterator[Any]:
 
     if ray.is_initialized():
         ray.shutdown()
-    c = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "resources": {"sf_control": 1}},
-    )
-    c.add_node(num_cpus=2, resources={"sf_rollout": 1})
-    c.add_node(num_cpus=1, resources={"sf_trainer": 1})
-    c.wait_for_nodes()
+    c = None
+    for attempt in range(3):  # Ray gives each raylet a fixed 30 s to register: retry when busy
+        c = Cluster()
+        try:
+            c.add_node(num_cpus=1, resources={"sf_control": 1})
+            c.add_node(num_cpus=2, resources={"sf_rollout": 1})
+            c.add_node(num_cpus=1, resources={"sf_trainer": 1})
+            c.wait_for_nodes()
+            break
+        except Exception as e:
+            c.shutdown()
+            if "timed out during startup" not in str(e) or attempt == 2:
+                raise
+    assert c is not None
     try:
         yield c
     finally:
