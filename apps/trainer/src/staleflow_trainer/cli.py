@@ -50,7 +50,14 @@ def _load(args: argparse.Namespace) -> AppConfig:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     cfg = _load(args)
-    result = _lazy("staleflow_trainer.wiring").train(cfg)
+    from staleflow_trainer.startup import finished_run_message
+
+    command = f"staleflow train {args.config}"
+    finished = finished_run_message(cfg, command=command)
+    if finished is not None:  # before importing the deployment (torch, Ray: seconds)
+        print(finished)
+        return 0
+    result = _lazy("staleflow_trainer.wiring").train(cfg, command=command)
     return int(result or 0) if isinstance(result, int) else 0
 
 

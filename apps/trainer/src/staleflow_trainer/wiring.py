@@ -43,7 +43,10 @@ from staleflow_trainer.actors.coordinator_loop import (
 )
 from staleflow_trainer.config import AppConfig, dump_config, to_dict
 from staleflow_trainer.errors import CheckpointError, ComponentLost, ConfigError
-from staleflow_trainer.metrics import MetricsWriter, ProgressBar, TimelineWriter
+from staleflow_trainer.metrics import MetricsWriter, TimelineWriter
+from staleflow_trainer.progress import ProgressBar, StartupProgress
+from staleflow_trainer.startup import finished_run_message, quiet_ray_env, ray_init_with_retry
+from staleflow_trainer.trackers import trackers_from_config
 
 log = structlog.get_logger(__name__)
 
@@ -182,10 +185,13 @@ def _engine_kwargs(cfg: AppConfig, i: int, model_path: Path) -> dict[str, Any]:
 _RAY_SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": node IP = loopback
 
 
-def init_ray(cfg: AppConfig) -> bool:
-    """Start a local Ray (or join ``ray.address``); returns True if this call started it."""
-    for k, v in _ENV.items():
+def init_ray(cfg: AppConfig, progress: StartupProgress | None = None) -> bool:
+    """Start a local Ray (or join ``ray.address``); returns True if this call started it.
+    A start-up that times out is retried (:func:`ray_init_with_retry`); ``progress`` hears
+    the retries."""
+    for k, v in {**_ENV, **quiet_ray_env(local=not cfg.ray.address)}.items():
         os.environ.setdefault(k, v)
+    on_retry = None if progress is None else (lambda msg: progress.line("ray", msg))
     os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
     import ray
     from ray._private import ray_constants
@@ -197,10 +203,13 @@ def init_ray(cfg: AppConfig) -> bool:
     if cfg.ray.address:
         os.environ.pop(_RAY_SINGLE_MACHINE, None)  # a local run in this process set it
         ray_constants.ENABLE_RAY_CLUSTER = not ray_constants.IS_WINDOWS_OR_OSX
-        ray.init(
-            address=cfg.ray.address,
-            runtime_env={"env_vars": dict(_ENV)},
-            log_to_driver=bool(os.environ.get("STALEFLOW_RAY_LOGS")),
+        ray_init_with_retry(
+            lambda: ray.init(
+                address=cfg.ray.address,
+                runtime_env={"env_vars": dict(_ENV)},
+                log_to_driver=bool(os.environ.get("STALEFLOW_RAY_LOGS")),
+            ),
+            on_retry=on_retry,
         )
     else:
         # A local Ray advertises its node IP and binds its gRPC servers, raylet, object
@@ -208,12 +217,15 @@ def init_ray(cfg: AppConfig) -> bool:
         # clustering is off (its single-machine mode), so turn it off: everything on loopback.
         os.environ[_RAY_SINGLE_MACHINE] = "0"
         ray_constants.ENABLE_RAY_CLUSTER = False
-        ray.init(
-            num_cpus=cfg.ray.num_cpus or os.cpu_count() or 1,
-            num_gpus=cfg.ray.num_gpus or 0,
-            include_dashboard=False,
-            object_store_memory=cfg.ray.object_store_mb << 20,
-            log_to_driver=bool(os.environ.get("STALEFLOW_RAY_LOGS")),
+        ray_init_with_retry(
+            lambda: ray.init(
+                num_cpus=cfg.ray.num_cpus or os.cpu_count() or 1,
+                num_gpus=cfg.ray.num_gpus or 0,
+                include_dashboard=False,
+                object_store_memory=cfg.ray.object_store_mb << 20,
+                log_to_driver=bool(os.environ.get("STALEFLOW_RAY_LOGS")),
+            ),
+            on_retry=on_retry,
         )
     return True
 
@@ -248,6 +260,7 @@ class Deployment:
         self._opts: Callable[..., dict[str, Any]] | None = None
         self._started_ray = False
         self._t0 = time.monotonic()
+        self.startup = StartupProgress()  # start-up phase lines with elapsed seconds
 
     # ------------------------------------------------------------------------------ start
 
@@ -260,10 +273,12 @@ class Deployment:
         from trajectory_server.actor import TrajectoryServerActor
 
         cfg = self.cfg
+        progress = self.startup
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.resume_dir = resolve_resume(cfg)
-        self.model_path = model_dir(cfg)
-        preflight(cfg, self.model_path)  # bad data fails here: before Ray, nothing touched
+        with progress.phase("model", "preparing the model and checking the prompts"):
+            self.model_path = model_dir(cfg)
+            preflight(cfg, self.model_path)  # bad data fails here: before Ray, nothing touched
         ckpt_root = self.run_dir / "checkpoints"
         ts_ckpt = ckpt_root / TS_FILE
         if self.resume_dir is None:
@@ -274,7 +289,9 @@ class Deployment:
             shutil.copyfile(self.resume_dir / TS_FILE, ts_ckpt)
         ckpt_root.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, self.run_dir / "config.yaml")
-        self._started_ray = init_ray(cfg)
+        ray_what = f"joining {cfg.ray.address}" if cfg.ray.address else "starting a local Ray"
+        with progress.phase("ray", ray_what):
+            self._started_ray = init_ray(cfg, progress)
         cfg_dict = to_dict(cfg)
         pg = self._placement_group()
 
@@ -307,7 +324,8 @@ class Deployment:
                 token=ps_token,
             )
         )
-        ts_addr, ps_addr = ray.get([self.ts.start.remote(), self.ps.address.remote()])
+        with progress.phase("servers", "starting the trajectory and parameter servers"):
+            ts_addr, ps_addr = ray.get([self.ts.start.remote(), self.ps.address.remote()])
         n = cfg.rollout.num_instances
         self.trainer = (
             ray.remote(TrainerActor)
@@ -339,10 +357,12 @@ class Deployment:
             )
             for _ in range(cfg.reward.num_workers)
         ]
-        starts = [h.start.remote() for h in self.rollouts.values()]
+        starts = {iid: h.start.remote() for iid, h in self.rollouts.items()}
         pushed = self.trainer.push.remote()  # version 0, or the resumed version
-        infos = ray.get(starts)
-        version = int(ray.get(pushed)["version"])
+        progress.line("engines", f"starting {n} {cfg.rollout.backend} engine(s): {', '.join(starts)}")
+        infos = list(progress.wait_each("engines", starts).values())
+        with progress.phase("trainer", "loading the model and publishing its first version"):
+            version = int(ray.get(pushed)["version"])
         if version > 0:  # resumed: every instance serves the trainer's version first
             ray.get([h.sync.remote(version) for h in self.rollouts.values()])
         instances = {
@@ -351,7 +371,8 @@ class Deployment:
         self.coordinator = self._make_coordinator(
             instances, resume_dir=None if self.resume_dir is None else str(self.resume_dir)
         )
-        info = ray.get(self.coordinator.setup.remote())
+        with progress.phase("coordinator", "setting up the protocol and the coordinator"):
+            info = ray.get(self.coordinator.setup.remote())
         self.steps_at_start = int(info["steps_done"])
         log.info(
             "deployment_started",
@@ -562,6 +583,7 @@ class Deployment:
             self.run_dir,
             tensorboard=cfg.metrics.tensorboard,
             resume_step=self.steps_at_start if resumed else None,
+            trackers=trackers_from_config(cfg, resume=resumed),
         )
         timeline = TimelineWriter(self.run_dir)
         coord: Any = None
@@ -585,7 +607,10 @@ class Deployment:
 
         try:
             with ProgressBar(
-                cfg.trainer.steps, enabled=cfg.metrics.progress_bar, start_step=self.steps_at_start
+                cfg.trainer.steps,
+                enabled=cfg.metrics.progress_bar,
+                start_step=self.steps_at_start,
+                log_every=cfg.metrics.log_every,
             ) as bar:
                 while True:
                     if coord is not self.coordinator:  # started, or replaced
@@ -675,8 +700,15 @@ def _is_actor_death(e: BaseException) -> bool:
     return isinstance(e, (RayActorError, ActorDiedError, ActorUnavailableError))
 
 
-def train(cfg: AppConfig) -> RunSummary:
-    """Run ``staleflow train``: start everything, train ``trainer.steps`` steps, stop, plot."""
+def train(cfg: AppConfig, *, command: str = "staleflow train CONFIG") -> RunSummary | None:
+    """Run ``staleflow train``: start everything, train ``trainer.steps`` steps, stop, plot.
+    A run directory that already holds a finished run is reported and left alone (None)."""
+    finished = finished_run_message(cfg, command=command)
+    if finished is not None:
+        from rich.console import Console
+
+        Console().print(finished, markup=False, highlight=False, soft_wrap=True)
+        return None
     t0 = time.monotonic()
     dep = Deployment(cfg)
     try:
@@ -726,6 +758,9 @@ def _report(s: RunSummary) -> None:
         c.print(
             f"plots:         {Path(s.plots[0]).parent}  ({', '.join(Path(p).name for p in s.plots)})"
         )
+    tb = Path(s.run_dir) / "tensorboard"
+    if tb.is_dir():
+        c.print(f"tensorboard:   {tb}  (view it: tensorboard --logdir {tb})", soft_wrap=True)
     if s.ledger.get("problems"):
         c.print(f"[bold red]ledger problems[/]: {s.ledger['problems'][:5]}")
 
