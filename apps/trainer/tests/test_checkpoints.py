@@ -7,7 +7,6 @@ import pytest
 from staleflow_trainer.checkpoints import RunCheckpoints, load_json, save_json
 from staleflow_trainer.data import DataCursor
 from staleflow_trainer.errors import CheckpointError
-from staleflow_trainer.metrics import step_record
 
 
 def test_json_round_trip_and_corruption(tmp_path: Path) -> None:
@@ -46,19 +45,3 @@ def test_failed_write_keeps_previous_checkpoint(tmp_path: Path) -> None:
     step, path = ck.latest()  # type: ignore[misc]
     assert step == 1 and load_json(path / "x.json") == 1
     assert ck.steps() == [1]
-
-
-def test_step_record_has_required_keys() -> None:
-    r = step_record(
-        step=3,
-        version=4,
-        tokens=500,
-        elapsed_s=2.0,
-        stalenesses=[1, 1, 0],
-        rewards=[1.0, 0.0],
-        trainer_wait_s=0.25,
-        syncs=2,
-    )
-    assert r["tokens_per_s"] == 250.0 and r["reward_mean"] == 0.5
-    assert r["max_staleness"] == 1 and r["staleness_hist"] == {"0": 1, "1": 2}
-    assert r["syncs"] == 2 and r["trainer_wait_s"] == 0.25

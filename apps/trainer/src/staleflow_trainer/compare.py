@@ -88,19 +88,26 @@ def run_specs(
     jobs: list[tuple[AppConfig, Path]],
     *,
     workers: int | None = None,
-    progress: bool = True,
     on_done: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Simulate every ``(config, run_dir)`` (one process per core unless ``workers`` says
-    otherwise); returns their summaries in job order. Shared by compare and plan.
-    ``progress`` shows the finished runs (:class:`~staleflow_trainer.progress.JobProgress`);
+    otherwise); returns their summaries in job order. Shared by compare and plan (and the
+    sweeps, through :func:`run_comparison`). The finished runs are shown as the first
+    job's ``metrics`` section says (:class:`~staleflow_trainer.progress.JobProgress`: a bar
+    with ``progress_bar`` on a terminal, else a line per run unless ``log_every`` is 0);
     ``on_done(index, summary)`` hears each run as it finishes."""
     from staleflow_trainer.progress import JobProgress
 
     args = [(s, str(d)) for s, d in jobs]
     n = workers if workers is not None else min(len(args), os.cpu_count() or 1)
     out: list[dict[str, Any] | None] = [None] * len(args)
-    with JobProgress(len(args), enabled=progress) as bar:
+    m = jobs[0][0].metrics if jobs else None
+    show = JobProgress(
+        len(args),
+        bar=m is not None and m.progress_bar,
+        lines=m is not None and m.log_every > 0,
+    )
+    with show as bar:
 
         def finished(i: int, summary: dict[str, Any]) -> None:
             out[i] = summary

@@ -165,9 +165,7 @@ def plot_timeline(
     ax.set_xlim(0, max([float(r["end_s"]) for r in rows] + times + [0.0]) * 1.01)
     ax.set_xlabel("time since the run started (s)")
     ax.set_ylabel("rollout instance")
-    ax.set_title(
-        "rollout instances: busy (generating) / syncing (loading weights) / idle", pad=26
-    )
+    ax.set_title("rollout instances: busy (generating) / syncing (loading weights) / idle", pad=26)
     ax.legend(
         handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=4, fontsize="small"
     )
@@ -192,11 +190,11 @@ def plot_throughput(rows: list[dict[str, Any]], out: Path) -> Path:
             color="#264653",
             label="trained tokens/s (each step's batch / its step time)",
         )
-        toks = [r.get("tokens") for r in rows]
-        t_end = rows[-1].get("time_s")
-        t_start = rows[0].get("time_s", 0.0) - rows[0].get("step_s", 0.0)
-        if all(x is not None for x in toks) and t_end is not None and t_end > t_start:
-            mean = sum(float(x) for x in toks) / (float(t_end) - float(t_start))
+        toks = [float(r["tokens"]) for r in rows if r.get("tokens") is not None]
+        t_end = float(rows[-1].get("time_s") or 0.0)
+        t_start = float(rows[0].get("time_s") or 0.0) - float(rows[0].get("step_s") or 0.0)
+        if len(toks) == len(rows) and t_end > t_start:
+            mean = sum(toks) / (t_end - t_start)
             ax.axhline(
                 mean, color="#264653", ls=":", lw=1.2, label=f"trained, run mean ({mean:,.0f})"
             )

@@ -198,10 +198,10 @@ class ProgressBar:
 class StartupProgress:
     """One line per start-up phase, with the seconds since start-up began::
 
-        start-up    0.0 s  ray: starting a local Ray (2 CPUs)
-        start-up    4.1 s  ray: ready (4.1 s)
-        start-up   61.7 s  engines: vllm-0 ready (52.3 s)
-        start-up   91.0 s  engines: still waiting for vllm-1 (81.6 s)
+    start-up    0.0 s  ray: starting a local Ray (2 CPUs)
+    start-up    4.1 s  ray: ready (4.1 s)
+    start-up   61.7 s  engines: vllm-0 ready (52.3 s)
+    start-up   91.0 s  engines: still waiting for vllm-1 (81.6 s)
     """
 
     def __init__(
@@ -285,7 +285,8 @@ class StartupProgress:
 
 
 class JobProgress:
-    """Finished simulations out of ``total``: a bar on a terminal, else a line per run."""
+    """Finished simulations out of ``total``: a bar when ``bar`` is on and ``out`` (default
+    stdout) is a terminal, else a line per finished run when ``lines`` is on."""
 
     def __init__(
         self,
@@ -293,7 +294,8 @@ class JobProgress:
         *,
         label: str = "simulations",
         out: TextIO | None = None,
-        enabled: bool = True,
+        bar: bool = True,
+        lines: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.total = total
@@ -304,8 +306,8 @@ class JobProgress:
         self._t0 = clock()
         self._progress: Any = None
         self._task: Any = None
-        self.enabled = enabled
-        if enabled and is_terminal(out):
+        self.enabled = lines
+        if bar and is_terminal(out):
             from rich.console import Console
 
             self._progress = _rich_progress(label, Console(file=out))

@@ -359,7 +359,9 @@ class Deployment:
         ]
         starts = {iid: h.start.remote() for iid, h in self.rollouts.items()}
         pushed = self.trainer.push.remote()  # version 0, or the resumed version
-        progress.line("engines", f"starting {n} {cfg.rollout.backend} engine(s): {', '.join(starts)}")
+        progress.line(
+            "engines", f"starting {n} {cfg.rollout.backend} engine(s): {', '.join(starts)}"
+        )
         infos = list(progress.wait_each("engines", starts).values())
         with progress.phase("trainer", "loading the model and publishing its first version"):
             version = int(ray.get(pushed)["version"])
