@@ -276,3 +276,30 @@ def test_fit_cost_model_help_shows_its_options(capsys: pytest.CaptureFixture[str
     assert "--holdout" in out and "--out" in out
     assert cli.main(["fit-cost-model"]) == 2  # no profile: usage, with the options
     assert "--holdout" in capsys.readouterr().out
+
+
+# ---- throughput keys ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "eta"), [("staleflow", 1), ("staleflow", 3), ("one-step", 1), ("sync", 0)]
+)
+def test_no_throughput_key_is_zero_on_a_trained_step(policy: str, eta: int) -> None:
+    """η ≥ 1 often finds the next batch complete when a step ends: its trained rate is its
+    batch over its step time, never the 0 of "nothing generated since the last step"."""
+    from staleflow_trainer.sim.shell import Simulation
+    from staleflow_trainer.sim.testing import sim_config
+
+    cfg = sim_config(
+        policy=policy, eta=eta, steps=8, batch_size=4, group_size=2, rollout_gpus=2,
+        train_gpus=1, total_gpus=3, prompt_len=32, response_len_median=64, max_response_len=128,
+        kv_capacity_tokens=20_000,
+    )  # fmt: skip
+    sim = Simulation(cfg)
+    sim.run()
+    rows = sim.rec.steps
+    assert len(rows) == 8
+    for r in rows:
+        assert r["tokens"] > 0
+        rates = {k: v for k, v in r.items() if "per_s" in k}
+        assert rates and all(v > 0 for v in rates.values()), (r["step"], rates)
