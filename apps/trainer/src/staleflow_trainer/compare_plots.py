@@ -119,12 +119,14 @@ def _staleness(report: dict[str, Any], out: Path) -> Path:
     for ax in list(axes.flat)[len(rows) :]:
         ax.axis("off")
     fig.tight_layout()
-    fig.suptitle("staleness of the consumed samples (share of all trained samples)", y=1.035)
     fig.legend(
         handles=[Line2D([], [], color=ETA_COLOR, ls="--", label="bound η (no sample beyond)")],
+        title="staleness of the consumed samples (share of all trained samples)",
+        title_fontsize="large",
         loc="lower center",
         bbox_to_anchor=(0.5, 1.0),
         fontsize="small",
+        frameon=False,
     )
     return _save(fig, out)
 
@@ -166,7 +168,7 @@ def _timelines(report: dict[str, Any], out_dir: Path, out: Path) -> Path:
                     ax.broken_barh(spans, (i - 0.45, 0.9), facecolors=color)
         for m in steps:
             if m.get("time_s") is not None:
-                ax.axvline(float(m["time_s"]), color=STALEFLOW_COLOR, lw=0.6, alpha=0.6)
+                ax.axvline(float(m["time_s"]), color="#111111", lw=0.8, ls="--", zorder=3)
         ax.set_title(
             f"{r['policy']} η={r['eta']}: {r['tokens_per_s']:,.0f} trained tokens/s, "
             f"{len(steps)} steps",
@@ -178,17 +180,17 @@ def _timelines(report: dict[str, Any], out_dir: Path, out: Path) -> Path:
         ax.set_xlabel("virtual time (s)", fontsize=8)
         ax.tick_params(labelbottom=True, labelsize=8)
     fig.tight_layout()
-    fig.suptitle(
-        f"rollout instances over time (η = {eta}; sync and one-step at their own η)", y=1.035
-    )
     fig.legend(
         handles=[
             *(Patch(color=c, label=s) for s, c in STATE_COLORS.items()),
-            Line2D([], [], color=STALEFLOW_COLOR, lw=0.8, label="training step done"),
+            Line2D([], [], color="#111111", lw=0.9, ls="--", label="step done"),
         ],
+        title=f"rollout instances over time (η = {eta}; sync and one-step at their own η)",
+        title_fontsize="large",
         loc="lower center",
         bbox_to_anchor=(0.5, 1.0),
         ncol=4,
         fontsize="small",
+        frameon=False,
     )
     return _save(fig, out)

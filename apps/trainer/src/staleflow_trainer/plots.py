@@ -42,28 +42,25 @@ class RunInfo:
 
     eta: int | None = None  # None: unbounded or unknown
     policy: str = ""
-    synthetic_reward: str = ""  # why the rewards are not a learning curve ("" = they are)
+    simulated: bool = False  # virtual time and synthetic rewards (not a learning curve)
 
 
 def run_info(run_dir: Path, *, simulated: bool = False) -> RunInfo:
-    """η, policy and whether the rewards are synthetic, from ``RUN_DIR/config.yaml``."""
-    note = "simulated rollouts" if simulated else ""
+    """η, policy and whether the run was simulated, from ``RUN_DIR/config.yaml``."""
     path = run_dir / "config.yaml"
     if not path.is_file():
-        return RunInfo(synthetic_reward=note)
+        return RunInfo(simulated=simulated)
     import yaml
 
     try:
         cfg = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError:
-        return RunInfo(synthetic_reward=note)
+        return RunInfo(simulated=simulated)
     eta = (cfg.get("protocol") or {}).get("eta")
-    if not note and (cfg.get("rollout") or {}).get("backend") == "sim":
-        note = "simulated rollouts"
     return RunInfo(
         eta=eta if isinstance(eta, int) and not isinstance(eta, bool) else None,
         policy=str((cfg.get("coordinator") or {}).get("policy", "")),
-        synthetic_reward=note,
+        simulated=simulated or (cfg.get("rollout") or {}).get("backend") == "sim",
     )
 
 
@@ -137,7 +134,10 @@ def plot_staleness(rows: list[dict[str, Any]], out: Path, info: RunInfo | None =
 
 
 def plot_timeline(
-    rows: list[dict[str, Any]], out: Path, steps: list[dict[str, Any]] | None = None
+    rows: list[dict[str, Any]],
+    out: Path,
+    steps: list[dict[str, Any]] | None = None,
+    info: RunInfo | None = None,
 ) -> Path:
     plt = plt_agg()
     from matplotlib.lines import Line2D
@@ -157,19 +157,27 @@ def plot_timeline(
     handles: list[Any] = [Patch(color=c, label=s) for s, c in STATE_COLORS.items()]
     times = [float(r["time_s"]) for r in steps or [] if r.get("time_s") is not None]
     for t in times:
-        ax.axvline(t, color="#264653", lw=0.6, alpha=0.5)
+        ax.axvline(t, color="#111111", lw=0.9, ls="--", zorder=3)
     if times:
-        handles.append(Line2D([], [], color="#264653", lw=0.8, label="training step done"))
+        handles.append(Line2D([], [], color="#111111", lw=0.9, ls="--", label="step done"))
     ax.set_yticks(range(len(instances)), instances)
     ax.set_ylim(-0.6, len(instances) - 0.4)
     ax.set_xlim(0, max([float(r["end_s"]) for r in rows] + times + [0.0]) * 1.01)
-    ax.set_xlabel("time since the run started (s)")
+    virtual = info is not None and info.simulated
+    ax.set_xlabel(f"{'virtual ' if virtual else ''}time since the run started (s)")
     ax.set_ylabel("rollout instance")
     ax.set_title("rollout instances: busy (generating) / syncing (loading weights) / idle", pad=26)
     ax.legend(
         handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=4, fontsize="small"
     )
     return _save(fig, out)
+
+
+def _rate_window() -> int:
+    """The number of steps the control core averages the generated rate over."""
+    from staleflow_trainer.control.config import CoreConfig
+
+    return int(attrs.fields(CoreConfig).rate_window_steps.default)
 
 
 def plot_throughput(rows: list[dict[str, Any]], out: Path) -> Path:
@@ -185,27 +193,42 @@ def plot_throughput(rows: list[dict[str, Any]], out: Path) -> Path:
         ax.plot(
             steps,
             [float("nan") if t is None else t for t in trained],
+            ls="none",
             marker="o",
-            ms=3,
+            ms=4,
             color="#264653",
-            label="trained tokens/s (each step's batch / its step time)",
+            alpha=0.55,
+            label="trained tokens/s of each step (its batch / its step time)",
         )
-        toks = [float(r["tokens"]) for r in rows if r.get("tokens") is not None]
-        t_end = float(rows[-1].get("time_s") or 0.0)
-        t_start = float(rows[0].get("time_s") or 0.0) - float(rows[0].get("step_s") or 0.0)
-        if len(toks) == len(rows) and t_end > t_start:
-            mean = sum(toks) / (t_end - t_start)
-            ax.axhline(
-                mean, color="#264653", ls=":", lw=1.2, label=f"trained, run mean ({mean:,.0f})"
+        window = _rate_window()
+        toks = [r.get("tokens") for r in rows]
+        spans = [r.get("step_s") for r in rows]
+        if all(x is not None for x in toks + spans):
+            rolling = []
+            for i in range(len(rows)):
+                lo = max(0, i + 1 - window)
+                t = sum(float(x) for x in toks[lo : i + 1])  # type: ignore[arg-type]
+                d = sum(float(x) for x in spans[lo : i + 1])  # type: ignore[arg-type]
+                rolling.append(t / d if d > 0 else float("nan"))
+            ax.plot(
+                steps,
+                rolling,
+                color="#264653",
+                lw=1.8,
+                label=f"trained tokens/s over the last {window} steps",
             )
     if any(g is not None for g in generated):
-        window = "over the last steps" if "gen_tokens_per_s" in rows[0] else "since last step"
+        over = (
+            f"over the last {_rate_window()} steps"
+            if "gen_tokens_per_s" in rows[0]
+            else "since the previous step"
+        )
         ax.plot(
             steps,
             [float("nan") if g is None else g for g in generated],
-            color="#e76f51",
-            lw=1.6,
-            label=f"generated tokens/s ({window})",
+            color=ETA_COLOR,
+            lw=1.8,
+            label=f"generated tokens/s {over}",
         )
     ax.set_ylabel("tokens / s")
     ax.set_ylim(bottom=0)
@@ -224,13 +247,19 @@ def plot_reward(rows: list[dict[str, Any]], out: Path, info: RunInfo | None = No
     steps = [int(r["step"]) for r in rows]
     fig, ax = plt.subplots(figsize=(9, 3.6))
     ax.plot(steps, [r.get("reward_mean", 0.0) for r in rows], marker=".", label="reward mean")
-    if any("accuracy" in r for r in rows):
-        ax.plot(steps, [r.get("accuracy", 0.0) for r in rows], label="accuracy (reward ≥ 1)")
+    acc = [r.get("accuracy") for r in rows]
+    if any(a is not None and a != r.get("reward_mean") for a, r in zip(acc, rows, strict=True)):
+        ax.plot(
+            steps,
+            [float("nan") if a is None else a for a in acc],
+            ls="--",
+            label="accuracy (share with reward ≥ 1)",
+        )
     ax.set_xlabel("training step")
     ax.set_ylabel("mean reward of the step's batch")
     _integer_axis(ax.xaxis)
-    if info.synthetic_reward:
-        ax.set_title(f"synthetic reward ({info.synthetic_reward}): not a learning curve")
+    if info.simulated:
+        ax.set_title("synthetic reward (simulated rollouts): not a learning curve")
     else:
         ax.set_title("reward of the consumed batches")
     ax.legend(fontsize="small")
@@ -257,6 +286,6 @@ def plot_run(run_dir: str | Path, *, simulated: bool = False) -> list[Path]:
         written.append(plot_throughput(rows, out / "throughput.png"))
         written.append(plot_reward(rows, out / "reward.png", info))
     if timeline:
-        written.append(plot_timeline(timeline, out / "timeline.png", rows))
+        written.append(plot_timeline(timeline, out / "timeline.png", rows, info))
     log.debug("plots_written", run_dir=str(run), files=[p.name for p in written])
     return written
