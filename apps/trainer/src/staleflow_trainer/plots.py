@@ -177,7 +177,9 @@ def _rate_window() -> int:
     """The number of steps the control core averages the generated rate over."""
     from staleflow_trainer.control.config import CoreConfig
 
-    return int(attrs.fields(CoreConfig).rate_window_steps.default)
+    default = attrs.fields(CoreConfig).rate_window_steps.default
+    assert isinstance(default, int)
+    return default
 
 
 def plot_throughput(rows: list[dict[str, Any]], out: Path) -> Path:
@@ -201,15 +203,14 @@ def plot_throughput(rows: list[dict[str, Any]], out: Path) -> Path:
             label="trained tokens/s of each step (its batch / its step time)",
         )
         window = _rate_window()
-        toks = [r.get("tokens") for r in rows]
-        spans = [r.get("step_s") for r in rows]
-        if all(x is not None for x in toks + spans):
+        if all(r.get("tokens") is not None and r.get("step_s") is not None for r in rows):
+            toks = [float(r["tokens"]) for r in rows]
+            spans = [float(r["step_s"]) for r in rows]
             rolling = []
             for i in range(len(rows)):
                 lo = max(0, i + 1 - window)
-                t = sum(float(x) for x in toks[lo : i + 1])  # type: ignore[arg-type]
-                d = sum(float(x) for x in spans[lo : i + 1])  # type: ignore[arg-type]
-                rolling.append(t / d if d > 0 else float("nan"))
+                d = sum(spans[lo : i + 1])
+                rolling.append(sum(toks[lo : i + 1]) / d if d > 0 else float("nan"))
             ax.plot(
                 steps,
                 rolling,

@@ -1,4 +1,5 @@
-"""The physical throughput limit of a disaggregated split (issue 7's ``ideal_tokens_per_s``).
+"""The physical throughput limit of a disaggregated split (``ideal_tokens_per_s`` of the
+compare report).
 
 ``ideal = min(rollout side, training side)``, in consumed tokens (prompt + response) per second:
 
