@@ -8,8 +8,6 @@ slow machine.
 * :func:`ray_init_with_retry` — Ray's own start-up times out now and then on a loaded machine
   (its node must register within 30 s); a timed-out start is shut down and tried again, and
   when every try timed out the error says what happened instead of Ray's traceback.
-* :func:`quiet_ray_env` — environment for a local Ray that keeps its start-up warnings out of
-  every run's output without changing what Ray does.
 """
 
 from __future__ import annotations
@@ -119,16 +117,3 @@ def ray_init_with_retry(
                 on_retry(f"start-up timed out ({reason}); retrying ({attempt + 1}/{attempts})")
             sleep(backoff_s * attempt)
     raise AssertionError("unreachable")
-
-
-def quiet_ray_env(*, local: bool) -> dict[str, str]:
-    """Environment defaults (set only where unset) that silence Ray's per-run warnings:
-
-    * ``RAY_AUTH_MODE=token`` for a local Ray: token authentication is what Ray 2.6x turns on
-      for a local cluster anyway, but with the mode unset it warns about it on every start.
-      Joining a cluster (``ray.address``) leaves the cluster's own mode alone.
-    """
-    env: dict[str, str] = {}
-    if local:
-        env["RAY_AUTH_MODE"] = "token"
-    return env

@@ -45,7 +45,7 @@ from staleflow_trainer.config import AppConfig, dump_config, to_dict
 from staleflow_trainer.errors import CheckpointError, ComponentLost, ConfigError
 from staleflow_trainer.metrics import MetricsWriter, TimelineWriter
 from staleflow_trainer.progress import ProgressBar, StartupProgress
-from staleflow_trainer.startup import finished_run_message, quiet_ray_env, ray_init_with_retry
+from staleflow_trainer.startup import finished_run_message, ray_init_with_retry
 from staleflow_trainer.trackers import trackers_from_config
 
 log = structlog.get_logger(__name__)
@@ -189,7 +189,7 @@ def init_ray(cfg: AppConfig, progress: StartupProgress | None = None) -> bool:
     """Start a local Ray (or join ``ray.address``); returns True if this call started it.
     A start-up that times out is retried (:func:`ray_init_with_retry`); ``progress`` hears
     the retries."""
-    for k, v in {**_ENV, **quiet_ray_env(local=not cfg.ray.address)}.items():
+    for k, v in _ENV.items():
         os.environ.setdefault(k, v)
     on_retry = None if progress is None else (lambda msg: progress.line("ray", msg))
     os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
