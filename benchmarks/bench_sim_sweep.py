@@ -1,6 +1,5 @@
-"""Scalability sweeps on the simulator (setup 2 of the paper-scale comparison): how
-staleflow's lead over the baselines moves with the GPU budget, the maximum response length
-and the batch size.
+"""Scalability sweeps on the simulator (issue 7, setup 2): how staleflow's lead over the
+baselines moves with the GPU budget, the maximum response length and the batch size.
 
 One command per sweep; every point is a ``staleflow compare`` of the paper preset (same code
 path: :func:`staleflow_trainer.compare.run_comparison`) with one knob changed::

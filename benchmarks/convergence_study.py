@@ -1,4 +1,4 @@
-"""The convergence study: does the staleness bound preserve learning?
+"""The convergence study (issue 9): does the staleness bound preserve learning?
 
 Runs ``staleflow train`` (the whole system: Ray, 2 vLLM-CPU rollout instances, NIXL parameter
 server, StaleFlow coordinator) once per (setting, seed), one deployment at a time, on

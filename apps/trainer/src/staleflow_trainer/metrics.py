@@ -29,6 +29,7 @@ import structlog
 
 from staleflow_trainer.control.report import staleness_summary
 from staleflow_trainer.errors import StaleflowError
+from staleflow_trainer.progress import ProgressBar  # re-exported: the driver's import path
 
 log = structlog.get_logger(__name__)
 
@@ -38,6 +39,7 @@ __all__ = [
     "TIMELINE_FILE",
     "MetricsError",
     "MetricsWriter",
+    "ProgressBar",
     "TimelineWriter",
     "busy_fractions",
     "read_jsonl",

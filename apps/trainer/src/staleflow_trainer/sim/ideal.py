@@ -1,5 +1,4 @@
-"""The physical throughput limit of a disaggregated split (``ideal_tokens_per_s`` of the
-compare report).
+"""The physical throughput limit of a disaggregated split (issue 7's ``ideal_tokens_per_s``).
 
 ``ideal = min(rollout side, training side)``, in consumed tokens (prompt + response) per second:
 
