@@ -59,7 +59,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if finished is not None:  # before importing the deployment (torch, Ray: seconds)
         print(finished)
         return 0
-    result = _lazy("staleflow_trainer.wiring").train(cfg, command=command)
+    result = _lazy("staleflow_trainer.wiring").train(cfg)
     return int(result or 0) if isinstance(result, int) else 0
 
 
