@@ -38,13 +38,19 @@ def test_simulate_writes_the_metrics_contract(tmp_path: Path) -> None:
     assert (run / "plots" / "timeline.png").is_file()
 
 
-def test_compare_writes_the_issue_7_schema(tmp_path: Path) -> None:
+def test_compare_writes_the_issue_7_schema(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run = tmp_path / "cmp"
     rc = main(
         ["--log-level", "warning", "compare", str(EXAMPLES / "sim-tiny.yaml"), f"run_dir={run}",
          "trainer.steps=3", "sim.warmup_steps=1", "--policies", "staleflow,sync"]
     )  # fmt: skip
     assert rc == 0
+    out = capsys.readouterr().out  # stdout is not a terminal: a line per finished run
+    assert [ln.split()[1] for ln in out.splitlines() if ln.startswith("simulations ")] == [
+        "1/4", "2/4", "3/4", "4/4"
+    ]  # fmt: skip
     report = json.loads((run / "compare.json").read_text())
     assert report["ideal_tokens_per_s"] > 0
     keys = {"policy", "eta", "tokens_per_s", "mean_step_s", "trainer_idle_frac",
@@ -64,3 +70,36 @@ def test_compare_writes_the_issue_7_schema(tmp_path: Path) -> None:
     assert report["split"]["rollout_gpus"] == 4
     for name in ("compare.md", "throughput.png", "staleness.png", "timelines.png"):
         assert (run / "results" / name).is_file()
+
+
+def test_simulate_to_a_file_prints_a_line_per_step(tmp_path: Path) -> None:
+    """stdout redirected (a cluster job): one plain line per step, even with the bar on, and
+    throughput that never reads 0 for a step that trained a batch."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    log = tmp_path / "run.log"
+    with log.open("w") as fh:
+        done = subprocess.run(
+            [sys.executable, "-m", "staleflow_trainer.cli", "simulate",
+             str(EXAMPLES / "sim-tiny.yaml"), f"run_dir={run}", "trainer.steps=8",
+             "metrics.progress_bar=true", "metrics.log_every=1"],
+            stdout=fh, stderr=subprocess.PIPE, text=True, timeout=300,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = log.read_text().splitlines()
+    steps = [ln for ln in lines if ln.startswith("step ")]
+    assert [ln.split()[1] for ln in steps] == [f"{i}/8" for i in range(1, 9)]
+    assert all("trained" in ln and "generated" in ln and "tok/s" in ln for ln in steps)
+    assert not any("\x1b[" in ln for ln in lines)  # no terminal escapes in the file
+    assert any(ln.startswith("simulated 8 steps") for ln in lines)
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert len(rows) == 8
+    for r in rows:
+        assert r["tokens"] > 0 and r["samples"] > 0
+        rates = {k: v for k, v in r.items() if k.endswith("tokens_per_s")}
+        assert set(rates) == {"tokens_per_s", "gen_tokens_per_s"}
+        assert all(v > 0 for v in rates.values()), (r["step"], rates)
+        assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["step_s"])
+        assert not any(k.startswith("level_") or k == "None" for k in r["queue_depth"])

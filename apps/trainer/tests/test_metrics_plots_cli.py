@@ -11,13 +11,13 @@ from staleflow_trainer.metrics import (
     REQUIRED_KEYS,
     MetricsError,
     MetricsWriter,
-    ProgressBar,
     TimelineWriter,
     busy_fractions,
     read_jsonl,
     staleness_summary,
 )
 from staleflow_trainer.plots import PlotError, plot_run
+from staleflow_trainer.progress import ProgressBar
 
 
 def _record(step: int) -> dict:
@@ -116,8 +116,10 @@ def test_plot_run_writes_pngs(tmp_path: Path) -> None:
 
 
 def test_plot_empty_run_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(PlotError):
+    with pytest.raises(PlotError, match="neither"):
         plot_run(tmp_path)
+    with pytest.raises(PlotError, match="no such directory"):
+        plot_run(tmp_path / "missing")
 
 
 def test_cli_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -153,14 +155,3 @@ def test_metrics_file_is_plain_json_lines(tmp_path: Path) -> None:
     _write_run(tmp_path, steps=2)
     for line in (tmp_path / "metrics.jsonl").read_text().splitlines():
         assert isinstance(json.loads(line), dict)
-
-
-def test_progress_bar_reports_the_runs_mean_token_rate() -> None:
-    from staleflow_trainer.metrics import ProgressBar
-
-    bar = ProgressBar(3, enabled=False)
-    assert bar.run_tokens_per_s({"tokens": 500, "time_s": 10.0}) is None  # no span yet
-    assert bar.run_tokens_per_s({"tokens": 300, "time_s": 12.0}) == 150.0
-    # a step whose own rate reads 0 (batch made during the previous step) still counts
-    assert bar.run_tokens_per_s({"tokens": 100, "time_s": 14.0, "tokens_per_s": 0.0}) == 100.0
-    assert bar.run_tokens_per_s({"step": 4}) is None  # records without the keys are ignored

@@ -18,10 +18,12 @@ codes: 0 ok, 2 bad config / usage, 1 other errors.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import logging
 import sys
+import textwrap
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
@@ -50,6 +52,13 @@ def _load(args: argparse.Namespace) -> AppConfig:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     cfg = _load(args)
+    from staleflow_trainer.startup import finished_run_message
+
+    command = f"staleflow train {args.config}"
+    finished = finished_run_message(cfg, command=command)
+    if finished is not None:  # before importing the deployment (torch, Ray: seconds)
+        print(finished)
+        return 0
     result = _lazy("staleflow_trainer.wiring").train(cfg)
     return int(result or 0) if isinstance(result, int) else 0
 
@@ -87,6 +96,13 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 def _cmd_fit(args: argparse.Namespace) -> int:
     fit = _lazy("rollout_coordinator.fit")
+    if not args.rest or any(a in ("-h", "--help") for a in args.rest):
+        print(_COMMANDS["fit-cost-model"][0] + "\n")
+        print(_examples("fit-cost-model"))
+    if not args.rest:  # usage error: show the fitter's options
+        with contextlib.suppress(SystemExit):
+            fit.fit_cost_model_main(["--help"])
+        return 2
     return int(fit.fit_cost_model_main(args.rest))
 
 
@@ -103,54 +119,201 @@ def _cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="staleflow", description=__doc__.split("::")[0])
-    parser.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+_DESCRIPTION = """\
+StaleFlow: asynchronous RL post-training of LLMs with a bound on every trajectory's
+staleness (how many policy versions behind the trainer it was generated).
 
-    def with_config(name: str, help_: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_)
-        p.add_argument("config", help="YAML config file")
-        p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+Every command that takes CONFIG (a YAML file) also takes dotted key=value overrides, e.g.
+run_dir=runs/x trainer.steps=50 protocol.eta=3; `staleflow config CONFIG` prints every key
+with its resolved value. Exit codes: 0 ok, 2 bad config or usage, 1 other errors.
+"""
+
+_EPILOG = """\
+examples:
+  staleflow train examples/tiny.yaml                  train a tiny model on CPU (Ray, vLLM)
+  staleflow simulate examples/sim-tiny.yaml           the same control logic in virtual time
+  staleflow compare examples/sim-paper-30b-a3b.yaml run_dir=runs/compare
+  staleflow config examples/tiny.yaml                 print the resolved config
+  staleflow COMMAND --help                            a command's options and examples
+"""
+
+# name -> (one-line help, description, examples); the examples are part of every --help
+_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "train": (
+        "train with the real system (Ray, rollout engines, trainer)",
+        "Start the whole system on Ray (rollout engines, trajectory and parameter servers, "
+        "coordinator, reward workers, trainer), train trainer.steps steps, write the run "
+        "directory (metrics.jsonl, timeline.jsonl, TensorBoard events, checkpoints, plots) "
+        "and print where it is. A run directory with a checkpoint is resumed "
+        "(run.resume=auto); one that already reached trainer.steps is reported and left "
+        "alone.",
+        "  staleflow train examples/tiny.yaml\n"
+        "  staleflow train examples/tiny.yaml run_dir=runs/tiny-eta3 protocol.eta=3\n"
+        "  staleflow train examples/tiny.yaml trainer.steps=60     # continue a finished run\n"
+        "  staleflow train examples/tiny.yaml run.resume=never     # start over\n"
+        "  staleflow train examples/tiny.yaml > run.log            # a line per step",
+    ),
+    "simulate": (
+        "simulate a run in virtual time (seconds, no engines)",
+        "Run the configured policy with simulated engines and trainer on a virtual clock: "
+        "same control logic as train, timings from the cost model. Writes metrics.jsonl, "
+        "timeline.jsonl, summary.json and plots into run_dir.",
+        "  staleflow simulate examples/sim-tiny.yaml\n"
+        "  staleflow simulate examples/sim-paper-30b-a3b.yaml trainer.steps=20 "
+        "coordinator.policy=sync",
+    ),
+    "compare": (
+        "simulate several coordinator policies side by side",
+        "Simulate every chosen policy at each staleness bound (η = 1, 2, 3; sync and "
+        "one-step once at their own bound) on the same workload; writes compare.json, "
+        "results/compare.md and results/*.png into run_dir and prints the table.",
+        "  staleflow compare examples/sim-paper-30b-a3b.yaml run_dir=runs/compare\n"
+        "  staleflow compare examples/sim-tiny.yaml --policies staleflow,sync,one-step",
+    ),
+    "plan": (
+        "search the rollout/training GPU split and η (capacity planning)",
+        "Simulate one policy over a grid of rollout fractions of sim.total_gpus and "
+        "staleness bounds; writes plan.json and results/ into run_dir and recommends the "
+        "smallest η within --tolerance of the best throughput.",
+        "  staleflow plan examples/sim-paper-30b-a3b.yaml run_dir=runs/plan trainer.steps=10\n"
+        "  staleflow plan examples/sim-tiny.yaml --fractions 0.5,0.75 --etas 1,3",
+    ),
+    "profile": (
+        "measure an engine's decode-step latency",
+        "Start one rollout engine, run decode steps at several (running requests, KV tokens) "
+        "points and write RUN_DIR/profile.jsonl, the input of fit-cost-model.",
+        "  staleflow profile examples/tiny.yaml run_dir=runs/profile",
+    ),
+    "config": (
+        "print the resolved config (every key, defaults filled in)",
+        "Load CONFIG, apply the overrides, validate, and print the result as YAML. A bad key "
+        "or value is reported with the allowed values.",
+        "  staleflow config examples/tiny.yaml\n"
+        "  staleflow config examples/tiny.yaml protocol.eta=3 trainer.steps=50",
+    ),
+    "fit-cost-model": (
+        "fit the decode-step cost model to profile records",
+        "",
+        "  staleflow fit-cost-model runs/profile/profile.jsonl -o cost.json",
+    ),
+    "plot": (
+        "write the PNGs of a run directory",
+        "Write RUN_DIR/plots/*.png from metrics.jsonl and timeline.jsonl (train and "
+        "simulate do this at the end of a run).",
+        "  staleflow plot runs/tiny",
+    ),
+}
+
+
+def _examples(name: str) -> str:
+    text = _COMMANDS[name][2]
+    return ("examples:\n" if "\n" in text else "example:\n") + text + "\n"
+
+
+def _policy_list() -> str:
+    from staleflow_trainer.config import POLICIES
+
+    return ", ".join(POLICIES)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="staleflow", description=_DESCRIPTION, epilog=_EPILOG, formatter_class=raw
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log level of the structured log lines on stderr (default: info)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, **kw: Any) -> argparse.ArgumentParser:
+        help_, description, _ = _COMMANDS[name]
+        return sub.add_parser(
+            name,
+            help=help_,
+            description=textwrap.fill(description, 88) if description else help_,
+            epilog=_examples(name),
+            formatter_class=raw,
+            **kw,
+        )
+
+    def with_config(name: str) -> argparse.ArgumentParser:
+        p = command(name)
+        p.add_argument("config", metavar="CONFIG", help="YAML config file")
+        p.add_argument(
+            "overrides",
+            nargs="*",
+            metavar="KEY=VALUE",
+            help="dotted overrides, e.g. trainer.steps=10 (staleflow config CONFIG lists keys)",
+        )
         return p
 
-    with_config("train", "run the real system").set_defaults(fn=_cmd_train)
-    with_config("simulate", "run the simulator (virtual time)").set_defaults(fn=_cmd_simulate)
-    cmp = with_config("compare", "simulate several coordinator policies side by side")
-    cmp.add_argument("--policies", default="", help="comma-separated policy names")
-    cmp.set_defaults(fn=_cmd_compare)
-    pln = with_config("plan", "search the rollout/training split and eta (capacity planning)")
-    pln.add_argument("--policy", default="", help="policy to plan (default: the config's)")
-    pln.add_argument(
-        "--fractions", default="", help="rollout fractions of sim.total_gpus (0.25,...,0.75)"
+    with_config("train").set_defaults(fn=_cmd_train)
+    with_config("simulate").set_defaults(fn=_cmd_simulate)
+    cmp = with_config("compare")
+    cmp.add_argument(
+        "--policies",
+        default="",
+        metavar="P1,P2",
+        help=f"comma-separated policies, from: {_policy_list()} (default: all of them)",
     )
-    pln.add_argument("--etas", default="", help="staleness bounds to try (default 1,2,3)")
+    cmp.set_defaults(fn=_cmd_compare)
+    pln = with_config("plan")
     pln.add_argument(
-        "--tolerance", default="0.05", help="recommend the smallest eta within this of the best"
+        "--policy", default="", help="the policy to plan (default: coordinator.policy)"
+    )
+    pln.add_argument(
+        "--fractions",
+        default="",
+        metavar="F1,F2",
+        help="rollout fractions of sim.total_gpus to try (default: 0.25 to 0.75)",
+    )
+    pln.add_argument(
+        "--etas", default="", metavar="E1,E2", help="staleness bounds to try (default: 1,2,3)"
+    )
+    pln.add_argument(
+        "--tolerance",
+        default="0.05",
+        help="recommend the smallest η within this fraction of the best (default: 0.05)",
     )
     pln.set_defaults(fn=_cmd_plan)
-    with_config("profile", "profile an engine's decode-step latency").set_defaults(fn=_cmd_profile)
-    with_config("config", "print the resolved config").set_defaults(fn=_cmd_config)
-    fit = sub.add_parser("fit-cost-model", help="fit the cost model to profile records")
-    fit.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the fitter")
+    with_config("profile").set_defaults(fn=_cmd_profile)
+    with_config("config").set_defaults(fn=_cmd_config)
+    # the fitter owns its options: everything after the name, ``--help`` included, is
+    # handed to it (see main and _cmd_fit)
+    fit = command("fit-cost-model", add_help=False)
+    fit.add_argument("rest", nargs="*", help="PROFILE.jsonl and the fitter's options")
     fit.set_defaults(fn=_cmd_fit)
-    plot = sub.add_parser("plot", help="write PNGs for a run directory")
-    plot.add_argument("run_dir")
+    plot = command("plot")
+    plot.add_argument(
+        "run_dir", metavar="RUN_DIR", help="a run directory written by train or simulate"
+    )
     plot.set_defaults(fn=_cmd_plot)
     return parser
 
 
 def configure_logging(level: str = "info") -> None:
+    """Log lines at ``level`` and above, on stderr: stdout carries the run's progress and
+    results (a file of step lines when redirected)."""
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
+        logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),  # the current stderr
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args: Any = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args: Any = None
+    if "fit-cost-model" in argv:  # everything after it (--help included) is the fitter's
+        i = argv.index("fit-cost-model")
+        args = parser.parse_args(argv[: i + 1])
+        args.rest = argv[i + 1 :]
+    if args is None or args.command != "fit-cost-model":
+        args = parser.parse_args(argv)
     configure_logging(args.log_level)
     try:
         return int(args.fn(args))

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -84,16 +85,45 @@ def _run_one(args: tuple[AppConfig, str]) -> dict[str, Any]:
 
 
 def run_specs(
-    jobs: list[tuple[AppConfig, Path]], *, workers: int | None = None
+    jobs: list[tuple[AppConfig, Path]],
+    *,
+    workers: int | None = None,
+    on_done: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Simulate every ``(config, run_dir)`` (one process per core unless ``workers`` says
-    otherwise); returns their summaries in job order. Shared by compare and plan."""
+    otherwise); returns their summaries in job order. Shared by compare and plan (and the
+    sweeps, through :func:`run_comparison`). The finished runs are shown as the first
+    job's ``metrics`` section says (:class:`~staleflow_trainer.progress.JobProgress`: a bar
+    with ``progress_bar`` on a terminal, else a line per run unless ``log_every`` is 0);
+    ``on_done(index, summary)`` hears each run as it finishes."""
+    from staleflow_trainer.progress import JobProgress
+
     args = [(s, str(d)) for s, d in jobs]
     n = workers if workers is not None else min(len(args), os.cpu_count() or 1)
-    if n <= 1:
-        return [_run_one(a) for a in args]
-    with ProcessPoolExecutor(max_workers=n) as pool:
-        return list(pool.map(_run_one, args))
+    out: list[dict[str, Any] | None] = [None] * len(args)
+    m = jobs[0][0].metrics if jobs else None
+    show = JobProgress(
+        len(args),
+        bar=m is not None and m.progress_bar,
+        lines=m is not None and m.log_every > 0,
+    )
+    with show as bar:
+
+        def finished(i: int, summary: dict[str, Any]) -> None:
+            out[i] = summary
+            bar.done(Path(args[i][1]).name)
+            if on_done is not None:
+                on_done(i, summary)
+
+        if n <= 1:
+            for i, a in enumerate(args):
+                finished(i, _run_one(a))
+        else:
+            with ProcessPoolExecutor(max_workers=n) as pool:
+                futures = {pool.submit(_run_one, a): i for i, a in enumerate(args)}
+                for f in as_completed(futures):
+                    finished(futures[f], f.result())
+    return [s for s in out if s is not None]
 
 
 def run_comparison(

@@ -547,14 +547,34 @@ class SimConfig:
             )
 
 
+@_section("metrics.wandb")
+@attrs.frozen(kw_only=True)
+class WandbConfig:
+    __section__: ClassVar[str]
+    enabled: bool = _f(False, doc="log every step's metrics to Weights & Biases (pip: wandb)")
+    project: str = _f("staleflow", doc="W&B project")
+    name: str = _f("", doc="W&B run name; empty = the run directory's name")
+    mode: Literal["online", "offline"] | None = _f(
+        None,
+        doc="online | offline (files under RUN_DIR/wandb, upload later with `wandb sync`); "
+        "null = the WANDB_MODE environment variable, else online",
+    )
+
+
 @_section("metrics")
 @attrs.frozen(kw_only=True)
 class MetricsConfig:
     __section__: ClassVar[str]
-    tensorboard: bool = _f(True)
-    progress_bar: bool = _f(True)
+    tensorboard: bool = _f(True, doc="write TensorBoard events to RUN_DIR/tensorboard")
+    progress_bar: bool = _f(True, doc="a progress bar when stdout is a terminal")
     timeline: bool = _f(True, doc="write RUN_DIR/timeline.jsonl (instance state intervals)")
-    log_every: int = _f(1, ge=1)
+    log_every: int = _f(
+        1,
+        ge=0,
+        doc="print a line every N steps when there is no progress bar (stdout is not a "
+        "terminal, or progress_bar is false); 0 = none",
+    )
+    wandb: WandbConfig = attrs.field(factory=WandbConfig, validator=_validate_field)
 
 
 @_section("")

@@ -21,7 +21,9 @@ from staleflow_trainer.actors.reconcile import TS_FILE
 from staleflow_trainer.actors.shell_io import is_actor_death
 from staleflow_trainer.config import AppConfig, dump_config, is_loopback, to_dict
 from staleflow_trainer.errors import ComponentLost
-from staleflow_trainer.metrics import MetricsWriter, ProgressBar, TimelineWriter
+from staleflow_trainer.metrics import MetricsWriter, TimelineWriter
+from staleflow_trainer.progress import ProgressBar, StartupProgress
+from staleflow_trainer.trackers import trackers_from_config
 from staleflow_trainer.wiring import (
     _engine_kwargs,
     init_ray,
@@ -64,6 +66,7 @@ class Deployment:
         self._opts: Callable[..., dict[str, Any]] | None = None
         self._started_ray = False
         self._t0 = time.monotonic()
+        self.startup = StartupProgress()  # start-up phase lines with elapsed seconds
 
     # ------------------------------------------------------------------------------ start
 
@@ -76,10 +79,12 @@ class Deployment:
         from trajectory_server.actor import TrajectoryServerActor
 
         cfg = self.cfg
+        progress = self.startup
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.resume_dir = resolve_resume(cfg)
-        self.model_path = model_dir(cfg)
-        preflight(cfg, self.model_path)  # bad data fails here: before Ray, nothing touched
+        with progress.phase("model", "preparing the model and checking the prompts"):
+            self.model_path = model_dir(cfg)
+            preflight(cfg, self.model_path)  # bad data fails here: before Ray, nothing touched
         ckpt_root = self.run_dir / "checkpoints"
         ts_ckpt = ckpt_root / TS_FILE
         if self.resume_dir is None:
@@ -90,7 +95,9 @@ class Deployment:
             shutil.copyfile(self.resume_dir / TS_FILE, ts_ckpt)
         ckpt_root.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, self.run_dir / "config.yaml")
-        self._started_ray = init_ray(cfg)
+        ray_what = f"joining {cfg.ray.address}" if cfg.ray.address else "starting a local Ray"
+        with progress.phase("ray", ray_what):
+            self._started_ray = init_ray(cfg, progress)
         cfg_dict = to_dict(cfg)
         pg = self._placement_group()
 
@@ -124,12 +131,13 @@ class Deployment:
             )
         )
         ts_host = cfg.ray.trajectory_server_host
-        ts_addr, ps_addr = ray.get(
-            [
-                self.ts.start.remote(host=ts_host, allow_remote=not is_loopback(ts_host)),
-                self.ps.address.remote(),
-            ]
-        )
+        with progress.phase("servers", "starting the trajectory and parameter servers"):
+            ts_addr, ps_addr = ray.get(
+                [
+                    self.ts.start.remote(host=ts_host, allow_remote=not is_loopback(ts_host)),
+                    self.ps.address.remote(),
+                ]
+            )
         self._ps_addr, self._ps_token = ps_addr, ps_token
         self._ts_addr, self._ts_token = ts_addr, ts_token
         self._cfg_dict, self._opts = cfg_dict, opts
@@ -167,16 +175,21 @@ class Deployment:
             .remote(**self._reward_spec())
             for _ in range(cfg.reward.num_workers)
         ]
-        starts = [h.start.remote() for h in self.rollouts.values()]
+        starts = {iid: h.start.remote() for iid, h in self.rollouts.items()}
         pushed = self.trainer.push.remote()  # version 0, or the resumed version
-        ray.get(starts)
-        version = int(ray.get(pushed)["version"])
+        progress.line(
+            "engines", f"starting {n} {cfg.rollout.backend} engine(s): {', '.join(starts)}"
+        )
+        progress.wait_each("engines", starts)
+        with progress.phase("trainer", "loading the model and publishing its first version"):
+            version = int(ray.get(pushed)["version"])
         if version > 0:  # resumed: every instance serves the trainer's version first
             ray.get([h.sync.remote(version) for h in self.rollouts.values()])
         self.coordinator = self._make_coordinator(
             resume_dir=None if self.resume_dir is None else str(self.resume_dir)
         )
-        info = ray.get(self.coordinator.setup.remote())
+        with progress.phase("control", "setting up the control core"):
+            info = ray.get(self.coordinator.setup.remote())
         self.steps_at_start = int(info["steps_done"])
         log.info(
             "deployment_started",
@@ -379,6 +392,7 @@ class Deployment:
             self.run_dir,
             tensorboard=cfg.metrics.tensorboard,
             resume_step=self.steps_at_start if resumed else None,
+            trackers=trackers_from_config(cfg, resume=resumed),
         )
         timeline = TimelineWriter(self.run_dir)
         coord: Any = None
@@ -402,7 +416,10 @@ class Deployment:
 
         try:
             with ProgressBar(
-                cfg.trainer.steps, enabled=cfg.metrics.progress_bar, start_step=self.steps_at_start
+                cfg.trainer.steps,
+                enabled=cfg.metrics.progress_bar,
+                start_step=self.steps_at_start,
+                log_every=cfg.metrics.log_every,
             ) as bar:
                 while True:
                     if coord is not self.coordinator:  # started, or replaced

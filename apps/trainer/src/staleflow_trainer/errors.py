@@ -10,6 +10,7 @@ Tree::
     ├── CheckpointError            missing / corrupt / mismatched checkpoint (``path``)
     ├── ComponentLost              a component process the run cannot go on without died
     │                              (``component``); restart the app from its last checkpoint
+    ├── StartupFailed              a component (Ray) did not start (``component``)
     └── CommandUnavailable         a CLI command whose implementation is not installed (``module``)
 """
 
@@ -76,6 +77,15 @@ class CheckpointError(StaleflowError):
 class ComponentLost(StaleflowError):
     """A component the run needs (the trainer) died; ``component`` names it. The run stops and
     ``run.resume=auto|must`` restarts it from the last checkpoint."""
+
+    def __init__(self, message: str, *, component: str) -> None:
+        super().__init__(message)
+        self.component = component
+
+
+class StartupFailed(StaleflowError):
+    """A component the run needs did not start (Ray's start-up timed out on every try);
+    ``component`` names it."""
 
     def __init__(self, message: str, *, component: str) -> None:
         super().__init__(message)

@@ -1,21 +1,25 @@
-"""Run observability: per-step JSONL metrics, an instance timeline, TensorBoard, a progress bar.
+"""Run files: per-step JSONL metrics, the instance timeline, TensorBoard and (optionally) W&B.
 
-``RUN_DIR/metrics.jsonl`` holds one JSON object per training step. Required keys (the
-documented contract, :data:`REQUIRED_KEYS`): ``step``, ``version``, ``tokens_per_s``,
-``max_staleness``, ``mean_staleness``, ``reward_mean``, ``trainer_wait_s``. Conventional
-extra keys written by the app: ``staleness_hist`` ({staleness: count} of the consumed
-batch), ``instance_busy`` ({instance: busy fraction}), ``syncs``, ``migrations``,
-``interrupts``, ``queue_depths`` ({name: depth}), ``time_s`` plus the trainer's metrics.
+``RUN_DIR/metrics.jsonl`` holds one JSON object per training step. Its keys are defined in
+one place, :mod:`staleflow_trainer.control.report` (the metrics contract); the required ones
+(:data:`REQUIRED_KEYS`) are ``step``, ``version``, ``tokens_per_s`` (trained tokens per second
+of the step), ``max_staleness``, ``mean_staleness``, ``reward_mean`` and ``trainer_wait_s``.
+Every numeric key also goes to TensorBoard (``RUN_DIR/tensorboard``, nested keys as
+``trainer/loss``, ``instance_busy_frac/r000``; view it with ``tensorboard --logdir
+RUN_DIR/tensorboard``) and, with ``metrics.wandb.enabled``, to Weights & Biases
+(:mod:`staleflow_trainer.trackers`).
 
 ``RUN_DIR/timeline.jsonl`` holds one interval per line: ``instance``, ``state``
 (``busy`` / ``syncing`` / ``idle``), ``start_s``, ``end_s``, ``version``.
+
+What is shown while a run goes (progress bar, a line per step, start-up phases) is in
+:mod:`staleflow_trainer.progress`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -23,9 +27,25 @@ from typing import Any
 
 import structlog
 
+from staleflow_trainer.control.report import staleness_summary
 from staleflow_trainer.errors import StaleflowError
+from staleflow_trainer.progress import ProgressBar  # re-exported: the driver's import path
 
 log = structlog.get_logger(__name__)
+
+__all__ = [
+    "METRICS_FILE",
+    "REQUIRED_KEYS",
+    "TIMELINE_FILE",
+    "MetricsError",
+    "MetricsWriter",
+    "ProgressBar",
+    "TimelineWriter",
+    "busy_fractions",
+    "read_jsonl",
+    "scalars",
+    "staleness_summary",
+]
 
 METRICS_FILE = "metrics.jsonl"
 TIMELINE_FILE = "timeline.jsonl"
@@ -43,47 +63,6 @@ TIMELINE_STATES: tuple[str, ...] = ("busy", "syncing", "idle")
 
 class MetricsError(StaleflowError):
     """A metrics record is missing required keys or holds non-JSON values."""
-
-
-def staleness_summary(stalenesses: Sequence[int]) -> dict[str, Any]:
-    """``max_staleness``, ``mean_staleness`` and ``staleness_hist`` of a consumed batch."""
-    if not stalenesses:
-        return {"max_staleness": 0, "mean_staleness": 0.0, "staleness_hist": {}}
-    hist = Counter(int(s) for s in stalenesses)
-    return {
-        "max_staleness": max(hist),
-        "mean_staleness": sum(stalenesses) / len(stalenesses),
-        "staleness_hist": {str(k): hist[k] for k in sorted(hist)},
-    }
-
-
-def step_record(
-    *,
-    step: int,
-    version: int,
-    tokens: int,
-    elapsed_s: float,
-    stalenesses: Sequence[int],
-    rewards: Sequence[float],
-    trainer_wait_s: float,
-    **extra: Any,
-) -> dict[str, Any]:
-    """Build a per-step record with every required key.
-
-    ``tokens`` are the response tokens produced for the consumed batch, ``elapsed_s`` the
-    wall (or virtual) time since the previous step; extra keyword arguments are added as is
-    (e.g. ``instance_busy=…, syncs=…, queue_depths=…`` and the trainer's metrics).
-    """
-    record: dict[str, Any] = {
-        "step": step,
-        "version": version,
-        "tokens_per_s": tokens / elapsed_s if elapsed_s > 0 else 0.0,
-        "reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
-        "trainer_wait_s": trainer_wait_s,
-        **staleness_summary(stalenesses),
-    }
-    record.update(extra)
-    return record
 
 
 def _json_safe(value: Any) -> Any:
@@ -129,16 +108,33 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def scalars(row: Mapping[str, Any]) -> dict[str, float]:
+    """The numeric values of a record, nested keys joined by ``/`` (``trainer/loss``), what
+    TensorBoard and W&B receive (``step`` is the x axis, not a scalar)."""
+    out: dict[str, float] = {}
+    for k, v in row.items():
+        if k != "step":
+            _flatten(k, v, out)
+    return out
+
+
 class MetricsWriter:
-    """Appends per-step records to ``metrics.jsonl`` and (optionally) TensorBoard.
+    """Appends per-step records to ``metrics.jsonl``, TensorBoard and the given trackers.
 
     ``resume_step``: when resuming from a checkpoint taken after step ``k``, records with
     ``step > k`` (written after that checkpoint by the crashed run) are removed first, so the
-    file again has exactly one record per step.
+    file again has exactly one record per step. ``trackers``: objects with ``log(scalars,
+    step)`` and ``close()`` (:func:`staleflow_trainer.trackers.trackers_from_config`); they
+    are closed with the writer.
     """
 
     def __init__(
-        self, run_dir: str | Path, *, tensorboard: bool = True, resume_step: int | None = None
+        self,
+        run_dir: str | Path,
+        *,
+        tensorboard: bool = True,
+        resume_step: int | None = None,
+        trackers: Sequence[Any] = (),
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -152,10 +148,15 @@ class MetricsWriter:
             self.path.unlink()
         self._fh = self.path.open("a", encoding="utf-8")
         self._tb = None
+        self.trackers = list(trackers)
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+            self._tb = SummaryWriter(log_dir=str(self.tensorboard_dir))
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.run_dir / "tensorboard"
 
     def log_step(self, record: Mapping[str, Any]) -> dict[str, Any]:
         """Validate and write one step's record; returns what was written."""
@@ -169,21 +170,22 @@ class MetricsWriter:
             raise MetricsError(f"metrics record is not JSON-serialisable: {e}") from e
         self._fh.write(line + "\n")
         self._fh.flush()
+        if self._tb is None and not self.trackers:
+            return row
+        step = int(row["step"])
+        values = scalars(row)
         if self._tb is not None:
-            step = int(row["step"])
-            scalars: dict[str, float] = {}
-            for k, v in row.items():
-                if k != "step":
-                    _flatten(k, v, scalars)
-            for k, v in scalars.items():
+            for k, v in values.items():
                 self._tb.add_scalar(k, v, step)
             hist = row.get("staleness_hist") or {}
-            values = [int(s) for s, c in hist.items() for _ in range(int(c))]
-            if values:
+            stale = [int(s) for s, c in hist.items() for _ in range(int(c))]
+            if stale:
                 import numpy as np
 
-                self._tb.add_histogram("staleness", np.asarray(values), step)
+                self._tb.add_histogram("staleness", np.asarray(stale), step)
             self._tb.flush()
+        for t in self.trackers:
+            t.log(values, step)
         return row
 
     def close(self) -> None:
@@ -192,6 +194,9 @@ class MetricsWriter:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        trackers, self.trackers = self.trackers, []
+        for t in trackers:
+            t.close()
 
     def __enter__(self) -> MetricsWriter:
         return self
@@ -260,72 +265,3 @@ def busy_fractions(
         if hi > lo:
             busy[inst] += hi - lo
     return {k: (v / span if span > 0 else 0.0) for k, v in sorted(busy.items())}
-
-
-class ProgressBar:
-    """A rich progress bar over training steps showing reward, staleness and tokens/s."""
-
-    def __init__(self, total_steps: int, *, enabled: bool = True, start_step: int = 0) -> None:
-        self._progress = None
-        self._task = None
-        self._tokens = 0.0  # consumed tokens and the time span seen, for the run's mean rate
-        self._first_time: float | None = None
-        self._last_time: float | None = None
-        if not enabled:
-            return
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
-        self._progress = Progress(
-            TextColumn("[bold]train"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[info]}"),
-        )
-        self._task = self._progress.add_task(
-            "train", total=total_steps, completed=start_step, info=""
-        )
-
-    def __enter__(self) -> ProgressBar:
-        if self._progress is not None:
-            self._progress.start()
-        return self
-
-    def run_tokens_per_s(self, record: Mapping[str, Any]) -> float | None:
-        """Fold one step record in; the mean consumed tokens/s since the first step's end
-        (None until two records with ``tokens`` and ``time_s`` were seen). A single step's
-        ``tokens_per_s`` is 0 when its batch was generated during the previous step."""
-        tokens, t = record.get("tokens"), record.get("time_s")
-        if tokens is None or t is None:
-            return None
-        if self._first_time is None:
-            self._first_time = float(t)  # the first batch's tokens were made before it
-            return None
-        self._tokens += float(tokens)
-        self._last_time = float(t)
-        span = self._last_time - self._first_time
-        return self._tokens / span if span > 0 else None
-
-    def update(self, step: int, record: Mapping[str, Any]) -> None:
-        mean = self.run_tokens_per_s(record)
-        if self._progress is None:
-            return
-        info = (
-            f"reward {record.get('reward_mean', 0.0):.3f}  "
-            f"stale max {record.get('max_staleness', 0)} mean "
-            f"{record.get('mean_staleness', 0.0):.2f}  "
-            f"{record.get('tokens_per_s', 0.0):.0f} tok/s"
-            + (f" (run {mean:.0f})" if mean is not None else "")
-        )
-        assert self._task is not None
-        self._progress.update(self._task, completed=step, info=info)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.stop()

@@ -371,12 +371,12 @@ def markdown_table(report: dict[str, Any]) -> str:
 
 
 def _plot(report: dict[str, Any], out: Path) -> None:
-    import matplotlib
+    from matplotlib.ticker import MaxNLocator
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from staleflow_trainer.plots import plt_agg
 
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    plt = plt_agg()
+    fig, ax = plt.subplots(figsize=(7, 4))
     for eta in report["grid"]["etas"]:
         rows = sorted(
             (r for r in report["results"] if r["eta"] == eta), key=lambda r: r["rollout_gpus"]
@@ -385,7 +385,7 @@ def _plot(report: dict[str, Any], out: Path) -> None:
             [r["rollout_gpus"] for r in rows],
             [r["tokens_per_s"] for r in rows],
             marker="o",
-            label=f"η = {eta}",
+            label=f"bound η = {eta}",
         )
     rows = sorted(
         {r["rollout_gpus"]: r for r in report["results"]}.values(),
@@ -396,15 +396,16 @@ def _plot(report: dict[str, Any], out: Path) -> None:
         [r["ideal_tokens_per_s"] for r in rows],
         ls="--",
         color="grey",
-        label="split ideal",
+        label="ideal of the split",
     )
-    ax.set_xlabel(f"rollout GPUs (of {report['grid']['total_gpus']}; the rest train)")
-    ax.set_ylabel("tokens/s (steady state)")
     g = report["grid"]
-    ax.set_title(f"staleflow plan: {g['policy']} on {g['total_gpus']} GPUs, {g['steps']} steps")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel(f"rollout GPUs (of {g['total_gpus']}; the rest train)")
+    ax.set_ylabel("trained tokens / s (steady state)")
+    ax.set_title(f"plan: {g['policy']} on {g['total_gpus']} GPUs, {g['steps']} simulated steps")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.savefig(out, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 

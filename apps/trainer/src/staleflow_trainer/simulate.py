@@ -18,6 +18,7 @@ CLI imports both commands from this module.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,19 +29,40 @@ from staleflow_trainer.control.checks import ledger_problems
 from staleflow_trainer.errors import StaleflowError
 from staleflow_trainer.metrics import TIMELINE_FILE, MetricsWriter
 from staleflow_trainer.sim.ideal import ideal_throughput
+from staleflow_trainer.sim.metrics import RunRecorder
 from staleflow_trainer.sim.shell import Simulation
+from staleflow_trainer.sim.spec import spec_from_app_config
 
 _log = structlog.get_logger("staleflow.simulate")
 
 __all__ = ["compare", "run_and_write", "simulate"]
 
 
+class _LiveRecorder(RunRecorder):
+    """A recorder that also hands each step record to ``on_record`` as it is made."""
+
+    def __init__(self, cfg: AppConfig, on_record: Callable[[dict[str, Any]], None]) -> None:
+        super().__init__(spec_from_app_config(cfg), [])
+        self._on_record = on_record
+
+    def add_step(self, row: dict[str, Any], sim: Any) -> None:
+        super().add_step(row, sim)
+        self._on_record(row)
+
+
 def run_and_write(
-    cfg: AppConfig, run_dir: Path, *, tensorboard: bool = False, plots: bool = True
+    cfg: AppConfig,
+    run_dir: Path,
+    *,
+    tensorboard: bool = False,
+    plots: bool = True,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+    trackers: Sequence[Any] = (),
 ) -> dict[str, Any]:
     """Run one simulation of ``cfg`` and write its files into ``run_dir``; returns the summary
-    (with the ledger counts and the ideal throughput of the split)."""
-    sim = Simulation(cfg)
+    (with the ledger counts and the ideal throughput of the split). ``on_record`` sees each
+    step record as the simulation makes it; ``trackers`` receive the metrics (W&B)."""
+    sim = Simulation(cfg, recorder=None if on_record is None else _LiveRecorder(cfg, on_record))
     spec = sim.spec
     sim.run()
     problems = ledger_problems(sim.core)
@@ -49,7 +71,7 @@ def run_and_write(
     ledger = sim.core.ledger.counts()
     run_dir.mkdir(parents=True, exist_ok=True)
     rec = sim.rec
-    with MetricsWriter(run_dir, tensorboard=tensorboard) as writer:
+    with MetricsWriter(run_dir, tensorboard=tensorboard, trackers=trackers) as writer:
         for row in rec.steps:
             writer.log_step(row)
     if spec.timeline:
@@ -85,7 +107,7 @@ def run_and_write(
     if plots:
         from staleflow_trainer.plots import plot_run
 
-        plot_run(run_dir)
+        plot_run(run_dir, simulated=True)
     _log.info(
         "simulate_done",
         run_dir=str(run_dir),
@@ -102,24 +124,36 @@ def run_and_write(
 
 def simulate(cfg: AppConfig) -> int:
     """``staleflow simulate``: one run of the configured policy; prints where the files are."""
-    from staleflow_trainer.sim.spec import spec_from_app_config
+    from staleflow_trainer.progress import ProgressBar
+    from staleflow_trainer.trackers import trackers_from_config
 
     spec = spec_from_app_config(cfg)
     run_dir = Path(cfg.run.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.yaml")
-    summary = run_and_write(cfg, run_dir, tensorboard=cfg.metrics.tensorboard)
+    m = cfg.metrics
+    with ProgressBar(cfg.trainer.steps, enabled=m.progress_bar, log_every=m.log_every) as bar:
+        summary = run_and_write(
+            cfg,
+            run_dir,
+            tensorboard=m.tensorboard,
+            on_record=lambda rec: bar.update(int(rec["step"]), rec),
+            trackers=trackers_from_config(cfg),
+        )
     ideal = summary["ideal"]
     print(
         f"simulated {summary['steps']} steps of {spec.policy} (eta={spec.eta}) on "
         f"{spec.rollout_gpus_used} rollout + {spec.train_gpus_used} training GPUs: "
-        f"{summary['tokens_per_s']:.0f} tokens/s "
+        f"{summary['tokens_per_s']:.0f} trained tokens/s "
         f"({summary['tokens_per_s'] / ideal['ideal_tokens_per_s']:.0%} of the "
         f"{ideal['bound']}-bound ideal {ideal['ideal_tokens_per_s']:.0f}), "
         f"max staleness {summary['max_staleness']}, "
         f"{summary['virtual_time_s']:.0f} s virtual in {summary['wall_s']:.1f} s"
     )
     print(f"run directory: {run_dir}  (metrics.jsonl, timeline.jsonl, summary.json, plots/)")
+    if m.tensorboard:
+        tb = run_dir / "tensorboard"
+        print(f"tensorboard:   {tb}  (view it: tensorboard --logdir {tb})")
     return 0
 
 

@@ -38,6 +38,8 @@ import structlog
 from staleflow_trainer.actors.reconcile import STATE_FILE, latest_checkpoint
 from staleflow_trainer.config import AppConfig
 from staleflow_trainer.errors import CheckpointError, ConfigError
+from staleflow_trainer.progress import StartupProgress
+from staleflow_trainer.startup import finished_run_message, ray_init_with_retry
 
 log = structlog.get_logger(__name__)
 
@@ -194,14 +196,16 @@ def _engine_kwargs(cfg: AppConfig, i: int, model_path: Path) -> dict[str, Any]:
     }
 
 
-_RAY_START_ATTEMPTS = 3
 _RAY_SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": node IP = loopback
 
 
-def init_ray(cfg: AppConfig) -> bool:
-    """Start a local Ray (or join ``ray.address``); returns True if this call started it."""
+def init_ray(cfg: AppConfig, progress: StartupProgress | None = None) -> bool:
+    """Start a local Ray (or join ``ray.address``); returns True if this call started it.
+    A start-up that times out is retried (:func:`ray_init_with_retry`); ``progress`` hears
+    the retries."""
     for k, v in _ENV.items():
         os.environ.setdefault(k, v)
+    on_retry = None if progress is None else (lambda msg: progress.line("ray", msg))
     os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"
     import ray
     from ray._private import ray_constants
@@ -213,10 +217,13 @@ def init_ray(cfg: AppConfig) -> bool:
     if cfg.ray.address:
         os.environ.pop(_RAY_SINGLE_MACHINE, None)  # a local run in this process set it
         ray_constants.ENABLE_RAY_CLUSTER = not ray_constants.IS_WINDOWS_OR_OSX
-        ray.init(
-            address=cfg.ray.address,
-            runtime_env={"env_vars": dict(_ENV)},
-            log_to_driver=bool(os.environ.get("STALEFLOW_RAY_LOGS")),
+        ray_init_with_retry(
+            lambda: ray.init(
+                address=cfg.ray.address,
+                runtime_env={"env_vars": dict(_ENV)},
+                log_to_driver=bool(os.environ.get("STALEFLOW_RAY_LOGS")),
+            ),
+            on_retry=on_retry,
         )
     else:
         # A local Ray advertises its node IP and binds its gRPC servers, raylet, object
@@ -224,23 +231,16 @@ def init_ray(cfg: AppConfig) -> bool:
         # clustering is off (its single-machine mode), so turn it off: everything on loopback.
         os.environ[_RAY_SINGLE_MACHINE] = "0"
         ray_constants.ENABLE_RAY_CLUSTER = False
-        for attempt in range(1, _RAY_START_ATTEMPTS + 1):
-            try:
-                ray.init(
-                    num_cpus=cfg.ray.num_cpus or os.cpu_count() or 1,
-                    num_gpus=cfg.ray.num_gpus or 0,
-                    include_dashboard=False,
-                    object_store_memory=cfg.ray.object_store_mb << 20,
-                    log_to_driver=bool(os.environ.get("STALEFLOW_RAY_LOGS")),
-                )
-                break
-            except Exception as e:
-                # Ray gives its raylet a fixed 30 s to register; a busy machine misses it
-                if "timed out during startup" not in str(e) or attempt == _RAY_START_ATTEMPTS:
-                    raise
-                log.warning("ray_start_timed_out_retrying", attempt=attempt,
-                            of=_RAY_START_ATTEMPTS)  # fmt: skip
-                ray.shutdown()
+        ray_init_with_retry(
+            lambda: ray.init(
+                num_cpus=cfg.ray.num_cpus or os.cpu_count() or 1,
+                num_gpus=cfg.ray.num_gpus or 0,
+                include_dashboard=False,
+                object_store_memory=cfg.ray.object_store_mb << 20,
+                log_to_driver=bool(os.environ.get("STALEFLOW_RAY_LOGS")),
+            ),
+            on_retry=on_retry,
+        )
     return True
 
 
@@ -254,10 +254,17 @@ def role_options(cfg: AppConfig, role: str, **kw: Any) -> dict[str, Any]:
     return kw
 
 
-def train(cfg: AppConfig) -> RunSummary:
-    """Run ``staleflow train``: start everything, train ``trainer.steps`` steps, stop, plot."""
+def train(cfg: AppConfig, *, command: str = "staleflow train CONFIG") -> RunSummary | None:
+    """Run ``staleflow train``: start everything, train ``trainer.steps`` steps, stop, plot.
+    A run directory that already holds a finished run is reported and left alone (None)."""
     from staleflow_trainer.deployment import Deployment
 
+    finished = finished_run_message(cfg, command=command)
+    if finished is not None:
+        from rich.console import Console
+
+        Console().print(finished, markup=False, highlight=False, soft_wrap=True)
+        return None
     t0 = time.monotonic()
     dep = Deployment(cfg)
     try:
@@ -307,6 +314,9 @@ def _report(s: RunSummary) -> None:
         c.print(
             f"plots:         {Path(s.plots[0]).parent}  ({', '.join(Path(p).name for p in s.plots)})"
         )
+    tb = Path(s.run_dir) / "tensorboard"
+    if tb.is_dir():
+        c.print(f"tensorboard:   {tb}  (view it: tensorboard --logdir {tb})", soft_wrap=True)
     if s.ledger.get("problems"):
         c.print(f"[bold red]ledger problems[/]: {s.ledger['problems'][:5]}")
 

@@ -365,9 +365,10 @@ class Coordinator:
             rejected=tuple(rejected),
         )
         if syncs or migrated or bounced or aborted or rejected:
-            self._log.info(
+            # per-cycle detail (many a second): debug; a run's totals are in its step records
+            self._log.debug(
                 "cycle",
-                now=now,
+                now=round(now, 3),
                 routes=len(routing.routes),
                 syncs=syncs,
                 migrated=migrated,

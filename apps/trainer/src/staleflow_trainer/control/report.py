@@ -34,7 +34,7 @@ Timeline rows: ``{"instance", "state" (busy | syncing | idle), "start_s", "end_s
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rollout_coordinator import InstanceSnapshot
@@ -54,11 +54,11 @@ STEP_COUNTERS = (
 )
 
 
-def staleness_summary(stalenesses: list[int]) -> dict[str, Any]:
+def staleness_summary(stalenesses: Sequence[int]) -> dict[str, Any]:
     """``max_staleness``, ``mean_staleness`` and ``staleness_hist`` of a consumed batch."""
     if not stalenesses:
         return {"max_staleness": 0, "mean_staleness": 0.0, "staleness_hist": {}}
-    hist = Counter(stalenesses)
+    hist = Counter(int(s) for s in stalenesses)
     return {
         "max_staleness": max(hist),
         "mean_staleness": sum(stalenesses) / len(stalenesses),
