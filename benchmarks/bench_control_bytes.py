@@ -59,6 +59,7 @@ def overrides(run_dir: Path, length: int, steps: int) -> list[str]:
         "sim.workload.response_len_sigma=0",
         f"rollout.sampling.max_new_tokens={length}",
         f"rollout.max_model_len={length + PROMPT_MAX}",
+        f"model.tiny.max_position_embeddings={max(256, length + PROMPT_MAX)}",
     ]
 
 
