@@ -14,9 +14,11 @@ After each run it reads ``ControlActor.io_stats()`` (the pickled size of every c
 arguments and answer, per peer kind: ``instances``, ``ts``, ``rewards``, ``trainer``) and the
 ledger's trajectory count (every trajectory submitted). Printed side by side per length:
 bytes per trajectory per peer kind and in total, and the ratio longest / shortest (target:
-about 1 — the bytes do not grow with length). Instance polls run every cycle whether or not
-anything finished, so a longer run adds poll bytes per trajectory; the run's wall time and
-cycle count are printed beside them. Writes ``bench-results/control_bytes.json``.
+about 1 — the bytes do not grow with length). An instance's poll answer, every cycle, holds its
+snapshot: one (id, prompt tokens, generated tokens) entry per running trajectory, so a
+trajectory that runs for more cycles costs more poll bytes — counts, not tokens, but they grow
+with generation time; the run's wall time and the instance bytes per cycle are printed beside
+them. Writes ``bench-results/control_bytes.json``.
 
     .venv/bin/python benchmarks/bench_control_bytes.py [--lengths 16,256,2048] [--steps 4]
     .venv/bin/python benchmarks/bench_control_bytes.py --smoke   # 2 lengths, 2 steps
@@ -94,7 +96,8 @@ def run_length(run_dir: Path, length: int, steps: int) -> dict[str, Any]:
         "tokens_generated": tokens,
         "tokens_per_trajectory": tokens / n,
         "run_wall_s": wall_s,
-        "journal_appends": int(wal["appends"]),
+        "journal_appends": int(wal["appends"]),  # about one per control cycle
+        "instances_bytes_per_cycle": io.get("instances", 0) / max(1, int(wal["appends"])),
         "bytes": {k: int(io.get(k, 0)) for k in KINDS},
         "bytes_per_trajectory": per,
         "total_bytes_per_trajectory": sum(per.values()),
@@ -146,11 +149,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = Path(a.out) if a.out else ROOT / "bench-results" / "control_bytes.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1))
-    print(f"{'L':>6} {'traj':>5} {'tok/traj':>9} {'wall s':>7} "
+    print(f"{'L':>6} {'traj':>5} {'tok/traj':>9} {'wall s':>7} {'inst B/cyc':>10} "
           + " ".join(f"{k:>10}" for k in KINDS) + f" {'total':>10}   (bytes per trajectory)")  # fmt: skip
     for r in runs:
         print(f"{r['response_len']:>6} {r['trajectories']:>5} {r['tokens_per_trajectory']:>9.1f} "
-              f"{r['run_wall_s']:>7.1f} "
+              f"{r['run_wall_s']:>7.1f} {r['instances_bytes_per_cycle']:>10.1f} "
               + " ".join(f"{r['bytes_per_trajectory'][k]:>10.1f}" for k in KINDS)
               + f" {r['total_bytes_per_trajectory']:>10.1f}")  # fmt: skip
     rr = res["ratio_longest_over_shortest"]
