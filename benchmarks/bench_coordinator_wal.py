@@ -20,7 +20,8 @@ Printed and written to ``bench-results/coordinator_wal.json``:
   the replayed core's ``to_dict()`` must equal the live core's exactly (else exit 1).
 
 The run's wall time is the simulator's plus the journal's. ``--smoke`` (a few seconds) runs
-B=8, n=4 for 2 + 3 steps (the test suite runs it)::
+B=8, n=4 for 2 + 3 steps and also checks that the same run without the hook ends in the same
+state (the test suite runs it)::
 
     .venv/bin/python benchmarks/bench_coordinator_wal.py [--warm 20] [--steps 20] [--smoke]
 """
@@ -179,6 +180,7 @@ def measure(flat: dict[str, Any], warm: int, steps: int) -> dict[str, Any]:
         "replayed_records": len(records),
         "replayed_events": n,
         "replay_identical": identical,
+        "_final": final,
     }
 
 
@@ -192,8 +194,13 @@ def main(argv: list[str] | None = None) -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     if a.smoke:
         res = measure({**SMOKE, **WORKLOAD}, warm=2, steps=3)
+        # the hook only watches: the same run without it ends in the same state
+        plain = Simulation(sim_config(steps=5, **SMOKE, **WORKLOAD))
+        plain.run()
+        res["hook_changes_nothing"] = plain.core.to_dict() == res["_final"]
     else:
         res = measure({**FULL, **WORKLOAD}, warm=a.warm, steps=a.steps)
+    del res["_final"]
     res["smoke"] = a.smoke
     out = Path(a.out) if a.out else ROOT / "bench-results" / "coordinator_wal.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -202,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{k:28s} {v:.6g}" if isinstance(v, float) else f"{k:28s} {v}")
     if not res["replay_identical"]:
         print("REPLAY DIVERGED: the replayed core's state differs from the live core's")
+        return 1
+    if res.get("hook_changes_nothing") is False:
+        print("THE HOOK CHANGED THE RUN: the run without it ends in another state")
         return 1
     return 0
 

@@ -28,6 +28,7 @@ def test_bench_coordinator_wal_smoke_replays_exactly(tmp_path: Path) -> None:
     assert res["smoke"] is True
     assert res["steps_done"] == 5
     assert res["replay_identical"] is True
+    assert res["hook_changes_nothing"] is True
     assert res["replayed_records"] == res["appends"] > 0
     assert res["replayed_events"] == res["events_journaled"] >= res["appends"]
     assert res["append_bytes_mean"] > 0 and res["full_snapshot_bytes"] > 0
