@@ -1,4 +1,4 @@
-"""Scalability sweeps on the simulator: how staleflow's lead over the
+"""Scalability sweeps on the simulator (setup 2): how staleflow's lead over the
 baselines moves with the GPU budget, the maximum response length and the batch size.
 
 One command per sweep; every point is a ``staleflow compare`` of the paper preset (same code
