@@ -8,11 +8,15 @@ coordinator; neither timed). The η = 3 policies run on the full state; ``sync``
 batches are never interrupted), where a cycle with a batch in flight admits nothing.
 
 Writes bench-results/coordinator.json: cycle_ms_p50 / cycle_ms_p99 (the staleflow policy) and
-per-policy numbers with the work each cycle did. Target: staleflow p50 ≤ 5 ms.
+per-policy numbers with the work each cycle did. Target: staleflow p50 ≤ 5 ms. ``--smoke``
+times 2 cycles per policy on the same state (the test suite runs it).
+
+    .venv/bin/python benchmarks/bench_coordinator.py [--smoke] [--out PATH]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import random
@@ -30,8 +34,14 @@ from rollout_coordinator import (
     QueueView,
     RunningEntry,
 )
-from rollout_coordinator.policies import POLICIES
-from staleness_protocol import ProtocolConfig, StalenessProtocol
+from rollout_coordinator.policies import POLICIES, build_policy
+from staleness_protocol import (
+    GcFifo,
+    GcFifoConfig,
+    ProtocolConfig,
+    StalenessProtocol,
+    protocol_from_dict,
+)
 
 INSTANCES = 128
 RUNNING = 4096
@@ -44,11 +54,17 @@ KV_CAP = 400_000
 ITERS = 40
 
 
-def build_state(eta: int, with_partials: bool, seed: int = 0):
+def build_state(eta: int, with_partials: bool, seed: int = 0, fifo: bool = False):
+    """The instances, queue and protocol state; ``fifo``: the protocol is the GcFifo the
+    FIFO baselines run on (its own cap: (eta + 1) * B groups in flight)."""
     rng = random.Random(seed)
-    proto = StalenessProtocol(
-        ProtocolConfig(batch_size=B, group_size=N, eta=eta), start_version=CURRENT
-    )
+    if fifo:
+        cfg = GcFifoConfig(batch_size=B, group_size=N, eta=eta, max_inflight_groups=(eta + 1) * B)
+        proto = GcFifo(cfg, start_version=CURRENT)
+    else:
+        proto = StalenessProtocol(
+            ProtocolConfig(batch_size=B, group_size=N, eta=eta), start_version=CURRENT
+        )
     versions = [CURRENT - (i % 3) if eta >= 2 else CURRENT for i in range(INSTANCES)]
     # skewed load: running counts between 8 and 56, summing to RUNNING
     counts = [8 + (i * 37) % 49 for i in range(INSTANCES)]
@@ -100,11 +116,11 @@ def build_state(eta: int, with_partials: bool, seed: int = 0):
     return proto.to_dict(), snaps, QueueView.from_unordered(queue)
 
 
-def run_policy(name: str, state) -> dict:
+def run_policy(name: str, state, iters: int = ITERS) -> dict:
     ckpt, snaps, queue = state
     times, routes, syncs, interrupts = [], [], [], []
-    for it in range(ITERS):
-        proto = StalenessProtocol.from_dict(ckpt)
+    for it in range(iters):
+        proto = protocol_from_dict(ckpt)
         coord = Coordinator(CoordinatorConfig(policy=name), proto, lambda: 10.0)
         for s in snaps:
             coord.add_instance(s["instance_id"], kv_capacity_tokens=KV_CAP, version=s["version"])
@@ -139,18 +155,28 @@ def run_policy(name: str, state) -> dict:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="2 cycles per policy (seconds)")
+    ap.add_argument("--out", default=None, help="default: bench-results/coordinator.json")
+    a = ap.parse_args(argv)
+    iters = 2 if a.smoke else ITERS
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     full = build_state(ETA, with_partials=True)
+    full_fifo = None
     results = {}
     for name in POLICIES:
         if name == "sync":
             state = build_state(0, with_partials=False)
         elif name == "one-step":
             state = build_state(1, with_partials=False)
+        elif build_policy(name).protocol == "gc-fifo":
+            if full_fifo is None:
+                full_fifo = build_state(ETA, with_partials=True, fifo=True)
+            state = full_fifo
         else:
             state = full
-        results[name] = run_policy(name, state)
+        results[name] = run_policy(name, state, iters)
         r = results[name]
         print(
             f"{name:18s} p50 {r['cycle_ms_p50']:7.2f} ms  p99 {r['cycle_ms_p99']:7.2f} ms  "
@@ -161,7 +187,8 @@ def main() -> None:
         "queued": QUEUED,
         "running": RUNNING,
         "eta": ETA,
-        "iterations": ITERS,
+        "iterations": iters,
+        "smoke": a.smoke,
         "cycle_ms_p50": results["staleflow"]["cycle_ms_p50"],
         "cycle_ms_p99": results["staleflow"]["cycle_ms_p99"],
         "target_p50_ms": 5.0,
@@ -169,10 +196,12 @@ def main() -> None:
     }
     base = results["all-vanilla"]["cycle_ms_p50"]
     print(f"staleflow / all-vanilla cycle time: {results['staleflow']['cycle_ms_p50'] / base:.2f}x")
-    path = Path(__file__).resolve().parent.parent / "bench-results" / "coordinator.json"
-    path.parent.mkdir(exist_ok=True)
+    default = Path(__file__).resolve().parent.parent / "bench-results" / "coordinator.json"
+    path = Path(a.out) if a.out else default
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {path}")
+    return out
 
 
 if __name__ == "__main__":

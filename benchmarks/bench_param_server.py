@@ -5,11 +5,15 @@ rollout instance (pull). ``raw_nixl_gbps`` is a bare NIXL READ of the very same 
 into a pre-registered buffer of this process, measured in the same run and interleaved with the
 pulls (this machine is shared, so interleaving keeps the ratio fair), so
 ``pull_efficiency = pull_gbps / raw_nixl_gbps`` isolates the service's overhead: plan, control
-messages and checksum verification. Writes bench-results/param_server.json.
+messages and checksum verification. Writes bench-results/param_server.json. ``--smoke`` moves
+16 MiB in 8 tensors, twice (the test suite runs it).
+
+    .venv/bin/python benchmarks/bench_param_server.py [--smoke] [--out PATH]
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import statistics
@@ -39,25 +43,30 @@ def _time(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
-def _host_rates(model: dict[str, torch.Tensor]) -> dict[str, list[float]]:
+def _host_rates(model: dict[str, torch.Tensor], repeats: int) -> dict[str, list[float]]:
     flat = torch.cat(list(model.values()))
     dst = torch.empty_like(flat)
     dst.copy_(flat)
     view = flat.numpy().view("uint8")
     out = {
-        "memcpy": [_time(lambda: dst.copy_(flat)) for _ in range(REPEATS)],
+        "memcpy": [_time(lambda: dst.copy_(flat)) for _ in range(repeats)],
         "crc32": [_time(lambda: zlib.crc32(view))],
-        "xxh3": [_time(lambda: xxhash.xxh3_64_intdigest(view)) for _ in range(REPEATS)],
+        "xxh3": [_time(lambda: xxhash.xxh3_64_intdigest(view)) for _ in range(repeats)],
     }
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, float | int]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="16 MiB in 8 tensors, 2 repeats")
+    ap.add_argument("--out", default=None, help="default: bench-results/param_server.json")
+    a = ap.parse_args(argv)
+    size, n_tensors, repeats = (16 << 20, 8, 2) if a.smoke else (GIB, N_TENSORS, REPEATS)
     torch.set_num_threads(1)
-    per = GIB // N_TENSORS // 4
-    model = {f"layer{i}.weight": torch.randn(per) for i in range(N_TENSORS)}
+    per = size // n_tensors // 4
+    model = {f"layer{i}.weight": torch.randn(per) for i in range(n_tensors)}
     nbytes = sum(t.numel() * t.element_size() for t in model.values())
-    host = _host_rates(model)
+    host = _host_rates(model, repeats)
     gc.collect()
 
     cfg = ParamServerConfig(num_workers=1, replication=1, keep_versions=1, verify_on_push=True)
@@ -94,7 +103,7 @@ def main() -> None:
             raw.wait([raw.post("READ", local, "DRAM", remote, worker_agent)])
 
         raw_read()
-        for _ in range(REPEATS):
+        for _ in range(repeats):
             times["raw"].append(_time(raw_read))
             times["pull"].append(_time(rollout.pull))
             times["pull_noverify"].append(_time(lambda: rollout.pull(verify=False)))
@@ -102,7 +111,7 @@ def main() -> None:
         raw.deregister(reg)
         del rbuf
 
-        for _ in range(REPEATS):
+        for _ in range(repeats):
             version += 1
             times["push"].append(_time(lambda v=version: trainer.push(v, model)))
         got_version, got = rollout.pull()
@@ -111,8 +120,9 @@ def main() -> None:
 
     res: dict[str, float | int] = {
         "model_bytes": nbytes,
-        "tensors": N_TENSORS,
-        "repeats": REPEATS,
+        "tensors": n_tensors,
+        "repeats": repeats,
+        "smoke": a.smoke,
         "push_gbps": _gbps(nbytes, times["push"]),
         "pull_gbps": _gbps(nbytes, times["pull"]),
         "pull_noverify_gbps": _gbps(nbytes, times["pull_noverify"]),
@@ -125,11 +135,13 @@ def main() -> None:
     res["pull_noverify_efficiency"] = round(
         float(res["pull_noverify_gbps"]) / float(res["raw_nixl_gbps"]), 3
     )
-    out = Path(__file__).resolve().parents[1] / "bench-results" / "param_server.json"
-    out.parent.mkdir(exist_ok=True)
+    default = Path(__file__).resolve().parents[1] / "bench-results" / "param_server.json"
+    out = Path(a.out) if a.out else default
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")
     for k, val in res.items():
         print(f"{k:26s} {val}")
+    return res
 
 
 if __name__ == "__main__":

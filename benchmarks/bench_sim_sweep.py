@@ -21,7 +21,10 @@ ratio to each baseline), ``.md`` (the table) and ``.png`` (ratio vs the swept va
 seeds with the min–max band), plus each point's ``compare.json`` under
 ``bench-results/sim_sweep/<sweep>/<value>-seed<s>/``. A point an earlier sweep already ran
 with the identical spec (the preset's own point is in all three) is reused unless
-``--no-reuse``.
+``--no-reuse``. ``--smoke`` runs one sweep on ``examples/sim-tiny.yaml`` with two small values,
+4 steps, seed 0 and two policies (seconds; the test suite runs it)::
+
+    .venv/bin/python benchmarks/bench_sim_sweep.py batch --smoke --out-dir /tmp/sweep
 """
 
 from __future__ import annotations
@@ -41,11 +44,17 @@ from staleflow_trainer.compare import run_comparison
 from staleflow_trainer.config import AppConfig, load_config
 from staleflow_trainer.sim.spec import SimSpec, spec_from_app_config
 
+ROOT = Path(__file__).resolve().parents[1]
+
 SWEEPS: dict[str, dict[str, Any]] = {
     "gpus": {"values": [32, 64, 128, 256], "label": "total GPUs (half rollout, half training)"},
     "response": {"values": [8192, 20480, 40960], "label": "max response length (tokens)"},
     "batch": {"values": [32, 64, 128], "label": "batch size (prompts × 16)"},
 }
+#: ``--smoke``: two small points per sweep on examples/sim-tiny.yaml, 4 steps, one seed
+SMOKE_CONFIG = "examples/sim-tiny.yaml"
+SMOKE_VALUES = {"gpus": [4, 8], "response": [512, 1024], "batch": [8, 12]}
+SMOKE_POLICIES = "staleflow,sync"
 
 
 def point_overrides(sweep: str, value: int, probe: AppConfig) -> list[str]:
@@ -245,7 +254,7 @@ def plot(res: dict[str, Any], out: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("sweep", choices=list(SWEEPS))
     ap.add_argument("overrides", nargs="*", help="extra key=value overrides for every point")
@@ -268,7 +277,16 @@ def main() -> None:
     ap.add_argument(
         "--render", action="store_true", help="rewrite the .md/.png from the sweep's .json only"
     )
-    a = ap.parse_intermixed_args()
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"{SMOKE_CONFIG}, two small values, 4 steps, seed 0, {SMOKE_POLICIES}, no reuse",
+    )
+    a = ap.parse_intermixed_args(argv)
+    if a.smoke:
+        a.config, a.steps, a.seeds, a.reuse = str(ROOT / SMOKE_CONFIG), 4, "0", False
+        a.values = ",".join(str(v) for v in SMOKE_VALUES[a.sweep])
+        a.policies, a.workers = SMOKE_POLICIES, 1
     if "staleflow" not in a.policies.split(","):
         ap.error("--policies must include staleflow (the ratios are staleflow's)")
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
@@ -291,6 +309,7 @@ def main() -> None:
     plot(res, stem.with_suffix(".png"))
     print(table, end="")
     print(f"total {res['wall_s']:.0f} s wall; written {stem}.json/.md/.png")
+    return res
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ TCP); this process is the client. 10,000 trajectories (groups of 8) with 2,048-t
 Each call is timed end to end (encode, TCP, server decode + store op + encode, client decode).
 Writes bench-results/trajectory_server.json with ``route_per_s`` (step 3), ``interrupt_per_s``
 (step 2), ``route_fresh_per_s`` (step 1), per-call p50/p99 latency and payload MB/s.
+``--smoke`` runs 256 trajectories of 128 + 512 tokens (the test suite runs it).
 """
 
 from __future__ import annotations
@@ -130,14 +131,19 @@ async def _bench(
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--trajectories", type=int, default=10_000)
     p.add_argument("--prompt-tokens", type=int, default=2048)
     p.add_argument("--generated-tokens", type=int, default=8192)
     p.add_argument("--batch", type=int, default=16, help="trajectories per route/return call")
     p.add_argument("--out", type=Path, default=ROOT / "bench-results" / "trajectory_server.json")
-    args = p.parse_args()
+    p.add_argument(
+        "--smoke", action="store_true", help="256 trajectories of 128 + 512 tokens (seconds)"
+    )
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.trajectories, args.prompt_tokens, args.generated_tokens = 256, 128, 512
     if args.trajectories % GROUP:
         p.error(f"--trajectories must be a multiple of {GROUP}")
 
@@ -170,6 +176,7 @@ def main() -> None:
         "prompt_tokens": args.prompt_tokens,
         "generated_tokens": args.generated_tokens,
         "batch": args.batch,
+        "smoke": args.smoke,
         "transport": "loopback TCP, msgpack frames, server in a child process, token auth on",
         **result,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
@@ -183,6 +190,7 @@ def main() -> None:
             f"p99 {report[name + '_p99_ms']:7.2f} ms  ({report[name + '_payload_mb_per_s']:.0f} MB/s)\n"
         )
     sys.stdout.write(f"wrote {args.out}\n")
+    return report
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import itertools
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -69,10 +70,20 @@ class SimulationHalted(RuntimeError):
 
 
 class Simulation:
-    """One simulated run of an app config; :meth:`run` returns the recorder with the metrics."""
+    """One simulated run of an app config; :meth:`run` returns the recorder with the metrics.
 
-    def __init__(self, cfg: Any, *, recorder: RunRecorder | None = None) -> None:
+    ``on_event``, if given, sees every event just before the core handles it, in order (the
+    journal benchmark records them as the Ray shell's write-ahead journal would)."""
+
+    def __init__(
+        self,
+        cfg: Any,
+        *,
+        recorder: RunRecorder | None = None,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> None:
         self.cfg = cfg
+        self.on_event = on_event
         self.spec: SimSpec = spec_from_app_config(cfg)
         s = self.spec
         self.stream = PromptStream(s)
@@ -137,6 +148,8 @@ class Simulation:
         self._pending.append(event)
         while self._pending:
             ev = self._pending.popleft()
+            if self.on_event is not None:
+                self.on_event(ev)
             self.apply(self.core.handle(ev))
         self._dirty = True
         self._touch()
