@@ -2,9 +2,9 @@
 
 Two measurements, printed side by side and written to ``bench-results/protocol.json``:
 
-1. **A long run** (default 10,000 training steps) at B = 64 groups x n = 16 (n' = 18 with
-   group redundancy), eta = 10, B' = 72 (batch redundancy), stuck resolution on: about 11,000
-   trajectories running. Rollout instances sit at the published version or up to three
+1. **A long run** (default 2,000 training steps; ``--steps 10000`` for the long version) at
+   B = 64 groups x n = 16 (n' = 18 with group redundancy), eta = 10, B' = 72 (batch
+   redundancy), stuck resolution on: about 11,000 trajectories running. Rollout instances sit at the published version or up to three
    versions behind; lengths are log-normal with a 1 % tail 5x longer, so stragglers keep
    buffers open; the trainer consumes a READY buffer, trains for one tick and publishes.
    The run keeps a copy of its state (protocol and workload) at step 100 and at the last
@@ -22,7 +22,7 @@ Targets: p50 of every per-trajectory call (can_reserve, reserve, finish) <= 5 us
 <= 1 ms at B = 64 (a larger B consumes more trajectories: the curve also shows consume per
 consumed trajectory). ``--smoke`` runs a short version of both in a few seconds.
 
-    python benchmarks/bench_protocol.py [--steps 10000] [--smoke]
+    python benchmarks/bench_protocol.py [--steps 10000] [--in-flight 10000,...] [--smoke]
 """
 
 from __future__ import annotations
@@ -412,7 +412,7 @@ def report(res: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--steps", type=int, default=10_000, help="training steps of the long run")
+    ap.add_argument("--steps", type=int, default=2_000, help="training steps of the long run")
     ap.add_argument("--window", type=int, default=10, help="steps timed at each point, per round")
     ap.add_argument("--rounds", type=int, default=3, help="alternating timing rounds")
     ap.add_argument("--seed", type=int, default=0)
