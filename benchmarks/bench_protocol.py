@@ -3,15 +3,15 @@
 Two measurements, printed side by side and written to ``bench-results/protocol.json``:
 
 1. **A long run** (default 2,000 training steps; ``--steps 10000`` for the long version) at
-   B = 64 groups x n = 16 (n' = 18 with group redundancy), eta = 10, B' = 72 (batch
-   redundancy), stuck resolution on: about 11,000 trajectories running. Rollout instances sit at the published version or up to three
-   versions behind; lengths are log-normal with a 1 % tail 5x longer, so stragglers keep
-   buffers open; the trainer consumes a READY buffer, trains for one tick and publishes.
-   The run keeps a copy of its state (protocol and workload) at step 100 and at the last
-   step; then it times ``--window`` steps from each copy, alternating ``--rounds`` times so
-   both see the same machine load, and records the checkpoint size (``to_dict`` as JSON
-   bytes), the ``to_dict`` time, what the ledger holds, and the p50 / p99 of every protocol
-   call (each timed on its own).
+   B = 64 groups x n = 16 (n' = 18 with group redundancy), eta = 10, B' = 72 (batch redundancy),
+   stuck resolution on: about 11,000 trajectories running. Rollout instances sit at the
+   published version or up to three versions behind; lengths are log-normal with a 1 % tail 5x
+   longer, so stragglers keep buffers open; the trainer consumes a READY buffer, trains for one
+   tick and publishes. The run keeps a copy of its state (protocol and workload) at step 100
+   and at the last step; then it times ``--window`` steps from each copy, alternating
+   ``--rounds`` times so both see the same machine load, and records the checkpoint size
+   (``to_dict`` as JSON bytes), the ``to_dict`` time, what the ledger holds, and the p50 / p99
+   of every protocol call (each timed on its own).
 2. **A scale curve**: the same per-call percentiles with 10 K to 1 M trajectories in flight
    (eta = 10, n' = 18, B' = 9/8 B, B the smallest that reaches each load; every buffer filled
    with reservations, then buffers finished, consumed, published and refilled for a few
