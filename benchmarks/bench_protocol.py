@@ -2,25 +2,27 @@
 
 Two measurements, printed side by side and written to ``bench-results/protocol.json``:
 
-1. **A long run** (default 10,000 training steps) at B = 64 groups x n = 16 (n' = 18 with
-   group redundancy), eta = 10, B' = 72 (batch redundancy), stuck resolution on: about 11,000
-   trajectories running. Rollout instances sit at the published version or up to three
-   versions behind; lengths are log-normal with a 1 % tail 5x longer, so stragglers keep
-   buffers open; the trainer consumes a READY buffer, trains for one tick and publishes.
-   The run keeps a copy of its state (protocol and workload) at step 100 and at the last
-   step; then it times ``--window`` steps from each copy, alternating ``--rounds`` times so
-   both see the same machine load, and records the checkpoint size (``to_dict`` as JSON
-   bytes), the ``to_dict`` time, what the ledger holds, and the p50 / p99 of every protocol
-   call (each timed on its own).
+1. **A long run** (default 2,000 training steps; ``--steps 10000`` for the long version) at
+   B = 64 groups x n = 16 (n' = 18 with group redundancy), eta = 10, B' = 72 (batch redundancy),
+   stuck resolution on: about 11,000 trajectories running. Rollout instances sit at the
+   published version or up to three versions behind; lengths are log-normal with a 1 % tail 5x
+   longer, so stragglers keep buffers open; the trainer consumes a READY buffer, trains for one
+   tick and publishes. The run keeps a copy of its state (protocol and workload) at step 100
+   and at the last step; then it times ``--window`` steps from each copy, alternating
+   ``--rounds`` times so both see the same machine load, and records the checkpoint size
+   (``to_dict`` as JSON bytes), the ``to_dict`` time, what the ledger holds, and the p50 / p99
+   of every protocol call (each timed on its own).
 2. **A scale curve**: the same per-call percentiles with 10 K to 1 M trajectories in flight
-   (eta = 10, n' = 18, B' = 9/8 B, B grown to reach each load; every buffer filled with
-   reservations, then buffers finished, consumed, published and refilled for a few steps).
+   (eta = 10, n' = 18, B' = 9/8 B, B the smallest that reaches each load; every buffer filled
+   with reservations, then buffers finished, consumed, published and refilled for a few
+   steps), with the checkpoint size and ``to_dict`` time at each load and the growth ratio of
+   every figure from one point to the next.
 
 Targets: p50 of every per-trajectory call (can_reserve, reserve, finish) <= 5 us, consume
 <= 1 ms at B = 64 (a larger B consumes more trajectories: the curve also shows consume per
 consumed trajectory). ``--smoke`` runs a short version of both in a few seconds.
 
-    python benchmarks/bench_protocol.py [--steps 10000] [--smoke]
+    python benchmarks/bench_protocol.py [--steps 10000] [--in-flight 10000,...] [--smoke]
 """
 
 from __future__ import annotations
@@ -65,10 +67,10 @@ def summarize(times: dict[str, list[int]]) -> dict[str, float | int]:
     return out
 
 
-def checkpoint_cost(p: StalenessProtocol) -> dict[str, float | int]:
-    """Size of the checkpoint and the time ``to_dict`` takes (median of 5)."""
+def checkpoint_cost(p: StalenessProtocol, repeats: int = 5) -> dict[str, float | int]:
+    """Size of the checkpoint and the time ``to_dict`` takes (median of ``repeats``)."""
     runs = []
-    for _ in range(5):
+    for _ in range(repeats):
         t0 = clock()
         d = p.to_dict()
         runs.append(clock() - t0)
@@ -76,7 +78,7 @@ def checkpoint_cost(p: StalenessProtocol) -> dict[str, float | int]:
     stats = p.stats()
     return {
         "checkpoint_bytes": len(json.dumps(d)),
-        "to_dict_ms": round(runs[2] / 1e6, 3),
+        "to_dict_ms": round(runs[len(runs) // 2] / 1e6, 3),
         "ledger_trajectories": len(d["trajectories"]),
         "ledger_groups": len(d["groups"]),
         "tombstones": stats.tombstones,
@@ -231,15 +233,36 @@ def long_run(steps: int, first: int, window: int, rounds: int, seed: int) -> dic
 # --------------------------------------------------------------------------- scale curve
 
 
-def scale_point(batch: int, rounds: int, seed: int) -> dict[str, Any]:
-    """``rounds`` steady steps with every buffer full of reservations at B = ``batch``."""
-    cfg = ProtocolConfig(
+def scale_config(batch: int) -> ProtocolConfig:
+    return ProtocolConfig(
         batch_size=batch,
         group_size=16,
         eta=10,
         batch_redundancy=max(1, batch // 8),
         group_redundancy=2,
     )
+
+
+def batch_for(in_flight: int) -> int:
+    """The smallest B whose full buffers hold at least ``in_flight`` trajectories."""
+
+    def slots(b: int) -> int:
+        cfg = scale_config(b)
+        groups = cfg.batch_size + cfg.batch_redundancy
+        return (cfg.eta + 1) * groups * cfg.samples_per_group
+
+    lo, hi = 1, 1
+    while slots(hi) < in_flight:
+        hi *= 2
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if slots(mid) < in_flight else (lo, mid)
+    return lo
+
+
+def scale_point(batch: int, rounds: int, seed: int) -> dict[str, Any]:
+    """``rounds`` steady steps with every buffer full of reservations at B = ``batch``."""
+    cfg = scale_config(batch)
     p = StalenessProtocol(cfg)
     rng = random.Random(seed)
     members: dict[int, list[int]] = {}  # group -> its trajectory ids
@@ -274,6 +297,8 @@ def scale_point(batch: int, rounds: int, seed: int) -> dict[str, Any]:
 
     admit(record=False)
     in_flight = len(p.in_flight())
+    gc.collect()
+    ckpt = checkpoint_cost(p, repeats=3)
     for r in range(rounds):
         record = r > 0  # the first round warms up
         c = p.next_buffer
@@ -299,8 +324,30 @@ def scale_point(batch: int, rounds: int, seed: int) -> dict[str, Any]:
         p.publish(taken.version + 1)
         admit(record)
     out: dict[str, Any] = {"batch_size": batch, "in_flight": in_flight, **summarize(times)}
+    out["checkpoint_bytes"] = ckpt["checkpoint_bytes"]
+    out["to_dict_ms"] = ckpt["to_dict_ms"]
     consumed = cfg.batch_size * cfg.group_size
     out["consume_us_per_trajectory"] = round(float(out["consume_us_p50"]) / consumed, 4)
+    return out
+
+
+CURVE_FIGURES = (
+    "in_flight",
+    *(f"{op}_us_p50" for op in OPS),
+    "consume_us_per_trajectory",
+    "checkpoint_bytes",
+    "to_dict_ms",
+)
+
+
+def with_growth(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each point plus ``growth``: every curve figure divided by the previous point's."""
+    out = []
+    for prev, point in zip([None, *points], points, strict=False):
+        growth = {
+            k: round(point[k] / prev[k], 2) if prev and prev[k] else None for k in CURVE_FIGURES
+        }
+        out.append({**point, "growth": growth})
     return out
 
 
@@ -345,36 +392,53 @@ def report(res: dict[str, Any]) -> None:
         x, y = a[key], b[key]
         ratio = f"{y / x:.2f}" if x else "-"
         print(f"  {label:<26}{x:>14}{y:>14}{ratio:>9}")
-    print("  scale curve (eta=10, n'=18, B'=9/8 B):")
-    print(f"  {'in flight':>10}{'B':>6}" + "".join(f"{op + ' p50':>16}" for op in OPS)
-          + f"{'consume/traj':>14}")  # fmt: skip
+    print("  scale curve (eta=10, n'=18, B'=9/8 B); 'x' rows: growth from the previous point")
+    print(f"  {'':<3}{'in flight':>10}{'B':>6}" + "".join(f"{op + ' p50':>16}" for op in OPS)
+          + f"{'consume/traj':>14}{'ckpt MB':>10}{'to_dict ms':>12}")  # fmt: skip
     for s in res["scale"]:
-        print(f"  {s['in_flight']:>10}{s['batch_size']:>6}"
+        print(f"  {'':<3}{s['in_flight']:>10}{s['batch_size']:>6}"
               + "".join(f"{s[f'{op}_us_p50']:>13.2f} us" for op in OPS)
-              + f"{s['consume_us_per_trajectory']:>11.3f} us")  # fmt: skip
+              + f"{s['consume_us_per_trajectory']:>11.3f} us"
+              + f"{s['checkpoint_bytes'] / 1e6:>10.1f}{s['to_dict_ms']:>12.1f}")  # fmt: skip
+        g = s["growth"]
+        if g["in_flight"] is not None:
+            print(f"  {'x':<3}{g['in_flight']:>10.2f}{'':>6}"
+                  + "".join(f"{g[f'{op}_us_p50'] or 0:>16.2f}" for op in OPS)
+                  + f"{g['consume_us_per_trajectory'] or 0:>14.2f}"
+                  + f"{g['checkpoint_bytes']:>10.2f}{g['to_dict_ms'] or 0:>12.2f}")  # fmt: skip
     print(f"  targets (p50 per-trajectory call <= 5 us, consume <= 1 ms at B=64): "
           f"{res['meets_targets']}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--steps", type=int, default=10_000, help="training steps of the long run")
+    ap.add_argument("--steps", type=int, default=2_000, help="training steps of the long run")
     ap.add_argument("--window", type=int, default=10, help="steps timed at each point, per round")
     ap.add_argument("--rounds", type=int, default=3, help="alternating timing rounds")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--scale", default="64,192,640,1920,4480", help="batch sizes of the curve")
+    ap.add_argument(
+        "--in-flight",
+        default="10000,30000,100000,300000,1000000",
+        help="trajectories in flight at each point of the scale curve",
+    )
     ap.add_argument("--scale-steps", type=int, default=3, help="steps per scale point")
     ap.add_argument("--smoke", action="store_true", help="a short run of both (seconds)")
     ap.add_argument("--out", default="bench-results/protocol.json")
     a = ap.parse_args(argv)
     if a.smoke:
-        a.steps, a.window, a.rounds, a.scale, a.scale_steps = 40, 3, 1, "64,128", 2
+        a.steps, a.window, a.rounds, a.in_flight, a.scale_steps = 40, 3, 1, "2000,8000", 2
+    try:
+        loads = [int(x) for x in a.in_flight.split(",")]
+    except ValueError:
+        ap.error(f"--in-flight: comma-separated whole numbers, got {a.in_flight!r}")
+    if not loads or min(loads) < 1:
+        ap.error(f"--in-flight: every load must be >= 1, got {a.in_flight!r}")
     first = min(100, a.steps // 4)
     res: dict[str, Any] = {
         "python": sys.version.split()[0],
         "smoke": a.smoke,
         "long_run": long_run(a.steps, first, a.window, a.rounds, a.seed),
-        "scale": [scale_point(int(b), a.scale_steps, a.seed) for b in a.scale.split(",")],
+        "scale": with_growth([scale_point(batch_for(n), a.scale_steps, a.seed) for n in loads]),
         "targets": TARGETS,
     }
     res["meets_targets"] = verdict(res)

@@ -26,7 +26,15 @@ def test_bench_protocol_smoke_writes_its_report(tmp_path: Path) -> None:
     for point in points.values():
         assert point["checkpoint_bytes"] > 0 and point["ledger_trajectories"] > 0
         assert all(point[f"{op}_n"] > 0 for op in ("can_reserve", "reserve", "finish", "consume"))
-    assert [s["batch_size"] for s in res["scale"]] == [64, 128]
+    scale = res["scale"]
+    assert [s["in_flight"] >= n for s, n in zip(scale, (2000, 8000), strict=True)] == [True, True]
+    assert scale[0]["batch_size"] < scale[1]["batch_size"]
+    for s in scale:
+        assert s["checkpoint_bytes"] > 0 and s["to_dict_ms"] > 0
+    assert scale[0]["growth"]["in_flight"] is None
+    assert scale[1]["growth"]["checkpoint_bytes"] == round(
+        scale[1]["checkpoint_bytes"] / scale[0]["checkpoint_bytes"], 2
+    )
     assert set(res["meets_targets"]) == {
         "can_reserve_p50_le_5us",
         "reserve_p50_le_5us",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import random
+
 from rollout_coordinator import Route
-from rollout_coordinator.testing import make, new, partial, snap
+from rollout_coordinator.testing import CAP, make, new, partial, snap
 from staleness_protocol import Admission
 
 
@@ -109,3 +111,26 @@ def test_max_routes_per_cycle_caps_work():
     )
     q = [new(f"t{k}", group=f"g{k // 4}") for k in range(8)]
     assert len(routes(coord.step([snap("a")], q, now=0.0))) == 3
+
+
+def test_routing_ranks_by_the_cost_models_marginal_gain():
+    """The router's own copy of the gain formula ranks instances as
+    ``CostModel.marginal_gain`` does, on both sides of the ``max(k2, b + k3·n)`` kink."""
+    rng = random.Random(7)
+    for _ in range(20):
+        loads = rng.sample(range(0, 90), 6)  # the kink is at n ≈ 14 for the default model
+        sizes = [rng.choice((100, 400, 1000)) for _ in loads]
+        ids = [f"i{k}" for k in range(len(loads))]
+        coord, _, _ = make(instances=[(i, 0) for i in ids], theta=1e-6)
+        snaps = [snap(i, n=n, tokens_each=s) for i, n, s in zip(ids, loads, sizes, strict=True)]
+        cmds = coord.step(snaps, [new("t0", length=500)], now=0.0)
+        cm = coord.config.cost_model
+        limit = coord.config.route_kv_limit * CAP
+        gains = {
+            i: cm.marginal_gain(n, n * s, 500)
+            for i, n, s in zip(ids, loads, sizes, strict=True)
+            if n * s + 500 <= limit
+        }
+        gains = {i: g for i, g in gains.items() if g >= 1e-6 * cm.empty_gain(500)}
+        assert gains
+        assert routes(cmds)["t0"].instance_id == max(gains, key=gains.__getitem__)

@@ -64,10 +64,14 @@ def route_by_marginal_gain(
         ref_len = sum(i.kv_used for i in view.instances.values()) // n_all if n_all else 1
 
     def gain(n: int, kv: float, length: int) -> float:
-        after = (n + 1) / (k4 + k1 * (kv + length) + max(k2, b + k3 * (n + 1)))
+        # max(k2, x) written out: this runs a few times per instance and per route, and the
+        # builtin call was most of its cost
+        x = b + k3 * (n + 1)
+        after = (n + 1) / (k4 + k1 * (kv + length) + (x if x > k2 else k2))
         if n <= 0:
             return after
-        return after - n / (k4 + k1 * kv + max(k2, b + k3 * n))
+        x = b + k3 * n
+        return after - n / (k4 + k1 * kv + (x if x > k2 else k2))
 
     # local copies: [n, kv, cap]; heaps per version of (-gain_ref, iid)
     local: dict[str, list[int]] = {}
