@@ -29,3 +29,7 @@ def test_bench_control_bytes_smoke(ray_session: None, tmp_path: Path) -> None:
         assert all(r["bytes"][k] > 0 for k in bench_control_bytes.KINDS)
     assert res["length_ratio"] == 16
     assert res["ratio_longest_over_shortest"]["total"] > 0
+    # no payload crosses the control process: what it exchanges with the store, the reward
+    # workers and the trainer per trajectory does not grow with a 16x longer response
+    for kind in ("ts", "rewards", "trainer"):
+        assert res["ratio_longest_over_shortest"][kind] < 1.25, (kind, res)
