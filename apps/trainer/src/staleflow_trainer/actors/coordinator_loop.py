@@ -142,18 +142,10 @@ def group_of(trajectory_id: str) -> str:
 
 
 def coordinator_config(cfg: AppConfig) -> CoordinatorConfig:
-    c = cfg.coordinator
-    return CoordinatorConfig.from_dict(
-        {
-            "policy": c.policy,
-            "cost_model": c.cost_model,
-            "theta": c.theta,
-            "route_kv_limit": c.route_kv_limit,
-            "sync_kv_threshold": c.sync_kv_threshold,
-            "migration_ratio": c.migration_ratio,
-            "migration_indicator": c.migration_indicator,
-        }
-    )
+    """The coordinator's config: the same translation the control core uses."""
+    from staleflow_trainer.control.config import coordinator_config as from_app
+
+    return from_app(cfg)
 
 
 def sync_retry_delay(failures_in_row: int, backoff_s: float) -> float:

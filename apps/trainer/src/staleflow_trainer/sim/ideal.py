@@ -51,12 +51,12 @@ def ideal_throughput(spec: SimSpec, moments: dict[str, float] | None = None) -> 
     ctx = ep + el2 / (2 * el)
     best_n, best_t = 1, 0.0
     cap = spec.kv_capacity_tokens
+    cost = spec.engine.cost
     for n in range(1, spec.max_running + 1):
         kv = n * ctx
         if kv > cap:
             break
-        tau = spec.k4 + spec.k1 * kv + max(spec.k2, spec.k_inner + spec.k3 * n)
-        t = n / tau
+        t = cost.throughput(n, kv)
         if t > best_t:
             best_n, best_t = n, t
     instances = spec.num_instances

@@ -31,11 +31,10 @@ import time
 from collections import deque
 from typing import Any
 
+import attrs
 import structlog
 
 from engine_adapters._contract import SamplingParams
-from engine_adapters.cost_model import CostModel as EngineCost
-from engine_adapters.sim import SimConfig as EngineSimConfig
 from engine_adapters.sim import SimEngineCore
 from rollout_coordinator import InstanceSnapshot
 from staleflow_trainer.control import ControlCore, core_config
@@ -80,17 +79,7 @@ class Simulation:
         self.core = ControlCore(
             core_config(cfg, rows=None), prompt_len=lambda row: stream.group(row).prompt_len
         )
-        coeffs = {"k1": s.k1, "k2": s.k2, "k3": s.k3, "k4": s.k4, "b": s.k_inner}
-        engine_cfg = EngineSimConfig(
-            cost=EngineCost(name=s.cost_model, **coeffs),
-            max_running=s.max_running,
-            kv_capacity_tokens=s.kv_capacity_tokens,
-            max_model_len=s.max_model_len,
-            prefill_s_per_token=s.prefill_s_per_token,
-            weight_bandwidth_bytes_per_s=s.pull_bandwidth_gb_s * 1e9,
-            weight_load_constant_s=s.transfer_overhead_s,
-            seed=s.seed,
-        )
+        engine_cfg = s.engine
         self.engine_config = engine_cfg
         self.engines: dict[str, SimEngineCore] = {}
         self._next: dict[str, float] = {}
@@ -115,7 +104,11 @@ class Simulation:
     # ---- instances ---------------------------------------------------------------------------
 
     def add_engine(self, iid: str, *, version: int) -> None:
-        eng = SimEngineCore(self.engine_config, instance_id=iid, version=version)
+        config = self.engine_config
+        speed = self.spec.speed_of(len(self.engines))
+        if speed != 1.0:
+            config = attrs.evolve(config, speed_factor=speed)
+        eng = SimEngineCore(config, instance_id=iid, version=version)
         self.engines[iid] = eng
         self._next[iid] = eng.next_event_time()
         self._snap_at[iid] = -math.inf
@@ -254,7 +247,7 @@ class Simulation:
             elif isinstance(e, fx.Score):
                 self._score(e.trajectory_ids)
             elif isinstance(e, fx.Train):
-                train_s = self.spec.train_seconds(e.tokens)
+                train_s = self.spec.train_seconds(e.tokens, self._seq_sq_sum(e))
                 self.rec.trainer_phase(self.now, "training")
                 self._at(self.now + train_s, _TRAINED, e.version + 1)
             elif isinstance(e, fx.Record):
@@ -264,6 +257,16 @@ class Simulation:
             elif isinstance(e, fx.Halt):
                 raise SimulationHalted(f"{e.component}: {e.reason}")
             # SubmitGroups, Drop, DropGroup, Release, Done: nothing to store or free here
+
+    def _seq_sq_sum(self, train: fx.Train) -> float:
+        """Sum of the batch's squared sequence lengths (prompt + response): attention cost."""
+        entries = self.core.ledger.entries
+        total = 0.0
+        for tid in train.flat_ids:
+            e = entries.get(tid)
+            if e is not None:
+                total += float(e.prompt_len + e.generated) ** 2
+        return total
 
     def on_checkpoint(self, step: int) -> None:
         """A checkpoint is due (the fault simulation keeps the core's state)."""
