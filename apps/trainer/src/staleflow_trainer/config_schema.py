@@ -65,6 +65,8 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is Literal:
         if value in typing.get_args(tp) and not isinstance(value, bool):
             return value
+        if value is False and "off" in typing.get_args(tp):
+            return "off"  # YAML 1.1 reads an unquoted off (and no, false) as false
         raise bad
     if origin in (typing.Union, types.UnionType):
         for arg in typing.get_args(tp):
