@@ -208,7 +208,9 @@ def test_evolve() -> None:
     assert cfg.trainer.steps == 20  # unchanged
 
 
-@pytest.mark.parametrize("name", ["tiny.yaml", "sim-tiny.yaml", "sim-paper-30b-a3b.yaml"])
+@pytest.mark.parametrize(
+    "name", ["tiny.yaml", "sim-tiny.yaml", "sim-paper-30b-a3b.yaml", "sim-paper-30b-a3b-40k.yaml"]
+)
 def test_examples_load(name: str) -> None:
     cfg = load_config(EXAMPLES / name, ["run_dir=/tmp/r", "trainer.steps=2"])
     assert cfg.trainer.steps == 2

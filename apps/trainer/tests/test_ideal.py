@@ -50,3 +50,19 @@ def test_a_tail_beyond_the_window_binds_on_latency() -> None:
     floor = spec.engine.cost.step_latency(1, 0) * spec.max_response_len
     assert b["latency_bound_side"] == "latency"
     assert b["latency_bound_step_s"] >= floor * 0.5  # the capped responses' window: eta x S
+
+
+@pytest.mark.parametrize(
+    ("preset", "sides"),
+    [
+        ("sim-paper-30b-a3b.yaml", {1: "train", 3: "train"}),
+        ("sim-paper-30b-a3b-40k.yaml", {1: "latency", 3: "train"}),
+    ],
+)
+def test_paper_presets_bind_where_their_headers_say(preset: str, sides: dict[int, str]) -> None:
+    cfg = load_config(EXAMPLES / preset, [])
+    assert cfg.sim.kv_capacity_tokens is None  # KV from the model's geometry
+    for eta, side in sides.items():
+        spec = spec_from_app_config(with_policy(cfg, "staleflow", eta))
+        assert spec.kv_capacity_tokens == 274_736
+        assert latency_bound(spec, eta, groups=512)["latency_bound_side"] == side, eta
