@@ -29,9 +29,15 @@ def write_plots(report: dict[str, Any], out_dir: Path) -> list[Path]:
     ]
 
 
+def _first_seed(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs of the comparison's first seed (the plots show one seed's runs)."""
+    seed = report["results"][0].get("seed") if report["results"] else None
+    return [r for r in report["results"] if r.get("seed") == seed]
+
+
 def _throughput(report: dict[str, Any], out: Path) -> Path:
     plt = _plt()
-    rows = sorted(report["results"], key=lambda r: (r["eta"], r["policy"]))
+    rows = sorted(_first_seed(report), key=lambda r: (r["eta"], r["policy"]))
     labels = [f"{r['policy']}\nη={r['eta']}" for r in rows]
     fig, ax = plt.subplots(figsize=(max(8, 0.55 * len(rows)), 4))
     colors = ["#264653" if r["policy"] == "staleflow" else "#8ab17d" for r in rows]
@@ -49,7 +55,7 @@ def _throughput(report: dict[str, Any], out: Path) -> Path:
 
 def _staleness(report: dict[str, Any], out: Path) -> Path:
     plt = _plt()
-    rows = sorted(report["results"], key=lambda r: (r["eta"], r["policy"]))
+    rows = sorted(_first_seed(report), key=lambda r: (r["eta"], r["policy"]))
     cols = 4
     nrows = (len(rows) + cols - 1) // cols
     fig, axes = plt.subplots(nrows, cols, figsize=(12, 2.2 * nrows), squeeze=False)
@@ -72,17 +78,18 @@ def _staleness(report: dict[str, Any], out: Path) -> Path:
 
 def _timelines(report: dict[str, Any], out_dir: Path, out: Path) -> Path:
     plt = _plt()
-    eta = max(r["eta"] for r in report["results"])
+    first = _first_seed(report)
+    eta = max(r["eta"] for r in first)
     wanted = ["staleflow", "all-vanilla", "coarse-async", "coarse-async-drop", "one-step", "sync"]
     runs = []
     for p in wanted:
-        for r in report["results"]:
+        for r in first:
             if r["policy"] == p and (r["eta"] == eta or p in ("sync", "one-step")):
                 runs.append(r)
                 break
     fig, axes = plt.subplots(len(runs), 1, figsize=(11, 2.0 * len(runs)), squeeze=False)
     for ax, r in zip(axes.flat, runs, strict=False):
-        rows = read_jsonl(out_dir / "runs" / f"{r['policy']}-eta{r['eta']}" / TIMELINE_FILE)
+        rows = read_jsonl(out_dir / "runs" / r["run"] / TIMELINE_FILE)
         insts = sorted({row["instance"] for row in rows})
         for i, inst in enumerate(insts):
             for state, color in _COLORS.items():
