@@ -171,3 +171,23 @@ def test_coarse_async_drop_keeps_eta_by_discarding_what_ages_out() -> None:
     assert drop.rec.summary()["tokens_wasted"] > 0
     assert all(r["max_staleness"] <= 1 for r in drop.rec.steps)
     assert sf.core.protocol.stats().aborts_by_reason.get("stale", 0) == 0
+
+
+def test_the_trainer_is_timed_by_the_batch_it_trains() -> None:
+    """The attention term of the step time sees every consumed sequence: the sum of squared
+    lengths lies between tokens² / count (all equal) and tokens² (one sequence)."""
+    cfg = with_policy(sim_config(**TINY), "staleflow", 2)
+    sim = Simulation(cfg)
+    seen: list[tuple[int, int, float]] = []
+    measure = sim._seq_sq_sum
+
+    def spy(train: object) -> float:
+        total = measure(train)  # type: ignore[arg-type]
+        seen.append((train.tokens, len(train.flat_ids), total))  # type: ignore[attr-defined]
+        return total
+
+    sim._seq_sq_sum = spy  # type: ignore[method-assign]
+    sim.run()
+    assert len(seen) == TINY["steps"]
+    for tokens, count, total in seen:
+        assert tokens**2 / count * 0.999 <= total <= tokens**2, (tokens, count, total)

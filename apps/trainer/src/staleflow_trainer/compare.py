@@ -136,7 +136,7 @@ def run_comparison(
     spec = spec_from_app_config(base)
     disagg = spec if spec.policy != "sync" else attrs.evolve(spec, policy="staleflow")
     ideal = ideal_throughput(disagg)
-    bounds = _bounds(base, sorted({c.protocol.eta for c in runs}))
+    bounds = _bounds(base, sorted({e for c in runs if isinstance(e := c.protocol.eta, int)}))
     results = []
     for c, s in zip(runs, summaries, strict=True):
         row = {"seed": c.run.seed, "run": run_name(c), **{k: s[k] for k in RESULT_KEYS}}

@@ -96,6 +96,7 @@ class Simulation:
         self._last_cycle = -1.0
         self._changed: set[str] = set()
         self._snap_at: dict[str, float] = {}
+        self._seq_len: dict[str, int] = {}  # scored trajectories' prompt + response lengths
         self.cycles = 0
         self.wall_s = 0.0
         for i in range(s.num_instances):
@@ -259,13 +260,19 @@ class Simulation:
             # SubmitGroups, Drop, DropGroup, Release, Done: nothing to store or free here
 
     def _seq_sq_sum(self, train: fx.Train) -> float:
-        """Sum of the batch's squared sequence lengths (prompt + response): attention cost."""
-        entries = self.core.ledger.entries
-        total = 0.0
+        """Sum of the batch's squared sequence lengths (prompt + response): attention cost.
+        Lengths are noted when a trajectory is scored (the ledger forgets a group once it is
+        consumed); one not noted (a run restored mid-step) counts at the batch's mean."""
+        total, known, missing = 0.0, 0, 0
         for tid in train.flat_ids:
-            e = entries.get(tid)
-            if e is not None:
-                total += float(e.prompt_len + e.generated) ** 2
+            n = self._seq_len.pop(tid, None)
+            if n is None:
+                missing += 1
+            else:
+                total += float(n) ** 2
+                known += n
+        if missing:
+            total += missing * (max(train.tokens - known, 0) / missing) ** 2
         return total
 
     def on_checkpoint(self, step: int) -> None:
@@ -309,6 +316,7 @@ class Simulation:
             e = led.entries.get(tid)
             if e is None:  # dropped later in the same event (its group settled)
                 continue
+            self._seq_len[tid] = e.prompt_len + e.generated
             row = led.groups[e.group].row
             rewards.append(Reward(trajectory_id=tid, score=self.stream.reward(row, e.member)))
         if self.spec.reward_time_s > 0:
