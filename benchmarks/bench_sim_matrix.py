@@ -12,7 +12,7 @@ Every preset is a ``staleflow compare`` (same code path:
 ``<out-dir>/<preset>/``. Writes ``<out-dir>/sim_matrix.json`` (per preset the summary rows,
 ratios, bounds and protocol; the bars) and ``sim_matrix.md``.
 
-The bars (a bar whose runs are not in the matrix is reported as not measured):
+The bars (PASS, MISS, or NOT MEASURED when the matrix ran none of a bar's runs):
 
 * ``never_loses``: on every preset and η, staleflow's mean tokens/s ≥ 0.98 × every ablation's
   and every baseline's;
@@ -85,7 +85,7 @@ def bars(reports: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         "target": "staleflow >= 0.98x every ablation and baseline, every preset and eta",
         "checked": checked,
         "misses": losses,
-        "holds": checked > 0 and not losses,
+        "holds": None if checked == 0 else not losses,
     }
     strict = {}
     for name, rep in reports.items():
@@ -97,9 +97,9 @@ def bars(reports: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         "per_preset": strict,
         "mean": sum(strict.values()) / len(strict) if strict else None,
         "best": max(strict.values(), default=None),
-        "holds": bool(strict)
-        and sum(strict.values()) / len(strict) >= 1.25
-        and max(strict.values()) >= 1.45,
+        "holds": None
+        if not strict
+        else sum(strict.values()) / len(strict) >= 1.25 and max(strict.values()) >= 1.45,
     }
     rollout_bound = {
         name: _ratio(rep, 3, "all-vanilla")
@@ -111,7 +111,7 @@ def bars(reports: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         "target": ">= 1.15x at eta = 3 on the rollout-bound presets",
         "rollout_bound_presets": sorted(rollout_bound),
         "per_preset": measured,
-        "holds": bool(measured) and all(v >= 1.15 for v in measured.values()),
+        "holds": None if not measured else all(v >= 1.15 for v in measured.values()),
     }
     best = {}
     for name, rep in reports.items():
@@ -122,7 +122,9 @@ def bars(reports: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     out["vs_sync"] = {
         "target": "staleflow / sync >= 2.7x and / one-step >= 2.0x on at least one preset",
         "per_preset": best,
-        "holds": any(v["sync"] >= 2.7 and v["one-step"] >= 2.0 for v in best.values()),
+        "holds": None
+        if not best
+        else any(v["sync"] >= 2.7 and v["one-step"] >= 2.0 for v in best.values()),
     }
     of_bound = {}
     for name, rep in reports.items():
@@ -132,7 +134,7 @@ def bars(reports: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     out["of_bound"] = {
         "target": "staleflow >= 90 % of the latency-aware bound at eta = 3 on every preset",
         "per_preset": of_bound,
-        "holds": bool(of_bound) and all(v >= 0.9 for v in of_bound.values()),
+        "holds": None if not of_bound else all(v >= 0.9 for v in of_bound.values()),
     }
     return out
 
@@ -146,9 +148,14 @@ def markdown(res: dict[str, Any]) -> str:
         shown = {k: v for k, v in bar.items() if k not in ("target", "holds")}
         lines.append(
             f"| {key} | {bar['target']} | {json.dumps(shown, default=_num)} | "
-            f"{'PASS' if bar['holds'] else 'MISS'} |"
+            f"{verdict(bar['holds'])} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def verdict(holds: bool | None) -> str:
+    """PASS, MISS, or NOT MEASURED (the matrix ran none of the bar's runs)."""
+    return "NOT MEASURED" if holds is None else ("PASS" if holds else "MISS")
 
 
 def _num(x: Any) -> Any:
@@ -208,8 +215,7 @@ def main() -> None:
     (root / "sim_matrix.md").write_text(markdown(res))
     for key, bar in res["bars"].items():
         shown = {k: v for k, v in bar.items() if k not in ("target", "holds")}
-        verdict = "PASS" if bar["holds"] else "MISS"
-        print(f"{verdict} {key}: {bar['target']}; {json.dumps(shown, default=_num)}")
+        print(f"{verdict(bar['holds'])} {key}: {bar['target']}; {json.dumps(shown, default=_num)}")
     print(f"written: {root / 'sim_matrix.json'}, {root / 'sim_matrix.md'}")
 
 
