@@ -130,17 +130,17 @@ def bench(session: nox.Session) -> None:
     _sync(session, "--all-packages")
     os.makedirs(ROOT / "bench-results", exist_ok=True)
     for script in sorted((ROOT / "benchmarks").glob("bench_*.py")):
-        if script.name == "bench_sim_sweep.py":  # minutes per sweep: its own session
+        if script.name in ("bench_sim_sweep.py", "bench_sim_matrix.py"):  # hours: own sessions
             continue
         session.run("python", str(script), env=ENV)
 
 
 @nox.session(name="bench-sim")
 def bench_sim(session: nox.Session) -> None:
+    """The preset matrix (every policy, every paper preset, eta 1/2/3/5, two seeds) and its
+    bars: `nox -s bench-sim [-- --smoke | --presets ... --policies ... --etas ...]`."""
     _sync(session, "--all-packages")
-    session.run(
-        "staleflow", "compare", "examples/sim-paper-30b-a3b.yaml", *session.posargs, env=ENV
-    )
+    session.run("python", "benchmarks/bench_sim_matrix.py", *session.posargs, env=ENV)
 
 
 @nox.session(name="bench-sim-sweep")

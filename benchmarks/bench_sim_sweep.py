@@ -129,7 +129,13 @@ def run_sweep(a: argparse.Namespace) -> dict[str, Any]:
             rep = _cached(root, key) if a.reuse else None
             if rep is None:
                 rep = run_comparison(
-                    cfg, out, policies=policies, etas=(a.eta,), workers=a.workers, plots=False
+                    cfg,
+                    out,
+                    policies=policies,
+                    etas=(a.eta,),
+                    seeds=(seed,),
+                    workers=a.workers,
+                    plots=False,
                 )
                 (out / "spec_key.txt").write_text(key + "\n")
             else:

@@ -62,11 +62,36 @@ def test_compare_writes_the_issue_7_schema(
         assert r["max_staleness"] <= r["eta"]
     assert set(report["ratios"]) == {"eta=1", "eta=2", "eta=3"}
     assert set(report["ratios"]["eta=3"]) == {"sync"}
-    sf3 = next(r for r in report["results"] if (r["policy"], r["eta"]) == ("staleflow", 3))
-    sync = next(r for r in report["results"] if r["policy"] == "sync")
+    # two seeds by default, every (policy, eta) once per seed, summarized as mean and spread
+    assert report["protocol"]["seeds"] == [0, 1]
+    assert report["protocol"]["measured_steps"] == 2
+    assert report["protocol"]["steady_state"] is False  # 2 measured steps: the table says so
+    assert {(r["seed"], r["policy"], r["eta"]) for r in report["results"]} == {
+        (seed, p, e) for seed in (0, 1) for p, e in runs
+    }
+    summary = {(r["policy"], r["eta"]): r for r in report["summary"]}
+    sf3, sync = summary[("staleflow", 3)], summary[("sync", 0)]
+    per_seed = [
+        r["tokens_per_s"] for r in report["results"] if (r["policy"], r["eta"]) == ("staleflow", 3)
+    ]
+    assert sf3["tokens_per_s"]["mean"] == pytest.approx(sum(per_seed) / 2)
+    assert sf3["tokens_per_s"]["min"] == min(per_seed) and sf3["samples_per_s"]["mean"] > 0
     assert report["ratios"]["eta=3"]["sync"] == pytest.approx(
-        sf3["tokens_per_s"] / sync["tokens_per_s"]
+        sf3["tokens_per_s"]["mean"] / sync["tokens_per_s"]["mean"]
     )
+    spread = report["ratio_spread"]["eta=3"]["sync"]
+    assert spread["min"] <= report["ratios"]["eta=3"]["sync"] * 1.0001
+    # the latency-aware bound per eta, never above the roofline; the side that binds named
+    assert set(report["bounds"]) == {"eta=0", "eta=1", "eta=2", "eta=3"}
+    for key, b in report["bounds"].items():
+        assert b["latency_bound_side"] in ("train", "rollout", "latency"), key
+        if key != "eta=0":
+            assert b["latency_bound_tokens_per_s"] <= report["ideal_tokens_per_s"] * 1.05
+    assert sf3["frac_of_bound"] == pytest.approx(
+        sf3["tokens_per_s"]["mean"] / report["bounds"]["eta=3"]["latency_bound_tokens_per_s"]
+    )
+    table = (run / "results" / "compare.md").read_text()
+    assert "NOT a steady-state measurement" in table and "Latency-aware bound" in table
     assert report["split"]["rollout_gpus"] == 4
     for name in ("compare.md", "throughput.png", "staleness.png", "timelines.png"):
         assert (run / "results" / name).is_file()

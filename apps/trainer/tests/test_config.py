@@ -12,6 +12,7 @@ from staleflow_trainer.config import (
     load_config,
     parse_override,
 )
+from staleflow_trainer.config_sim import base_cost_model
 from staleflow_trainer.errors import ConfigError
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -207,7 +208,9 @@ def test_evolve() -> None:
     assert cfg.trainer.steps == 20  # unchanged
 
 
-@pytest.mark.parametrize("name", ["tiny.yaml", "sim-tiny.yaml", "sim-paper-30b-a3b.yaml"])
+@pytest.mark.parametrize(
+    "name", ["tiny.yaml", "sim-tiny.yaml", "sim-paper-30b-a3b.yaml", "sim-paper-30b-a3b-40k.yaml"]
+)
 def test_examples_load(name: str) -> None:
     cfg = load_config(EXAMPLES / name, ["run_dir=/tmp/r", "trainer.steps=2"])
     assert cfg.trainer.steps == 2
@@ -218,4 +221,14 @@ def test_paper_preset_matches_the_published_setup() -> None:
     assert (cfg.protocol.batch_size, cfg.protocol.group_size) == (64, 16)
     assert (cfg.sim.total_gpus, cfg.sim.rollout_gpus, cfg.sim.train_gpus) == (64, 32, 32)
     assert cfg.rollout.sampling.max_new_tokens == 20480
-    assert cfg.sim.cost_model == "qwen3-30b-a3b-h20"
+    assert base_cost_model(cfg).name == "qwen3-30b-a3b-h20"  # the router's model, for the engines
+    assert cfg.sim.kv_capacity_tokens is None  # derived from the model's geometry
+
+
+def test_unquoted_off_means_off() -> None:
+    """YAML reads an unquoted ``off`` as false; the fields that accept ``off`` take it so."""
+    cfg = AppConfig().evolve("sim.max_num_batched_tokens=off", "coordinator.sync_max_lag=off")
+    assert cfg.sim.max_num_batched_tokens == "off"
+    assert cfg.coordinator.sync_max_lag == "off"
+    with pytest.raises(ConfigError, match=r"sim\.gpu_memory_utilization"):
+        AppConfig().evolve("sim.gpu_memory_utilization=off")

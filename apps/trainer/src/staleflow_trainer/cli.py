@@ -69,10 +69,28 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return int(result or 0) if isinstance(result, int) else 0
 
 
+def _int_list(raw: str, flag: str) -> tuple[int, ...]:
+    """``"0,1"`` → ``(0, 1)``; a bad item is a ConfigError naming the flag."""
+    out = []
+    for item in (x.strip() for x in (raw or "").split(",")):
+        if not item:
+            continue
+        try:
+            out.append(int(item))
+        except ValueError:
+            raise ConfigError(
+                f"{flag}: {item!r} is not an integer", key=flag, allowed="integers, comma-separated"
+            ) from None
+    return tuple(out)
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     cfg = _load(args)
     policies = [p for p in (args.policies or "").split(",") if p]
-    result = _lazy("staleflow_trainer.simulate").compare(cfg, policies=policies or None)
+    seeds = _int_list(args.seeds, "--seeds")
+    result = _lazy("staleflow_trainer.simulate").compare(
+        cfg, policies=policies or None, seeds=seeds or None
+    )
     return int(result or 0) if isinstance(result, int) else 0
 
 
@@ -259,6 +277,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         metavar="P1,P2",
         help=f"comma-separated policies, from: {_policy_list()} (default: all of them)",
+    )
+    cmp.add_argument(
+        "--seeds",
+        default="",
+        metavar="S1,S2",
+        help="comma-separated seeds (default: run.seed and the next one)",
     )
     cmp.set_defaults(fn=_cmd_compare)
     pln = with_config("plan")

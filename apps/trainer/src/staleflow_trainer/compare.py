@@ -4,19 +4,30 @@ Runs ``staleflow``, its ablations (``vanilla-routing``, ``vanilla-sync``, ``vani
 ``all-vanilla``), ``coarse-async`` and ``coarse-async-drop`` at each η of :data:`ETAS`, plus ``sync`` (η = 0,
 colocated on every GPU) and ``one-step`` (η = 1) once each. Same seed, same length stream,
 same cost model; the disaggregated policies split the budget per ``sim.rollout_gpus`` /
-``sim.train_gpus``. Runs go to a process pool (one per core). Writes into ``run.run_dir``:
+``sim.train_gpus``. Runs go to a process pool (one per core).
 
-* ``compare.json`` — ``ideal_tokens_per_s`` (the split's physical limit, see
-  :mod:`staleflow_trainer.sim.ideal`), ``results`` (policy, eta, tokens_per_s, mean_step_s,
+Measurement protocol: every (policy, η) runs once per seed (default: ``run.seed`` and the next
+one); throughput counts only the steps after ``sim.warmup_steps`` (the pipeline fill), and a
+comparison reports the mean and the min–max spread over the seeds of tokens/s and samples/s.
+:data:`MIN_MEASURED_STEPS` measured steps and :data:`MIN_SEEDS` seeds make a steady-state
+measurement; a comparison below that says so in its table (``protocol.steady_state`` false).
+Writes into ``run.run_dir``:
+
+* ``compare.json`` — ``ideal_tokens_per_s`` (the split's roofline limit) and ``bounds`` (the
+  latency-aware bound per η and the side that binds; both in
+  :mod:`staleflow_trainer.sim.ideal`), ``protocol``, ``summary`` (per policy and η: mean, min
+  and max over the seeds of tokens_per_s and samples_per_s, frac_of_ideal, frac_of_bound),
+  ``results`` (one row per run: seed, run (its directory), policy, eta, tokens_per_s, mean_step_s,
   trainer_idle_frac, rollout_busy_frac — generated tokens over the instances' best rate —,
   samples_per_s and tokens_per_sample — what was trained, so a policy that drops the long
   tail shows its shorter samples —,
   rollout_active_frac — share of instance-time with any work —, max_staleness, ...),
-  ``ratios`` (staleflow over every
-  other policy, per η), ``split`` (the train/rollout split and the ideal's two sides);
+  ``ratios`` (staleflow's mean tokens/s over every
+  other policy's, per η), ``ratio_spread`` (min and max of the per-seed ratios), ``split``
+  (the train/rollout split and the ideal's two sides);
 * ``results/compare.md`` (the table) and ``results/*.png`` (throughput bars, staleness
   histograms, per-instance timelines);
-* ``runs/<policy>-eta<η>/`` — each run's metrics, timeline and summary.
+* ``runs/<policy>-eta<η>-seed<s>/`` — each run's metrics, timeline and summary.
 """
 
 from __future__ import annotations
@@ -33,12 +44,16 @@ import structlog
 
 from staleflow_trainer.config import FIXED_ETA, POLICIES, AppConfig, dump_config
 from staleflow_trainer.errors import ConfigError
-from staleflow_trainer.sim.ideal import ideal_throughput
+from staleflow_trainer.sim.ideal import ideal_throughput, latency_bound
 from staleflow_trainer.sim.spec import spec_from_app_config, with_policy
 
 _log = structlog.get_logger("staleflow.compare")
 
 ETAS = (1, 2, 3)
+#: A steady-state measurement: at least this many steps after the warm-up ...
+MIN_MEASURED_STEPS = 30
+#: ... on at least this many seeds.
+MIN_SEEDS = 2
 RESULT_KEYS = (
     "policy",
     "eta",
@@ -71,7 +86,12 @@ def plan_runs(
 
 
 def run_name(cfg: AppConfig) -> str:
-    return f"{cfg.coordinator.policy}-eta{cfg.protocol.eta}"
+    return f"{cfg.coordinator.policy}-eta{cfg.protocol.eta}-seed{cfg.run.seed}"
+
+
+def default_seeds(cfg: AppConfig) -> tuple[int, ...]:
+    """The config's seed and the next one (:data:`MIN_SEEDS`)."""
+    return tuple(cfg.run.seed + i for i in range(MIN_SEEDS))
 
 
 def _run_one(args: tuple[AppConfig, str]) -> dict[str, Any]:
@@ -132,18 +152,24 @@ def run_comparison(
     *,
     policies: list[str] | None = None,
     etas: tuple[int, ...] = ETAS,
+    seeds: tuple[int, ...] | None = None,
     workers: int | None = None,
     plots: bool = True,
 ) -> dict[str, Any]:
-    """Run every (policy, η) of ``base`` and write compare.json, the table and the plots."""
-    runs = plan_runs(base, policies, etas)
+    """Run every (policy, η, seed) of ``base`` and write compare.json, the table and the
+    plots (``seeds``: None is :func:`default_seeds`)."""
+    seeds = default_seeds(base) if seeds is None else seeds
+    if not seeds:
+        raise ConfigError("compare needs at least one seed", key="--seeds", allowed="1 or more")
+    runs = [c for seed in seeds for c in plan_runs(base.evolve(f"run.seed={seed}"), policies, etas)]
     summaries = run_specs([(c, out_dir / "runs" / run_name(c)) for c in runs], workers=workers)
     spec = spec_from_app_config(base)
     disagg = spec if spec.policy != "sync" else attrs.evolve(spec, policy="staleflow")
     ideal = ideal_throughput(disagg)
+    bounds = _bounds(base, sorted({e for c in runs if isinstance(e := c.protocol.eta, int)}))
     results = []
-    for s in summaries:
-        row = {k: s[k] for k in RESULT_KEYS}
+    for c, s in zip(runs, summaries, strict=True):
+        row = {"seed": c.run.seed, "run": run_name(c), **{k: s[k] for k in RESULT_KEYS}}
         row.update(
             frac_of_ideal=s["tokens_per_s"] / ideal["ideal_tokens_per_s"],
             mean_staleness=s["mean_staleness"],
@@ -160,11 +186,21 @@ def run_comparison(
             rollout_gpus=s["rollout_gpus"],
             train_gpus=s["train_gpus"],
             steps=s["steps"],
+            measured_steps=s["steps"] - s["warmup_steps"],
             wall_s=round(s["wall_s"], 2),
         )
         results.append(row)
+    measured = min((r["measured_steps"] for r in results), default=0)
+    summary = summarize(results, bounds)
     report = {
         "ideal_tokens_per_s": ideal["ideal_tokens_per_s"],
+        "bounds": bounds,
+        "protocol": {
+            "seeds": list(seeds),
+            "measured_steps": measured,
+            "warmup_steps": base.sim.warmup_steps,
+            "steady_state": measured >= MIN_MEASURED_STEPS and len(seeds) >= MIN_SEEDS,
+        },
         "split": {
             "total_gpus": spec.total_gpus,
             "rollout_gpus": spec.rollout_gpus,
@@ -177,8 +213,10 @@ def run_comparison(
             "batch_tokens": ideal["batch_tokens"],
             "frac_at_cap": ideal["frac_at_cap"],
         },
+        "summary": summary,
         "results": results,
-        "ratios": ratios(results),
+        "ratios": ratios(summary),
+        "ratio_spread": ratio_spread(results),
     }
     write_report(out_dir, "compare", report, markdown_table(report))
     if plots:
@@ -186,6 +224,58 @@ def run_comparison(
 
         write_plots(report, out_dir)
     return report
+
+
+def _bounds(base: AppConfig, etas: list[int]) -> dict[str, dict[str, Any]]:
+    """The latency-aware bound per η: η = 0 on every GPU colocated (``sync``), the others on
+    the disaggregated split."""
+    out: dict[str, dict[str, Any]] = {}
+    for eta in etas:
+        cfg = with_policy(base, "sync") if eta == 0 else with_policy(base, "staleflow", eta)
+        out[f"eta={eta}"] = latency_bound(spec_from_app_config(cfg), eta)
+    return out
+
+
+def _stats(xs: list[float]) -> dict[str, float]:
+    return {"mean": sum(xs) / len(xs), "min": min(xs), "max": max(xs)}
+
+
+def summarize(
+    results: list[dict[str, Any]], bounds: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """One row per (policy, η): mean and spread over the seeds (tokens/s, samples/s) and the
+    means of the other columns."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in results:
+        groups.setdefault((r["policy"], r["eta"]), []).append(r)
+    out = []
+    for (policy, eta), rows in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        tps = _stats([r["tokens_per_s"] for r in rows])
+        bound = bounds.get(f"eta={eta}", {}).get("latency_bound_tokens_per_s", 0.0)
+        row: dict[str, Any] = {
+            "policy": policy,
+            "eta": eta,
+            "seeds": len(rows),
+            "tokens_per_s": tps,
+            "samples_per_s": _stats([r["samples_per_s"] for r in rows]),
+            "frac_of_bound": tps["mean"] / bound if bound > 0 else None,
+        }
+        for k in _MEAN_KEYS:
+            row[k] = sum(float(r[k]) for r in rows) / len(rows)
+        row["max_staleness"] = max(r["max_staleness"] for r in rows)
+        out.append(row)
+    return out
+
+
+_MEAN_KEYS = (
+    "frac_of_ideal",
+    "mean_step_s",
+    "trainer_idle_frac",
+    "rollout_busy_frac",
+    "rollout_active_frac",
+    "tokens_wasted",
+    "tokens_per_sample",
+)
 
 
 def write_report(out_dir: Path, name: str, report: dict[str, Any], table: str) -> Path:
@@ -199,59 +289,109 @@ def write_report(out_dir: Path, name: str, report: dict[str, Any], table: str) -
     return res_dir
 
 
-def ratios(results: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """staleflow's tokens/s over every other policy, per η (sync/one-step: their single run)."""
-    fixed = {r["policy"]: r for r in results if r["policy"] in FIXED_ETA}
-    out: dict[str, dict[str, float]] = {}
+def ratios(summary: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """staleflow's mean tokens/s over every other policy's, per η (sync/one-step: their one
+    η)."""
+    return {
+        f"eta={sf['eta']}": {
+            r["policy"]: sf["tokens_per_s"]["mean"] / r["tokens_per_s"]["mean"]
+            for r in _rivals(summary, sf["eta"])
+            if r["tokens_per_s"]["mean"] > 0
+        }
+        for sf in summary
+        if sf["policy"] == "staleflow"
+    }
+
+
+def _rivals(rows: list[dict[str, Any]], eta: int) -> list[dict[str, Any]]:
+    return [
+        r
+        for r in rows
+        if r["policy"] != "staleflow" and (r["policy"] in FIXED_ETA or r["eta"] == eta)
+    ]
+
+
+def ratio_spread(results: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Min and max over the seeds of staleflow's per-seed ratio to every other policy."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
     for sf in (r for r in results if r["policy"] == "staleflow"):
-        eta = sf["eta"]
-        row: dict[str, float] = {}
-        for r in results:
-            if r["policy"] == "staleflow" or (r["policy"] not in FIXED_ETA and r["eta"] != eta):
+        same_seed = [r for r in results if r["seed"] == sf["seed"]]
+        row = out.setdefault(f"eta={sf['eta']}", {})
+        for r in _rivals(same_seed, sf["eta"]):
+            if r["tokens_per_s"] <= 0:
                 continue
-            if r["policy"] in FIXED_ETA and fixed[r["policy"]] is not r:
-                continue
-            if r["tokens_per_s"] > 0:
-                row[r["policy"]] = sf["tokens_per_s"] / r["tokens_per_s"]
-        out[f"eta={eta}"] = row
+            x = sf["tokens_per_s"] / r["tokens_per_s"]
+            old = row.get(r["policy"])
+            row[r["policy"]] = (
+                {"min": x, "max": x}
+                if old is None
+                else {"min": min(old["min"], x), "max": max(old["max"], x)}
+            )
     return out
 
 
 def markdown_table(report: dict[str, Any]) -> str:
-    sp = report["split"]
+    sp, pr = report["split"], report["protocol"]
+    bound_s = "; ".join(
+        f"η={k.split('=')[1]}: {b['latency_bound_tokens_per_s']:.0f} ({b['latency_bound_side']})"
+        for k, b in report["bounds"].items()
+    )
     lines = [
         f"Split: {sp['rollout_gpus']} rollout + {sp['train_gpus']} training GPUs of "
-        f"{sp['total_gpus']} (sync: all {sp['total_gpus']} colocated). Ideal "
+        f"{sp['total_gpus']} (sync: all {sp['total_gpus']} colocated). Roofline ideal "
         f"{report['ideal_tokens_per_s']:.0f} tokens/s ({sp['bound']}-bound: rollout side "
         f"{sp['rollout_side_tokens_per_s']:.0f}, training side {sp['train_side_tokens_per_s']:.0f}; "
         f"train step {sp['train_step_s']:.1f} s + push {sp['push_s']:.1f} s).",
+        f"Latency-aware bound, tokens/s (the side that binds): {bound_s}.",
+        f"Seeds {', '.join(str(x) for x in pr['seeds'])}; {pr['measured_steps']} measured steps "
+        f"after {pr['warmup_steps']} warm-up; mean (min–max) over the seeds."
+        + (
+            ""
+            if pr["steady_state"]
+            else f" NOT a steady-state measurement (needs >= {MIN_MEASURED_STEPS} measured "
+            f"steps and >= {MIN_SEEDS} seeds)."
+        ),
         "",
-        "| policy | η | tokens/s | % of ideal | mean step (s) | trainer idle | rollout util "
-        "| rollout active | wasted tokens | tokens/sample | max staleness | staleflow ÷ this |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| policy | η | tokens/s | samples/s | % of ideal | % of bound | mean step (s) "
+        "| trainer idle | rollout util | wasted tokens | tokens/sample | max staleness "
+        "| staleflow ÷ this |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    rat = report["ratios"]
-    for r in sorted(report["results"], key=lambda r: (r["eta"], r["policy"])):
-        ratio = rat.get(f"eta={r['eta']}", {}).get(r["policy"])
+    rat, spread = report["ratios"], report["ratio_spread"]
+
+    def ratio_cell(eta: int, policy: str) -> str:
+        x = rat.get(f"eta={eta}", {}).get(policy)
+        if x is None:
+            return "—"
+        sp_ = spread.get(f"eta={eta}", {}).get(policy)
+        rng = f" ({sp_['min']:.2f}–{sp_['max']:.2f})" if sp_ and sp_["min"] != sp_["max"] else ""
+        return f"{x:.2f}×{rng}"
+
+    for r in report["summary"]:
         if r["policy"] in FIXED_ETA:
             ratio_s = ", ".join(
-                f"η={k.split('=')[1]}: {v[r['policy']]:.2f}×"
+                f"η={k.split('=')[1]}: {ratio_cell(int(k.split('=')[1]), r['policy'])}"
                 for k, v in rat.items()
                 if r["policy"] in v
             )
         else:
-            ratio_s = "—" if ratio is None else f"{ratio:.2f}×"
+            ratio_s = ratio_cell(r["eta"], r["policy"])
+        t, sps = r["tokens_per_s"], r["samples_per_s"]
+        fb = "—" if r["frac_of_bound"] is None else f"{100 * r['frac_of_bound']:.0f}%"
         lines.append(
-            f"| {r['policy']} | {r['eta']} | {r['tokens_per_s']:.0f} | "
-            f"{100 * r['frac_of_ideal']:.0f}% | {r['mean_step_s']:.1f} | "
+            f"| {r['policy']} | {r['eta']} | {t['mean']:.0f} ({t['min']:.0f}–{t['max']:.0f}) | "
+            f"{sps['mean']:.2f} ({sps['min']:.2f}–{sps['max']:.2f}) | "
+            f"{100 * r['frac_of_ideal']:.0f}% | {fb} | {r['mean_step_s']:.1f} | "
             f"{100 * r['trainer_idle_frac']:.0f}% | {100 * r['rollout_busy_frac']:.0f}% | "
-            f"{100 * r['rollout_active_frac']:.0f}% | {r['tokens_wasted'] / 1e6:.1f}M | "
-            f"{r['tokens_per_sample']:.0f} | {r['max_staleness']} | {ratio_s} |"
+            f"{r['tokens_wasted'] / 1e6:.1f}M | {r['tokens_per_sample']:.0f} | "
+            f"{r['max_staleness']} | {ratio_s} |"
         )
     return "\n".join(lines) + "\n"
 
 
-def compare_main(cfg: AppConfig, policies: list[str] | None = None) -> int:
+def compare_main(
+    cfg: AppConfig, policies: list[str] | None = None, seeds: tuple[int, ...] | None = None
+) -> int:
     """The CLI command: config → base spec → comparison; prints the split and the table."""
     base = spec_from_app_config(cfg)
     if policies:
@@ -265,7 +405,7 @@ def compare_main(cfg: AppConfig, policies: list[str] | None = None) -> int:
     out = Path(cfg.run.run_dir)
     out.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, out / "config.yaml")
-    report = run_comparison(cfg, out, policies=policies)
+    report = run_comparison(cfg, out, policies=policies, seeds=seeds)
     sp = report["split"]
     print(
         f"train/rollout split: {sp['rollout_gpus']} rollout GPUs "

@@ -44,8 +44,14 @@ def _save(fig: Any, out: Path, dpi: int = 100) -> Path:
     return out
 
 
+def _first_seed(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs of the comparison's first seed (the plots show one seed's runs)."""
+    seed = report["results"][0].get("seed") if report["results"] else None
+    return [r for r in report["results"] if r.get("seed") == seed]
+
+
 def _order(report: dict[str, Any]) -> list[dict[str, Any]]:
-    return sorted(report["results"], key=lambda r: (r["eta"], r["policy"]))
+    return sorted(_first_seed(report), key=lambda r: (r["eta"], r["policy"]))
 
 
 def _throughput(report: dict[str, Any], out: Path) -> Path:
@@ -136,16 +142,17 @@ def _timelines(report: dict[str, Any], out_dir: Path, out: Path) -> Path:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    eta = max(r["eta"] for r in report["results"])
+    first = _first_seed(report)
+    eta = max(r["eta"] for r in first)
     runs = []
     for p in TIMELINE_POLICIES:
-        for r in report["results"]:
+        for r in first:
             if r["policy"] == p and (r["eta"] == eta or p in ("sync", "one-step")):
                 runs.append(r)
                 break
     data = []
     for r in runs:
-        run = out_dir / "runs" / f"{r['policy']}-eta{r['eta']}"
+        run = out_dir / "runs" / r["run"]
         data.append((r, read_jsonl(run / TIMELINE_FILE), read_jsonl(run / METRICS_FILE)))
     end = max(
         [float(row["end_s"]) for _, rows, _ in data for row in rows]

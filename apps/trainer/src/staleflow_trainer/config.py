@@ -16,189 +16,24 @@ Theory of operation
 
 from __future__ import annotations
 
-import types
-import typing
-from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import attrs
-import yaml
 
 from engine_adapters.cost_model import PRESETS as COST_PRESETS
+from rollout_coordinator import PROFILES as STRATEGY_PROFILES
+from rollout_coordinator import CoordinatorConfig as _PackageCoordinatorConfig
+from rollout_coordinator.errors import ConfigError as _PackageConfigError
 from rollout_coordinator.policies import POLICIES as _POLICY_REGISTRY
 from rollout_coordinator.policies import build_policy
+from staleflow_trainer.config_schema import field as _f
+from staleflow_trainer.config_schema import section as _section
+from staleflow_trainer.config_schema import validate_field as _validate_field
+from staleflow_trainer.config_sim import SimConfig as SimConfig  # the sim sections live there
+from staleflow_trainer.config_sim import SimWorkloadConfig as SimWorkloadConfig
+from staleflow_trainer.config_sim import validate_sim
 from staleflow_trainer.errors import ConfigError
-
-# ---------------------------------------------------------------------------------------------
-# field helper and checks
-
-_META = "staleflow"
-
-
-def _f(
-    default: Any,
-    *,
-    ge: float | None = None,
-    gt: float | None = None,
-    le: float | None = None,
-    lt: float | None = None,
-    doc: str = "",
-) -> Any:
-    meta = {"ge": ge, "gt": gt, "le": le, "lt": lt, "doc": doc}
-    if isinstance(default, (list, dict)):
-        raise TypeError("use tuples / sections, not mutable defaults")
-    return attrs.field(default=default, validator=_validate_field, metadata={_META: meta})
-
-
-def _describe(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(a) for a in typing.get_args(tp))
-    if origin is tuple:
-        return f"a list of {_describe(typing.get_args(tp)[0])}"
-    if tp is type(None):
-        return "null"
-    if attrs.has(tp):
-        return f"a mapping with keys {', '.join(a.name for a in attrs.fields(tp))}"
-    return {int: "an integer", float: "a number", str: "a string", bool: "true/false"}.get(
-        tp, str(tp)
-    )
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Return ``value`` as type ``tp`` (int → float allowed) or raise ConfigError."""
-    origin = typing.get_origin(tp)
-    bad = ConfigError(
-        f"{key}: expected {_describe(tp)}, got {value!r} ({type(value).__name__})",
-        key=key,
-        allowed=_describe(tp),
-    )
-    if origin is Literal:
-        if value in typing.get_args(tp) and not isinstance(value, bool):
-            return value
-        raise bad
-    if origin in (typing.Union, types.UnionType):
-        for arg in typing.get_args(tp):
-            try:
-                return _coerce(value, arg, key)
-            except ConfigError:
-                continue
-        raise bad
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise bad
-        inner = typing.get_args(tp)[0]
-        return tuple(_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value))
-    if tp is type(None):
-        if value is None:
-            return None
-        raise bad
-    if attrs.has(tp):
-        if isinstance(value, tp):
-            return value
-        if value is None:  # an empty YAML section ("trainer:") means all defaults
-            return _build(tp, {}, key)
-        if isinstance(value, Mapping):
-            return _build(tp, value, key)
-        raise bad
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise bad
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise bad
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise bad
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise bad
-    raise TypeError(f"unsupported config type {tp!r} at {key}")
-
-
-def _check_range(value: Any, meta: Mapping[str, Any], key: str) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return
-    bounds = []
-    if meta.get("ge") is not None:
-        bounds.append((value >= meta["ge"], f">= {meta['ge']}"))
-    if meta.get("gt") is not None:
-        bounds.append((value > meta["gt"], f"> {meta['gt']}"))
-    if meta.get("le") is not None:
-        bounds.append((value <= meta["le"], f"<= {meta['le']}"))
-    if meta.get("lt") is not None:
-        bounds.append((value < meta["lt"], f"< {meta['lt']}"))
-    if not all(ok for ok, _ in bounds):
-        allowed = " and ".join(b for _, b in bounds)
-        raise ConfigError(f"{key} must be {allowed}, got {value!r}", key=key, allowed=allowed)
-
-
-def _validate_field(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    section = getattr(type(inst), "__section__", type(inst).__name__)
-    key = f"{section}.{attribute.name}" if section else attribute.name
-    tp = attribute.type
-    coerced = _coerce(value, tp, key)
-    if type(coerced) is not type(value) and not (
-        isinstance(value, int) and isinstance(coerced, float)
-    ):
-        # direct construction with e.g. a list where a tuple is declared
-        raise ConfigError(
-            f"{key}: expected {_describe(tp)}, got {value!r}", key=key, allowed=_describe(tp)
-        )
-    _check_range(value, attribute.metadata.get(_META, {}), key)
-
-
-def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
-    if not isinstance(data, Mapping):
-        raise ConfigError(
-            f"{prefix or 'config'} must be a mapping, got {data!r}",
-            key=prefix or "<root>",
-            allowed=_describe(cls),
-        )
-    names = {a.name: a for a in attrs.fields(cls)}
-    kwargs: dict[str, Any] = {}
-    for k, v in data.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        if k not in names:
-            allowed = ", ".join(sorted(names))
-            raise ConfigError(
-                f"unknown config key {key!r}; allowed keys here: {allowed}",
-                key=key,
-                allowed=allowed,
-            )
-        a = names[k]
-        value = _coerce(v, a.type, key)
-        _check_range(value, a.metadata.get(_META, {}), key)
-        kwargs[k] = value
-    try:
-        return cls(**kwargs)
-    except ConfigError as e:
-        # re-key errors raised by __attrs_post_init__ / validators with the full prefix
-        if prefix and not e.key.startswith(prefix):
-            tail = e.key.split(".", 1)[-1]
-            raise ConfigError(
-                str(e).replace(e.key, f"{prefix}.{tail}"),
-                key=f"{prefix}.{tail}",
-                allowed=e.allowed,
-            ) from None
-        raise
-
-
-def _section(name: str) -> Callable[[type], type]:
-    def wrap(cls: type) -> type:
-        setattr(cls, "__section__", name)  # noqa: B010  (ClassVar declared per section)
-        attrs.resolve_types(cls, globalns=globals())
-        return cls
-
-    return wrap
-
 
 # ---------------------------------------------------------------------------------------------
 # sections
@@ -344,21 +179,75 @@ COST_MODEL_PRESETS = tuple(sorted(COST_PRESETS))
 UNBOUNDED_POLICIES = ("all-vanilla", "vanilla-sync")
 
 
+#: The strategy fields of ``rollout_coordinator.CoordinatorConfig`` the ``coordinator`` section
+#: may set. Each defaults to null: the value of ``coordinator.profile`` (the package holds the
+#: defaults, the ranges and the profiles; the app only passes what the user set). ``off`` unsets
+#: a field a profile turns on (its package value None).
+STRATEGY_FIELDS = (
+    "theta",
+    "route_kv_limit",
+    "route_max_concurrency",
+    "candidate_order",
+    "partial_order",
+    "max_routes_per_cycle",
+    "route_miss_limit",
+    "sync_kv_threshold",
+    "sync_require_starved",
+    "sync_max_lag",
+    "sync_lag_fraction",
+    "migration_ratio",
+    "migration_indicator",
+    "migration_min_running",
+    "migration_amount",
+    "migration_during_sync",
+    "preemption_rule",
+    "preempt_abort_waiting",
+    "bounce_waiting_threshold",
+    "bounce_kv_threshold",
+    "bounce_max_per_instance",
+    "verl_staleness_threshold",
+    "verl_max_concurrent_groups_per_instance",
+)
+
+
 @_section("coordinator")
 @attrs.frozen(kw_only=True)
 class CoordinatorConfig:
-    """Mirrors ``rollout_coordinator.CoordinatorConfig`` (names and defaults)."""
+    """The coordinator: policy, routing cost model, a strategy profile and overrides of it.
+
+    Strategy fields are those of ``rollout_coordinator.CoordinatorConfig`` (see
+    :data:`STRATEGY_FIELDS`); null takes the profile's value. They are validated by building
+    the package's config, so its ranges are the only ones."""
 
     __section__: ClassVar[str]
     policy: str = _f("staleflow", doc="a policy of the coordinator's registry")
     cost_model: str = _f(
         "qwen3-30b-a3b-h20", doc="routing cost model: a preset name or a fitted JSON file"
     )
-    theta: float = _f(0.3, gt=0.0, le=1.0, doc="min marginal-gain fraction to route")
-    route_kv_limit: float = _f(0.9, gt=0.0, le=1.0)
-    sync_kv_threshold: float = _f(0.3, ge=0.0, le=1.0, doc="sync only below this KV usage")
-    migration_ratio: float = _f(5.0, gt=1.0, doc="load ratio that triggers migration")
-    migration_indicator: Literal["kv", "running", "waiting", "throughput"] = _f("kv")
+    profile: str = _f("default", doc="strategy profile (rollout_coordinator PROFILES)")
+    theta: float | None = _f(None, doc="min marginal-gain fraction to route")
+    route_kv_limit: float | None = _f(None, doc="route only while KV usage after it stays <=")
+    route_max_concurrency: int | Literal["off"] | None = _f(None, doc="running cap per instance")
+    candidate_order: str | None = _f(None, doc="new groups: oldest or reserve (newest) first")
+    partial_order: str | None = _f(None, doc="partials: version (oldest first) or gain")
+    max_routes_per_cycle: int | None = _f(None)
+    route_miss_limit: int | None = _f(None)
+    sync_kv_threshold: float | None = _f(None, doc="per-instance sync only below this KV usage")
+    sync_require_starved: bool | None = _f(None, doc="... and only without work at its version")
+    sync_max_lag: int | Literal["off"] | None = _f(None, doc="sync at once at this lag")
+    sync_lag_fraction: float | Literal["off"] | None = _f(None, doc="lag bound as a share of eta")
+    migration_ratio: float | None = _f(None, doc="load ratio that triggers migration")
+    migration_indicator: str | None = _f(None, doc="kv, running, waiting or throughput")
+    migration_min_running: int | None = _f(None)
+    migration_amount: str | None = _f(None, doc="half_gap or all")
+    migration_during_sync: bool | None = _f(None)
+    preemption_rule: str | None = _f(None, doc="bounce, abort or off")
+    preempt_abort_waiting: int | None = _f(None)
+    bounce_waiting_threshold: int | None = _f(None)
+    bounce_kv_threshold: float | None = _f(None)
+    bounce_max_per_instance: int | None = _f(None)
+    verl_staleness_threshold: float | None = _f(None, doc="verl-async window (null: eta)")
+    verl_max_concurrent_groups_per_instance: int | None = _f(None)
     snapshot_interval_s: float = _f(
         0.05,
         gt=0.0,
@@ -384,6 +273,29 @@ class CoordinatorConfig:
                 key="coordinator.cost_model",
                 allowed=f"one of {list(COST_MODEL_PRESETS)} or a path ending in .json",
             )
+        if self.profile not in STRATEGY_PROFILES:
+            raise ConfigError(
+                f"coordinator.profile {self.profile!r} is not a known profile",
+                key="coordinator.profile",
+                allowed=f"one of {sorted(STRATEGY_PROFILES)}",
+            )
+        try:  # the package's own checks (the cost model is read later, when the core is built)
+            _PackageCoordinatorConfig.from_dict(
+                {"profile": self.profile, "policy": self.policy, **self.strategy_overrides()}
+            )
+        except _PackageConfigError as e:
+            raise ConfigError(
+                f"coordinator.{e.field}: {e}", key=f"coordinator.{e.field}", allowed=e.allowed
+            ) from None
+
+    def strategy_overrides(self) -> dict[str, Any]:
+        """The strategy fields set here (null ones left to the profile; ``off`` → None)."""
+        out: dict[str, Any] = {}
+        for name in STRATEGY_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = None if value == "off" else value
+        return out
 
 
 @_section("trainer.overlong")
@@ -481,72 +393,6 @@ class RayConfig:
     )
 
 
-@_section("sim.workload")
-@attrs.frozen(kw_only=True)
-class SimWorkloadConfig:
-    __section__: ClassVar[str]
-    prompt_len: int = _f(256, ge=1)
-    response_len_median: int = _f(1000, ge=1)
-    response_len_sigma: float = _f(1.0, ge=0.0, doc="lognormal sigma: the tail's weight")
-    reward_mean: float = _f(0.5, ge=0.0, le=1.0, doc="P(reward=1) for synthetic rewards")
-    prompt_len_sigma: float = _f(0.3, ge=0.0, doc="lognormal sigma of prompt lengths")
-    group_correlation: float = _f(0.5, ge=0.0, le=1.0, doc="length correlation in a group")
-
-
-@_section("sim")
-@attrs.frozen(kw_only=True)
-class SimConfig:
-    __section__: ClassVar[str]
-    cost_model: Literal["qwen3-30b-a3b-h20", "qwen-7b-h20", "qwen-14b-h20", "custom"] = _f(
-        "qwen-7b-h20"
-    )
-    k1: float | None = _f(None, ge=0.0, doc="custom: s per KV token per step")
-    k2: float | None = _f(None, ge=0.0, doc="custom: floor of the max term")
-    k3: float | None = _f(None, ge=0.0, doc="custom: s per running trajectory")
-    k4: float | None = _f(None, ge=0.0, doc="custom: constant")
-    b: float | None = _f(None, ge=0.0, doc="custom: intercept inside the max")
-    total_gpus: int = _f(2, ge=1)
-    rollout_gpus: int = _f(1, ge=0)
-    train_gpus: int = _f(1, ge=0)
-    gpus_per_instance: int = _f(1, ge=1)
-    kv_capacity_tokens: int = _f(65536, ge=1)
-    trainer_time_a_s: float = _f(0.5, ge=0.0)
-    trainer_time_b_s_per_token: float = _f(1e-5, ge=0.0)
-    model_bytes: int = _f(100_000_000, ge=1)
-    push_bandwidth_gb_s: float = _f(10.0, gt=0.0)
-    pull_bandwidth_gb_s: float = _f(10.0, gt=0.0)
-    transfer_overhead_s: float = _f(0.01, ge=0.0)
-    reward_time_s: float = _f(0.0, ge=0.0)
-    prefill_s_per_token: float = _f(0.0, ge=0.0, doc="engine prefill cost per context token")
-    trainer_model: Literal["linear", "flops"] = _f(
-        "linear", doc="linear: a + b*tokens; flops: 8*active_params*tokens/(gpus*peak*mfu)+c"
-    )
-    active_params: float = _f(3e9, gt=0.0, doc="flops model: active parameters")
-    peak_flops_per_gpu: float = _f(148e12, gt=0.0, doc="flops model: peak bf16 FLOP/s")
-    mfu: float = _f(0.3, gt=0.0, le=1.0, doc="flops model: model FLOPs utilisation")
-    train_overhead_s: float = _f(5.0, ge=0.0, doc="flops model: fixed per-step overhead")
-    snapshot_max_age_s: float = _f(0.0, ge=0.0, doc="re-snapshot unchanged instances after")
-    warmup_steps: int = _f(2, ge=0, doc="steps excluded from throughput (pipeline fill)")
-    workload: SimWorkloadConfig = attrs.field(factory=SimWorkloadConfig, validator=_validate_field)
-
-    def __attrs_post_init__(self) -> None:
-        if self.cost_model == "custom":
-            for k in ("k1", "k2", "k3", "k4"):
-                if getattr(self, k) is None:
-                    raise ConfigError(
-                        f"sim.{k} is required when sim.cost_model is 'custom'",
-                        key=f"sim.{k}",
-                        allowed="a number >= 0",
-                    )
-        if self.rollout_gpus + self.train_gpus > self.total_gpus:
-            raise ConfigError(
-                f"sim.rollout_gpus ({self.rollout_gpus}) + sim.train_gpus ({self.train_gpus}) "
-                f"exceed sim.total_gpus ({self.total_gpus})",
-                key="sim.rollout_gpus",
-                allowed=f"<= {self.total_gpus - self.train_gpus}",
-            )
-
-
 @_section("metrics.wandb")
 @attrs.frozen(kw_only=True)
 class WandbConfig:
@@ -607,6 +453,8 @@ class AppConfig:
 
     def evolve(self, *overrides: str) -> AppConfig:
         """A copy with ``key=value`` overrides applied (validated like the CLI's)."""
+        from staleflow_trainer.config_io import apply_overrides, from_dict, to_dict
+
         data = to_dict(self)
         apply_overrides(data, overrides)
         return from_dict(data)
@@ -698,15 +546,7 @@ def validate(cfg: AppConfig) -> None:
             "a non-empty token",
         )
     if r.backend == "sim":
-        sim = cfg.sim
-        need = r.num_instances * sim.gpus_per_instance
-        if need > sim.rollout_gpus:
-            raise _err(
-                "rollout.num_instances",
-                f"{r.num_instances} instances x {sim.gpus_per_instance} GPUs = {need} exceed "
-                f"sim.rollout_gpus={sim.rollout_gpus}",
-                f"<= {sim.rollout_gpus // sim.gpus_per_instance}",
-            )
+        validate_sim(cfg)
     else:
         ray = cfg.ray
         if ray.num_cpus is not None:
@@ -734,149 +574,12 @@ def is_loopback(host: str) -> bool:
     return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
 
 
-# ---------------------------------------------------------------------------------------------
-# loading, overrides, dumping
-
-_ALIASES = {"run_dir": "run.run_dir"}
-
-
-def parse_override(item: str) -> tuple[str, Any]:
-    """``"trainer.lr=3e-4"`` → ``("trainer.lr", 0.0003)`` (value parsed as a YAML scalar)."""
-    if "=" not in item:
-        raise ConfigError(
-            f"override {item!r} is not of the form key=value", key=item, allowed="key=value"
-        )
-    key, raw = item.split("=", 1)
-    key = key.strip()
-    if not key:
-        raise ConfigError(f"override {item!r} has an empty key", key=item, allowed="key=value")
-    key = _ALIASES.get(key, key)
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as e:
-        raise ConfigError(
-            f"override {item!r}: value is not a YAML scalar ({e})", key=key, allowed="a scalar"
-        ) from None
-    if isinstance(value, float) is False and isinstance(raw, str) and _looks_like_float(raw):
-        value = float(raw)  # YAML 1.1 reads "1e-3" as a string; users mean a number
-    return key, value
-
-
-def _looks_like_float(raw: str) -> bool:
-    try:
-        float(raw)
-    except ValueError:
-        return False
-    return not raw.strip().lstrip("+-").isdigit()
-
-
-def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """Apply dotted ``key=value`` overrides to a nested dict in place (schema-checked later)."""
-    for item in overrides:
-        key, value = parse_override(item)
-        parts = key.split(".")
-        node: Any = data
-        cls: Any = AppConfig
-        for depth, part in enumerate(parts):
-            here = ".".join(parts[: depth + 1])
-            names = {a.name: a for a in attrs.fields(cls)}
-            if part not in names:
-                allowed = ", ".join(sorted(names))
-                raise ConfigError(
-                    f"unknown config key {here!r}; allowed keys here: {allowed}",
-                    key=here,
-                    allowed=allowed,
-                )
-            ftype = names[part].type
-            if depth == len(parts) - 1:
-                if attrs.has(ftype) and not isinstance(value, Mapping):
-                    raise ConfigError(
-                        f"{here} is a section; set one of its keys ({here}.KEY=VALUE)",
-                        key=here,
-                        allowed=", ".join(a.name for a in attrs.fields(ftype)),
-                    )
-                node[part] = value
-            else:
-                if not attrs.has(ftype):
-                    raise ConfigError(
-                        f"unknown config key {key!r}: {here} is not a section",
-                        key=key,
-                        allowed=here,
-                    )
-                child = node.get(part)
-                if child is None:
-                    child = node[part] = {}
-                elif not isinstance(child, dict):
-                    raise ConfigError(
-                        f"{here} must be a mapping, got {child!r}", key=here, allowed="a mapping"
-                    )
-                node, cls = child, ftype
-    return data
-
-
-def from_dict(data: Mapping[str, Any]) -> AppConfig:
-    """Build and validate an :class:`AppConfig` from a nested mapping."""
-    data = dict(data)
-    for alias, target in _ALIASES.items():
-        if alias in data:
-            section, key = target.split(".")
-            sec = dict(data.get(section) or {})
-            sec[key] = data.pop(alias)
-            data[section] = sec
-    config: AppConfig = _build(AppConfig, data, "")
-    return config
-
-
-def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> AppConfig:
-    """Read ``path`` (YAML; None = all defaults), apply overrides, validate."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist", key="<file>", allowed="")
-        try:
-            loaded = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: invalid YAML: {e}", key="<file>", allowed="YAML") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(
-                f"{p}: top level must be a mapping, got {type(loaded).__name__}",
-                key="<root>",
-                allowed="a mapping of sections",
-            )
-        data = loaded
-    data = _normalize_aliases(data)
-    apply_overrides(data, overrides)
-    return from_dict(data)
-
-
-def _normalize_aliases(data: dict[str, Any]) -> dict[str, Any]:
-    data = dict(data)
-    for alias, target in _ALIASES.items():
-        if alias in data:
-            section, key = target.split(".")
-            sec = dict(data.get(section) or {})
-            sec[key] = data.pop(alias)
-            data[section] = sec
-    return data
-
-
-def to_dict(cfg: Any) -> dict[str, Any]:
-    """Plain nested dict (tuples → lists) suitable for YAML/JSON."""
-
-    def conv(_inst: Any, _a: Any, v: Any) -> Any:
-        return list(v) if isinstance(v, tuple) else v
-
-    return attrs.asdict(cfg, value_serializer=conv)
-
-
-def dump_config(cfg: AppConfig, path: str | Path) -> Path:
-    """Write the resolved config as YAML (atomically); returns the path."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    tmp.replace(p)
-    return p
+# loading, overrides and dumping live in config_io; importable from here as before
+from staleflow_trainer.config_io import (  # noqa: E402
+    apply_overrides as apply_overrides,
+)
+from staleflow_trainer.config_io import dump_config as dump_config  # noqa: E402
+from staleflow_trainer.config_io import from_dict as from_dict  # noqa: E402
+from staleflow_trainer.config_io import load_config as load_config  # noqa: E402
+from staleflow_trainer.config_io import parse_override as parse_override  # noqa: E402
+from staleflow_trainer.config_io import to_dict as to_dict  # noqa: E402

@@ -157,8 +157,10 @@ def simulate(cfg: AppConfig) -> int:
     return 0
 
 
-def compare(cfg: AppConfig, policies: list[str] | None = None) -> int:
+def compare(
+    cfg: AppConfig, policies: list[str] | None = None, seeds: tuple[int, ...] | None = None
+) -> int:
     """``staleflow compare`` (see :mod:`staleflow_trainer.compare`)."""
     from staleflow_trainer.compare import compare_main
 
-    return compare_main(cfg, policies=policies)
+    return compare_main(cfg, policies=policies, seeds=seeds)

@@ -146,6 +146,21 @@ def _describe(spec: ProtocolSpec) -> str:
     return f"eta={'unbounded' if eta is None else eta}, batch_size={spec.batch_size}"
 
 
+def coordinator_config(cfg: Any) -> CoordinatorConfig:
+    """The coordinator's config from the app's: ``coordinator.profile`` with the strategy fields
+    the app config sets on top (``AppConfig.coordinator.strategy_overrides``), the policy and the
+    routing cost model (a preset or a fitted JSON file, read here)."""
+    c = cfg.coordinator
+    return CoordinatorConfig.from_dict(
+        {
+            "profile": c.profile,
+            "policy": c.policy,
+            "cost_model": c.cost_model,
+            **c.strategy_overrides(),
+        }
+    )
+
+
 def core_config(cfg: Any, *, rows: int | None) -> CoreConfig:
     """The core's config from the app's (``staleflow_trainer.config.AppConfig``): the one
     place both shells read their decisions' settings from. ``rows``: the dataset size (None
@@ -184,18 +199,7 @@ def core_config(cfg: Any, *, rows: int | None) -> CoreConfig:
             filtering=filtering,
             stuck_threshold=p.stuck_threshold or None,
         )
-    c = cfg.coordinator
-    coordinator = CoordinatorConfig.from_dict(
-        {
-            "policy": c.policy,
-            "cost_model": c.cost_model,
-            "theta": c.theta,
-            "route_kv_limit": c.route_kv_limit,
-            "sync_kv_threshold": c.sync_kv_threshold,
-            "migration_ratio": c.migration_ratio,
-            "migration_indicator": c.migration_indicator,
-        }
-    )
+    coordinator = coordinator_config(cfg)
     return CoreConfig(
         protocol=spec,
         coordinator=coordinator,

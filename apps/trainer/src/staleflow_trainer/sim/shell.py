@@ -32,11 +32,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import structlog
 
 from engine_adapters._contract import SamplingParams
-from engine_adapters.cost_model import CostModel as EngineCost
-from engine_adapters.sim import SimConfig as EngineSimConfig
 from engine_adapters.sim import SimEngineCore
 from rollout_coordinator import InstanceSnapshot
 from staleflow_trainer.control import ControlCore, core_config
@@ -91,17 +90,7 @@ class Simulation:
         self.core = ControlCore(
             core_config(cfg, rows=None), prompt_len=lambda row: stream.group(row).prompt_len
         )
-        coeffs = {"k1": s.k1, "k2": s.k2, "k3": s.k3, "k4": s.k4, "b": s.k_inner}
-        engine_cfg = EngineSimConfig(
-            cost=EngineCost(name=s.cost_model, **coeffs),
-            max_running=s.max_running,
-            kv_capacity_tokens=s.kv_capacity_tokens,
-            max_model_len=s.max_model_len,
-            prefill_s_per_token=s.prefill_s_per_token,
-            weight_bandwidth_bytes_per_s=s.pull_bandwidth_gb_s * 1e9,
-            weight_load_constant_s=s.transfer_overhead_s,
-            seed=s.seed,
-        )
+        engine_cfg = s.engine
         self.engine_config = engine_cfg
         self.engines: dict[str, SimEngineCore] = {}
         self._next: dict[str, float] = {}
@@ -118,6 +107,7 @@ class Simulation:
         self._last_cycle = -1.0
         self._changed: set[str] = set()
         self._snap_at: dict[str, float] = {}
+        self._seq_len: dict[str, int] = {}  # scored trajectories' prompt + response lengths
         self.cycles = 0
         self.wall_s = 0.0
         for i in range(s.num_instances):
@@ -126,7 +116,11 @@ class Simulation:
     # ---- instances ---------------------------------------------------------------------------
 
     def add_engine(self, iid: str, *, version: int) -> None:
-        eng = SimEngineCore(self.engine_config, instance_id=iid, version=version)
+        config = self.engine_config
+        speed = self.spec.speed_of(len(self.engines))
+        if speed != 1.0:
+            config = attrs.evolve(config, speed_factor=speed)
+        eng = SimEngineCore(config, instance_id=iid, version=version)
         self.engines[iid] = eng
         self._next[iid] = eng.next_event_time()
         self._snap_at[iid] = -math.inf
@@ -267,7 +261,7 @@ class Simulation:
             elif isinstance(e, fx.Score):
                 self._score(e.trajectory_ids)
             elif isinstance(e, fx.Train):
-                train_s = self.spec.train_seconds(e.tokens)
+                train_s = self.spec.train_seconds(e.tokens, self._seq_sq_sum(e))
                 self.rec.trainer_phase(self.now, "training")
                 self._at(self.now + train_s, _TRAINED, e.version + 1)
             elif isinstance(e, fx.Record):
@@ -277,6 +271,22 @@ class Simulation:
             elif isinstance(e, fx.Halt):
                 raise SimulationHalted(f"{e.component}: {e.reason}")
             # SubmitGroups, Drop, DropGroup, Release, Done: nothing to store or free here
+
+    def _seq_sq_sum(self, train: fx.Train) -> float:
+        """Sum of the batch's squared sequence lengths (prompt + response): attention cost.
+        Lengths are noted when a trajectory is scored (the ledger forgets a group once it is
+        consumed); one not noted (a run restored mid-step) counts at the batch's mean."""
+        total, known, missing = 0.0, 0, 0
+        for tid in train.flat_ids:
+            n = self._seq_len.pop(tid, None)
+            if n is None:
+                missing += 1
+            else:
+                total += float(n) ** 2
+                known += n
+        if missing:
+            total += missing * (max(train.tokens - known, 0) / missing) ** 2
+        return total
 
     def on_checkpoint(self, step: int) -> None:
         """A checkpoint is due (the fault simulation keeps the core's state)."""
@@ -319,6 +329,7 @@ class Simulation:
             e = led.entries.get(tid)
             if e is None:  # dropped later in the same event (its group settled)
                 continue
+            self._seq_len[tid] = e.prompt_len + e.generated
             row = led.groups[e.group].row
             rewards.append(Reward(trajectory_id=tid, score=self.stream.reward(row, e.member)))
         if self.spec.reward_time_s > 0:

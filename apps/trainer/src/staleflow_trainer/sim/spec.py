@@ -1,9 +1,11 @@
 """SimSpec: every knob of one simulated run, resolved and validated, independent of YAML.
 
 The app's :class:`~staleflow_trainer.config.AppConfig` is the user-facing schema; the simulator
-reads it once (:func:`spec_from_app_config`) into this flat record so the event loop, the
+reads it once (:func:`spec_from_app_config`) into this record so the event loop, the
 comparison and the planner can vary one field (policy, η, split) with ``attrs.evolve`` and
-nothing else. Every constant of the timing models lives here.
+nothing else. The engines, the routing cost model and the length distribution are the library
+packages' own config records (``engine_adapters.sim.SimConfig``, ``CostModel``,
+``engine_adapters.workload.WorkloadConfig``), built by :mod:`staleflow_trainer.config_sim`.
 
 Time models
 -----------
@@ -11,6 +13,10 @@ Time models
 * Trainer step, ``trainer_model="flops"``: ``8 · active_params · tokens /
   (train_gpus · peak_flops_per_gpu · mfu) + train_overhead_s`` (forward + backward + one forward
   for the old log-probs: 2 + 4 + 2 FLOPs per parameter per token).
+* Trainer step, ``trainer_model="megatron"``: the calibrated Megatron model
+  (:mod:`staleflow_trainer.sim.trainer_model`) of ``sim.trainer_setup`` on the training GPUs
+  the policy has (its expert parallelism lowered to a divisor of them when needed), timed by
+  the batch's tokens and the sum of its squared sequence lengths (attention).
 * Param push (trainer → param server) and pull (param server → instance):
   ``model_bytes / bandwidth + transfer_overhead_s``. The push follows every step and blocks the
   trainer (its ranks write their shards); a pull is the instance's weight load.
@@ -23,7 +29,9 @@ from typing import Any
 
 import attrs
 
-from engine_adapters.cost_model import PRESETS as COST_PRESETS
+from engine_adapters.cost_model import CostModel
+from engine_adapters.sim import SimConfig as EngineSimConfig
+from engine_adapters.workload import WorkloadConfig
 from staleflow_trainer.config import (
     BASELINE_POLICIES,
     FIXED_ETA,
@@ -32,6 +40,7 @@ from staleflow_trainer.config import (
     UNBOUNDED_POLICIES,
 )
 from staleflow_trainer.errors import ConfigError
+from staleflow_trainer.sim.trainer_model import MegatronSetup
 
 
 def _ge(low: float) -> Any:
@@ -90,6 +99,18 @@ def _one_of(*choices: str) -> Any:
     return check
 
 
+def _instance_of(tp: type) -> Any:
+    def check(inst: Any, a: attrs.Attribute[Any], v: Any) -> None:
+        if not isinstance(v, tp):
+            raise ConfigError(
+                f"sim.{a.name} must be a {tp.__name__}, got {type(v).__name__}",
+                key=f"sim.{a.name}",
+                allowed=tp.__name__,
+            )
+
+    return check
+
+
 @attrs.frozen(kw_only=True)
 class SimSpec:
     """One simulated run. Units: seconds, tokens, bytes, FLOP/s."""
@@ -123,49 +144,50 @@ class SimSpec:
     train_gpus: int = attrs.field(default=1, validator=_gt(0))
     gpus_per_instance: int = attrs.field(default=1, validator=_gt(0))
 
-    # --- engines
-    cost_model: str = "custom"
-    k1: float = attrs.field(default=1e-7, validator=_ge(0))
-    k2: float = attrs.field(default=2e-3, validator=_ge(0))
-    k3: float = attrs.field(default=5e-5, validator=_ge(0))
-    k4: float = attrs.field(default=2e-4, validator=_ge(0))
-    k_inner: float = attrs.field(default=0.0, validator=_ge(0))
-    max_running: int = attrs.field(default=64, validator=_gt(0))
-    kv_capacity_tokens: int = attrs.field(default=65_536, validator=_gt(0))
-    prefill_s_per_token: float = attrs.field(default=0.0, validator=_ge(0))
+    # --- engines (the package's config: true cost model, memory, prefill) and the router
+    engine: EngineSimConfig = attrs.field(
+        factory=lambda: EngineSimConfig(kv_capacity_tokens=65_536, max_model_len=4_608),
+        validator=_instance_of(EngineSimConfig),
+    )
+    #: The cost model the coordinator routes by (``coordinator.cost_model``).
+    router_cost: CostModel = attrs.field(
+        factory=lambda: CostModel.preset("qwen3-30b-a3b-h20"), validator=_instance_of(CostModel)
+    )
+    #: Per-instance speed factors (index = instance number), drawn for this policy's fleet.
+    speed_factors: tuple[float, ...] = ()
 
-    # --- workload (response lengths: capped lognormal, group-correlated)
+    # --- workload: response lengths (the package's config), prompt lengths, rewards
+    lengths: WorkloadConfig = attrs.field(
+        factory=lambda: WorkloadConfig(max_length=4096), validator=_instance_of(WorkloadConfig)
+    )
     prompt_len: int = attrs.field(default=256, validator=_gt(0))  # median
     prompt_len_max: int = attrs.field(default=512, validator=_gt(0))
     prompt_len_sigma: float = attrs.field(default=0.3, validator=_ge(0))
-    response_len_median: int = attrs.field(default=1000, validator=_gt(0))
-    response_len_sigma: float = attrs.field(default=1.0, validator=_ge(0))
-    max_response_len: int = attrs.field(default=4096, validator=_gt(0))
-    group_correlation: float = attrs.field(default=0.5, validator=_ge(0))
     reward_mean: float = attrs.field(default=0.5, validator=_ge(0))
 
     # --- trainer and transfers
-    trainer_model: str = attrs.field(default="linear", validator=_one_of("linear", "flops"))
+    trainer_model: str = attrs.field(
+        default="linear", validator=_one_of("linear", "flops", "megatron")
+    )
     trainer_time_a_s: float = attrs.field(default=0.5, validator=_ge(0))
     trainer_time_b_s_per_token: float = attrs.field(default=1e-5, validator=_ge(0))
     active_params: float = attrs.field(default=3e9, validator=_gt(0))
     peak_flops_per_gpu: float = attrs.field(default=148e12, validator=_gt(0))
     mfu: float = attrs.field(default=0.3, validator=_gt(0))
     train_overhead_s: float = attrs.field(default=5.0, validator=_ge(0))
+    #: ``trainer_model="megatron"``: the setup (its GPU count is replaced by the policy's).
+    megatron: MegatronSetup | None = None
     model_bytes: int = attrs.field(default=100_000_000, validator=_gt(0))
     push_bandwidth_gb_s: float = attrs.field(default=10.0, validator=_gt(0))
     pull_bandwidth_gb_s: float = attrs.field(default=10.0, validator=_gt(0))
     transfer_overhead_s: float = attrs.field(default=0.01, validator=_ge(0))
     reward_time_s: float = attrs.field(default=0.0, validator=_ge(0))
 
-    # --- coordinator
+    # --- coordinator clock
     cycle_period_s: float = attrs.field(default=0.1, validator=_gt(0))
     #: An instance with no event or command since its last snapshot is re-snapshotted only
     #: after this long (0 = every cycle).
     snapshot_max_age_s: float = attrs.field(default=0.0, validator=_ge(0))
-    theta: float = attrs.field(default=0.3, validator=_gt(0))
-    migration_ratio: float = attrs.field(default=5.0, validator=_gt(1))
-    sync_kv_threshold: float = attrs.field(default=0.3, validator=_ge(0))
 
     # --- measurement
     #: Steps excluded from throughput (pipeline fill); tokens/s counts steps after these.
@@ -212,13 +234,6 @@ class SimSpec:
                 key="sim.warmup_steps",
                 allowed=f"< {self.steps}",
             )
-        if self.prompt_len_max + self.max_response_len > self.kv_capacity_tokens:
-            raise ConfigError(
-                f"one full trajectory ({self.prompt_len_max} + {self.max_response_len} tokens) "
-                f"must fit in sim.kv_capacity_tokens={self.kv_capacity_tokens}",
-                key="sim.kv_capacity_tokens",
-                allowed=f">= {self.prompt_len_max + self.max_response_len}",
-            )
         if self.stuck_threshold and self.stuck_threshold >= self.batch_size:
             raise ConfigError(
                 f"protocol.stuck_threshold ({self.stuck_threshold}) must be < batch_size "
@@ -226,19 +241,31 @@ class SimSpec:
                 key="protocol.stuck_threshold",
                 allowed=f"0..{self.batch_size - 1}",
             )
-        if self.reward_mean > 1 or self.group_correlation > 1 or self.sync_kv_threshold > 1:
+        if self.reward_mean > 1:
             raise ConfigError(
-                "sim.reward_mean, sim.workload.group_correlation and coordinator.sync_kv_threshold "
-                "must be <= 1",
-                key="sim.reward_mean",
+                f"sim.workload.reward_mean must be <= 1, got {self.reward_mean}",
+                key="sim.workload.reward_mean",
                 allowed="[0, 1]",
             )
         if self.prompt_len > self.prompt_len_max:
             raise ConfigError(
-                f"sim.prompt_len ({self.prompt_len}) exceeds sim.prompt_len_max "
+                f"sim.workload.prompt_len ({self.prompt_len}) exceeds data.max_prompt_len "
                 f"({self.prompt_len_max})",
-                key="sim.prompt_len",
+                key="sim.workload.prompt_len",
                 allowed=f"<= {self.prompt_len_max}",
+            )
+        if self.prompt_len_max + self.max_response_len > self.engine.max_model_len:
+            raise ConfigError(
+                f"one full trajectory ({self.prompt_len_max} + {self.max_response_len} tokens) "
+                f"exceeds the engines' context {self.engine.max_model_len}",
+                key="rollout.sampling.max_new_tokens",
+                allowed=f"<= {self.engine.max_model_len - self.prompt_len_max}",
+            )
+        if self.trainer_model == "megatron" and self.megatron is None:
+            raise ConfigError(
+                "sim.trainer_model 'megatron' needs a setup",
+                key="sim.trainer_setup",
+                allowed="a Megatron setup",
             )
 
     # ---- derived ----------------------------------------------------------------------------
@@ -261,12 +288,43 @@ class SimSpec:
 
     @property
     def max_model_len(self) -> int:
-        return self.prompt_len_max + self.max_response_len
+        return self.engine.max_model_len
 
-    def train_seconds(self, tokens: int) -> float:
-        """Modeled compute time of one training step on ``tokens`` (prompt + response)."""
+    @property
+    def max_response_len(self) -> int:
+        return self.lengths.max_length
+
+    @property
+    def max_running(self) -> int:
+        return self.engine.max_running
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """KV tokens one instance holds (derived from the geometry unless overridden)."""
+        return self.engine.kv_capacity
+
+    def speed_of(self, index: int) -> float:
+        """Speed factor of instance ``index`` (1 when the fleet is homogeneous)."""
+        return self.speed_factors[index] if index < len(self.speed_factors) else 1.0
+
+    def trainer_setup(self) -> MegatronSetup:
+        """The Megatron setup on this policy's training GPUs (expert parallelism lowered to
+        the largest divisor of ``gpus / pipeline`` it allows)."""
+        if self.megatron is None:
+            raise ConfigError(
+                "no Megatron setup", key="sim.trainer_model", allowed="megatron with a setup"
+            )
+        m, gpus = self.megatron, self.train_gpus_used
+        ep = math.gcd(m.expert_parallel, max(1, gpus // m.pipeline_parallel))
+        return attrs.evolve(m, num_gpus=gpus, expert_parallel=ep)
+
+    def train_seconds(self, tokens: int, seq_sq_sum: float | None = None) -> float:
+        """Modeled compute time of one training step on ``tokens`` (prompt + response) in
+        sequences whose squared lengths sum to ``seq_sq_sum`` (megatron's attention term)."""
         if self.trainer_model == "linear":
             return self.trainer_time_a_s + self.trainer_time_b_s_per_token * tokens
+        if self.trainer_model == "megatron":
+            return self.trainer_setup().step_seconds(tokens, seq_sq_sum)
         flops = 8.0 * self.active_params * tokens
         rate = self.train_gpus_used * self.peak_flops_per_gpu * self.mfu
         return flops / rate + self.train_overhead_s
@@ -287,21 +345,25 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
     """Read the simulator's fields out of an ``AppConfig``.
 
     ``rollout.sampling.max_new_tokens`` is the response cap, ``data.max_prompt_len`` the prompt
-    cap, ``rollout.max_running`` the per-instance batch limit; ``sim.cost_model`` (a preset,
-    or ``custom`` with ``sim.k1..k4, b``) is the engines' true cost.
+    cap, ``rollout.max_running`` the per-instance batch limit; the engines, their true cost
+    model, the speed factors and the length distribution come from
+    :mod:`staleflow_trainer.config_sim` (the one translation of the ``sim`` section).
     """
+    from staleflow_trainer.config_sim import (
+        engine_config,
+        length_workload,
+        model_bytes,
+        speed_factors,
+    )
+    from staleflow_trainer.control.config import coordinator_config
+    from staleflow_trainer.sim.trainer_model import setup
+
     sim = cfg.sim
     wl = sim.workload
     proto = cfg.protocol
-    coord = cfg.coordinator
-    policy = coord.policy
-    if sim.cost_model == "custom":
-        coeffs = {"k1": sim.k1, "k2": sim.k2, "k3": sim.k3, "k4": sim.k4, "k_inner": sim.b or 0.0}
-    else:
-        cm = COST_PRESETS[sim.cost_model]
-        coeffs = {"k1": cm.k1, "k2": cm.k2, "k3": cm.k3, "k4": cm.k4, "k_inner": cm.b}
+    gpus = sim.total_gpus if cfg.coordinator.policy == "sync" else sim.rollout_gpus
     return SimSpec(
-        policy=policy,
+        policy=cfg.coordinator.policy,
         eta=proto.eta,
         unbounded_inflight_batches=proto.unbounded_inflight_batches,
         steps=cfg.trainer.steps,
@@ -317,18 +379,13 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
         rollout_gpus=sim.rollout_gpus,
         train_gpus=sim.train_gpus,
         gpus_per_instance=sim.gpus_per_instance,
-        cost_model=sim.cost_model,
-        **coeffs,
-        max_running=cfg.rollout.max_running,
-        kv_capacity_tokens=sim.kv_capacity_tokens,
-        prefill_s_per_token=sim.prefill_s_per_token,
+        engine=engine_config(cfg),
+        router_cost=coordinator_config(cfg).cost_model,
+        speed_factors=speed_factors(cfg, max(gpus // sim.gpus_per_instance, 1)),
+        lengths=length_workload(cfg),
         prompt_len=wl.prompt_len,
         prompt_len_max=cfg.data.max_prompt_len,
         prompt_len_sigma=wl.prompt_len_sigma,
-        response_len_median=wl.response_len_median,
-        response_len_sigma=wl.response_len_sigma,
-        max_response_len=cfg.rollout.sampling.max_new_tokens,
-        group_correlation=wl.group_correlation,
         reward_mean=wl.reward_mean,
         trainer_model=sim.trainer_model,
         trainer_time_a_s=sim.trainer_time_a_s,
@@ -337,16 +394,14 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
         peak_flops_per_gpu=sim.peak_flops_per_gpu,
         mfu=sim.mfu,
         train_overhead_s=sim.train_overhead_s,
-        model_bytes=sim.model_bytes,
+        megatron=setup(sim.trainer_setup) if sim.trainer_model == "megatron" else None,
+        model_bytes=model_bytes(cfg),
         push_bandwidth_gb_s=sim.push_bandwidth_gb_s,
         pull_bandwidth_gb_s=sim.pull_bandwidth_gb_s,
         transfer_overhead_s=sim.transfer_overhead_s,
         reward_time_s=sim.reward_time_s,
-        cycle_period_s=coord.snapshot_interval_s,
+        cycle_period_s=cfg.coordinator.snapshot_interval_s,
         snapshot_max_age_s=sim.snapshot_max_age_s,
-        theta=coord.theta,
-        migration_ratio=coord.migration_ratio,
-        sync_kv_threshold=coord.sync_kv_threshold,
         warmup_steps=min(sim.warmup_steps, cfg.trainer.steps - 1),
         timeline=cfg.metrics.timeline,
     )

@@ -1,19 +1,22 @@
 """Small simulator configs for tests and benchmarks, from flat keyword settings.
 
 ``sim_config(steps=8, batch_size=8, kv_capacity_tokens=24_000, ...)`` builds a validated
-``AppConfig`` for the simulator: each keyword names a field of
-:class:`~staleflow_trainer.sim.spec.SimSpec` (the simulator's derived view) and is written to
-the config key it comes from (:data:`KEYS`), so a test states a workload in one flat list and
-still goes through the config every user goes through.
+``AppConfig`` for the simulator: each keyword names one setting and is written to the config
+key it belongs to (:data:`KEYS`; ``cost_model`` sets the router's model, which the engines run
+too), so a test states a workload in one flat list and still goes through the config every
+user goes through.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-#: SimSpec field → app config key.
+from staleflow_trainer.config import STRATEGY_FIELDS
+
+#: Flat setting → app config key.
 KEYS = {
     "policy": "coordinator.policy",
+    "profile": "coordinator.profile",
     "eta": "protocol.eta",
     "steps": "trainer.steps",
     "seed": "run.seed",
@@ -25,9 +28,6 @@ KEYS = {
     "group_redundancy": "protocol.group_redundancy",
     "unbounded_inflight_batches": "protocol.unbounded_inflight_batches",
     "dynamic_sampling": "trainer.dynamic_sampling",
-    "theta": "coordinator.theta",
-    "migration_ratio": "coordinator.migration_ratio",
-    "sync_kv_threshold": "coordinator.sync_kv_threshold",
     "max_running": "rollout.max_running",
     "max_response_len": "rollout.sampling.max_new_tokens",
     "prompt_len_max": "data.max_prompt_len",
@@ -38,11 +38,17 @@ KEYS = {
     "group_correlation": "sim.workload.group_correlation",
     "reward_mean": "sim.workload.reward_mean",
     "cycle_period_s": "coordinator.snapshot_interval_s",
+    "workload_kind": "sim.workload.kind",
+    "trace_path": "sim.workload.trace_path",
+    **{k: f"coordinator.{k}" for k in STRATEGY_FIELDS},
     **{
         k: f"sim.{k}"
         for k in (
-            "cost_model", "k1", "k2", "k3", "k4", "total_gpus", "rollout_gpus", "train_gpus",
-            "gpus_per_instance", "kv_capacity_tokens", "prefill_s_per_token", "trainer_model",
+            "k1", "k2", "k3", "k4", "total_gpus", "rollout_gpus", "train_gpus",
+            "gpus_per_instance", "kv_capacity_tokens", "prefill_s_per_token",
+            "prefill_s_per_token_position", "prefill_mfu", "max_num_batched_tokens", "model",
+            "gpu", "gpu_memory_utilization", "memory_reserve_gib", "speed_spread",
+            "cost_model_error", "kv_after_weight_load", "trainer_model", "trainer_setup",
             "trainer_time_a_s", "trainer_time_b_s_per_token", "active_params",
             "peak_flops_per_gpu", "mfu", "train_overhead_s", "model_bytes", "push_bandwidth_gb_s",
             "pull_bandwidth_gb_s", "transfer_overhead_s", "reward_time_s",
@@ -59,6 +65,7 @@ def sim_config(**fields: Any) -> Any:
     from staleflow_trainer.config import load_config
 
     f = {**_DEFAULTS, **fields}
+    cost = f.pop("cost_model")
     unknown = sorted(set(f) - set(KEYS))
     if unknown:
         raise KeyError(f"unknown simulator setting(s) {unknown}; known: {sorted(KEYS)}")
@@ -70,7 +77,9 @@ def sim_config(**fields: Any) -> Any:
         "rollout.backend=sim",
         f"rollout.num_instances={max(gpus, 1)}",
         f"rollout.max_model_len={prompt + response}",
-        f"coordinator.cost_model={f['cost_model'] if f['cost_model'] != 'custom' else 'qwen-7b-h20'}",
+        # the router's model; the engines run it too unless ``cost_model="custom"`` (k1..k4)
+        f"coordinator.cost_model={cost if cost != 'custom' else 'qwen-7b-h20'}",
+        f"sim.cost_model={'custom' if cost == 'custom' else 'coordinator'}",
         "metrics.tensorboard=false",
         "metrics.progress_bar=false",
     ]

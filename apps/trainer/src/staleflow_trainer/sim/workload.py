@@ -1,7 +1,8 @@
 """The simulated prompt stream: group ``g`` is the same in every run with the same seed.
 
 Groups are drawn in chunks of :data:`CHUNK`; chunk ``c`` uses sub-stream ``c`` of the response
-length sampler (capped lognormal, group-correlated; ``engine_adapters.workload``) and its own
+length sampler (``sim.workload``: a capped distribution or a trace of groups, with the
+group correlation kept; ``engine_adapters.workload``) and its own
 generator for prompt lengths and reward rates. A policy that consumes more groups (aborts,
 filtering, redundancy) just reads further down the same stream, so every policy sees the same
 workload in the same order.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from engine_adapters.workload import LengthSampler, WorkloadConfig
+from engine_adapters.workload import LengthSampler
 from staleflow_trainer.sim.spec import SimSpec
 
 CHUNK = 64
@@ -32,16 +33,7 @@ class PromptStream:
 
     def __init__(self, spec: SimSpec) -> None:
         self.spec = spec
-        self._sampler = LengthSampler(
-            WorkloadConfig(
-                kind="lognormal",
-                median=float(spec.response_len_median),
-                sigma=spec.response_len_sigma,
-                max_length=spec.max_response_len,
-                group_correlation=spec.group_correlation,
-                seed=spec.seed,
-            )
-        )
+        self._sampler = LengthSampler(spec.lengths)
         self._chunks: dict[int, list[GroupDraw]] = {}
 
     def group(self, index: int) -> GroupDraw:

@@ -1,0 +1,191 @@
+"""The schema machinery of the app's config: typed, range-checked fields and section builders.
+
+Every config section is a frozen attrs class whose fields are made with :func:`field` (a default,
+an optional range, a doc line) and decorated with :func:`section` (its dotted name). The same
+check runs when a section is built from YAML (:func:`build`) and when code constructs it
+directly; every failure is a :class:`~staleflow_trainer.errors.ConfigError` naming the full
+dotted key and what would be accepted.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import attrs
+
+from staleflow_trainer.errors import ConfigError
+
+_META = "staleflow"
+
+
+def field(
+    default: Any,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    doc: str = "",
+) -> Any:
+    meta = {"ge": ge, "gt": gt, "le": le, "lt": lt, "doc": doc}
+    if isinstance(default, (list, dict)):
+        raise TypeError("use tuples / sections, not mutable defaults")
+    return attrs.field(default=default, validator=validate_field, metadata={_META: meta})
+
+
+def describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(describe(a) for a in typing.get_args(tp))
+    if origin is tuple:
+        return f"a list of {describe(typing.get_args(tp)[0])}"
+    if tp is type(None):
+        return "null"
+    if attrs.has(tp):
+        return f"a mapping with keys {', '.join(a.name for a in attrs.fields(tp))}"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true/false"}.get(
+        tp, str(tp)
+    )
+
+
+def coerce(value: Any, tp: Any, key: str) -> Any:
+    """Return ``value`` as type ``tp`` (int → float allowed) or raise ConfigError."""
+    origin = typing.get_origin(tp)
+    bad = ConfigError(
+        f"{key}: expected {describe(tp)}, got {value!r} ({type(value).__name__})",
+        key=key,
+        allowed=describe(tp),
+    )
+    if origin is Literal:
+        if value in typing.get_args(tp) and not isinstance(value, bool):
+            return value
+        if value is False and "off" in typing.get_args(tp):
+            return "off"  # YAML 1.1 reads an unquoted off (and no, false) as false
+        raise bad
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return coerce(value, arg, key)
+            except ConfigError:
+                continue
+        raise bad
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise bad
+        inner = typing.get_args(tp)[0]
+        return tuple(coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value))
+    if tp is type(None):
+        if value is None:
+            return None
+        raise bad
+    if attrs.has(tp):
+        if isinstance(value, tp):
+            return value
+        if value is None:  # an empty YAML section ("trainer:") means all defaults
+            return build(tp, {}, key)
+        if isinstance(value, Mapping):
+            return build(tp, value, key)
+        raise bad
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise bad
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise bad
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise bad
+    raise TypeError(f"unsupported config type {tp!r} at {key}")
+
+
+def check_range(value: Any, meta: Mapping[str, Any], key: str) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return
+    bounds = []
+    if meta.get("ge") is not None:
+        bounds.append((value >= meta["ge"], f">= {meta['ge']}"))
+    if meta.get("gt") is not None:
+        bounds.append((value > meta["gt"], f"> {meta['gt']}"))
+    if meta.get("le") is not None:
+        bounds.append((value <= meta["le"], f"<= {meta['le']}"))
+    if meta.get("lt") is not None:
+        bounds.append((value < meta["lt"], f"< {meta['lt']}"))
+    if not all(ok for ok, _ in bounds):
+        allowed = " and ".join(b for _, b in bounds)
+        raise ConfigError(f"{key} must be {allowed}, got {value!r}", key=key, allowed=allowed)
+
+
+def validate_field(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    section = getattr(type(inst), "__section__", type(inst).__name__)
+    key = f"{section}.{attribute.name}" if section else attribute.name
+    tp = attribute.type
+    coerced = coerce(value, tp, key)
+    if type(coerced) is not type(value) and not (
+        isinstance(value, int) and isinstance(coerced, float)
+    ):
+        # direct construction with e.g. a list where a tuple is declared
+        raise ConfigError(
+            f"{key}: expected {describe(tp)}, got {value!r}", key=key, allowed=describe(tp)
+        )
+    check_range(value, attribute.metadata.get(_META, {}), key)
+
+
+def build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            f"{prefix or 'config'} must be a mapping, got {data!r}",
+            key=prefix or "<root>",
+            allowed=describe(cls),
+        )
+    names = {a.name: a for a in attrs.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for k, v in data.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if k not in names:
+            allowed = ", ".join(sorted(names))
+            raise ConfigError(
+                f"unknown config key {key!r}; allowed keys here: {allowed}",
+                key=key,
+                allowed=allowed,
+            )
+        a = names[k]
+        value = coerce(v, a.type, key)
+        check_range(value, a.metadata.get(_META, {}), key)
+        kwargs[k] = value
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        # re-key errors raised by __attrs_post_init__ / validators with the full prefix
+        if prefix and not e.key.startswith(prefix):
+            tail = e.key.split(".", 1)[-1]
+            raise ConfigError(
+                str(e).replace(e.key, f"{prefix}.{tail}"),
+                key=f"{prefix}.{tail}",
+                allowed=e.allowed,
+            ) from None
+        raise
+
+
+def section(name: str) -> Callable[[type], type]:
+    def wrap(cls: type) -> type:
+        setattr(cls, "__section__", name)  # noqa: B010  (ClassVar declared per section)
+        attrs.resolve_types(cls, globalns=vars(sys.modules[cls.__module__]))
+        return cls
+
+    return wrap
+
+
+# ---------------------------------------------------------------------------------------------

@@ -1,0 +1,353 @@
+"""The ``sim`` section of the app's config, and its one translation into the engines' config.
+
+The simulated rollout instances are ``engine_adapters.sim`` engines; their facts come from the
+package, never from a second table here:
+
+* **Memory**: ``sim.model`` and ``sim.gpu`` name presets of :mod:`engine_adapters.hardware`;
+  the KV capacity is derived from the model's geometry, the GPU's memory,
+  ``gpu_memory_utilization``, the per-GPU reserve and tensor parallelism
+  (``sim.gpus_per_instance``). ``sim.kv_capacity_tokens`` overrides it, and only when set.
+* **Prefill**: chunked under a per-step token budget (``sim.max_num_batched_tokens``; null: the
+  context limit ``rollout.max_model_len``, as the published runs set it; ``off``: one step per
+  context), a linear term plus a quadratic attention term derived from the geometry at
+  ``prefill_mfu``, re-paid on every interrupt, preemption, migration and sync.
+  ``prefill_s_per_token`` / ``prefill_s_per_token_position`` override the derived terms.
+* **Decode speed**: the engines' true cost model is ``sim.cost_model`` — ``coordinator`` (the
+  default: the model the router ranks by, ``coordinator.cost_model``), a preset, a fitted JSON
+  file, or ``custom`` (``k1..k4``, ``b``). It differs from the router's only by what is set
+  here: a different model named explicitly, ``cost_model_error`` (each coefficient multiplied by
+  ``exp(error · z)``, ``z`` standard normal drawn from ``run.seed``: a fitted model's
+  systematic error; the published fits report about 10 % average), and ``speed_spread``
+  (per-instance speed factors, lognormal with that log-std and mean 1: a heterogeneous fleet
+  the router does not know about).
+
+:func:`engine_config` is the only place these become an ``engine_adapters.sim.SimConfig``;
+:func:`validate_sim` runs it when the config is loaded, so a bad setting fails there with the
+config key named.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import attrs
+import numpy as np
+
+from engine_adapters.cost_model import PRESETS as COST_PRESETS
+from engine_adapters.cost_model import CostModel
+from engine_adapters.errors import InvalidRequest
+from engine_adapters.hardware import GIB, GPUS, MODELS
+from engine_adapters.sim import SimConfig as EngineSimConfig
+from engine_adapters.sim import draw_speed_factors
+from engine_adapters.workload import KINDS, WorkloadConfig
+from staleflow_trainer.config_schema import field as _f
+from staleflow_trainer.config_schema import section as _section
+from staleflow_trainer.config_schema import validate_field as _validate_field
+from staleflow_trainer.errors import ConfigError
+
+#: Trainer-step models (``sim.trainer_model``).
+TRAINER_MODELS = ("linear", "flops", "megatron")
+
+
+@_section("sim.workload")
+@attrs.frozen(kw_only=True)
+class SimWorkloadConfig:
+    """Prompt lengths (lognormal), response lengths (``kind``) and synthetic rewards."""
+
+    __section__: ClassVar[str]
+    kind: Literal["lognormal", "power_law", "bimodal", "trace", "group_trace"] = _f(
+        "lognormal", doc="response lengths: a distribution, or a trace file of lengths / groups"
+    )
+    trace_path: str = _f("", doc="trace / group_trace: the file (see engine_adapters.workload)")
+    prompt_len: int = _f(256, ge=1)
+    response_len_median: int = _f(1000, ge=1, doc="lognormal; bimodal: the first mode")
+    response_len_sigma: float = _f(1.0, ge=0.0, doc="lognormal sigma: the tail's weight")
+    alpha: float | None = _f(None, gt=0.0, doc="power_law tail index (null: 1.5)")
+    x_min: float | None = _f(None, gt=0.0, doc="power_law minimum (null: 200)")
+    median2: float | None = _f(None, gt=0.0, doc="bimodal: the second mode (null: 15000)")
+    sigma2: float | None = _f(None, ge=0.0, doc="bimodal: its sigma (null: 0.3)")
+    weight2: float | None = _f(None, ge=0.0, le=1.0, doc="bimodal: its weight (null: 0.1)")
+    reward_mean: float = _f(0.5, ge=0.0, le=1.0, doc="P(reward=1) for synthetic rewards")
+    prompt_len_sigma: float = _f(0.3, ge=0.0, doc="lognormal sigma of prompt lengths")
+    group_correlation: float = _f(0.5, ge=0.0, le=1.0, doc="length correlation in a group")
+
+
+@_section("sim")
+@attrs.frozen(kw_only=True)
+class SimConfig:
+    __section__: ClassVar[str]
+    # --- decode speed
+    cost_model: str = _f(
+        "coordinator",
+        doc="engines' true cost model: coordinator (the router's), a preset, a .json, custom",
+    )
+    k1: float | None = _f(None, ge=0.0, doc="custom: s per KV token per step")
+    k2: float | None = _f(None, ge=0.0, doc="custom: floor of the max term")
+    k3: float | None = _f(None, ge=0.0, doc="custom: s per running trajectory")
+    k4: float | None = _f(None, ge=0.0, doc="custom: constant")
+    b: float | None = _f(None, ge=0.0, doc="custom: intercept inside the max")
+    cost_model_error: float = _f(
+        0.0, ge=0.0, le=1.0, doc="log-std of the engines' coefficients around the model"
+    )
+    speed_spread: float = _f(0.0, ge=0.0, le=1.0, doc="log-std of per-instance speed factors")
+    # --- GPU budget
+    total_gpus: int = _f(2, ge=1)
+    rollout_gpus: int = _f(1, ge=0)
+    train_gpus: int = _f(1, ge=0)
+    gpus_per_instance: int = _f(1, ge=1, doc="tensor parallelism of a rollout instance")
+    # --- memory and prefill (engine_adapters.hardware)
+    model: str = _f("qwen3-30b-a3b", doc="model geometry preset (engine_adapters.hardware)")
+    gpu: str = _f("h20", doc="GPU preset (engine_adapters.hardware)")
+    gpu_memory_utilization: float = _f(0.9, gt=0.0, le=1.0)
+    memory_reserve_gib: float = _f(4.0, ge=0.0, doc="per GPU: activations, graphs, non-torch")
+    kv_capacity_tokens: int | None = _f(None, ge=1, doc="override of the derived KV capacity")
+    prefill_mfu: float = _f(0.6, gt=0.0, le=1.0, doc="prefill FLOPs utilisation")
+    prefill_s_per_token: float | None = _f(None, ge=0.0, doc="override: linear prefill term")
+    prefill_s_per_token_position: float | None = _f(
+        None, ge=0.0, doc="override: attention term (s per token per earlier position)"
+    )
+    max_num_batched_tokens: int | Literal["off"] | None = _f(
+        None, ge=1, doc="chunked-prefill token budget per step (null: rollout.max_model_len)"
+    )
+    kv_after_weight_load: Literal["recompute", "keep"] = _f(
+        "recompute", doc="running work after a weight load: re-prefill (real engines) or keep"
+    )
+    # --- trainer and transfers
+    trainer_model: Literal["linear", "flops", "megatron"] = _f(
+        "linear",
+        doc="linear: a + b*tokens; flops: 8*active_params*tokens/(gpus*peak*mfu)+c; "
+        "megatron: the calibrated Megatron model of sim.trainer_setup",
+    )
+    trainer_setup: str = _f("qwen3-30b-a3b", doc="megatron: a setup of sim.trainer_model.SETUPS")
+    trainer_time_a_s: float = _f(0.5, ge=0.0)
+    trainer_time_b_s_per_token: float = _f(1e-5, ge=0.0)
+    active_params: float = _f(3e9, gt=0.0, doc="flops model: active parameters")
+    peak_flops_per_gpu: float = _f(148e12, gt=0.0, doc="flops model: peak bf16 FLOP/s")
+    mfu: float = _f(0.3, gt=0.0, le=1.0, doc="flops model: model FLOPs utilisation")
+    train_overhead_s: float = _f(5.0, ge=0.0, doc="flops model: fixed per-step overhead")
+    model_bytes: int | None = _f(None, ge=1, doc="weights pushed and pulled (null: the model's)")
+    push_bandwidth_gb_s: float = _f(10.0, gt=0.0)
+    pull_bandwidth_gb_s: float = _f(10.0, gt=0.0)
+    transfer_overhead_s: float = _f(0.01, ge=0.0)
+    reward_time_s: float = _f(0.0, ge=0.0)
+    # --- the virtual clock and measurement
+    snapshot_max_age_s: float = _f(0.0, ge=0.0, doc="re-snapshot unchanged instances after")
+    warmup_steps: int = _f(2, ge=0, doc="steps excluded from throughput (pipeline fill)")
+    workload: SimWorkloadConfig = attrs.field(factory=SimWorkloadConfig, validator=_validate_field)
+
+    def __attrs_post_init__(self) -> None:
+        if self.cost_model == "custom":
+            for k in ("k1", "k2", "k3", "k4"):
+                if getattr(self, k) is None:
+                    raise ConfigError(
+                        f"sim.{k} is required when sim.cost_model is 'custom'",
+                        key=f"sim.{k}",
+                        allowed="a number >= 0",
+                    )
+        elif any(getattr(self, k) is not None for k in ("k1", "k2", "k3", "k4", "b")):
+            raise ConfigError(
+                f"sim.k1..k4 and sim.b apply only with sim.cost_model 'custom', not "
+                f"{self.cost_model!r}",
+                key="sim.cost_model",
+                allowed="custom (or leave sim.k1..k4, b unset)",
+            )
+        allowed_cost = ["coordinator", "custom", *sorted(COST_PRESETS)]
+        if self.cost_model not in allowed_cost and not self.cost_model.endswith(".json"):
+            raise ConfigError(
+                f"sim.cost_model {self.cost_model!r} is not known",
+                key="sim.cost_model",
+                allowed=f"one of {allowed_cost} or a path ending in .json",
+            )
+        if self.model not in MODELS:
+            raise ConfigError(
+                f"sim.model {self.model!r} is not a known model geometry",
+                key="sim.model",
+                allowed=f"one of {sorted(MODELS)}",
+            )
+        if self.gpu not in GPUS:
+            raise ConfigError(
+                f"sim.gpu {self.gpu!r} is not a known GPU",
+                key="sim.gpu",
+                allowed=f"one of {sorted(GPUS)}",
+            )
+        if self.trainer_model == "megatron":
+            from staleflow_trainer.sim.trainer_model import SETUPS
+
+            if self.trainer_setup not in SETUPS:
+                raise ConfigError(
+                    f"sim.trainer_setup {self.trainer_setup!r} is not a known Megatron setup",
+                    key="sim.trainer_setup",
+                    allowed=f"one of {sorted(SETUPS)}",
+                )
+        if self.rollout_gpus + self.train_gpus > self.total_gpus:
+            raise ConfigError(
+                f"sim.rollout_gpus ({self.rollout_gpus}) + sim.train_gpus ({self.train_gpus}) "
+                f"exceed sim.total_gpus ({self.total_gpus})",
+                key="sim.rollout_gpus",
+                allowed=f"<= {self.total_gpus - self.train_gpus}",
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# the one translation
+
+
+#: engine_adapters.sim.SimConfig field -> the app config key it comes from (error messages).
+_ENGINE_KEYS = {
+    "cost": "sim.cost_model",
+    "max_running": "rollout.max_running",
+    "max_model_len": "rollout.sampling.max_new_tokens",
+    "model": "sim.model",
+    "gpu": "sim.gpu",
+    "tensor_parallel_size": "sim.gpus_per_instance",
+    "gpu_memory_utilization": "sim.gpu_memory_utilization",
+    "memory_reserve_bytes": "sim.memory_reserve_gib",
+    "kv_capacity_tokens": "sim.kv_capacity_tokens",
+    "prefill_mfu": "sim.prefill_mfu",
+    "prefill_s_per_token": "sim.prefill_s_per_token",
+    "prefill_s_per_token_position": "sim.prefill_s_per_token_position",
+    "max_num_batched_tokens": "sim.max_num_batched_tokens",
+    "weight_bandwidth_bytes_per_s": "sim.pull_bandwidth_gb_s",
+    "weight_load_constant_s": "sim.transfer_overhead_s",
+}
+
+#: engine_adapters.workload.WorkloadConfig field -> app config key.
+_WORKLOAD_KEYS = {
+    "median": "sim.workload.response_len_median",
+    "sigma": "sim.workload.response_len_sigma",
+    "max_length": "rollout.sampling.max_new_tokens",
+}
+
+
+def base_cost_model(cfg: Any) -> CostModel:
+    """The model the engines' true speed is drawn around (``sim.cost_model``)."""
+    sim = cfg.sim
+    try:
+        if sim.cost_model == "coordinator":
+            return CostModel.resolve(cfg.coordinator.cost_model)
+        if sim.cost_model == "custom":
+            return CostModel(k1=sim.k1, k2=sim.k2, k3=sim.k3, k4=sim.k4, b=sim.b or 0.0)
+        return CostModel.resolve(sim.cost_model)
+    except (InvalidRequest, ValueError) as e:
+        key = "coordinator.cost_model" if sim.cost_model == "coordinator" else "sim.cost_model"
+        raise ConfigError(f"{key}: {e}", key=key, allowed="a preset or a readable .json") from None
+
+
+def engine_cost_model(cfg: Any) -> CostModel:
+    """The engines' true cost model: :func:`base_cost_model` times the error factors."""
+    base = base_cost_model(cfg)
+    err = cfg.sim.cost_model_error
+    if err == 0:
+        return base
+    z = np.random.default_rng([cfg.run.seed, 0xC057]).standard_normal(5)
+    factors = {
+        c: math.exp(err * float(x)) for c, x in zip(("k1", "k2", "k3", "k4", "b"), z, strict=True)
+    }
+    return base.with_errors(factors, name=f"{base.name}+error{err:g}")
+
+
+def speed_factors(cfg: Any, count: int) -> tuple[float, ...]:
+    """Per-instance speed factors (``sim.speed_spread``; all 1 when it is 0)."""
+    if cfg.sim.speed_spread == 0:
+        return (1.0,) * count
+    return draw_speed_factors(count, spread=cfg.sim.speed_spread, seed=cfg.run.seed)
+
+
+def engine_config(cfg: Any, *, cost: CostModel | None = None) -> EngineSimConfig:
+    """The sim engines' config (speed factor 1; see :func:`speed_factors`)."""
+    sim = cfg.sim
+    budget = sim.max_num_batched_tokens
+    try:
+        return EngineSimConfig(
+            cost=engine_cost_model(cfg) if cost is None else cost,
+            max_running=cfg.rollout.max_running,
+            max_model_len=cfg.data.max_prompt_len + cfg.rollout.sampling.max_new_tokens,
+            model=sim.model,
+            gpu=sim.gpu,
+            tensor_parallel_size=sim.gpus_per_instance,
+            gpu_memory_utilization=sim.gpu_memory_utilization,
+            memory_reserve_bytes=round(sim.memory_reserve_gib * GIB),
+            kv_capacity_tokens=sim.kv_capacity_tokens,
+            prefill_mfu=sim.prefill_mfu,
+            prefill_s_per_token=sim.prefill_s_per_token,
+            prefill_s_per_token_position=sim.prefill_s_per_token_position,
+            max_num_batched_tokens=(
+                None
+                if budget == "off"
+                else (cfg.rollout.max_model_len if budget is None else budget)
+            ),
+            kv_after_weight_load=sim.kv_after_weight_load,
+            weight_bandwidth_bytes_per_s=sim.pull_bandwidth_gb_s * 1e9,
+            weight_load_constant_s=sim.transfer_overhead_s,
+            seed=cfg.run.seed,
+        )
+    except InvalidRequest as e:
+        key = _ENGINE_KEYS.get(str(e.field), f"sim.{e.field}")
+        raise ConfigError(f"{key}: {e}", key=key, allowed="see the message") from None
+
+
+def length_workload(cfg: Any) -> WorkloadConfig:
+    """The response-length distribution (``sim.workload``) as the engine package's config."""
+    w = cfg.sim.workload
+    extra = {
+        k: getattr(w, k)
+        for k in ("alpha", "x_min", "median2", "sigma2", "weight2")
+        if getattr(w, k) is not None
+    }
+    try:
+        return WorkloadConfig(
+            kind=w.kind,
+            median=float(w.response_len_median),
+            sigma=w.response_len_sigma,
+            max_length=cfg.rollout.sampling.max_new_tokens,
+            group_correlation=w.group_correlation,
+            trace_path=w.trace_path or None,
+            seed=cfg.run.seed,
+            **extra,
+        )
+    except InvalidRequest as e:
+        key = _WORKLOAD_KEYS.get(str(e.field), f"sim.workload.{e.field}")
+        raise ConfigError(f"{key}: {e}", key=key, allowed="see the message") from None
+
+
+def model_bytes(cfg: Any) -> int:
+    """Bytes pushed after each step and pulled by each sync: set, or the model's weights."""
+    sim = cfg.sim
+    return int(sim.model_bytes) if sim.model_bytes is not None else MODELS[sim.model].weight_bytes
+
+
+def validate_sim(cfg: Any) -> None:
+    """Cross-section checks of a sim-backend config (the engines and the workload build)."""
+    sim, r = cfg.sim, cfg.rollout
+    need = r.num_instances * sim.gpus_per_instance
+    if need > sim.rollout_gpus:
+        raise ConfigError(
+            f"rollout.num_instances: {r.num_instances} instances x {sim.gpus_per_instance} GPUs "
+            f"= {need} exceed sim.rollout_gpus={sim.rollout_gpus}",
+            key="rollout.num_instances",
+            allowed=f"<= {sim.rollout_gpus // sim.gpus_per_instance}",
+        )
+    w = sim.workload
+    if w.kind in ("trace", "group_trace"):
+        if not w.trace_path:
+            raise ConfigError(
+                f"sim.workload.trace_path is required with sim.workload.kind {w.kind!r}",
+                key="sim.workload.trace_path",
+                allowed="a readable trace file",
+            )
+        if not Path(w.trace_path).is_file():
+            raise ConfigError(
+                f"sim.workload.trace_path {w.trace_path!r} does not exist",
+                key="sim.workload.trace_path",
+                allowed="a readable trace file",
+            )
+    elif w.kind not in KINDS:  # pragma: no cover - the Literal type rejects it first
+        raise ConfigError(f"sim.workload.kind {w.kind!r}", key="sim.workload.kind", allowed="")
+    length_workload(cfg)
+    # a fitted .json is read when the run starts (an earlier step may write it)
+    deferred = sim.cost_model.endswith(".json") or (
+        sim.cost_model == "coordinator" and cfg.coordinator.cost_model.endswith(".json")
+    )
+    engine_config(cfg, cost=COST_PRESETS["qwen-7b-h20"] if deferred else None)

@@ -1,0 +1,68 @@
+"""The two throughput bounds of a split: the roofline ideal and the latency-aware bound."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import pytest
+
+from staleflow_trainer.config import load_config
+from staleflow_trainer.sim.ideal import ideal_throughput, latency_bound, workload_moments
+from staleflow_trainer.sim.spec import SimSpec, spec_from_app_config, with_policy
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+
+def _paper(eta: int = 3, *over: str) -> SimSpec:
+    cfg = load_config(EXAMPLES / "sim-paper-30b-a3b.yaml", list(over))
+    return spec_from_app_config(with_policy(cfg, "staleflow", eta))
+
+
+@pytest.mark.parametrize("eta", [0, 1, 2, 3, 5])
+def test_latency_bound_never_exceeds_the_roofline_ideal(eta: int) -> None:
+    spec = _paper(max(eta, 1))
+    ideal = ideal_throughput(spec, workload_moments(spec, 512))["ideal_tokens_per_s"]
+    b = latency_bound(spec, eta, groups=512)
+    assert 0 < b["latency_bound_tokens_per_s"] <= ideal * 1.0001
+    assert b["latency_bound_step_s"] >= b["train_floor_step_s"]
+    assert b["latency_bound_side"] in ("train", "latency", "rollout")
+
+
+def test_latency_bound_grows_with_eta_and_names_the_side() -> None:
+    spec = _paper()
+    rows = [latency_bound(spec, eta, groups=512) for eta in (0, 1, 2, 3, 5, 50)]
+    tps = [r["latency_bound_tokens_per_s"] for r in rows]
+    assert tps == sorted(tps)  # a wider window never hurts
+    assert rows[-1]["latency_bound_side"] in ("train", "rollout")  # the tail no longer binds
+    # a trainer ten times faster leaves the rollout side (tail or throughput) to bind
+    fast = attrs.evolve(spec, trainer_model="linear", trainer_time_a_s=1.0)
+    fast = attrs.evolve(fast, trainer_time_b_s_per_token=1e-7)
+    assert latency_bound(fast, 3, groups=512)["latency_bound_side"] in ("latency", "rollout")
+
+
+def test_a_tail_beyond_the_window_binds_on_latency() -> None:
+    """One token a step at the cost model's floor: a 20K-token response needs >= 20K x tau(1)
+    seconds, so at eta = 1 and a fast trainer the step time is set by the tail."""
+    spec = attrs.evolve(_paper(1), trainer_model="linear", trainer_time_a_s=1.0)
+    spec = attrs.evolve(spec, trainer_time_b_s_per_token=1e-7)
+    b = latency_bound(spec, 1, groups=512)
+    floor = spec.engine.cost.step_latency(1, 0) * spec.max_response_len
+    assert b["latency_bound_side"] == "latency"
+    assert b["latency_bound_step_s"] >= floor * 0.5  # the capped responses' window: eta x S
+
+
+@pytest.mark.parametrize(
+    ("preset", "sides"),
+    [
+        ("sim-paper-30b-a3b.yaml", {1: "train", 3: "train"}),
+        ("sim-paper-30b-a3b-40k.yaml", {1: "latency", 3: "train"}),
+    ],
+)
+def test_paper_presets_bind_where_their_headers_say(preset: str, sides: dict[int, str]) -> None:
+    cfg = load_config(EXAMPLES / preset, [])
+    assert cfg.sim.kv_capacity_tokens is None  # KV from the model's geometry
+    for eta, side in sides.items():
+        spec = spec_from_app_config(with_policy(cfg, "staleflow", eta))
+        assert spec.kv_capacity_tokens == 274_736
+        assert latency_bound(spec, eta, groups=512)["latency_bound_side"] == side, eta

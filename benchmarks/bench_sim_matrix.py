@@ -1,0 +1,223 @@
+"""The preset matrix on the simulator: every policy on every paper preset at η ∈ {1, 2, 3, 5},
+two seeds, steady state (the presets' 30 measured steps after warm-up), and the bars
+StaleFlow's throughput claims are held to, each printed with its numbers and PASS or MISS::
+
+    .venv/bin/python benchmarks/bench_sim_matrix.py            # the full matrix (hours here)
+    .venv/bin/python benchmarks/bench_sim_matrix.py --smoke    # seconds: tiny overrides
+    .venv/bin/python benchmarks/bench_sim_matrix.py --presets examples/sim-paper-30b-a3b.yaml \\
+        --policies staleflow,all-vanilla,verl-async --etas 3
+
+Every preset is a ``staleflow compare`` (same code path:
+:func:`staleflow_trainer.compare.run_comparison`); its ``compare.json`` and table go to
+``<out-dir>/<preset>/``. Writes ``<out-dir>/sim_matrix.json`` (per preset the summary rows,
+ratios, bounds and protocol; the bars) and ``sim_matrix.md``.
+
+The bars (PASS, MISS, or NOT MEASURED when the matrix ran none of a bar's runs):
+
+* ``never_loses``: on every preset and η, staleflow's mean tokens/s ≥ 0.98 × every ablation's
+  and every baseline's;
+* ``vs_strict_async``: staleflow over the strongest strict-async baseline that does not share
+  StaleFlow's buffers (``verl-async``, ``coarse-async-drop``) at η = 3: ≥ 1.25 × averaged over
+  the presets and ≥ 1.45 × at best;
+* ``vs_all_vanilla``: staleflow over all-vanilla at η = 3 ≥ 1.15 × on the presets whose
+  latency-aware bound at η = 3 is set by the rollout side (``rollout`` or ``latency``);
+* ``vs_sync``: staleflow (best η) over sync ≥ 2.7 × and over one-step ≥ 2.0 × on one preset;
+* ``of_bound``: staleflow ≥ 90 % of the latency-aware bound at η = 3 on every preset.
+
+``--smoke`` shrinks every preset (4 instances, 4 × 2 samples a step, responses ≤ 256
+tokens, 4 steps; η ∈ {1, 3} unless ``--etas`` says otherwise) so the whole path runs in
+seconds; its numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from staleflow_trainer.compare import run_comparison
+from staleflow_trainer.config import load_config
+
+PRESETS = ("examples/sim-paper-30b-a3b.yaml", "examples/sim-paper-30b-a3b-40k.yaml")
+ETAS = (1, 2, 3, 5)
+ABLATIONS = ("vanilla-routing", "vanilla-sync", "vanilla-migration", "all-vanilla")
+BASELINES = ("coarse-async", "coarse-async-drop", "verl-async", "sync", "one-step")
+STRICT_ASYNC = ("verl-async", "coarse-async-drop")
+SMOKE_ETAS = (1, 3)
+SMOKE = [
+    "rollout.num_instances=4",
+    "sim.rollout_gpus=4",
+    "sim.train_gpus=4",
+    "sim.total_gpus=8",
+    "protocol.batch_size=4",
+    "protocol.group_size=2",
+    "rollout.sampling.max_new_tokens=256",
+    "rollout.max_model_len=2304",
+    "sim.workload.response_len_median=64",
+    "trainer.steps=4",
+    "sim.warmup_steps=1",
+]
+
+
+def _ratio(rep: dict[str, Any], eta: int, policy: str) -> float | None:
+    x = rep["ratios"].get(f"eta={eta}", {}).get(policy)
+    return None if x is None else float(x)
+
+
+def bars(reports: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each bar: its target, what was measured (per preset) and whether it holds."""
+    out: dict[str, dict[str, Any]] = {}
+    losses = []
+    checked = 0
+    for name, rep in reports.items():
+        for key, row in rep["ratios"].items():
+            for policy, x in row.items():
+                if policy in ABLATIONS or policy in BASELINES:
+                    checked += 1
+                    if x < 0.98:
+                        losses.append(f"{name} {key} vs {policy}: {x:.2f}×")
+    out["never_loses"] = {
+        "target": "staleflow >= 0.98x every ablation and baseline, every preset and eta",
+        "checked": checked,
+        "misses": losses,
+        "holds": None if checked == 0 else not losses,
+    }
+    strict = {}
+    for name, rep in reports.items():
+        xs = [x for p in STRICT_ASYNC if (x := _ratio(rep, 3, p)) is not None]
+        if xs:
+            strict[name] = min(xs)  # over the strongest of them
+    out["vs_strict_async"] = {
+        "target": ">= 1.25x averaged over the presets and >= 1.45x at best (eta = 3)",
+        "per_preset": strict,
+        "mean": sum(strict.values()) / len(strict) if strict else None,
+        "best": max(strict.values(), default=None),
+        "holds": None
+        if not strict
+        else sum(strict.values()) / len(strict) >= 1.25 and max(strict.values()) >= 1.45,
+    }
+    rollout_bound = {
+        name: _ratio(rep, 3, "all-vanilla")
+        for name, rep in reports.items()
+        if rep["bounds"].get("eta=3", {}).get("latency_bound_side") in ("rollout", "latency")
+    }
+    measured = {k: v for k, v in rollout_bound.items() if v is not None}
+    out["vs_all_vanilla"] = {
+        "target": ">= 1.15x at eta = 3 on the rollout-bound presets",
+        "rollout_bound_presets": sorted(rollout_bound),
+        "per_preset": measured,
+        "holds": None if not measured else all(v >= 1.15 for v in measured.values()),
+    }
+    best = {}
+    for name, rep in reports.items():
+        vs_sync = [x for k in rep["ratios"] if (x := _ratio(rep, int(k[4:]), "sync"))]
+        vs_one = [x for k in rep["ratios"] if (x := _ratio(rep, int(k[4:]), "one-step"))]
+        if vs_sync and vs_one:
+            best[name] = {"sync": max(vs_sync), "one-step": max(vs_one)}
+    out["vs_sync"] = {
+        "target": "staleflow / sync >= 2.7x and / one-step >= 2.0x on at least one preset",
+        "per_preset": best,
+        "holds": None
+        if not best
+        else any(v["sync"] >= 2.7 and v["one-step"] >= 2.0 for v in best.values()),
+    }
+    of_bound = {}
+    for name, rep in reports.items():
+        for row in rep["summary"]:
+            if row["policy"] == "staleflow" and row["eta"] == 3 and row["frac_of_bound"]:
+                of_bound[name] = row["frac_of_bound"]
+    out["of_bound"] = {
+        "target": "staleflow >= 90 % of the latency-aware bound at eta = 3 on every preset",
+        "per_preset": of_bound,
+        "holds": None if not of_bound else all(v >= 0.9 for v in of_bound.values()),
+    }
+    return out
+
+
+def markdown(res: dict[str, Any]) -> str:
+    lines = [f"Seeds {res['seeds']}, η {res['etas']}; {res['wall_s']:.0f} s wall.", ""]
+    for name, table in res["tables"].items():
+        lines += [f"### {name}", "", table, ""]
+    lines += ["### Bars", "", "| bar | target | measured | holds |", "|---|---|---|---|"]
+    for key, bar in res["bars"].items():
+        shown = {k: v for k, v in bar.items() if k not in ("target", "holds")}
+        lines.append(
+            f"| {key} | {bar['target']} | {json.dumps(shown, default=_num)} | "
+            f"{verdict(bar['holds'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def verdict(holds: bool | None) -> str:
+    """PASS, MISS, or NOT MEASURED (the matrix ran none of the bar's runs)."""
+    return "NOT MEASURED" if holds is None else ("PASS" if holds else "MISS")
+
+
+def _num(x: Any) -> Any:
+    return round(x, 3) if isinstance(x, float) else str(x)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("overrides", nargs="*", help="extra key=value overrides for every preset")
+    ap.add_argument("--presets", default=",".join(PRESETS))
+    ap.add_argument("--policies", default="", help="comma-separated (default: every policy)")
+    ap.add_argument("--etas", default=",".join(str(e) for e in ETAS))
+    ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--out-dir", default="bench-results/sim_matrix")
+    ap.add_argument("--smoke", action="store_true", help="tiny overrides: seconds, not numbers")
+    a = ap.parse_args()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    policies = [p for p in a.policies.split(",") if p] or None
+    etas = tuple(int(e) for e in a.etas.split(",") if e)
+    if a.smoke and a.etas == ap.get_default("etas"):
+        etas = SMOKE_ETAS
+    seeds = tuple(int(s) for s in a.seeds.split(",") if s)
+    over = [*(SMOKE if a.smoke else []), "metrics.timeline=false", *a.overrides]
+    root = Path(a.out_dir)
+    t0 = time.monotonic()
+    reports: dict[str, dict[str, Any]] = {}
+    tables: dict[str, str] = {}
+    for preset in (p for p in a.presets.split(",") if p):
+        name = Path(preset).stem
+        cfg = load_config(preset, [*over, f"run.run_dir={root / name}"])
+        t = time.monotonic()
+        rep = run_comparison(
+            cfg, root / name, policies=policies, etas=etas, seeds=seeds, workers=a.workers,
+            plots=False,
+        )  # fmt: skip
+        reports[name] = rep
+        tables[name] = (root / name / "results" / "compare.md").read_text()
+        print(f"{name}: {len(rep['results'])} runs in {time.monotonic() - t:.0f} s", flush=True)
+        print(tables[name], flush=True)
+    res = {
+        "smoke": a.smoke,
+        "presets": list(reports),
+        "etas": list(etas),
+        "seeds": list(seeds),
+        "overrides": over,
+        "wall_s": round(time.monotonic() - t0, 1),
+        "reports": {
+            n: {k: r[k] for k in ("summary", "ratios", "ratio_spread", "bounds", "protocol")}
+            for n, r in reports.items()
+        },
+        "tables": tables,
+        "bars": bars(reports),
+    }
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "sim_matrix.json").write_text(json.dumps(res, indent=2, default=_num) + "\n")
+    (root / "sim_matrix.md").write_text(markdown(res))
+    for key, bar in res["bars"].items():
+        shown = {k: v for k, v in bar.items() if k not in ("target", "holds")}
+        print(f"{verdict(bar['holds'])} {key}: {bar['target']}; {json.dumps(shown, default=_num)}")
+    print(f"written: {root / 'sim_matrix.json'}, {root / 'sim_matrix.md'}")
+
+
+if __name__ == "__main__":
+    main()
