@@ -114,7 +114,7 @@ def train_and_resume(
     dep2 = Deployment(cfg2).start()
     try:
         out["resumed_from"] = dep2.resume_dir
-        out["protocol_resumed"] = dep2.protocol_state()
+        out["protocol_resumed"] = ray.get(dep2.coordinator.restored.remote())["protocol"]
         out["summary_resumed"] = dep2.run()
         out["ledger_resumed"] = dep2.ledger()
     finally:

@@ -13,7 +13,9 @@ from pathlib import Path
 import attrs
 import pytest
 
-from staleflow_trainer.config import AppConfig, load_config
+from rollout_coordinator import PROFILES
+from rollout_coordinator import CoordinatorConfig as PackageCoordinatorConfig
+from staleflow_trainer.config import STRATEGY_FIELDS, AppConfig, load_config
 from staleflow_trainer.control.config import core_config
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "staleflow_trainer"
@@ -31,6 +33,7 @@ CHANGES = {
     "protocol.stuck_after_s": "9.5",
     "protocol.unbounded_inflight_batches": "5",
     "coordinator.policy": "vanilla-sync",
+    "coordinator.profile": "paper",
     "coordinator.cost_model": "qwen-7b-h20",
     "coordinator.theta": "0.5",
     "coordinator.route_kv_limit": "0.8",
@@ -65,8 +68,9 @@ def _fields(section: str) -> list[str]:
 
 
 def test_every_protocol_and_coordinator_setting_is_classified() -> None:
+    strategy = {f"coordinator.{f}" for f in STRATEGY_FIELDS}
     for key in _fields("protocol") + _fields("coordinator"):
-        assert key in CHANGES or key in SHELL_READ or key in ONE_SHELL, (
+        assert key in CHANGES or key in SHELL_READ or key in ONE_SHELL or key in strategy, (
             f"{key}: classify it — a decision setting (CHANGES), read by both shells "
             "(SHELL_READ) or one shell's only (ONE_SHELL, with the reason)"
         )
@@ -90,3 +94,17 @@ def test_a_shell_setting_is_read_by_both_shells(key: str) -> None:
     for name, files in (("ray", RAY_SHELL), ("sim", SIM_SHELL)):
         text = "".join(f.read_text() for f in files)
         assert attr in text, f"the {name} shell does not read {key}"
+
+
+@pytest.mark.parametrize("name", STRATEGY_FIELDS)
+def test_a_strategy_setting_reaches_the_coordinator_of_both_shells(name: str) -> None:
+    """Each strategy field is one of the coordinator package's own settings, and a value set in
+    the app config is the value the core's coordinator runs with (both shells build the core
+    from the same ``core_config``)."""
+    assert name in attrs.fields_dict(PackageCoordinatorConfig)
+    value = PROFILES["paper"].get(name)
+    if value is None:  # no non-default value at hand: membership is what can be checked
+        return
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    cc = core_config(load_config(None, [*BASE, f"coordinator.{name}={text}"]), rows=100)
+    assert getattr(cc.coordinator, name) == value

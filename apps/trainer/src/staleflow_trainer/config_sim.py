@@ -8,7 +8,8 @@ package, never from a second table here:
   ``gpu_memory_utilization``, the per-GPU reserve and tensor parallelism
   (``sim.gpus_per_instance``). ``sim.kv_capacity_tokens`` overrides it, and only when set.
 * **Prefill**: chunked under a per-step token budget (``sim.max_num_batched_tokens``; null: the
-  context limit ``rollout.max_model_len``, as the published runs set it; ``off``: one step per
+  context limit ``rollout.max_model_len``, as the published runs set it, and at least 2048,
+  vLLM's default; ``off``: one step per
   context), a linear term plus a quadratic attention term derived from the geometry at
   ``prefill_mfu``, re-paid on every interrupt, preemption, migration and sync.
   ``prefill_s_per_token`` / ``prefill_s_per_token_position`` override the derived terms.
@@ -109,7 +110,10 @@ class SimConfig:
         None, ge=0.0, doc="override: attention term (s per token per earlier position)"
     )
     max_num_batched_tokens: int | Literal["off"] | None = _f(
-        None, ge=1, doc="chunked-prefill token budget per step (null: rollout.max_model_len)"
+        None,
+        ge=1,
+        doc="chunked-prefill token budget per step (null: rollout.max_model_len, at least 2048 "
+        "as vLLM's default)",
     )
     kv_after_weight_load: Literal["recompute", "keep"] = _f(
         "recompute", doc="running work after a weight load: re-prefill (real engines) or keep"
@@ -276,7 +280,7 @@ def engine_config(cfg: Any, *, cost: CostModel | None = None) -> EngineSimConfig
             max_num_batched_tokens=(
                 None
                 if budget == "off"
-                else (cfg.rollout.max_model_len if budget is None else budget)
+                else (max(cfg.rollout.max_model_len, 2048) if budget is None else budget)
             ),
             kv_after_weight_load=sim.kv_after_weight_load,
             weight_bandwidth_bytes_per_s=sim.pull_bandwidth_gb_s * 1e9,
