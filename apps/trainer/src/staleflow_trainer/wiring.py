@@ -153,24 +153,22 @@ def _engine_kwargs(cfg: AppConfig, i: int, model_path: Path) -> dict[str, Any]:
             "seed": cfg.run.seed + i,
         }
     if r.backend == "sim":
+        import attrs
         from transformers import AutoTokenizer
 
+        from staleflow_trainer.config_sim import engine_config, speed_factors
+
+        # the simulator's engine config, one source for both shells; in real time here
         tok = AutoTokenizer.from_pretrained(str(model_path))
-        s = cfg.sim
-        cost: Any = s.cost_model
-        if cost == "custom":
-            cost = {"k1": s.k1, "k2": s.k2, "k3": s.k3, "k4": s.k4, "b": s.b or 0.0}
         return {
-            "config": {
-                "cost": cost,
-                "max_running": r.max_running,
-                "kv_capacity_tokens": s.kv_capacity_tokens,
-                "max_model_len": r.max_model_len,
-                "vocab_size": len(tok),
-                "num_special_tokens": len(tok.all_special_ids) or 1,
-                "eos_token_id": int(tok.eos_token_id or 0),
-                "seed": cfg.run.seed + i,
-            }
+            "config": attrs.evolve(
+                engine_config(cfg),
+                vocab_size=len(tok),
+                num_special_tokens=len(tok.all_special_ids) or 1,
+                eos_token_id=int(tok.eos_token_id or 0),
+                seed=cfg.run.seed + i,
+                speed_factor=speed_factors(cfg, max(cfg.rollout.num_instances, i + 1))[i],
+            )
         }
     # sglang: attach to a running server (rollout.sglang_url, comma-separated: instance i takes
     # url i mod count). New versions go to it as safetensors through /update_weights_from_disk,
