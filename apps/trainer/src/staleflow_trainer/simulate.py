@@ -23,6 +23,7 @@ from typing import Any
 
 import structlog
 
+from staleflow_trainer.atomic_files import make_run_dir
 from staleflow_trainer.config import AppConfig, dump_config
 from staleflow_trainer.control.checks import ledger_problems
 from staleflow_trainer.errors import StaleflowError
@@ -105,8 +106,7 @@ def simulate(cfg: AppConfig) -> int:
     from staleflow_trainer.sim.spec import spec_from_app_config
 
     spec = spec_from_app_config(cfg)
-    run_dir = Path(cfg.run.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = make_run_dir(cfg.run.run_dir)
     dump_config(cfg, run_dir / "config.yaml")
     summary = run_and_write(cfg, run_dir, tensorboard=cfg.metrics.tensorboard)
     ideal = summary["ideal"]
