@@ -17,8 +17,7 @@ from staleflow_trainer.cli import main
 from staleflow_trainer.config import load_config, to_dict
 from staleflow_trainer.data import load_dataset
 from staleflow_trainer.errors import CheckpointError, DataError
-from staleflow_trainer.sim.spec import SimSpec, config_key, spec_from_app_config
-from staleflow_trainer.wiring import verify_checkpoint
+from staleflow_trainer.sim.spec import SimSpec, spec_from_app_config
 from trajectory_server import TrajectoryStore
 from trajectory_server.checkpoint import save_checkpoint
 
@@ -39,8 +38,9 @@ def test_run_dir_that_is_or_lies_under_a_file(
     f = tmp_path / "f"
     f.write_text("x")
     run_dir = f if where == "file" else f / "run"
-    for cmd in (["simulate", SIM], ["compare", SIM, "--policies", "staleflow"]):
-        assert main([*cmd, f"run_dir={run_dir}", "trainer.steps=2"]) == 2
+    over = [f"run_dir={run_dir}", "trainer.steps=2"]
+    for argv in (["simulate", SIM, *over], ["compare", SIM, *over, "--policies", "staleflow"]):
+        assert main(argv) == 2
         assert "config error at run.run_dir" in _one_line_error(capsys)
 
 
@@ -81,6 +81,8 @@ def _checkpoint(d: Path, *, rows: int = 8) -> Path:
 
 
 def test_a_damaged_checkpoint_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    from staleflow_trainer.wiring import verify_checkpoint
+
     verify_checkpoint(_checkpoint(tmp_path / "ok"), rows=8)
     bad = _checkpoint(tmp_path / "trainer")
     (bad / TRAINER_FILE).write_bytes(b"weightz")
@@ -115,6 +117,8 @@ def _keys(d: dict[str, object], prefix: str = "") -> set[str]:
 
 
 def test_every_simulator_field_names_a_real_config_key() -> None:
+    from staleflow_trainer.sim.spec import config_key
+
     keys = _keys(to_dict(load_config(None)))
     missing = {a.name: config_key(a.name) for a in attrs.fields(SimSpec)
                if config_key(a.name) not in keys}  # fmt: skip

@@ -207,11 +207,13 @@ class Deployment:
 
         _, pending = ray.wait(refs, num_returns=len(refs), timeout=START_TIMEOUT_S)
         if pending:
-            lacking = missing_resources(need, len(refs), ray.cluster_resources())
+            cluster: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
+            free: dict[str, float] = ray.available_resources()  # type: ignore[no-untyped-call]
+            lacking = missing_resources(need, len(refs), cluster)
             raise ComponentLost(
                 f"{len(pending)} of {len(refs)} {what} did not start within {START_TIMEOUT_S:g} s"
                 + (f"; the cluster lacks {'; '.join(lacking)}" if lacking else
-                   f"; free now: {ray.available_resources()}"),
+                   f"; free now: {free}"),
                 component=what,
             )  # fmt: skip
         ray.get(refs)  # a start-up that failed raises here
