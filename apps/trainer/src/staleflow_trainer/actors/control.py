@@ -45,7 +45,12 @@ from staleflow_trainer.actors.reconcile import (
     checkpoint_records,
     latest_checkpoint,
 )
-from staleflow_trainer.actors.shell_io import ShellIO, is_actor_death, sync_retry_delay
+from staleflow_trainer.actors.shell_io import (
+    ShellIO,
+    is_actor_death,
+    process_alive,
+    sync_retry_delay,
+)
 from staleflow_trainer.actors.write_ahead import WAL_DIR, WriteAheadLog
 from staleflow_trainer.atomic_files import atomic_write_bytes, read_verified_bytes
 from staleflow_trainer.config import AppConfig, from_dict
@@ -188,17 +193,9 @@ class ControlActor:
         self._stop = True
 
     def _driver_alive(self) -> bool:
-        """False once the driver process (same node) is gone: no one would write the step
-        records any more, so the loop stops instead of training on unobserved."""
-        if self._driver_pid is None:
-            return True
-        try:
-            os.kill(self._driver_pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:  # exists, another user's
-            return True
-        return True
+        """False once the driver (a process on this node) is gone: no one would write the
+        step records any more, so the loop stops instead of training unobserved."""
+        return self._driver_pid is None or process_alive(self._driver_pid)
 
     async def _cycle(self) -> None:
         events, self._events = self._events, []
