@@ -14,7 +14,7 @@ Run directory (``run.run_dir``)::
     metrics.jsonl          one JSON object per training step (see staleflow_trainer.metrics)
     timeline.jsonl         per-instance busy / syncing / idle intervals
     tensorboard/           TensorBoard events
-    checkpoints/step_<k>/  trainer.pt, trajectory_store.bin, core.json (+ .sha256)
+    checkpoints/step_<k>/  trainer.pt, trajectory_store.bin, core.json, records.json (+ .sha256)
     checkpoints/latest     name of the newest complete checkpoint
     plots/                 PNGs (staleflow plot RUN_DIR)
 
