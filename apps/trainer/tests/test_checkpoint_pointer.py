@@ -47,6 +47,7 @@ def test_no_checkpoint_at_all_is_none(tmp_path: Path) -> None:
     assert latest_checkpoint(tmp_path) is None
 
 
+@pytest.mark.fault
 def test_a_pointer_renamed_without_its_digest_falls_back_to_the_step_directories(
     tmp_path: Path,
 ) -> None:

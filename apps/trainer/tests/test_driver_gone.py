@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import structlog
 
 from staleflow_trainer.actors.control import ControlActor
@@ -55,6 +56,7 @@ def _actor(driver_pid: int | None) -> Any:
     return a
 
 
+@pytest.mark.fault
 def test_the_loop_stops_when_the_driver_is_gone() -> None:
     gone = _actor(_dead_pid())
     assert asyncio.run(gone.run()) == {"cycles": 0}
@@ -78,6 +80,7 @@ def test_records_stay_unconfirmed_until_the_driver_wrote_them() -> None:
     assert [r["step"] for r in a._unconfirmed] == [3]
 
 
+@pytest.mark.fault
 def test_resume_fills_the_metrics_gap_from_the_checkpoint(tmp_path: Path) -> None:
     w = MetricsWriter(tmp_path, tensorboard=False)
     for k in (1, 2, 3, 4, 7):  # 7: written after the checkpoint by the dead run

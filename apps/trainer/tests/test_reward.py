@@ -124,6 +124,7 @@ def test_runner_drops_a_reward_beyond_float32() -> None:
     assert out.dropped and "float32" in (out.reason or "")
 
 
+@pytest.mark.fault
 def test_hanging_reward_holds_no_thread_per_call() -> None:
     """Each timed-out call kills the worker process; threads do not pile up and at most one
     worker process is alive, however many calls hang."""
@@ -141,6 +142,7 @@ def test_hanging_reward_holds_no_thread_per_call() -> None:
     assert runner.worker.pid is None
 
 
+@pytest.mark.fault
 def test_a_dead_worker_process_is_replaced() -> None:
     runner = RewardRunner(T + "die", retries=1, timeout_s=30)
     out = runner.score(trajectory_id="t", data_source="d", solution_str="", ground_truth="")

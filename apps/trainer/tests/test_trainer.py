@@ -272,6 +272,7 @@ def test_reward_beyond_float32_trains_finitely(tiny_model_dir: Path, huge: float
     tr.require_finite_weights()
 
 
+@pytest.mark.fault
 def test_non_finite_gradient_takes_no_step(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
