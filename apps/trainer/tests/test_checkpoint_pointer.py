@@ -45,3 +45,19 @@ def test_step_directories_none_of_which_verifies_are_refused(tmp_path: Path) -> 
 
 def test_no_checkpoint_at_all_is_none(tmp_path: Path) -> None:
     assert latest_checkpoint(tmp_path) is None
+
+
+@pytest.mark.fault
+def test_a_pointer_renamed_without_its_digest_falls_back_to_the_step_directories(
+    tmp_path: Path,
+) -> None:
+    """A crash between the pointer's rename and its ``.sha256``'s rename leaves the new name
+    with the old digest: the newest complete step directory is used, nothing is refused."""
+    d2 = _step(tmp_path, 2)
+    d4 = _step(tmp_path, 4)
+    pointer = tmp_path / "checkpoints" / "latest"
+    atomic_write_bytes(pointer, d2.name.encode())
+    pointer.write_bytes(d4.name.encode())  # the pointer renamed; its digest still the old one
+    assert latest_checkpoint(tmp_path) == d4
+    (tmp_path / "checkpoints" / "latest.sha256").unlink()  # or the digest not written at all
+    assert latest_checkpoint(tmp_path) == d4

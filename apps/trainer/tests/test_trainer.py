@@ -245,3 +245,51 @@ def test_fsdp2_single_rank_gloo(tiny_model_dir: Path, monkeypatch: pytest.Monkey
         dist.destroy_process_group()
     with pytest.raises(TrainerError, match="distributed"):
         Trainer(TrainerConfig(fsdp=True), tiny_model_dir, max_response_len=3)
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_non_finite_reward_fails_loudly_and_leaves_weights(
+    tiny_model_dir: Path, bad: float
+) -> None:
+    """A reward the trainer cannot compute with must not turn the weights into NaN: the step
+    is refused with a TrainerError and the weights (and version) stay as they were."""
+    tr = _trainer(tiny_model_dir, lr=1e-2)
+    before = {k: v.clone() for k, v in tr.state_dict().items()}
+    with pytest.raises(TrainerError, match=r"reward|not finite"):
+        tr.train_step(_batch({11: bad}))
+    assert tr.version == 0
+    for k, v in tr.state_dict().items():
+        assert torch.isfinite(v).all() and torch.equal(v, before[k]), k
+
+
+@pytest.mark.parametrize("huge", [1e38, 1e39])
+def test_reward_beyond_float32_trains_finitely(tiny_model_dir: Path, huge: float) -> None:
+    """1e39 does not fit float32 (nor does the square of 1e38): scores and advantages are
+    computed in float64, so the weights stay finite."""
+    tr = _trainer(tiny_model_dir, lr=1e-2)
+    m = tr.train_step(_batch({11: huge}))
+    assert np.isfinite(m["loss"]) and np.isfinite(m["grad_norm"])
+    tr.require_finite_weights()
+
+
+@pytest.mark.fault
+def test_non_finite_gradient_takes_no_step(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tr = _trainer(tiny_model_dir, lr=1e-2, grad_clip=0.0)
+    monkeypatch.setattr(
+        "staleflow_trainer.trainer.core._grad_norm", lambda model: torch.tensor(float("nan"))
+    )
+    before = {k: v.clone() for k, v in tr.state_dict().items()}
+    with pytest.raises(TrainerError, match="no optimizer step"):
+        tr.train_step(_batch())
+    assert all(torch.equal(v, before[k]) for k, v in tr.state_dict().items())
+
+
+def test_non_finite_weights_are_never_checkpointed(tiny_model_dir: Path, tmp_path: Path) -> None:
+    tr = _trainer(tiny_model_dir)
+    with torch.no_grad():
+        next(tr.model.parameters()).view(-1)[0] = float("nan")
+    with pytest.raises(TrainerError, match="non-finite"):
+        tr.save_checkpoint(tmp_path)
+    assert not (tmp_path / "trainer.pt").exists()

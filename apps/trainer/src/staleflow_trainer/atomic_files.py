@@ -57,3 +57,24 @@ def read_verified_bytes(path: str | Path) -> bytes:
     if sha256_hex(data) != want:
         raise CheckpointError(f"checkpoint file {p} fails its SHA-256 check", path=str(p))
     return data
+
+
+def make_run_dir(path: str | Path) -> Path:
+    """Create the run directory (and its parents) and check it can be written: a ConfigError
+    naming ``run.run_dir`` when it is a file, lies under a file, or is read-only."""
+    from staleflow_trainer.errors import ConfigError
+
+    p = Path(path)
+    probe = p / f".write_test.{os.getpid()}"
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+        raise ConfigError(
+            f"run.run_dir {str(p)!r} cannot be used as a directory to write in: {why}",
+            key="run.run_dir",
+            allowed="a writable directory (or a path where one can be created)",
+        ) from None
+    return p

@@ -47,7 +47,14 @@ def _lazy(module: str) -> ModuleType:
 
 
 def _load(args: argparse.Namespace) -> AppConfig:
-    return load_config(args.config, args.overrides)
+    try:
+        return load_config(args.config, args.overrides)
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{args.config}: not UTF-8 text (byte {e.start}: {e.reason})",
+            key="<file>",
+            allowed="a UTF-8 YAML file",
+        ) from None
 
 
 def _cmd_train(args: argparse.Namespace) -> int:

@@ -42,6 +42,7 @@ from typing import Any
 import attrs
 import structlog
 
+from staleflow_trainer.atomic_files import make_run_dir
 from staleflow_trainer.config import FIXED_ETA, POLICIES, AppConfig, dump_config
 from staleflow_trainer.errors import ConfigError
 from staleflow_trainer.sim.ideal import ideal_throughput, latency_bound
@@ -402,8 +403,7 @@ def compare_main(
                 key="--policies",
                 allowed=", ".join(POLICIES),
             )
-    out = Path(cfg.run.run_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_run_dir(cfg.run.run_dir)
     dump_config(cfg, out / "config.yaml")
     report = run_comparison(cfg, out, policies=policies, seeds=seeds)
     sp = report["split"]

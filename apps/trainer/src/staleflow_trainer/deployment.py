@@ -8,6 +8,7 @@ control actor that died, and stops everything. ``staleflow train`` is
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import time
@@ -17,8 +18,9 @@ from typing import Any
 
 import structlog
 
-from staleflow_trainer.actors.reconcile import TS_FILE
+from staleflow_trainer.actors.reconcile import TS_FILE, checkpoint_records
 from staleflow_trainer.actors.shell_io import is_actor_death
+from staleflow_trainer.atomic_files import make_run_dir
 from staleflow_trainer.config import AppConfig, dump_config, is_loopback, to_dict
 from staleflow_trainer.errors import ComponentLost
 from staleflow_trainer.metrics import MetricsWriter, TimelineWriter
@@ -26,14 +28,20 @@ from staleflow_trainer.progress import ProgressBar, StartupProgress
 from staleflow_trainer.trackers import trackers_from_config
 from staleflow_trainer.wiring import (
     _engine_kwargs,
+    check_local_cpus,
     init_ray,
+    missing_resources,
     model_dir,
     preflight,
     resolve_resume,
     role_options,
+    verify_checkpoint,
 )
 
 log = structlog.get_logger(__name__)
+
+#: How long actors may take to start (engines load models) before the run gives up.
+START_TIMEOUT_S = 900.0
 
 
 class Deployment:
@@ -80,11 +88,14 @@ class Deployment:
 
         cfg = self.cfg
         progress = self.startup
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        make_run_dir(self.run_dir)
+        check_local_cpus(cfg)
         self.resume_dir = resolve_resume(cfg)
         with progress.phase("model", "preparing the model and checking the prompts"):
             self.model_path = model_dir(cfg)
-            preflight(cfg, self.model_path)  # bad data fails here: before Ray, nothing touched
+            rows = preflight(cfg, self.model_path)  # bad data fails here: before Ray starts
+            if self.resume_dir is not None:  # so does a damaged checkpoint
+                verify_checkpoint(self.resume_dir, rows=rows)
         ckpt_root = self.run_dir / "checkpoints"
         ts_ckpt = ckpt_root / TS_FILE
         if self.resume_dir is None:
@@ -180,8 +191,16 @@ class Deployment:
         progress.line(
             "engines", f"starting {n} {cfg.rollout.backend} engine(s): {', '.join(starts)}"
         )
-        progress.wait_each("engines", starts)
+        try:
+            progress.wait_each("engines", starts, timeout_s=START_TIMEOUT_S)
+        except TimeoutError:  # name what the cluster lacks
+            self._await_started(list(starts.values()), "rollout instances",
+                                {"CPU": cfg.rollout.cpus_per_instance,
+                                 "GPU": cfg.rollout.gpus_per_instance or 0.0},
+                                timeout_s=0)  # fmt: skip
         with progress.phase("trainer", "loading the model and publishing its first version"):
+            self._await_started([pushed], "the trainer",
+                                {"GPU": float(cfg.trainer.num_gpus or 0)})  # fmt: skip
             version = int(ray.get(pushed)["version"])
         if version > 0:  # resumed: every instance serves the trainer's version first
             ray.get([h.sync.remote(version) for h in self.rollouts.values()])
@@ -199,6 +218,32 @@ class Deployment:
             seconds=round(time.monotonic() - self._t0, 1),
         )
         return self
+
+    def _await_started(
+        self,
+        refs: list[Any],
+        what: str,
+        need: dict[str, float],
+        *,
+        timeout_s: float | None = None,
+    ) -> None:
+        """Wait for actors' start-up calls; after :data:`START_TIMEOUT_S` a ComponentLost
+        naming the resources the cluster lacks (actors Ray cannot place wait forever)."""
+        import ray
+
+        wait_s = START_TIMEOUT_S if timeout_s is None else timeout_s
+        _, pending = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
+        if pending:
+            cluster: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
+            free: dict[str, float] = ray.available_resources()  # type: ignore[no-untyped-call]
+            lacking = missing_resources(need, len(refs), cluster)
+            raise ComponentLost(
+                f"{len(pending)} of {len(refs)} {what} did not start within {START_TIMEOUT_S:g} s"
+                + (f"; the cluster lacks {'; '.join(lacking)}" if lacking else
+                   f"; free now: {free}"),
+                component=what,
+            )  # fmt: skip
+        ray.get(refs)  # a start-up that failed raises here
 
     def _make_rollout(self, i: int, *, pg_index: int | None = None) -> tuple[str, Any]:
         import ray
@@ -264,8 +309,14 @@ class Deployment:
                 reward_spec=self._reward_spec(),
                 resume_dir=resume_dir,
                 recover=recover,
+                driver_pid=self._driver_pid_for_control(),
             )
         )
+
+    def _driver_pid_for_control(self) -> int | None:
+        """This process's pid when the control actor will run on this node (a local Ray):
+        the actor then stops as soon as this process is gone."""
+        return None if self.cfg.ray.address else os.getpid()
 
     # ------------------------------------------------------------------------- faults
 
@@ -368,7 +419,6 @@ class Deployment:
         cfg = self.cfg
         if not (cfg.rollout.gpus_per_instance or cfg.trainer.num_gpus):
             return None
-        import ray
         from ray.util.placement_group import placement_group
 
         bundles = [
@@ -377,7 +427,8 @@ class Deployment:
         ]
         bundles.append({"CPU": 0.01, "GPU": float(cfg.trainer.num_gpus)})
         pg = placement_group(bundles, strategy="PACK")
-        ray.get(pg.ready())
+        total = {k: sum(b[k] for b in bundles) for k in ("CPU", "GPU")}
+        self._await_started([pg.ready()], "placement group (instances + trainer)", total)
         return pg
 
     # ------------------------------------------------------------------------------- run
@@ -393,6 +444,7 @@ class Deployment:
             tensorboard=cfg.metrics.tensorboard,
             resume_step=self.steps_at_start if resumed else None,
             trackers=trackers_from_config(cfg, resume=resumed),
+            backfill=checkpoint_records(self.resume_dir) if self.resume_dir else (),
         )
         timeline = TimelineWriter(self.run_dir)
         coord: Any = None
@@ -428,7 +480,7 @@ class Deployment:
                     ready, _ = ray.wait([run_ref], timeout=0.5)
                     outs, self._pending_out = self._pending_out, []
                     try:
-                        outs.append(ray.get(coord.drain.remote()))
+                        outs.append(ray.get(coord.drain.remote(last_step)))
                     except Exception as e:
                         if not is_actor_death(e) or coord is not self.coordinator:
                             raise
@@ -445,7 +497,7 @@ class Deployment:
                             self.replace_crashed_coordinator(e)
                             continue
                         break
-            emit([ray.get(coord.drain.remote())], None)
+            emit([ray.get(coord.drain.remote(last_step))], None)
         finally:
             writer.close()
             timeline.close()

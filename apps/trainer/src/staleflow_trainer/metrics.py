@@ -125,7 +125,8 @@ class MetricsWriter:
     ``step > k`` (written after that checkpoint by the crashed run) are removed first, so the
     file again has exactly one record per step. ``trackers``: objects with ``log(scalars,
     step)`` and ``close()`` (:func:`staleflow_trainer.trackers.trackers_from_config`); they
-    are closed with the writer.
+    are closed with the writer. ``backfill``: the checkpoint's records of
+    steps ``<= k`` that the file lacks (a driver killed before it wrote them) are added.
     """
 
     def __init__(
@@ -135,12 +136,21 @@ class MetricsWriter:
         tensorboard: bool = True,
         resume_step: int | None = None,
         trackers: Sequence[Any] = (),
+        backfill: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
-        if resume_step is not None and self.path.exists():
-            kept = [r for r in read_jsonl(self.path) if int(r.get("step", -1)) <= resume_step]
+        if resume_step is not None and (self.path.exists() or backfill):
+            old = read_jsonl(self.path) if self.path.exists() else []
+            kept = [r for r in old if int(r.get("step", -1)) <= resume_step]
+            have = {int(r.get("step", -1)) for r in kept}
+            gap = {int(r["step"]): dict(r) for r in backfill
+                   if int(r["step"]) <= resume_step and int(r["step"]) not in have}  # fmt: skip
+            if gap:
+                log.warning("metrics_gap_filled", steps=sorted(gap), from_checkpoint=True)
+            kept = sorted([*kept, *(_json_safe(r) for r in gap.values())],
+                          key=lambda r: int(r.get("step", -1)))  # fmt: skip
             tmp = self.path.with_suffix(".jsonl.tmp")
             tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
             tmp.replace(self.path)

@@ -31,6 +31,7 @@ from typing import Any
 import attrs
 import structlog
 
+from staleflow_trainer.atomic_files import make_run_dir
 from staleflow_trainer.compare import run_specs, write_report
 from staleflow_trainer.config import FIXED_ETA, POLICIES, AppConfig, dump_config
 from staleflow_trainer.errors import ConfigError
@@ -430,8 +431,7 @@ def plan_main(
     )
     base = spec_from_app_config(cfg)
     splits_for(base, grid.fractions)  # validate before writing anything
-    out = Path(cfg.run.run_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_run_dir(cfg.run.run_dir)
     dump_config(cfg, out / "config.yaml")
     report = run_plan(cfg, out, grid, workers=workers)
     print(markdown_table(report), end="")

@@ -249,11 +249,13 @@ class StartupProgress:
         wait: Callable[[list[Any], float], Sequence[Any]] | None = None,
         get: Callable[[Any], Any] | None = None,
         heartbeat_s: float = 30.0,
+        timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """Wait for every ``name -> ref`` of ``pending`` (Ray object refs unless ``wait`` and
         ``get`` say otherwise), printing each as it becomes ready and what is still pending
         every ``heartbeat_s``; returns ``name -> result`` in ``pending``'s order. An error
-        of one ref is raised as soon as that ref is ready."""
+        of one ref is raised as soon as that ref is ready; after ``timeout_s`` (if given) a
+        :class:`TimeoutError` naming what is still pending."""
         if wait is None or get is None:
             import ray
 
@@ -269,6 +271,8 @@ class StartupProgress:
         results: dict[str, Any] = {}
         next_beat = t + heartbeat_s
         while left:
+            if timeout_s is not None and self._clock() - t > timeout_s:
+                raise TimeoutError(f"{', '.join(left)} not ready after {timeout_s:g} s")
             ready = wait(list(left.values()), max(0.0, min(1.0, next_beat - self._clock())))
             for ref in ready:
                 name = by_ref[ref]

@@ -24,6 +24,7 @@ from typing import Any
 
 import structlog
 
+from staleflow_trainer.atomic_files import make_run_dir
 from staleflow_trainer.config import AppConfig, dump_config
 from staleflow_trainer.control.checks import ledger_problems
 from staleflow_trainer.errors import StaleflowError
@@ -128,8 +129,7 @@ def simulate(cfg: AppConfig) -> int:
     from staleflow_trainer.trackers import trackers_from_config
 
     spec = spec_from_app_config(cfg)
-    run_dir = Path(cfg.run.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = make_run_dir(cfg.run.run_dir)
     dump_config(cfg, run_dir / "config.yaml")
     m = cfg.metrics
     with ProgressBar(cfg.trainer.steps, enabled=m.progress_bar, log_every=m.log_every) as bar:

@@ -14,7 +14,7 @@ Run directory (``run.run_dir``)::
     metrics.jsonl          one JSON object per training step (see staleflow_trainer.metrics)
     timeline.jsonl         per-instance busy / syncing / idle intervals
     tensorboard/           TensorBoard events
-    checkpoints/step_<k>/  trainer.pt, trajectory_store.bin, core.json (+ .sha256)
+    checkpoints/step_<k>/  trainer.pt, trajectory_store.bin, core.json, records.json (+ .sha256)
     checkpoints/latest     name of the newest complete checkpoint
     plots/                 PNGs (staleflow plot RUN_DIR)
 
@@ -27,8 +27,10 @@ the store held (their V_traj and protocol reservations are kept).
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ import attrs
 import structlog
 
 from staleflow_trainer.actors.reconcile import STATE_FILE, latest_checkpoint
+from staleflow_trainer.atomic_files import make_run_dir
 from staleflow_trainer.config import AppConfig
 from staleflow_trainer.errors import CheckpointError, ConfigError
 from staleflow_trainer.progress import StartupProgress
@@ -100,6 +103,37 @@ def check_checkpoint_protocol(cfg: AppConfig, ckpt: Path) -> None:
 
     state = json.loads(read_verified_bytes(ckpt / STATE_FILE))
     check_resumable(protocol_from_dict(state["protocol"]), core_config(cfg, rows=None).protocol)
+
+
+def verify_checkpoint(ckpt: Path, *, rows: int) -> None:
+    """Read and check every file of the checkpoint a run resumes from, before anything starts
+    (a CheckpointError naming the file, instead of an actor dying minutes into start-up): the
+    core state, the trainer's and the trajectory store's files verify, and the data cursor
+    covers the dataset as it is now (``rows`` prompts)."""
+    from staleflow_trainer.actors.reconcile import TRAINER_FILE, TS_FILE
+    from staleflow_trainer.atomic_files import read_verified_bytes
+    from trajectory_server.checkpoint import load_checkpoint
+
+    try:
+        state = json.loads(read_verified_bytes(ckpt / STATE_FILE))
+        cursor_rows = state["feed"]["rows"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(
+            f"{ckpt / STATE_FILE} is not a control state: {e!r:.200}", path=str(ckpt)
+        ) from None
+    read_verified_bytes(ckpt / TRAINER_FILE)
+    try:
+        load_checkpoint(ckpt / TS_FILE)
+    except Exception as e:  # the TS package's CheckpointError, or a decode failure
+        raise CheckpointError(
+            f"{ckpt / TS_FILE}: {type(e).__name__}: {e}", path=str(ckpt / TS_FILE)
+        ) from None
+    if cursor_rows != rows:
+        raise CheckpointError(
+            f"{ckpt} was written for a dataset of {cursor_rows} prompts; the configured dataset "
+            f"has {rows}: resume with the same data, or start a new run (run.resume=never)",
+            path=str(ckpt),
+        )
 
 
 def model_dir(cfg: AppConfig) -> Path:
@@ -194,6 +228,55 @@ def _engine_kwargs(cfg: AppConfig, i: int, model_path: Path) -> dict[str, Any]:
     }
 
 
+def effective_cpus() -> int:
+    """The CPUs this process may really use: its CPU affinity, capped by a cgroup (v2) CPU
+    quota when one is set (a container limited to 2 CPUs on a 64-core host has 2)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        n = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, n)
+
+
+def check_local_cpus(cfg: AppConfig) -> None:
+    """A local run's rollout instances must fit the CPUs the local Ray gets (``ray.num_cpus``,
+    or :func:`effective_cpus` when unset): otherwise an instance would wait for a CPU forever.
+    A ConfigError naming the keys, before anything starts."""
+    if cfg.ray.address or cfg.rollout.backend == "sim":
+        return
+    r = cfg.rollout
+    have = cfg.ray.num_cpus or effective_cpus()
+    need = r.num_instances * r.cpus_per_instance
+    if need > have:
+        source = "ray.num_cpus" if cfg.ray.num_cpus else "the CPUs this machine lets the run use"
+        raise ConfigError(
+            f"{r.num_instances} rollout instances x rollout.cpus_per_instance="
+            f"{r.cpus_per_instance:g} = {need:g} CPUs exceed the {have} of {source}",
+            key="rollout.num_instances",
+            allowed=f"<= {int(have // max(r.cpus_per_instance, 1e-9))} (or lower "
+            "rollout.cpus_per_instance)",
+        )
+
+
+def missing_resources(
+    need: Mapping[str, float], count: int, cluster: Mapping[str, float]
+) -> list[str]:
+    """What ``count`` actors asking ``need`` each cannot get from a cluster whose totals are
+    ``cluster`` (Ray resource names), as ``"CPU: 3 needed, 2 in the cluster"`` lines."""
+    out = []
+    for name, each in need.items():
+        want = each * count
+        if want > 0 and want > cluster.get(name, 0.0):
+            out.append(f"{name}: {want:g} needed, {cluster.get(name, 0.0):g} in the cluster")
+    return out
+
+
 _RAY_SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": node IP = loopback
 
 
@@ -231,7 +314,7 @@ def init_ray(cfg: AppConfig, progress: StartupProgress | None = None) -> bool:
         ray_constants.ENABLE_RAY_CLUSTER = False
         ray_init_with_retry(
             lambda: ray.init(
-                num_cpus=cfg.ray.num_cpus or os.cpu_count() or 1,
+                num_cpus=cfg.ray.num_cpus or effective_cpus(),
                 num_gpus=cfg.ray.num_gpus or 0,
                 include_dashboard=False,
                 object_store_memory=cfg.ray.object_store_mb << 20,
@@ -329,7 +412,7 @@ def profile(cfg: AppConfig, *, steps: int = 8) -> int:
 
     for k, v in _ENV.items():
         os.environ.setdefault(k, v)
-    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    make_run_dir(cfg.run_dir)
     path = model_dir(cfg)
     r = cfg.rollout
     per_traj = sorted({max(steps, (r.max_model_len - steps) // 2), r.max_model_len - steps})

@@ -39,11 +39,18 @@ import structlog
 from staleflow_trainer.actors import reconcile
 from staleflow_trainer.actors.reconcile import (
     LATEST_FILE,
+    RECORDS_FILE,
     STATE_FILE,
     TS_FILE,
+    checkpoint_records,
     latest_checkpoint,
 )
-from staleflow_trainer.actors.shell_io import ShellIO, is_actor_death, sync_retry_delay
+from staleflow_trainer.actors.shell_io import (
+    ShellIO,
+    is_actor_death,
+    process_alive,
+    sync_retry_delay,
+)
 from staleflow_trainer.actors.write_ahead import WAL_DIR, WriteAheadLog
 from staleflow_trainer.atomic_files import atomic_write_bytes, read_verified_bytes
 from staleflow_trainer.config import AppConfig, from_dict
@@ -87,6 +94,7 @@ class ControlActor:
         reward_spec: Mapping[str, Any] | None = None,
         resume_dir: str | None = None,
         recover: bool = False,
+        driver_pid: int | None = None,
     ) -> None:
         self.cfg: AppConfig = from_dict(cfg)
         self.io = ShellIO(
@@ -106,7 +114,9 @@ class ControlActor:
         self.core: ControlCore
         self._t0 = time.monotonic()
         self._events: list[Event] = []  # from background work, fed at the next cycle
-        self._records: list[dict[str, Any]] = []
+        self._records: list[dict[str, Any]] = []  # not yet drained
+        self._unconfirmed: list[dict[str, Any]] = []  # not yet confirmed written (checkpointed)
+        self._driver_pid = driver_pid  # on this node: the loop stops when it is gone
         self._stop = False
         self._running = False
         self._crash_at: str | None = None
@@ -133,6 +143,10 @@ class ControlActor:
                     effects = self.core.handle(event_from_dict(d))
                     self._records.extend(dict(e.row) for e in effects if isinstance(e, fx.Record))
                     replayed += 1
+            ckpt = latest_checkpoint(self._run_dir)
+            if ckpt is not None:  # records of before the journal's base, maybe never drained
+                self._records[:0] = checkpoint_records(ckpt)
+            self._unconfirmed = list(self._records)
         elif self._resume_dir is not None:
             state = json.loads(read_verified_bytes(self._resume_dir / STATE_FILE))
             self.core = ControlCore.restore(state, ccfg, prompt_len=self.io.prompt_len)
@@ -163,6 +177,10 @@ class ControlActor:
         self._running = True
         try:
             while not self.core.done and not self._stop:
+                if not self._driver_alive():
+                    self._log.error("driver_gone_stopping", driver_pid=self._driver_pid,
+                                    steps_done=self.core.steps_done)  # fmt: skip
+                    return self.summary_now()
                 t = time.monotonic()
                 await self._cycle()
                 await asyncio.sleep(max(0.0, period - (time.monotonic() - t)))
@@ -173,6 +191,11 @@ class ControlActor:
 
     async def stop(self) -> None:
         self._stop = True
+
+    def _driver_alive(self) -> bool:
+        """False once the driver (a process on this node) is gone: no one would write the
+        step records any more, so the loop stops instead of training unobserved."""
+        return self._driver_pid is None or process_alive(self._driver_pid)
 
     async def _cycle(self) -> None:
         events, self._events = self._events, []
@@ -220,6 +243,7 @@ class ControlActor:
                 hold = None
             if isinstance(e, fx.Record):
                 self._records.append(dict(e.row))
+                self._unconfirmed.append(dict(e.row))
                 if self._hold_armed:
                     self._hold_armed = False
                     hold = e.row
@@ -305,6 +329,7 @@ class ControlActor:
         state = self.core.to_dict()
         encoded = json.dumps(state).encode()
         atomic_write_bytes(tmp / STATE_FILE, encoded)
+        atomic_write_bytes(tmp / RECORDS_FILE, json.dumps(self._unconfirmed).encode())
         shutil.rmtree(final, ignore_errors=True)
         tmp.replace(final)
         atomic_write_bytes(root / LATEST_FILE, final.name.encode())
@@ -352,8 +377,14 @@ class ControlActor:
 
     # --------------------------------------------------------------------------- queries
 
-    async def drain(self) -> dict[str, Any]:
-        """Step records and timeline rows produced since the last call (for the driver)."""
+    async def drain(self, written_through: int | None = None) -> dict[str, Any]:
+        """Step records and timeline rows produced since the last call (for the driver).
+        ``written_through``: the last step the driver has written to ``metrics.jsonl``;
+        records after it go into every checkpoint, so a resume can fill the gap a killed
+        driver leaves."""
+        if written_through is not None:
+            self._unconfirmed = [r for r in self._unconfirmed
+                                 if int(r["step"]) > written_through]  # fmt: skip
         if self.io.fatal is not None:
             raise self.io.fatal
         records, self._records = self._records, []

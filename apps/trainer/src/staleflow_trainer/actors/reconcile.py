@@ -21,6 +21,7 @@ by the shell from :meth:`~staleflow_trainer.control.ControlCore.pending_work`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,21 +45,40 @@ STATE_FILE = "core.json"
 TS_FILE = "trajectory_store.bin"
 TRAINER_FILE = "trainer.pt"
 LATEST_FILE = "latest"
+RECORDS_FILE = "records.json"  # step records the driver had not confirmed written
+
+
+def checkpoint_records(ckpt: Path) -> list[dict[str, Any]]:
+    """The step records a checkpoint holds that its run's driver had not confirmed written
+    to ``metrics.jsonl`` when it was taken (none for a checkpoint without the file)."""
+    path = ckpt / RECORDS_FILE
+    if not path.exists():
+        return []
+    rows = json.loads(read_verified_bytes(path))
+    return [dict(r) for r in rows]
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     """The checkpoint directory the ``latest`` pointer names, or None when there is none.
 
-    Without a pointer (a crash between a step directory's rename and the pointer's write, a
-    partial copy, a deleted file), the newest step directory whose state verifies is used;
+    Without a verifiable pointer (a crash between a step directory's rename and the pointer's
+    write, or between the pointer's rename and its ``.sha256``'s; a partial copy; a deleted
+    file), the newest step directory whose state verifies is used;
     step directories of which none verifies are refused, never silently ignored."""
     root = Path(run_dir) / "checkpoints"
     pointer = root / LATEST_FILE
     if pointer.is_file():
-        d = root / read_verified_bytes(pointer).decode().strip()
-        if not d.is_dir():
-            raise CheckpointError(f"{pointer} names {d.name!r}, which does not exist", path=str(d))
-        return d
+        try:
+            name = read_verified_bytes(pointer).decode().strip()
+        except CheckpointError as e:  # the pointer and its .sha256 are two renames
+            log.warning("latest_pointer_unverifiable", path=str(pointer), error=str(e)[:200])
+        else:
+            d = root / name
+            if not d.is_dir():
+                raise CheckpointError(
+                    f"{pointer} names {d.name!r}, which does not exist", path=str(d)
+                )
+            return d
     steps = sorted(d for d in root.glob("step_*") if d.is_dir())
     for d in reversed(steps):
         try:

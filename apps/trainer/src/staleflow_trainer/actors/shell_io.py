@@ -11,6 +11,7 @@ answer), so the data-path benchmark can show they do not grow with response leng
 from __future__ import annotations
 
 import asyncio
+import os
 import pickle
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
@@ -35,6 +36,17 @@ def is_actor_death(e: BaseException) -> bool:
     except ImportError:  # pragma: no cover - the shell only runs under Ray
         return False
     return isinstance(e, (RayActorError, ActorDiedError, ActorUnavailableError))
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with ``pid`` exists on this node."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists: another user's
+        return True
+    return True
 
 
 def sync_retry_delay(failures_in_row: int, backoff_s: float) -> float:

@@ -102,9 +102,17 @@ def _to_record(row: Any, i: int, path: str, prompt_key: str, answer_key: str) ->
 
 
 def _iter_jsonl(path: Path) -> Iterable[tuple[int, Any]]:
-    with path.open(encoding="utf-8") as fh:
+    with path.open("rb") as fh:
         i = 0
-        for lineno, line in enumerate(fh, start=1):
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(
+                    f"{path}: line {lineno} is not UTF-8 text (byte {e.start}: {e.reason})",
+                    path=str(path),
+                    row=i,
+                ) from None
             if not line.strip():
                 continue
             try:

@@ -47,3 +47,57 @@ def coin(
     import hashlib
 
     return float(hashlib.sha256(solution_str.encode()).digest()[0] & 1)
+
+
+# Plug-ins for the runner's own tests: the runner imports a plug-in by its dotted path in a
+# worker process, so test plug-ins live in an importable module.
+
+_calls: dict[str, int] = {}
+
+
+def echo(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> Any:
+    """``{"score": 1.0, "pred": solution_str}``."""
+    return {"score": 1.0, "pred": solution_str}
+
+
+def numpy_half(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None
+) -> Any:
+    """0.5 as a numpy float32 scalar, as verl-style plug-ins often return."""
+    import numpy as np
+
+    return np.float32(0.5)
+
+
+def huge(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> float:
+    """A finite reward beyond float32 range."""
+    return 1e39
+
+
+def flaky(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> float:
+    """Raises on the first two calls for each ``solution_str`` in a process, then 0.25."""
+    _calls[solution_str] = _calls.get(solution_str, 0) + 1
+    if _calls[solution_str] < 3:
+        raise ValueError("transient")
+    return 0.25
+
+
+def broken(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> float:
+    raise KeyError("boom")
+
+
+def hang(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> float:
+    """Never returns (for an hour)."""
+    time.sleep(3600)
+    return 1.0
+
+
+def word(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> str:
+    return "high"
+
+
+def die(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> float:
+    """The process running it exits at once."""
+    import os
+
+    os._exit(3)

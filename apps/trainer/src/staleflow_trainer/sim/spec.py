@@ -42,19 +42,50 @@ from staleflow_trainer.config import (
 from staleflow_trainer.errors import ConfigError
 from staleflow_trainer.sim.trainer_model import MegatronSetup
 
+_PROTOCOL = ("eta", "unbounded_inflight_batches", "batch_size", "group_size", "stuck_threshold",
+             "stuck_after_s", "batch_redundancy", "group_redundancy")  # fmt: skip
+_WORKLOAD = ("prompt_len", "prompt_len_sigma", "response_len_median", "response_len_sigma",
+             "group_correlation", "reward_mean")  # fmt: skip
+
+#: The app config key each :class:`SimSpec` field is read from (see
+#: :func:`spec_from_app_config`), for error messages that name keys a user can set. Fields
+#: not listed are ``sim.<field>``.
+CONFIG_KEYS: dict[str, str] = {
+    **{f: f"protocol.{f}" for f in _PROTOCOL},
+    **{f: f"sim.workload.{f}" for f in _WORKLOAD},
+    "policy": "coordinator.policy",
+    "steps": "trainer.steps",
+    "seed": "run.seed",
+    "dynamic_sampling": "trainer.dynamic_sampling",
+    "k_inner": "sim.b",
+    "max_running": "rollout.max_running",
+    "prompt_len_max": "data.max_prompt_len",
+    "max_response_len": "rollout.sampling.max_new_tokens",
+    "cycle_period_s": "coordinator.snapshot_interval_s",
+    "theta": "coordinator.theta",
+    "migration_ratio": "coordinator.migration_ratio",
+    "sync_kv_threshold": "coordinator.sync_kv_threshold",
+    "timeline": "metrics.timeline",
+}
+
+
+def config_key(field: str) -> str:
+    """The app config key of the :class:`SimSpec` field ``field``."""
+    return CONFIG_KEYS.get(field, f"sim.{field}")
+
 
 def _ge(low: float) -> Any:
     def check(inst: Any, a: attrs.Attribute[Any], v: Any) -> None:
         if isinstance(v, bool) or not isinstance(v, int | float) or not v >= low:
             raise ConfigError(
-                f"sim.{a.name} must be >= {low}, got {v!r}",
-                key=f"sim.{a.name}",
+                f"{config_key(a.name)} must be >= {low}, got {v!r}",
+                key=config_key(a.name),
                 allowed=f">= {low}",
             )
         if isinstance(v, float) and not math.isfinite(v):
             raise ConfigError(
-                f"sim.{a.name} must be finite, got {v!r}",
-                key=f"sim.{a.name}",
+                f"{config_key(a.name)} must be finite, got {v!r}",
+                key=config_key(a.name),
                 allowed="a finite number",
             )
 
@@ -81,7 +112,9 @@ def _gt(low: float) -> Any:
             or not math.isfinite(v)
         ):
             raise ConfigError(
-                f"sim.{a.name} must be > {low}, got {v!r}", key=f"sim.{a.name}", allowed=f"> {low}"
+                f"{config_key(a.name)} must be > {low}, got {v!r}",
+                key=config_key(a.name),
+                allowed=f"> {low}",
             )
 
     return check
@@ -91,8 +124,8 @@ def _one_of(*choices: str) -> Any:
     def check(inst: Any, a: attrs.Attribute[Any], v: Any) -> None:
         if v not in choices:
             raise ConfigError(
-                f"sim.{a.name} must be one of {list(choices)}, got {v!r}",
-                key=f"sim.{a.name}",
+                f"{config_key(a.name)} must be one of {list(choices)}, got {v!r}",
+                key=config_key(a.name),
                 allowed=", ".join(choices),
             )
 
@@ -243,16 +276,18 @@ class SimSpec:
             )
         if self.reward_mean > 1:
             raise ConfigError(
-                f"sim.workload.reward_mean must be <= 1, got {self.reward_mean}",
+                "sim.workload.reward_mean, sim.workload.group_correlation and "
+                "coordinator.sync_kv_threshold must be <= 1",
                 key="sim.workload.reward_mean",
                 allowed="[0, 1]",
             )
         if self.prompt_len > self.prompt_len_max:
             raise ConfigError(
                 f"sim.workload.prompt_len ({self.prompt_len}) exceeds data.max_prompt_len "
-                f"({self.prompt_len_max})",
+                f"({self.prompt_len_max}); a config written for real engines keeps its prompts "
+                "short: set sim.workload.prompt_len, or raise data.max_prompt_len",
                 key="sim.workload.prompt_len",
-                allowed=f"<= {self.prompt_len_max}",
+                allowed=f"<= {self.prompt_len_max} (data.max_prompt_len)",
             )
         if self.prompt_len_max + self.max_response_len > self.engine.max_model_len:
             raise ConfigError(

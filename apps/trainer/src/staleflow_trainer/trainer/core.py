@@ -9,6 +9,7 @@ clip, AdamW, (4) LR scheduler step. ``version`` goes ``k → k+1``.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -127,7 +128,8 @@ class Trainer:
                     factor=ov.penalty_factor,
                 )
             out.append(r)
-        return torch.tensor(out, dtype=torch.float32)
+        # float64: a reward float32 cannot hold must not become inf before it is checked
+        return torch.tensor(out, dtype=torch.float64)
 
     def advantages(self, batch: Sequence[TrainSample]) -> torch.Tensor:
         ids: dict[str, int] = {}
@@ -158,6 +160,9 @@ class Trainer:
         t0 = time.perf_counter()
         cfg = self.cfg
         adv_all = self.advantages(batch)
+        _require_finite("reward-based advantage", adv_all)
+        adv_all = adv_all.to(torch.float32)
+        _require_finite("advantage (in float32)", adv_all)
         if self.world_size > 1:
             local = fsdp_mod.local_slice(
                 list(range(len(batch))), rank=self.rank, world_size=self.world_size
@@ -215,9 +220,17 @@ class Trainer:
                 gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
             else:
                 gn = _grad_norm(self.model)
+            if not (math.isfinite(total) and math.isfinite(float(gn))):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise TrainerError(
+                    f"non-finite loss ({total!r}) or gradient norm ({float(gn)!r}) in mini-batch "
+                    f"{m}: no optimizer step taken; check the rewards and trainer.lr",
+                    field="loss",
+                )
             grad_norms.append(float(gn))
             self.optimizer.step()
             losses.append(total)
+        self.require_finite_weights()
         lr = float(self.optimizer.param_groups[0]["lr"])
         self.scheduler.step()
         self.version += 1
@@ -276,8 +289,22 @@ class Trainer:
         self.model.save_pretrained(out_dir, state_dict=self.state_dict())
         return Path(out_dir)
 
+    def require_finite_weights(self) -> None:
+        """TrainerError naming the first parameter holding a NaN or an infinity: such weights
+        are never pushed or checkpointed."""
+        for name, p in self.model.named_parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p  # an FSDP shard: this rank's
+            if not bool(torch.isfinite(local).all()):
+                raise TrainerError(
+                    f"parameter {name!r} holds non-finite values after training; the run stops "
+                    "rather than push or checkpoint them",
+                    field="weights",
+                )
+
     def save_checkpoint(self, ckpt_dir: str | Path) -> Path:
-        """Model, optimizer, scheduler, version, step and RNG states → ``ckpt_dir/trainer.pt``."""
+        """Model, optimizer, scheduler, version, step and RNG states → ``ckpt_dir/trainer.pt``
+        (refused when a weight is not finite)."""
+        self.require_finite_weights()
         payload = {
             "model": self.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -337,6 +364,15 @@ def _dev(c: Any, device: torch.device) -> Any:
         response_mask=c.response_mask.to(device),
         rollout_logprobs=c.rollout_logprobs.to(device),
     )
+
+
+def _require_finite(what: str, t: torch.Tensor) -> None:
+    if not bool(torch.isfinite(t).all()):
+        raise TrainerError(
+            f"a {what} is not finite (a reward too large for the trainer's arithmetic?); no "
+            "optimizer step taken",
+            field="reward",
+        )
 
 
 def _grad_norm(model: torch.nn.Module) -> torch.Tensor:

@@ -1,0 +1,49 @@
+"""More rollout instances than the CPUs a local run can use are refused before anything
+starts (with ``ray.num_cpus`` unset too); actors Ray cannot place are named, not waited on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from staleflow_trainer import wiring
+from staleflow_trainer.config import load_config
+from staleflow_trainer.errors import ConfigError
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tiny.yaml"
+
+
+def test_more_instances_than_effective_cpus_is_refused_before_ray_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from staleflow_trainer.deployment import Deployment
+
+    def no_ray(cfg: object) -> bool:
+        raise AssertionError("Ray would be started")
+
+    monkeypatch.setattr("staleflow_trainer.deployment.init_ray", no_ray)
+    monkeypatch.setattr(wiring.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(wiring.os, "cpu_count", lambda: 64)
+    cfg = load_config(EXAMPLE, [f"run_dir={tmp_path}", "rollout.num_instances=3"])
+    assert cfg.ray.num_cpus is None
+    with pytest.raises(ConfigError, match=r"3 rollout instances .* exceed the 2") as e:
+        Deployment(cfg).start()
+    assert e.value.key == "rollout.num_instances"
+    assert e.value.allowed is not None and e.value.allowed.startswith("<= 2")
+
+
+def test_explicit_num_cpus_and_fitting_runs_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wiring.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    wiring.check_local_cpus(load_config(EXAMPLE, ["rollout.num_instances=2"]))
+    wiring.check_local_cpus(load_config(EXAMPLE, ["rollout.num_instances=4", "ray.num_cpus=4"]))
+    assert 1 <= wiring.effective_cpus() <= 2
+
+
+def test_missing_resources_names_what_the_cluster_lacks() -> None:
+    lacking = wiring.missing_resources({"CPU": 1.0, "GPU": 0.0}, 3, {"CPU": 2.0, "GPU": 1.0})
+    assert lacking == ["CPU: 3 needed, 2 in the cluster"]
+    assert wiring.missing_resources({"GPU": 1.0}, 2, {"CPU": 8.0}) == [
+        "GPU: 2 needed, 0 in the cluster"
+    ]
+    assert wiring.missing_resources({"CPU": 1.0}, 2, {"CPU": 2.0}) == []
