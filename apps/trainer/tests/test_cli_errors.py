@@ -120,8 +120,10 @@ def test_every_simulator_field_names_a_real_config_key() -> None:
     from staleflow_trainer.sim.spec import config_key
 
     keys = _keys(to_dict(load_config(None)))
+    # built from many keys by config_sim, whose errors name those keys themselves
+    derived = {"engine", "router_cost", "speed_factors", "lengths", "megatron"}
     missing = {a.name: config_key(a.name) for a in attrs.fields(SimSpec)
-               if config_key(a.name) not in keys}  # fmt: skip
+               if a.name not in derived and config_key(a.name) not in keys}  # fmt: skip
     assert not missing
 
 
