@@ -92,9 +92,10 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     t0 = time.monotonic()
+    before = _own_listeners()  # not the deployment's: reported apart, never counted
     dep = Deployment(tiny_config(run_dir, *_overrides(run_dir, STEPS_RUN1, "never"))).start()
     out["start_s"] = time.monotonic() - t0
-    out["security"] = _probe_security(dep)
+    out["security"] = _probe_security(dep, before)
     done: set[int] = set()
 
     def fault1() -> None:  # kill a rollout instance mid-generation; a replacement joins
@@ -228,7 +229,19 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
     return out
 
 
-def _probe_security(dep: Any) -> dict[str, Any]:
+def _own_listeners() -> set[tuple[str, int]]:
+    """Listening sockets of this test process (an earlier test may have left one, e.g. a torch
+    TCPStore, which binds all interfaces whatever host it is given)."""
+    import psutil
+
+    return {
+        (c.laddr.ip, c.laddr.port)
+        for c in psutil.Process().net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN
+    }
+
+
+def _probe_security(dep: Any, before: set[tuple[str, int]]) -> dict[str, Any]:
     """What a hostile local peer meets: both services refuse a peer without the token; a
     16 MiB frame sent before authenticating is refused from its 4-byte header (nothing read or
     decoded); 200 silent connections neither lock out a real client nor stay open; and every
@@ -328,7 +341,10 @@ def _probe_security(dep: Any) -> dict[str, Any]:
         for conn in conns:
             if conn.status == psutil.CONN_LISTEN:
                 ip = conn.laddr.ip.removeprefix("::ffff:")
-                if not ipaddress.ip_address(ip).is_loopback:
+                own_before = proc.pid == psutil.Process().pid and (
+                    (conn.laddr.ip, conn.laddr.port) in before
+                )
+                if not ipaddress.ip_address(ip).is_loopback and not own_before:
                     listeners.append(f"{proc.name()} ({proc.pid}) on {ip}:{conn.laddr.port}")
     out["listening_processes"] = len(procs)
     out["non_loopback_listeners"] = listeners
