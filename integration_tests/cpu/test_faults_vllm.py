@@ -331,7 +331,7 @@ def _probe_security(dep: Any, before: set[tuple[str, int]]) -> dict[str, Any]:
             for s in silent:
                 s.close()
 
-    listeners = []
+    listeners, preexisting = [], []
     procs = [psutil.Process(), *psutil.Process().children(recursive=True)]
     for proc in procs:
         try:
@@ -341,13 +341,16 @@ def _probe_security(dep: Any, before: set[tuple[str, int]]) -> dict[str, Any]:
         for conn in conns:
             if conn.status == psutil.CONN_LISTEN:
                 ip = conn.laddr.ip.removeprefix("::ffff:")
-                own_before = proc.pid == psutil.Process().pid and (
-                    (conn.laddr.ip, conn.laddr.port) in before
-                )
-                if not ipaddress.ip_address(ip).is_loopback and not own_before:
-                    listeners.append(f"{proc.name()} ({proc.pid}) on {ip}:{conn.laddr.port}")
+                if ipaddress.ip_address(ip).is_loopback:
+                    continue
+                where = f"{proc.name()} ({proc.pid}) on {ip}:{conn.laddr.port}"
+                if proc is procs[0] and (conn.laddr.ip, conn.laddr.port) in before:
+                    preexisting.append(where)  # this test process had it before the run
+                else:
+                    listeners.append(where)
     out["listening_processes"] = len(procs)
     out["non_loopback_listeners"] = listeners
+    out["preexisting_listeners"] = preexisting
     return out
 
 
