@@ -22,16 +22,16 @@ from staleflow_trainer.actors.shell_io import is_actor_death
 from staleflow_trainer.config import AppConfig, dump_config, is_loopback, to_dict
 from staleflow_trainer.errors import ComponentLost
 from staleflow_trainer.metrics import MetricsWriter, TimelineWriter
-from staleflow_trainer.progress import ProgressBar, StartupProgress
-from staleflow_trainer.trackers import trackers_from_config
-from staleflow_trainer.wiring import (
-    _engine_kwargs,
+from staleflow_trainer.prepare import (
+    engine_kwargs,
     init_ray,
     model_dir,
     preflight,
     resolve_resume,
     role_options,
 )
+from staleflow_trainer.progress import ProgressBar, StartupProgress
+from staleflow_trainer.trackers import trackers_from_config
 
 log = structlog.get_logger(__name__)
 
@@ -225,7 +225,7 @@ class Deployment:
             .remote(
                 instance_id=iid,
                 backend=cfg.rollout.backend,
-                engine_kwargs=_engine_kwargs(cfg, i, self.model_path),
+                engine_kwargs=engine_kwargs(cfg, i, self.model_path),
                 ts_address=self._ts_addr,
                 ts_token=self._ts_token,
                 ps_address=self._ps_addr,
