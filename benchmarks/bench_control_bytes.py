@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import ray
 
     from staleflow_trainer.config import load_config
-    from staleflow_trainer.wiring import init_ray
+    from staleflow_trainer.prepare import init_ray
 
     started = init_ray(load_config(EXAMPLES / "tiny.yaml", []))
     runs = []

@@ -52,7 +52,7 @@ def ray_session() -> Iterator[None]:
     import ray
 
     from staleflow_trainer.config import load_config
-    from staleflow_trainer.wiring import init_ray
+    from staleflow_trainer.prepare import init_ray
 
     started = init_ray(load_config(EXAMPLES / "tiny.yaml", ["ray.object_store_mb=256"]))
     yield

@@ -204,6 +204,8 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
 
     # fault 4: the whole app restarts from the last checkpoint
     ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:  # run 1 ended before its first checkpoint: say why, not just "None"
+        raise AssertionError(f"run 1 wrote no checkpoint; it ended with {out['run1_error']}")
     out["ckpt"] = ckpt
     state = json.loads(read_verified_bytes(ckpt / STATE_FILE))
     payload = load_torch(ckpt / TRAINER_FILE)

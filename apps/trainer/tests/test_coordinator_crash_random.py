@@ -152,8 +152,8 @@ def _scenario(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> dic
     from staleflow_trainer.actors.rollout import RolloutActor
     from staleflow_trainer.actors.trainer_actor import TrainerActor
     from staleflow_trainer.config import load_config, to_dict
+    from staleflow_trainer.prepare import engine_kwargs
     from staleflow_trainer.tiny_model import resolve_model_path
-    from staleflow_trainer.wiring import _engine_kwargs
     from trajectory_server.actor import TrajectoryServerActor
 
     monkeypatch.setattr(param_server, "ParamServerClient", _FakeParamServer)
@@ -187,7 +187,7 @@ def _scenario(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> dic
         r = RolloutActor(
             instance_id=f"sim-{i}",
             backend="sim",
-            engine_kwargs=_engine_kwargs(cfg, i, model),
+            engine_kwargs=engine_kwargs(cfg, i, model),
             ts_address=ts_addr,
             ts_token="tok",
             ps_address=("127.0.0.1", 1),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from staleflow_trainer import wiring
+from staleflow_trainer import prepare
 from staleflow_trainer.config import load_config
 from staleflow_trainer.errors import ConfigError
 
@@ -23,8 +23,8 @@ def test_more_instances_than_effective_cpus_is_refused_before_ray_starts(
         raise AssertionError("Ray would be started")
 
     monkeypatch.setattr("staleflow_trainer.deployment.init_ray", no_ray)
-    monkeypatch.setattr(wiring.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(wiring.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(prepare.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(prepare.os, "cpu_count", lambda: 64)
     cfg = load_config(EXAMPLE, [f"run_dir={tmp_path}", "rollout.num_instances=3"])
     assert cfg.ray.num_cpus is None
     with pytest.raises(ConfigError, match=r"3 rollout instances .* exceed the 2") as e:
@@ -34,16 +34,16 @@ def test_more_instances_than_effective_cpus_is_refused_before_ray_starts(
 
 
 def test_explicit_num_cpus_and_fitting_runs_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(wiring.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    wiring.check_local_cpus(load_config(EXAMPLE, ["rollout.num_instances=2"]))
-    wiring.check_local_cpus(load_config(EXAMPLE, ["rollout.num_instances=4", "ray.num_cpus=4"]))
-    assert 1 <= wiring.effective_cpus() <= 2
+    monkeypatch.setattr(prepare.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    prepare.check_local_cpus(load_config(EXAMPLE, ["rollout.num_instances=2"]))
+    prepare.check_local_cpus(load_config(EXAMPLE, ["rollout.num_instances=4", "ray.num_cpus=4"]))
+    assert 1 <= prepare.effective_cpus() <= 2
 
 
 def test_missing_resources_names_what_the_cluster_lacks() -> None:
-    lacking = wiring.missing_resources({"CPU": 1.0, "GPU": 0.0}, 3, {"CPU": 2.0, "GPU": 1.0})
+    lacking = prepare.missing_resources({"CPU": 1.0, "GPU": 0.0}, 3, {"CPU": 2.0, "GPU": 1.0})
     assert lacking == ["CPU: 3 needed, 2 in the cluster"]
-    assert wiring.missing_resources({"GPU": 1.0}, 2, {"CPU": 8.0}) == [
+    assert prepare.missing_resources({"GPU": 1.0}, 2, {"CPU": 8.0}) == [
         "GPU: 2 needed, 0 in the cluster"
     ]
-    assert wiring.missing_resources({"CPU": 1.0}, 2, {"CPU": 2.0}) == []
+    assert prepare.missing_resources({"CPU": 1.0}, 2, {"CPU": 2.0}) == []

@@ -4,6 +4,7 @@ the control core at most 500 (its logic lives in the core, not in the shell)."""
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -33,3 +34,28 @@ def test_no_module_over_600_lines() -> None:
 
 def test_the_ray_control_shell_stays_thin() -> None:
     assert _lines(SHELL) <= MAX_SHELL_LINES
+
+
+def test_every_app_module_imports_first() -> None:
+    """Each module of the app imports in a fresh state (no other app module loaded before it):
+    an import cycle inside the package fails here, not in the user's first script."""
+    script = """
+import importlib, pkgutil, sys
+import staleflow_trainer
+names = [m.name for m in pkgutil.walk_packages(staleflow_trainer.__path__, "staleflow_trainer.")]
+failed = {}
+for name in names:
+    for loaded in [k for k in sys.modules if k.startswith("staleflow_trainer.")]:
+        del sys.modules[loaded]
+    try:
+        importlib.import_module(name)
+    except Exception as e:
+        failed[name] = f"{type(e).__name__}: {e}"
+print(len(names))
+print(failed)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert int(out[0]) > 40  # the walk found the package's modules
+    assert out[1] == "{}", f"modules that fail to import first: {out[1]}"

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import yaml
 
-from staleflow_trainer.config import AppConfig
+from staleflow_trainer import config as _config  # a module: config re-exports this one's names
 from staleflow_trainer.config_schema import build as _build
 from staleflow_trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from staleflow_trainer.config import AppConfig
 
 # ---------------------------------------------------------------------------------------------
 # loading, overrides, dumping
@@ -57,7 +60,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
         key, value = parse_override(item)
         parts = key.split(".")
         node: Any = data
-        cls: Any = AppConfig
+        cls: Any = _config.AppConfig
         for depth, part in enumerate(parts):
             here = ".".join(parts[: depth + 1])
             names = {a.name: a for a in attrs.fields(cls)}
@@ -104,7 +107,7 @@ def from_dict(data: Mapping[str, Any]) -> AppConfig:
             sec = dict(data.get(section) or {})
             sec[key] = data.pop(alias)
             data[section] = sec
-    config: AppConfig = _build(AppConfig, data, "")
+    config: AppConfig = _build(_config.AppConfig, data, "")
     return config
 
 

@@ -24,11 +24,9 @@ from staleflow_trainer.atomic_files import make_run_dir
 from staleflow_trainer.config import AppConfig, dump_config, is_loopback, to_dict
 from staleflow_trainer.errors import ComponentLost
 from staleflow_trainer.metrics import MetricsWriter, TimelineWriter
-from staleflow_trainer.progress import ProgressBar, StartupProgress
-from staleflow_trainer.trackers import trackers_from_config
-from staleflow_trainer.wiring import (
-    _engine_kwargs,
+from staleflow_trainer.prepare import (
     check_local_cpus,
+    engine_kwargs,
     init_ray,
     missing_resources,
     model_dir,
@@ -37,6 +35,8 @@ from staleflow_trainer.wiring import (
     role_options,
     verify_checkpoint,
 )
+from staleflow_trainer.progress import ProgressBar, StartupProgress
+from staleflow_trainer.trackers import trackers_from_config
 
 log = structlog.get_logger(__name__)
 
@@ -270,7 +270,7 @@ class Deployment:
             .remote(
                 instance_id=iid,
                 backend=cfg.rollout.backend,
-                engine_kwargs=_engine_kwargs(cfg, i, self.model_path),
+                engine_kwargs=engine_kwargs(cfg, i, self.model_path),
                 ts_address=self._ts_addr,
                 ts_token=self._ts_token,
                 ps_address=self._ps_addr,

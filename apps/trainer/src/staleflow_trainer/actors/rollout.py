@@ -72,7 +72,7 @@ class RolloutActor:
     ) -> None:
         self.instance_id = instance_id
         self.backend = backend
-        self._engine_kwargs = dict(engine_kwargs)
+        self.engine_kwargs = dict(engine_kwargs)
         self._ts_address = tuple(ts_address)
         self._ts_token = ts_token or None
         self._ts: Any = None
@@ -108,9 +108,7 @@ class RolloutActor:
         """Create and start the engine; returns ``instance_id``, ``version``, KV capacity."""
         if self._engine is None:
             t0 = time.perf_counter()
-            engine = create_engine(
-                self.backend, instance_id=self.instance_id, **self._engine_kwargs
-            )
+            engine = create_engine(self.backend, instance_id=self.instance_id, **self.engine_kwargs)
             await engine.start()
             self._engine = engine
             self._log.info("rollout_started", seconds=round(time.perf_counter() - t0, 2))

@@ -273,7 +273,7 @@ class ShellIO:
         if not ids:
             return {}
         want = set(ids)
-        entries = await self.ts.queue_view(None, level=None)
+        entries = await self.ts.queue_view(None)  # every level: a requeued partial keeps its V_traj
         return {e.trajectory_id: int(e.generated_len) for e in entries if e.trajectory_id in want}
 
     async def interrupt_all(self) -> None:
@@ -319,7 +319,7 @@ class ShellIO:
                 import ray
 
                 from staleflow_trainer.actors.reward_actor import RewardActor
-                from staleflow_trainer.wiring import role_options
+                from staleflow_trainer.prepare import role_options
 
                 self.rewards[i] = (
                     ray.remote(RewardActor)
