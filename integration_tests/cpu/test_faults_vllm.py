@@ -202,6 +202,9 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
     out["component_lost"] = ComponentLost
     out["metrics1"] = read_jsonl(run_dir / "metrics.jsonl")
 
+    # what run 1 saw, for whoever reads a failure (pytest keeps the last runs' directories)
+    (run_dir / "scenario_run1.json").write_text(json.dumps(out, default=repr, indent=1))
+
     # fault 4: the whole app restarts from the last checkpoint
     ckpt = latest_checkpoint(run_dir)
     if ckpt is None:  # run 1 ended before its first checkpoint: say why, not just "None"

@@ -398,3 +398,24 @@ def test_events_round_trip_through_the_journal_form(policy: str) -> None:
     ]
     for e in events:
         assert event_from_dict(json.loads(json.dumps(event_to_dict(e)))) == e
+
+
+def test_setup_joins_and_recovery_rejoins_are_not_membership_changes() -> None:
+    """``instances_joined`` / ``instances_lost`` count changes of the run's membership only: a
+    run's first instances and a live instance re-attached by recovery (``setup``) are not."""
+    core = ControlCore(make_config(), prompt_len=prompt_len)
+    for iid in ("a", "b"):
+        core.handle(InstanceJoined(at=0.0, instance_id=iid, kv_capacity_tokens=4096, version=0,
+                                   setup=True))  # fmt: skip
+    core.handle(InstanceLost(at=1.0, instance_id="a", setup=True))  # recovery: a is live
+    core.handle(InstanceJoined(at=1.0, instance_id="a", kv_capacity_tokens=4096, version=0,
+                               setup=True))  # fmt: skip
+    assert (core.counters["instances_joined"], core.counters["instances_lost"]) == (0, 0)
+    core.handle(InstanceLost(at=2.0, instance_id="b"))  # died
+    core.handle(InstanceJoined(at=2.0, instance_id="c", kv_capacity_tokens=4096, version=0))
+    assert (core.counters["instances_joined"], core.counters["instances_lost"]) == (1, 1)
+    assert sorted(core.instances()) == ["a", "c"]
+    for ev in (InstanceLost(at=3.0, instance_id="a", requeued=[("g/0", 2)], setup=True),
+               InstanceJoined(at=3.0, instance_id="a", kv_capacity_tokens=8, version=1,
+                              setup=True)):  # fmt: skip
+        assert event_from_dict(json.loads(json.dumps(event_to_dict(ev)))) == ev

@@ -120,6 +120,7 @@ class ControlActor:
         self._stop = False
         self._running = False
         self._crash_at: str | None = None
+        self._checkpointed = False
         self._hold_armed = False
         self._held_at: dict[str, Any] | None = None
         self._hold_release = asyncio.Event()
@@ -160,7 +161,9 @@ class ControlActor:
         if not self._recover:
             self._wal.reset(self.core.to_dict())
         work = self.core.pending_work()  # before any event: events may start new work
-        events = await reconcile.world_to_core(self.core, self.io, self.now)
+        events = await reconcile.world_to_core(
+            self.core, self.io, self.now, resumed=self._resume_dir is not None
+        )
         await self._feed_batch(events)
         await self._carry(work)
         self._log.info("control_ready", steps_done=self.core.steps_done,
@@ -228,9 +231,12 @@ class ControlActor:
             return
         self._wal.append({"events": [event_to_dict(e) for e in events]})
         self._maybe_crash("after_journal")
+        self._checkpointed = False
         for ev in events:
             await self._carry(self.core.handle(ev))
-        if self._wal.journal_bytes() > self._wal.compact_bytes:
+        # the journal's base moves only here, once every event of the batch is handled: a
+        # checkpoint taken midway must not drop the batch's later events from the journal
+        if self._checkpointed or self._wal.journal_bytes() > self._wal.compact_bytes:
             self._wal.compact(self.core.to_dict())
 
     async def _carry(self, effects: Sequence[fx.Effect]) -> None:
@@ -316,7 +322,8 @@ class ControlActor:
 
     async def checkpoint(self) -> str:
         """``checkpoints/step_<k>``: the trainer, the trajectory store and the core's state,
-        written to a temp dir and renamed; ``latest`` names it. The journal restarts from it."""
+        written to a temp dir and renamed; ``latest`` names it. The journal restarts from the end of
+        the batch of events being handled."""
         self._maybe_crash("before_checkpoint")
         k = self.core.steps_done
         root = self._run_dir / "checkpoints"
@@ -337,7 +344,7 @@ class ControlActor:
             : -self.cfg.run.keep_checkpoints
         ]:
             shutil.rmtree(old, ignore_errors=True)
-        self._wal.compact(state)
+        self._checkpointed = True  # the journal restarts from the end of this batch
         self._log.info("checkpoint_written", step=k, path=str(final))
         return str(final)
 

@@ -97,11 +97,15 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return None
 
 
-async def world_to_core(core: ControlCore, io: Any, now: Callable[[], float]) -> list[Event]:
+async def world_to_core(
+    core: ControlCore, io: Any, now: Callable[[], float], *, resumed: bool = False
+) -> list[Event]:
     """The events (and store fix-ups, done here) that bring ``core`` level with the world.
 
     Every instance the core knows leaves and, if it is live, joins again at the version it
-    really serves: its speculative state starts afresh from what the store holds."""
+    really serves: its speculative state starts afresh from what the store holds. Only an
+    instance that died is a loss of the run (counted); ``resumed``: the core's instances were
+    the replaced deployment's, none of them is a loss."""
     events: list[Event] = []
     live = dict(io.rollouts)
     infos: dict[str, dict[str, Any]] = {}
@@ -118,11 +122,11 @@ async def world_to_core(core: ControlCore, io: Any, now: Callable[[], float]) ->
         events.append(
             Reported(at=now(), instance_id=iid, outcomes=await _as_in_store(core, io, iid))
         )
-        events.append(InstanceLost(at=now(), instance_id=iid))
+        events.append(InstanceLost(at=now(), instance_id=iid, setup=resumed or iid in live))
     for iid, info in infos.items():
         events.append(InstanceJoined(at=now(), instance_id=iid,
                                      kv_capacity_tokens=int(info["kv_capacity_tokens"]),
-                                     version=int(info["version"])))  # fmt: skip
+                                     version=int(info["version"]), setup=True))  # fmt: skip
     await _fix_store(core, io)
     return events
 

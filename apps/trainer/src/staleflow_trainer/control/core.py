@@ -383,7 +383,8 @@ class ControlCore:
         self.coordinator.add_instance(
             ev.instance_id, kv_capacity_tokens=ev.kv_capacity_tokens, version=ev.version
         )
-        self.counters["instances_joined"] += 1
+        if not ev.setup:
+            self.counters["instances_joined"] += 1
         self.report.instance_joined(ev.instance_id, ev.at, ev.version)
 
     def _lost(self, ev: InstanceLost, out: list[fx.Effect]) -> None:
@@ -397,7 +398,8 @@ class ControlCore:
         self.ledger.forget_instance(iid)
         self._snapshots.pop(iid, None)
         self._sync_fail_streak.pop(iid, None)
-        self.counters["instances_lost"] += 1
+        if not ev.setup:
+            self.counters["instances_lost"] += 1
         self.counters["lost_requeued"] += len(lengths)
         self.report.instance_gone(iid, ev.at)
 

@@ -93,21 +93,29 @@ class Trained:
 
 @attrs.frozen(kw_only=True, slots=True)
 class InstanceJoined:
+    """An instance joins, serving ``version``. ``setup``: part of starting or recovering the
+    run (its first instances; a live instance joining again after a control restart), not a
+    change of membership — not counted in ``instances_joined``."""
+
     at: float
     instance_id: str
     kv_capacity_tokens: int
     version: int
+    setup: bool = False
 
 
 @attrs.frozen(kw_only=True, slots=True)
 class InstanceLost:
     """An instance is gone. ``requeued`` lists what the trajectory store put back in the queue
     for it, with the response length the store holds for each (output the instance had not
-    written back is lost)."""
+    written back is lost). ``setup``: recovery takes the instance out of the run to bring it
+    back at once (or it belonged to the deployment a resumed run replaced) — not counted in
+    ``instances_lost``."""
 
     at: float
     instance_id: str
     requeued: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_tuple)
+    setup: bool = False
 
 
 Event = (
@@ -139,6 +147,7 @@ def event_to_dict(e: Event) -> dict[str, Any]:
     elif isinstance(e, InstanceLost):
         d["instance_id"] = e.instance_id
         d["requeued"] = [list(x) for x in e.requeued]
+        d["setup"] = e.setup
     elif isinstance(e, Trained):
         d["version"] = e.version
         d["metrics"] = dict(e.metrics)
@@ -177,6 +186,7 @@ def event_from_dict(d: Mapping[str, Any]) -> Event:
             at=at,
             instance_id=str(d["instance_id"]),
             requeued=tuple((str(t), int(g)) for t, g in d["requeued"]),
+            setup=bool(d.get("setup", False)),
         )
     fields = {k: v for k, v in d.items() if k not in ("kind", "at")}
     return cls(at=at, **fields)  # type: ignore[no-any-return]

@@ -111,11 +111,11 @@ class Simulation:
         self.cycles = 0
         self.wall_s = 0.0
         for i in range(s.num_instances):
-            self.add_engine(f"r{i:03d}", version=0)
+            self.add_engine(f"r{i:03d}", version=0, setup=True)
 
     # ---- instances ---------------------------------------------------------------------------
 
-    def add_engine(self, iid: str, *, version: int) -> None:
+    def add_engine(self, iid: str, *, version: int, setup: bool = False) -> None:
         config = self.engine_config
         speed = self.spec.speed_of(len(self.engines))
         if speed != 1.0:
@@ -132,6 +132,7 @@ class Simulation:
                 instance_id=iid,
                 kv_capacity_tokens=self.engine_config.kv_capacity,
                 version=eng.version,
+                setup=setup,
             )
         )
 
