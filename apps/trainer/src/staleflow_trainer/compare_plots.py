@@ -1,7 +1,7 @@
 """PNGs for ``staleflow compare`` (in ``RUN_DIR/results/``):
 
-* ``throughput.png`` — steady-state trained tokens/s of every (policy, η), grouped by η, with
-  the split's ideal;
+* ``throughput.png`` — trained tokens/s after the warm-up steps of every (policy, η), grouped
+  by η, with the split's ideal (the title says when the run is too short for a steady state);
 * ``staleness.png`` — per run, the share of consumed samples at each staleness, η marked;
 * ``timelines.png`` — the instances' busy / syncing / idle intervals of the main policies at
   the largest η, on one shared time axis, with the training steps.
