@@ -241,22 +241,43 @@ def plot(res: dict[str, Any], out: Path) -> None:
 
     xs = [pt["value"] for pt in res["points"]]
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for p in res["policies"]:
-        if p == "staleflow" or not all(p in pt["ratios"] for pt in res["points"]):
-            continue
+    # a marker and a dash pattern per series: two baselines with the same ratios (the
+    # staleflow ablations often match) stay visible on top of each other
+    styles = [("o", "-", 9), ("s", "--", 7.5), ("^", "-.", 6.5), ("D", ":", 5.5), ("v", "-", 5)]
+    shown = [
+        p
+        for p in res["policies"]
+        if p != "staleflow" and all(p in pt["ratios"] for pt in res["points"])
+    ]
+    for i, p in enumerate(shown):
         rs = [pt["ratios"][p] for pt in res["points"]]
-        ax.plot(xs, [r["mean"] for r in rs], marker="o", label=f"staleflow / {p}")
+        marker, ls, ms = styles[i % len(styles)]
+        (line,) = ax.plot(
+            xs,
+            [r["mean"] for r in rs],
+            marker=marker,
+            ls=ls,
+            ms=ms,
+            mfc="none" if i % 2 else None,
+            label=f"staleflow / {p}",
+        )
         if len(res["seeds"]) > 1:
-            ax.fill_between(xs, [r["min"] for r in rs], [r["max"] for r in rs], alpha=0.2)
+            ax.fill_between(
+                xs,
+                [r["min"] for r in rs],
+                [r["max"] for r in rs],
+                color=line.get_color(),
+                alpha=0.2,
+            )
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs, [str(x) for x in xs])
     ax.set_xlabel(res["label"])
-    ax.set_ylabel(f"throughput ratio (η = {res['eta']})")
-    ax.set_title(f"scalability sweep: {res['sweep']} ({res['steps']} steps, seeds {res['seeds']})")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    seeds = ", ".join(str(s) for s in res["seeds"])
+    ax.set_ylabel(f"trained tokens/s ratio, staleflow ÷ baseline (η = {res['eta']})")
+    ax.set_title(f"staleflow's lead vs {res['label']}\n({res['steps']} steps, seeds {seeds})")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.savefig(out, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 

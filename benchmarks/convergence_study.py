@@ -285,7 +285,6 @@ def plot(entries: Sequence[dict[str, Any]], out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
-    from matplotlib.ticker import MaxNLocator
 
     ok = [e for e in entries if e["status"] == "ok"]
     names = [s.name for s in SETTINGS if any(e["setting"] == s.name for e in ok)]
@@ -355,8 +354,11 @@ def plot(entries: Sequence[dict[str, Any]], out: Path) -> list[Path]:
             ax.axvline(eta + 0.5, color="k", ls="--", lw=1, label=f"bound η={eta}")
             ax.legend(fontsize=8)
         ax.set_title(f"{BY_NAME[name].label}: mean {mean:.2f}, max {max(xs)}")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlim(-0.7, max(xs) + 0.9)
+        top = max([*xs, eta if isinstance(eta, int) else 0])
+        # integer ticks even when one staleness is all there is (MaxNLocator(integer=True)
+        # falls back to fractions with fewer than two integers in view)
+        ax.set_xticks(range(top + 1))
+        ax.set_xlim(-0.7, top + 0.9)
         ax.set_xlabel("staleness of consumed sample (versions)")
         ax.set_ylabel("fraction of samples")
         ax.grid(alpha=0.3, axis="y")

@@ -87,6 +87,7 @@ def train_and_resume(
         *overrides, backend=backend,
     )  # fmt: skip
     dep = Deployment(cfg).start()
+    out["startup"] = list(dep.startup.lines)
     try:
         iid = sorted(dep.rollouts)[0]
         prompt = probe_prompt(dep.model_path)

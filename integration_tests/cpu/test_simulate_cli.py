@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,11 @@ def test_simulate_to_a_file_prints_a_line_per_step(tmp_path: Path) -> None:
     assert [ln.split()[1] for ln in steps] == [f"{i}/8" for i in range(1, 9)]
     assert all("trained" in ln and "generated" in ln and "tok/s" in ln for ln in steps)
     assert not any("\x1b[" in ln for ln in lines)  # no terminal escapes in the file
+    # stderr: a few key=value log lines, no per-cycle chatter, no float noise, no warnings
+    err = done.stderr.splitlines()
+    assert len(err) <= 3, err
+    assert not any(" cycle " in ln or re.search(r"\d\.\d{8,}", ln) for ln in err), err
+    assert not any("warn" in ln.lower() for ln in err), err
     assert any(ln.startswith("simulated 8 steps") for ln in lines)
     rows = read_jsonl(run / "metrics.jsonl")
     assert len(rows) == 8

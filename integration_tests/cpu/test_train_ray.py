@@ -61,10 +61,21 @@ def test_steps_completed_with_the_metrics_contract(run: dict[str, Any]) -> None:
     assert [r["version"] for r in rows] == [1, 2, 3]
     for r in rows:
         assert set(REQUIRED_KEYS) <= set(r)
-        assert r["tokens_per_s"] >= 0  # 0 when the batch was generated during the last step
+        # a trained batch has a rate even when it was complete before the previous step ended
+        assert r["tokens"] > 0 and r["tokens_per_s"] > 0 and r["gen_tokens_per_s"] > 0, r
         assert sum(r["staleness_hist"].values()) == run["batch"] * run["group"]
     assert sum(r["tokens"] for r in rows) > 0
     assert run["timeline"] and {t["state"] for t in run["timeline"]} <= {"busy", "syncing", "idle"}
+
+
+def test_startup_names_every_phase_with_elapsed_seconds(run: dict[str, Any]) -> None:
+    """A watcher sees each start-up phase begin and end, and each engine as it is ready."""
+    lines = run["startup"]
+    assert lines and all(ln.startswith("start-up ") and " s  " in ln for ln in lines), lines
+    for phase in ("model", "ray", "servers", "trainer", "control"):
+        assert any(f"  {phase}: ready (" in ln for ln in lines), (phase, lines)
+    ready = [ln for ln in lines if "  engines: " in ln and " ready (" in ln]
+    assert len(ready) == 2, lines  # both instances, each as it became ready
 
 
 def test_consumed_staleness_never_exceeds_eta(run: dict[str, Any]) -> None:

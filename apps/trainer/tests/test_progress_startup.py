@@ -252,6 +252,30 @@ def test_every_command_help_has_an_example(
     assert "``" not in out
 
 
+def test_every_option_and_argument_has_help() -> None:
+    import argparse
+
+    parser = cli.build_parser()
+    [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert sorted(sub.choices) == sorted(COMMANDS)
+    for name, p in sub.choices.items():
+        for action in p._actions:
+            if not isinstance(action, argparse._HelpAction):
+                assert action.help, (name, action.dest)
+
+
+def test_readme_lists_every_command_and_docs_define_the_terms() -> None:
+    root = EXAMPLES.parent
+    readme = root / "README.md"
+    text = " ".join(readme.read_text().split())
+    for c in COMMANDS:
+        assert f"staleflow {c} " in text, c
+    glossary = (root / "docs" / "design.md").read_text().split("## Glossary")[-1]
+    terms = [row.split("|")[1] for row in glossary.splitlines() if row.startswith("| ")]
+    for term in ("η", "V_traj", "B′", "TIS", "all-vanilla", "staleness", "one-step", "ideal"):
+        assert any(term in t for t in terms), term
+
+
 def test_top_level_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         cli.main(["--help"])
@@ -303,3 +327,48 @@ def test_no_throughput_key_is_zero_on_a_trained_step(policy: str, eta: int) -> N
         assert r["tokens"] > 0
         rates = {k: v for k, v in r.items() if "per_s" in k}
         assert rates and all(v > 0 for v in rates.values()), (r["step"], rates)
+
+
+# ---- the bar before the first step, and where TensorBoard is ----------------------------------
+
+
+def test_bar_says_what_it_waits_for_before_the_first_step() -> None:
+    from rich.console import Console
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=100, force_terminal=True, color_system=None)
+    bar = ProgressBar(30, enabled=True, console=console)
+    console.print(bar.renderable())
+    first, second = buf.getvalue().splitlines()[:2]
+    assert "0/30" in first
+    assert second.startswith("waiting for the first step")
+
+
+def test_train_report_prints_the_tensorboard_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from staleflow_trainer.wiring import RunSummary, _report
+
+    (tmp_path / "tensorboard").mkdir()
+    _report(
+        RunSummary(
+            run_dir=str(tmp_path), steps_done=3, version=3, wall_s=12.0,
+            metrics_path=str(tmp_path / "metrics.jsonl"), checkpoint=None, resumed_from=None,
+        )
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert f"tensorboard --logdir {tmp_path / 'tensorboard'}" in " ".join(out.split())
+
+
+def test_simulate_prints_the_tensorboard_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    rc = cli.main(
+        ["--log-level", "warning", "simulate", str(EXAMPLES / "sim-tiny.yaml"), f"run_dir={run}",
+         "trainer.steps=2", "metrics.tensorboard=true"]
+    )  # fmt: skip
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert f"tensorboard --logdir {run / 'tensorboard'}" in out
+    assert any((run / "tensorboard").iterdir())

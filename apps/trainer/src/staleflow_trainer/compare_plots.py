@@ -1,7 +1,7 @@
 """PNGs for ``staleflow compare`` (in ``RUN_DIR/results/``):
 
-* ``throughput.png`` — steady-state trained tokens/s of every (policy, η), grouped by η, with
-  the split's ideal;
+* ``throughput.png`` — trained tokens/s after the warm-up steps of every (policy, η), grouped
+  by η, with the split's ideal (the title says when the run is too short for a steady state);
 * ``staleness.png`` — per run, the share of consumed samples at each staleness, η marked;
 * ``timelines.png`` — the instances' busy / syncing / idle intervals of the main policies at
   the largest η, on one shared time axis, with the training steps.
@@ -54,6 +54,14 @@ def _order(report: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(_first_seed(report), key=lambda r: (r["eta"], r["policy"]))
 
 
+def _measured(report: dict[str, Any]) -> str:
+    """What the throughput numbers average over, from the report's ``protocol`` section."""
+    proto = report.get("protocol") or {}
+    if "measured_steps" not in proto:
+        return "after the warm-up steps"
+    return f"mean of {proto['measured_steps']} steps after {proto.get('warmup_steps', 0)} warm-up"
+
+
 def _throughput(report: dict[str, Any], out: Path) -> Path:
     plt = plt_agg()
     from matplotlib.patches import Patch
@@ -84,9 +92,14 @@ def _throughput(report: dict[str, Any], out: Path) -> Path:
             if i < len(rows):
                 ax.axvline(i - 0.5, color="#999999", ls=":", lw=1)
             start = i
-    ax.set_ylabel("trained tokens / s (steady state)")
+    ax.set_ylabel(f"trained tokens / virtual s\n({_measured(report)})")
     ax.set_xlabel("policy (grouped by the staleness bound η)")
-    ax.set_title("throughput by policy and staleness bound", pad=18)
+    short = (report.get("protocol") or {}).get("steady_state") is False
+    ax.set_title(
+        "throughput by policy and staleness bound"
+        + (" (a short run: not a steady-state measurement)" if short else ""),
+        pad=18,
+    )
     ax.legend(
         handles=[
             Patch(color=STALEFLOW_COLOR, label="staleflow"),
@@ -107,11 +120,13 @@ def _staleness(report: dict[str, Any], out: Path) -> Path:
     rows = _order(report)
     cols = 4
     nrows = (len(rows) + cols - 1) // cols
+    # one staleness axis for every panel, so the bars line up from panel to panel
+    top = max([r["eta"] for r in rows] + [int(k) for r in rows for k in r["staleness_hist"]])
+    xs = list(range(top + 1))
     fig, axes = plt.subplots(nrows, cols, figsize=(12, 2.5 * nrows), squeeze=False)
     for ax, r in zip(axes.flat, rows, strict=False):
         hist = {int(k): v for k, v in r["staleness_hist"].items()}
         total = sum(hist.values()) or 1
-        xs = list(range(max([*hist, r["eta"]], default=0) + 1))
         color = STALEFLOW_COLOR if r["policy"] == "staleflow" else BASELINE_COLOR
         ax.bar(xs, [hist.get(x, 0) / total for x in xs], color=color)
         ax.axvline(r["eta"] + 0.5, color=ETA_COLOR, ls="--", lw=1.2)

@@ -374,9 +374,9 @@ def markdown_table(report: dict[str, Any]) -> str:
 def _plot(report: dict[str, Any], out: Path) -> None:
     from matplotlib.ticker import MaxNLocator
 
-    from staleflow_trainer.plots import plt_agg
+    from staleflow_trainer import plots
 
-    plt = plt_agg()
+    plt = plots.plt_agg()
     fig, ax = plt.subplots(figsize=(7, 4))
     for eta in report["grid"]["etas"]:
         rows = sorted(
@@ -399,15 +399,30 @@ def _plot(report: dict[str, Any], out: Path) -> None:
         color="grey",
         label="ideal of the split",
     )
+    for key, marker, size in (("fastest", "o", 15), ("recommended", "*", 17)):
+        pick = report.get(key)
+        if pick:
+            ax.plot(
+                [pick["rollout_gpus"]],
+                [pick["tokens_per_s"]],
+                ls="none",
+                marker=marker,
+                ms=size,
+                mfc="none",
+                mec="black",
+                mew=1.4,
+                label=f"{key} (η = {pick['eta']})",
+            )
     g = report["grid"]
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(bottom=0)
     ax.set_xlabel(f"rollout GPUs (of {g['total_gpus']}; the rest train)")
-    ax.set_ylabel("trained tokens / s (steady state)")
+    warmup = g.get("warmup_steps")
+    measured = "" if warmup is None else f"\n(mean after {warmup} warm-up steps)"
+    ax.set_ylabel(f"trained tokens / virtual s{measured}")
     ax.set_title(f"plan: {g['policy']} on {g['total_gpus']} GPUs, {g['steps']} simulated steps")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.savefig(out, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    plots._save(fig, out)
 
 
 def plan_main(

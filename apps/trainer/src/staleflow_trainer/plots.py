@@ -3,9 +3,10 @@
 Writes into ``RUN_DIR/plots/``:
 
 * ``staleness_hist.png`` — the staleness of each step's consumed batch (share of the batch per
-  staleness, step × staleness) with its mean, and the bound η;
-* ``throughput.png`` — trained tokens/s of each step and generated tokens/s (over a window of
-  steps) as separate series, the run's mean trained rate, and the trainer's wait per step;
+  staleness, step × staleness) with its mean, and the bound η drawn above the highest allowed
+  staleness (no sample lies beyond it);
+* ``throughput.png`` — trained tokens/s of each step and over a window of steps, generated
+  tokens/s over the same window, and the trainer's wait per step;
 * ``reward.png`` — mean reward (and accuracy) per step; titled *synthetic* when the rewards
   come from the simulator (``staleflow simulate`` or ``rollout.backend=sim``);
 * ``timeline.png`` — per-instance busy / syncing / idle intervals, with the training steps.
@@ -41,6 +42,7 @@ class RunInfo:
     """What the plots say about a run besides its metrics (from ``config.yaml``)."""
 
     eta: int | None = None  # None: unbounded or unknown
+    unbounded: bool = False  # protocol.eta is "unbounded": no staleness bound to draw
     policy: str = ""
     simulated: bool = False  # virtual time and synthetic rewards (not a learning curve)
 
@@ -59,6 +61,7 @@ def run_info(run_dir: Path, *, simulated: bool = False) -> RunInfo:
     eta = (cfg.get("protocol") or {}).get("eta")
     return RunInfo(
         eta=eta if isinstance(eta, int) and not isinstance(eta, bool) else None,
+        unbounded=eta == "unbounded",
         policy=str((cfg.get("coordinator") or {}).get("policy", "")),
         simulated=simulated or (cfg.get("rollout") or {}).get("backend") == "sim",
     )
@@ -121,8 +124,17 @@ def plot_staleness(rows: list[dict[str, Any]], out: Path, info: RunInfo | None =
         label="mean staleness",
         path_effects=[pe.Stroke(linewidth=2.6, foreground="#333333"), pe.Normal()],
     )
-    if info.eta is not None:
-        ax.axhline(info.eta, color=ETA_COLOR, ls="--", lw=1.5, label=f"bound η = {info.eta}")
+    if info.eta is not None:  # between the highest allowed staleness and the first forbidden
+        ax.axhline(
+            info.eta + 0.5,
+            color=ETA_COLOR,
+            ls="--",
+            lw=2.0,
+            label=f"bound η = {info.eta} (no sample above)",
+        )
+    elif info.unbounded:
+        ax.plot([], [], ls="none", label="no staleness bound (η unbounded)")
+    ax.set_ylim(-0.5, top + 1.0)  # half a row of room above: the bound line stays visible
     ax.set_yticks(range(top + 1))
     _integer_axis(ax.xaxis)
     ax.set_xlabel("training step")
@@ -182,7 +194,8 @@ def _rate_window() -> int:
     return default
 
 
-def plot_throughput(rows: list[dict[str, Any]], out: Path) -> Path:
+def plot_throughput(rows: list[dict[str, Any]], out: Path, info: RunInfo | None = None) -> Path:
+    info = info or RunInfo()
     plt = plt_agg()
     steps = [int(r["step"]) for r in rows]
     rates = [throughput(r) for r in rows]
@@ -200,7 +213,8 @@ def plot_throughput(rows: list[dict[str, Any]], out: Path) -> Path:
             ms=4,
             color="#264653",
             alpha=0.55,
-            label="trained tokens/s of each step (its batch / its step time)",
+            label="trained tokens/s of each step\n(its batch's prompt + response tokens / its "
+            "step time)",
         )
         window = _rate_window()
         if all(r.get("tokens") is not None and r.get("step_s") is not None for r in rows):
@@ -229,14 +243,14 @@ def plot_throughput(rows: list[dict[str, Any]], out: Path) -> Path:
             [float("nan") if g is None else g for g in generated],
             color=ETA_COLOR,
             lw=1.8,
-            label=f"generated tokens/s {over}",
+            label=f"generated (response) tokens/s {over}",
         )
-    ax.set_ylabel("tokens / s")
+    ax.set_ylabel("tokens / virtual s" if info.simulated else "tokens / s")
     ax.set_ylim(bottom=0)
     ax.set_title("throughput: trained vs generated tokens per second")
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax2.bar(steps, [float(r.get("trainer_wait_s", 0.0)) for r in rows], color="#8ab17d")
-    ax2.set_ylabel("trainer wait (s)")
+    ax2.set_ylabel("trainer wait (virtual s)" if info.simulated else "trainer wait (s)")
     ax2.set_xlabel("training step")
     _integer_axis(ax2.xaxis)
     return _save(fig, out)
@@ -284,7 +298,7 @@ def plot_run(run_dir: str | Path, *, simulated: bool = False) -> list[Path]:
     if rows:
         rows = sorted(rows, key=lambda r: int(r["step"]))
         written.append(plot_staleness(rows, out / "staleness_hist.png", info))
-        written.append(plot_throughput(rows, out / "throughput.png"))
+        written.append(plot_throughput(rows, out / "throughput.png", info))
         written.append(plot_reward(rows, out / "reward.png", info))
     if timeline:
         written.append(plot_timeline(timeline, out / "timeline.png", rows, info))

@@ -10,7 +10,7 @@ the progress of commands that run many simulations (compare, plan, the sweeps).
 
   ``trained`` is the step's trained tokens (prompt + response) per second since the previous
   step; ``generated`` the tokens the rollout instances generated per second over the last few
-  steps (see :mod:`staleflow_trainer.control.report` and ``docs/glossary.md``); ``t`` the
+  steps (see :mod:`staleflow_trainer.control.report` and ``docs/watching-a-run.md``); ``t`` the
   run's clock (wall seconds, or virtual seconds in the simulator).
 * :class:`StartupProgress` prints one line per start-up phase with the seconds since start-up
   began, and names what it still waits for every ``heartbeat_s`` seconds.
