@@ -43,7 +43,7 @@ import structlog
 
 from rollout_coordinator._commands import Command, Drop, Interrupt, PendingRoutes, Route, Sync
 from rollout_coordinator._config import CoordinatorConfig
-from rollout_coordinator._records import InstanceSnapshot, QueuedTrajectory, QueueView, RunningEntry
+from rollout_coordinator._records import InstanceSnapshot, QueuedTrajectory, QueueView
 from rollout_coordinator._speculative import InstanceState, SpeculativeState
 from rollout_coordinator.errors import (
     ConfigError,
@@ -310,23 +310,17 @@ class Coordinator:
                 syncs += 1
 
         routing = self.policy.routing(view, port, quota)
+        self.state.route_all(routing.routes, now=now)
         held = 0
+        instances, routed, where = self.state.instances, self._routed, self._where
+        orphans = self._orphans
         for r in routing.routes:
-            inst = self.state.instances[r.instance_id]
-            self.state.route(
-                r.instance_id,
-                RunningEntry(
-                    trajectory_id=r.trajectory_id,
-                    prompt_tokens=r.tokens,
-                    generated_tokens=0,
-                    v_traj=r.version,
-                ),
-                now=now,
-            )
-            self._routed[r.instance_id][r.trajectory_id] = (r.version, now)
-            self._where[r.trajectory_id] = r.instance_id
-            self._orphans.pop(r.trajectory_id, None)
-            if inst.syncing:
+            iid, tid = r.instance_id, r.trajectory_id
+            routed[iid][tid] = (r.version, now)
+            where[tid] = iid
+            if orphans:
+                orphans.pop(tid, None)
+            if instances[iid].syncing:
                 self.pending.hold(r)
                 held += 1
             else:
@@ -337,6 +331,7 @@ class Coordinator:
             )
 
         migrated = bounced = 0
+        interrupts = 0  # released routes, syncs and routes so far: migration's are the only ones
         for it in self.policy.migration(view, routing, self.v_traj_of):
             gone = self.state.interrupt(it.instance_id, it.trajectory_ids, now=now)
             # the others were waiting in the engine (preemption abort)
@@ -344,6 +339,7 @@ class Coordinator:
             for tid in it.trajectory_ids:
                 self._forget(tid)
             commands.append(it)
+            interrupts += 1
             if it.reason == "bounce":
                 bounced += len(it.trajectory_ids)
             else:
@@ -354,7 +350,7 @@ class Coordinator:
             routes=len(routing.routes),
             new_admitted=routing.new_admitted,
             syncs=syncs,
-            interrupts=sum(isinstance(c, Interrupt) for c in commands),
+            interrupts=interrupts,
             migrated=migrated,
             bounced=bounced,
             aborted=aborted,
@@ -383,22 +379,29 @@ class Coordinator:
 
     def _ingest(self, snapshots: Iterable[Any], now: float) -> list[SnapshotRejected]:
         rejected: list[SnapshotRejected] = []
+        instances = self.state.instances
+        apply = self.state.apply_snapshot
+        routed = self._routed
+        latest = self.protocol.published_version
         for raw in snapshots:
             try:
-                try:
-                    snap = InstanceSnapshot.from_engine(raw)
-                except (AttributeError, TypeError) as exc:
-                    raise InvalidSnapshot(
-                        f"not a snapshot: {exc}",
-                        instance_id=str(getattr(raw, "instance_id", "?")),
-                        field="snapshot",
-                    ) from exc
-                st = self.state.instances.get(snap.instance_id)
+                if type(raw) is InstanceSnapshot:
+                    snap = raw
+                else:
+                    try:
+                        snap = InstanceSnapshot.from_engine(raw)
+                    except (AttributeError, TypeError) as exc:
+                        raise InvalidSnapshot(
+                            f"not a snapshot: {exc}",
+                            instance_id=str(getattr(raw, "instance_id", "?")),
+                            field="snapshot",
+                        ) from exc
+                st = instances.get(snap.instance_id)
                 prev_time = st.last_snapshot_time if st is not None else 0.0
-                self.state.apply_snapshot(
-                    snap, now=now, latest_version=self.protocol.published_version
-                )
-                self._prune(snap, prev_time)
+                apply(snap, now=now, latest_version=latest)
+                # _prune's own early exit, here: it runs for every instance every cycle
+                if not snap.waiting and len(routed[snap.instance_id]) > len(snap.running) + 16:
+                    self._prune(snap, prev_time)
             except SnapshotRejected as exc:
                 rejected.append(exc)
                 self._log.warning(

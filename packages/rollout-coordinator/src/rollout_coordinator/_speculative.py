@@ -20,13 +20,20 @@ sync the coordinator issued — except on the first snapshot, which defines the 
 Anything else raises a :class:`SnapshotRejected` subclass and the state is left untouched.
 
 A sync is never issued to an instance that is mid-sync (:class:`SyncInProgress`).
+
+Every instance is touched every cycle (a snapshot each), so the accepted-snapshot path is one
+compound test followed by the assignments; only a snapshot that fails it (or completes a
+sync) goes through the checks one by one, which name what is wrong. Work the coordinator
+routes is kept as ``(prompt_tokens, generated_tokens, v_traj)`` per trajectory id and turned
+into :class:`RunningEntry` records only when someone lists the running work.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
+from rollout_coordinator._commands import Route
 from rollout_coordinator._records import InstanceSnapshot, RunningEntry
 from rollout_coordinator.errors import (
     ConfigError,
@@ -66,7 +73,8 @@ class InstanceState:
         self.target_version = version  # served after the sync in flight (== version if none)
         self.syncing = False
         self._base_running: tuple[RunningEntry, ...] = ()
-        self._added: dict[str, RunningEntry] = {}
+        # routed by the coordinator since the snapshot: id -> (prompt, generated, V_traj)
+        self._added: dict[str, tuple[int, int, int | None]] = {}
         self._removed: set[str] = set()
         self.n_running = 0
         self.kv_used = 0
@@ -87,7 +95,10 @@ class InstanceState:
         for e in self._base_running:
             if e.trajectory_id not in removed:
                 yield e
-        yield from self._added.values()
+        for tid, (prompt, generated, v_traj) in self._added.items():
+            yield RunningEntry(
+                trajectory_id=tid, prompt_tokens=prompt, generated_tokens=generated, v_traj=v_traj
+            )
 
     def is_running(self, trajectory_id: str) -> bool:
         if trajectory_id in self._added:
@@ -143,6 +154,44 @@ class SpeculativeState:
 
     def apply_snapshot(self, snap: InstanceSnapshot, *, now: float, latest_version: int) -> None:
         """Replace an instance's counters with a snapshot, or raise and change nothing."""
+        state = self.instances.get(snap.instance_id)
+        t = snap.time_s
+        version = snap.version
+        if (
+            state is None
+            or t > now
+            or snap.seq <= state.last_seq
+            or t < state.last_local_update
+            or t < state.last_snapshot_time
+            or version > latest_version
+            or (version != state.version and (state.seen_snapshot or state.syncing))
+        ):
+            # rejected (raises), or the first snapshot after a sync it completes
+            if self._check_snapshot(snap, now=now, latest_version=latest_version):
+                self.instances[snap.instance_id].syncing = False
+            state = self.instances[snap.instance_id]
+        # --- accepted: nothing above changed state ---
+        state.version = version
+        if not state.syncing:
+            state.target_version = version
+        running = snap.running
+        state._base_running = running
+        if state._added:
+            state._added = {}
+        if state._removed:
+            state._removed = set()
+        state.n_running = len(running)
+        state.kv_used = snap.kv_used_tokens
+        state.kv_capacity = snap.kv_capacity_tokens
+        state.waiting = snap.waiting
+        state.throughput = snap.throughput_tokens_per_s
+        state.last_seq = snap.seq
+        state.last_snapshot_time = t
+        state.seen_snapshot = True
+
+    def _check_snapshot(self, snap: InstanceSnapshot, *, now: float, latest_version: int) -> bool:
+        """The acceptance rules one by one: raise the first that fails; else return whether
+        the snapshot completes the instance's sync (changes nothing)."""
         iid = snap.instance_id
         state = self.instances.get(iid)
         if state is None:
@@ -195,23 +244,7 @@ class SpeculativeState:
                         field="version",
                     )
                 sync_done = True
-        # --- accepted: nothing above changed state ---
-        state.version = snap.version
-        if sync_done:
-            state.syncing = False
-        if not state.syncing:
-            state.target_version = state.version
-        state._base_running = snap.running
-        state._added = {}
-        state._removed = set()
-        state.n_running = len(snap.running)
-        state.kv_used = snap.kv_used_tokens
-        state.kv_capacity = snap.kv_capacity_tokens
-        state.waiting = snap.waiting
-        state.throughput = snap.throughput_tokens_per_s
-        state.last_seq = snap.seq
-        state.last_snapshot_time = snap.time_s
-        state.seen_snapshot = True
+        return sync_done
 
     # ---- the coordinator's own commands ---------------------------------------------------------
 
@@ -224,11 +257,32 @@ class SpeculativeState:
         if s.waiting > 0 or s.kv_used + tokens > s.kv_capacity:
             s.waiting += 1
             return False
-        s._added[entry.trajectory_id] = entry
+        s._added[entry.trajectory_id] = (entry.prompt_tokens, entry.generated_tokens, entry.v_traj)
         s._removed.discard(entry.trajectory_id)
         s.n_running += 1
         s.kv_used += tokens
         return True
+
+    def route_all(self, routes: Sequence[Route], *, now: float) -> None:
+        """Account this cycle's routes (what :meth:`route` does for each: a route runs as a
+        new trajectory of ``Route.tokens`` prompt tokens at ``Route.version``)."""
+        instances = self.instances
+        for r in routes:
+            s = instances.get(r.instance_id)
+            if s is None:
+                s = self.get(r.instance_id)  # raises UnknownInstance
+            if now > s.last_local_update:
+                s.last_local_update = now
+            tokens = r.tokens
+            if s.waiting > 0 or s.kv_used + tokens > s.kv_capacity:
+                s.waiting += 1
+                continue
+            tid = r.trajectory_id
+            s._added[tid] = (tokens, 0, r.version)
+            if s._removed:
+                s._removed.discard(tid)
+            s.n_running += 1
+            s.kv_used += tokens
 
     def interrupt(
         self, instance_id: str, trajectory_ids: Iterable[str], *, now: float

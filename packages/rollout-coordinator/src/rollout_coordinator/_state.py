@@ -60,7 +60,7 @@ def _instance(s: InstanceState) -> dict[str, Any]:
         "target_version": s.target_version,
         "syncing": s.syncing,
         "base_running": [_entry(e) for e in s._base_running],
-        "added": [_entry(e) for e in s._added.values()],
+        "added": [[t, p, g, v] for t, (p, g, v) in s._added.items()],
         "removed": sorted(s._removed),
         "n_running": s.n_running,
         "kv_used": s.kv_used,
@@ -79,7 +79,9 @@ def _uninstance(d: Mapping[str, Any]) -> InstanceState:
     s.target_version = int(d["target_version"])
     s.syncing = bool(d["syncing"])
     s._base_running = tuple(_unentry(e) for e in d["base_running"])
-    s._added = {str(e[0]): _unentry(e) for e in d["added"]}
+    s._added = {
+        str(e[0]): (int(e[1]), int(e[2]), None if e[3] is None else int(e[3])) for e in d["added"]
+    }
     s._removed = {str(t) for t in d["removed"]}
     s.n_running = int(d["n_running"])
     s.kv_used = int(d["kv_used"])

@@ -30,18 +30,55 @@ head's length; the k1·len term is tiny next to the others, so the ranking barel
 it); the θ test and the KV check use the exact length. Each route is O(log instances); each
 instance saturates at most once per cycle; the scan stops after ``route_miss_limit``
 consecutive trajectories that found nothing, or at ``max_routes_per_cycle``.
+
+Every instance is ranked every cycle and most of them leave their group saturated, so the
+per-instance work is kept small: the ranking keys, and the hungry set at the end, are computed
+at once with numpy over columns of the instances' counters, and each instance carries the two
+parts of its gain that do not depend on the trajectory's length (``T(n, kv)`` and the batch
+term at ``n + 1``), recomputed only when a route changes it. Every value is the scalar
+formula's, with the same floating-point operations in the same order, so each decision is the
+one a per-instance loop over ``CostModel.marginal_gain``'s formula makes. Heap entries are
+``(-gain_ref, instance_id, position)``; instance ids are unique, so the position (into the
+counter lists) never decides an order.
 """
 
 from __future__ import annotations
 
 import bisect
-import heapq
 from collections.abc import Callable
+from heapq import heapify, heappop, heappush, heapreplace
+from itertools import chain
+from operator import attrgetter
+
+import numpy as np
+import numpy.typing as npt
 
 from rollout_coordinator._commands import Route
-from rollout_coordinator.policies._base import AdmissionPort, CycleView, RoutingResult, eligible
+from rollout_coordinator.cost_model import CostModel
+from rollout_coordinator.policies._base import AdmissionPort, CycleView, RoutingResult
 
 _ROOM_TRIES = 4  # instances tried per version group when the best lacks KV room
+_COUNTERS = attrgetter("target_version", "waiting", "n_running", "kv_used", "kv_capacity")
+
+Entry = tuple[float, str, int]  # (-gain at the reference length, instance id, position)
+Ints = npt.NDArray[np.int64]
+Floats = npt.NDArray[np.float64]
+
+
+def _batch_term(n: Ints, k2: float, k3: float, b: float) -> Floats:
+    """``max(k2, b + k3·n)`` per element."""
+    x = b + k3 * n
+    return np.where(x > k2, x, k2)
+
+
+def gain_terms(n: Ints, kv: Ints, cm: CostModel) -> tuple[Floats, Floats]:
+    """Per instance, the parts of the marginal gain that do not depend on the trajectory's
+    length: the batch term at ``n + 1`` (``x1``) and ``T(n, kv)`` (``t``, 0 when ``n = 0``).
+    ``(n + 1) / (k4 + k1·(kv + length) + x1) − t`` is then ``cm.marginal_gain(n, kv, length)``
+    exactly (the same operations in the same order)."""
+    x1 = _batch_term(n + 1, cm.k2, cm.k3, cm.b)
+    t = n / (cm.k4 + cm.k1 * kv + _batch_term(n, cm.k2, cm.k3, cm.b))
+    return x1, t
 
 
 def route_by_marginal_gain(
@@ -57,36 +94,53 @@ def route_by_marginal_gain(
     partials_by_gain = cfg.partial_order == "gain"
     floor = view.abort_floor
     items = view.queue.items
+    iids = list(view.instances)
+    count = len(iids)
+    cols = np.fromiter(
+        chain.from_iterable(map(_COUNTERS, view.instances.values())), np.int64, 5 * count
+    ).reshape(count, 5)
+    tv, waiting, n_arr, kv_arr, cap_arr = cols.T
     if items:
         ref_len = items[0].prompt_len + items[0].generated_len
     else:  # nothing to route; rank (for the hungry set) at the mean running trajectory size
-        n_all = sum(i.n_running for i in view.instances.values())
-        ref_len = sum(i.kv_used for i in view.instances.values()) // n_all if n_all else 1
+        n_all = int(n_arr.sum())
+        ref_len = int(kv_arr.sum()) // n_all if n_all else 1
 
-    def gain(n: int, kv: float, length: int) -> float:
-        # max(k2, x) written out: this runs a few times per instance and per route, and the
-        # builtin call was most of its cost
-        x = b + k3 * (n + 1)
-        after = (n + 1) / (k4 + k1 * (kv + length) + (x if x > k2 else k2))
-        if n <= 0:
-            return after
-        x = b + k3 * n
-        return after - n / (k4 + k1 * kv + (x if x > k2 else k2))
+    # Per position: the counters (plain ints, updated as routes are placed), the batch term at
+    # n + 1 and T(n, kv) (0 when nothing runs). The gain of a trajectory of ``length`` tokens
+    # is then (n + 1) / (k4 + k1·(kv + length) + x1) − t: the scalar formula's value exactly.
+    n_l: list[int] = n_arr.tolist()
+    kv_l: list[int] = kv_arr.tolist()
+    cap_l: list[int] = cap_arr.tolist()
+    tv_l: list[int] = tv.tolist()
+    x1_arr, t_arr = gain_terms(n_arr, kv_arr, cm)
+    x1_l: list[float] = x1_arr.tolist()
+    t_l: list[float] = t_arr.tolist()
 
-    # local copies: [n, kv, cap]; heaps per version of (-gain_ref, iid)
-    local: dict[str, list[int]] = {}
-    heaps: dict[int, list[tuple[float, str]]] = {}
-    for iid, inst in view.instances.items():
-        if not eligible(inst, floor) or inst.waiting > 0:
-            continue
-        local[iid] = [inst.n_running, inst.kv_used, inst.kv_capacity]
-        heaps.setdefault(inst.target_version, []).append(
-            (-gain(inst.n_running, inst.kv_used, ref_len), iid)
-        )
+    def gain_at(p: int, length: int) -> float:
+        return (n_l[p] + 1) / (k4 + k1 * (kv_l[p] + length) + x1_l[p]) - t_l[p]
+
+    # heaps per version of (-gain_ref, iid, position) over the eligible instances without an
+    # engine waiting queue
+    pos = np.flatnonzero((tv > floor) & (waiting <= 0))
+    key_arr = t_arr[pos] - (n_arr[pos] + 1) / (k4 + k1 * (kv_arr[pos] + ref_len) + x1_arr[pos])
+    pos_l: list[int] = pos.tolist()
+    entries = list(zip(key_arr.tolist(), [iids[p] for p in pos_l], pos_l, strict=True))
+    heaps: dict[int, list[Entry]] = {}
+    if entries:
+        tv_pos = tv[pos]
+        lo, hi = int(tv_pos.min()), int(tv_pos.max())
+        if lo == hi:
+            heaps[lo] = entries
+        else:
+            for e, v in zip(entries, tv_pos.tolist(), strict=True):
+                h = heaps.get(v)
+                if h is None:
+                    heaps[v] = h = []
+                h.append(e)
     for h in heaps.values():
-        heapq.heapify(h)
+        heapify(h)
     versions = sorted(heaps)
-    version_of = {iid: view.instances[iid].target_version for iid in local}
 
     routes: list[Route] = []
     max_routes = cfg.max_routes_per_cycle
@@ -94,30 +148,39 @@ def route_by_marginal_gain(
     misses = 0
     new_admitted = 0
     stopped_early = False
-    live = len(local)
+    live = len(entries)
+    batch_one = max(k2, b + k3)  # the batch term of T(1, ·)
 
-    def pick(h: list[tuple[float, str]], length: int) -> str | None:
-        """Best instance in one version group with room and gain ≥ θ; saturated ones leave."""
+    def pick(h: list[Entry], length: int) -> Entry | None:
+        """Best instance in one version group with room and gain ≥ θ; saturated ones leave
+        the group. The pick stays at the top of the heap, unless instances before it lacked
+        KV room: then it is popped and they go back (``h[0] is pick`` tells which)."""
         nonlocal live
-        skipped: list[tuple[float, str]] = []
-        chosen: str | None = None
-        threshold = theta / (k4 + k1 * length + max(k2, b + k3))
-        while h and len(skipped) < _ROOM_TRIES:
+        skipped: list[Entry] = []
+        threshold = theta / (k4 + k1 * length + batch_one)
+        while h:
             top = h[0]
-            n, kv, cap = local[top[1]]
-            if n >= max_n or gain(n, kv, length) < threshold:
-                heapq.heappop(h)  # saturated: no trajectory of this size is worth it
+            p = top[2]
+            n = n_l[p]
+            kv = kv_l[p]
+            if n >= max_n or (n + 1) / (k4 + k1 * (kv + length) + x1_l[p]) - t_l[p] < threshold:
+                heappop(h)  # saturated: no trajectory of this size is worth it
                 live -= 1
                 continue
-            if kv + length > kv_limit * cap:
-                skipped.append(heapq.heappop(h))
-                continue
-            chosen = top[1]
-            heapq.heappop(h)
-            break
+            chosen: Entry | None = top
+            if kv + length > kv_limit * cap_l[p]:
+                skipped.append(heappop(h))
+                if len(skipped) < _ROOM_TRIES:
+                    continue
+                chosen = None  # tried enough instances without room
+            elif skipped:
+                heappop(h)
+            for s in skipped:
+                heappush(h, s)
+            return chosen
         for s in skipped:
-            heapq.heappush(h, s)
-        return chosen
+            heappush(h, s)
+        return None
 
     for item in items:
         if live <= 0:
@@ -141,7 +204,7 @@ def route_by_marginal_gain(
                 candidates = []  # aborted or unknown to the protocol: never route it
             else:
                 resumable_checked = True
-                candidates = _best_group(candidates, heaps, pick, local, length, gain, ref_len)
+                candidates = _best_group(candidates, heaps, pick, gain_at, length)
         for v in candidates:
             h = heaps[v]
             if not h:
@@ -156,24 +219,31 @@ def route_by_marginal_gain(
             picked = pick(h, length)
             if picked is None:
                 continue
-            iid = picked
             buffer: int | None = None
             if is_new:
                 buffer = port.admit(item, v)
                 if buffer is None:
-                    n_run, kv = local[iid][:2]
-                    heapq.heappush(h, (-gain(n_run, kv, ref_len), iid))
+                    if not h or h[0] is not picked:
+                        heappush(h, picked)  # its counters did not change: the same key
                     continue
                 new_admitted += 1
-            st = local[iid]
-            st[0] += 1
-            st[1] += length
-            heapq.heappush(h, (-gain(st[0], st[1], ref_len), iid))
+            p = picked[2]
+            n = n_l[p] = n_l[p] + 1
+            kv = kv_l[p] = kv_l[p] + length
+            x0 = x1_l[p]  # the batch term at the new n
+            x = b + k3 * (n + 1)
+            x1 = x1_l[p] = x if x > k2 else k2
+            t = t_l[p] = n / (k4 + k1 * kv + x0)
+            entry = (t - (n + 1) / (k4 + k1 * (kv + ref_len) + x1), picked[1], p)
+            if h and h[0] is picked:
+                heapreplace(h, entry)
+            else:
+                heappush(h, entry)
             routes.append(
                 Route(
                     trajectory_id=item.trajectory_id,
-                    instance_id=iid,
-                    version=version_of[iid] if is_new else v_traj,  # type: ignore[arg-type]
+                    instance_id=picked[1],
+                    version=tv_l[p] if is_new else v_traj,  # type: ignore[arg-type]
                     group_id=item.group_id,
                     new=is_new,
                     reserved_buffer=buffer,
@@ -191,42 +261,41 @@ def route_by_marginal_gain(
                 break
     hungry: frozenset[str] = frozenset()
     if not stopped_early:
-        threshold = theta * cm.empty_gain(ref_len)
-        hungry = frozenset(
-            iid
-            for h in heaps.values()
-            for _, iid in h
-            if local[iid][1] + ref_len <= kv_limit * local[iid][2]
-            and gain(local[iid][0], local[iid][1], ref_len) >= threshold
-        )
+        left = [e[2] for h in heaps.values() for e in h]
+        if left:
+            at = np.array(left, dtype=np.int64)
+            n_left = np.array(n_l, dtype=np.int64)[at]
+            kv_left = np.array(kv_l, dtype=np.int64)[at]
+            room = kv_left + ref_len <= kv_limit * cap_arr[at]
+            g = (n_left + 1) / (k4 + k1 * (kv_left + ref_len) + np.array(x1_l)[at]) - np.array(t_l)[
+                at
+            ]
+            worth = g >= theta * cm.empty_gain(ref_len)
+            hungry = frozenset(iids[p] for p in at[room & worth].tolist())
     return RoutingResult(routes=routes, hungry=hungry, new_admitted=new_admitted)
 
 
 def _best_group(
     candidates: list[int],
-    heaps: dict[int, list[tuple[float, str]]],
-    pick: Callable[[list[tuple[float, str]], int], str | None],
-    local: dict[str, list[int]],
+    heaps: dict[int, list[Entry]],
+    pick: Callable[[list[Entry], int], Entry | None],
+    gain_at: Callable[[int, int], float],
     length: int,
-    gain: Callable[[int, float, int], float],
-    ref_len: int,
 ) -> list[int]:
     """The one version group whose best acceptable instance has the largest gain ([] if none).
-
-    Each group's pick is put back (with its ranking key), so the caller's own pick in the
-    chosen group finds the same instance.
-    """
+    Picks stay in their heaps, so the caller's own pick in the chosen group finds the same
+    instance."""
     best: tuple[float, int] | None = None
     for v in candidates:
         h = heaps[v]
         if not h:
             continue
-        iid = pick(h, length)
-        if iid is None:
+        picked = pick(h, length)
+        if picked is None:
             continue
-        n, kv = local[iid][0], local[iid][1]
-        heapq.heappush(h, (-gain(n, kv, ref_len), iid))
-        g = gain(n, kv, length)
+        if not h or h[0] is not picked:
+            heappush(h, picked)
+        g = gain_at(picked[2], length)
         if best is None or g > best[0]:
             best = (g, v)
     return [] if best is None else [best[1]]
