@@ -80,6 +80,7 @@ def _checkpoint(d: Path, *, rows: int = 8) -> Path:
     return d
 
 
+@pytest.mark.fault
 def test_a_damaged_checkpoint_is_refused_before_anything_starts(tmp_path: Path) -> None:
     from staleflow_trainer.prepare import verify_checkpoint
 
