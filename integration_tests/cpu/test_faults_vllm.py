@@ -85,6 +85,7 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
         latest_checkpoint,
     )
     from staleflow_trainer.actors.trainer_actor import digest_of
+    from staleflow_trainer.data import load_records
     from staleflow_trainer.errors import ComponentLost
     from staleflow_trainer.metrics import read_jsonl
     from staleflow_trainer.trainer.checkpoint import load_torch, read_verified_bytes
@@ -192,6 +193,10 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
             out["run1_error"] = e
         out["ledger1"] = dep.ledger()
         out["histories1"] = ray.get(dep.coordinator.histories.remote())
+        # each group's ground truth: which groups the reward plug-in drops is a function of it
+        records = load_records(dep.cfg)
+        out["truth1"] = {gid: records[row].ground_truth
+                         for gid, row in ray.get(dep.coordinator.groups.remote()).items()}  # fmt: skip
         out["summary1"] = ray.get(dep.coordinator.summary.remote())
         out["final_instances"] = ray.get(dep.coordinator.instances.remote())
         out["crash_replacements"] = list(dep.coordinator_crashes)
@@ -320,12 +325,18 @@ def test_fault1_instance_killed_mid_generation(sc: dict[str, Any]) -> None:
     assert_never_routed_twice(sc["histories1"], {victim})
     assert_ledger_balances(sc["ledger1"], crashed_mid_step=True)
     # every requeued trajectory was taken up again after the loss: routed to a live instance
-    # (and from there trained or dropped with a reason) or dropped from the queue — none was
-    # forgotten in the queue while the run went on for several more steps
+    # (and from there trained or dropped with a reason). The one excuse for never being routed
+    # again is its group's reward failing (the plug-in drops every group whose ground truth it
+    # fails on, a pure function of the data): "dropped" alone would also pass a trajectory
+    # forgotten in the queue and later aborted as a straggler, or dropped with its group
+    from staleflow_trainer.reward.testing import failure_kind
+
     for tid in lost["requeued"]:
         kinds = [e[0] for e in sc["histories1"][tid]]
         after = kinds[kinds.index("lost") + 1 :]
-        assert "routed" in after or "dropped" in after, (tid, kinds)
+        if "routed" not in after:
+            truth = sc["truth1"][tid.rsplit("/", 1)[0]]
+            assert "dropped" in after and failure_kind(truth) is not None, (tid, truth, kinds)
         for e in sc["histories1"][tid][kinds.index("lost") + 1 :]:
             if e[0] == "routed":
                 assert e[1] != victim, (tid, e)

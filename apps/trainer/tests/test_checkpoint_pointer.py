@@ -30,6 +30,7 @@ def test_the_pointer_names_the_checkpoint(tmp_path: Path) -> None:
     assert latest_checkpoint(tmp_path) == d4
 
 
+@pytest.mark.fault
 def test_without_a_pointer_the_newest_verifiable_step_is_used(tmp_path: Path) -> None:
     d2 = _step(tmp_path, 2)
     _step(tmp_path, 4, good=False)  # damaged: skipped
@@ -37,6 +38,7 @@ def test_without_a_pointer_the_newest_verifiable_step_is_used(tmp_path: Path) ->
     assert d2.is_dir()
 
 
+@pytest.mark.fault
 def test_step_directories_none_of_which_verifies_are_refused(tmp_path: Path) -> None:
     _step(tmp_path, 2, good=False)
     with pytest.raises(CheckpointError, match="none of them verifies"):

@@ -80,6 +80,7 @@ def _checkpoint(d: Path, *, rows: int = 8) -> Path:
     return d
 
 
+@pytest.mark.fault
 def test_a_damaged_checkpoint_is_refused_before_anything_starts(tmp_path: Path) -> None:
     from staleflow_trainer.prepare import verify_checkpoint
 
@@ -141,3 +142,29 @@ def test_simulate_with_an_engine_config_names_real_keys(
     err = _one_line_error(capsys)
     assert "sim.workload.prompt_len" in err and "data.max_prompt_len" in err
     assert "sim.prompt_len_max" not in err
+
+
+def test_simulate_routes_by_a_fitted_cost_model_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``coordinator.cost_model`` as a fitted file: read when the config loads (a missing one
+    is the one-line error, nothing written), then the simulator's router and engines use it."""
+    from engine_adapters.cost_model import PRESETS
+    from staleflow_trainer.config_sim import engine_config
+    from staleflow_trainer.sim.shell import Simulation
+
+    run_dir = tmp_path / "r"
+    missing = tmp_path / "missing.json"
+    assert main(["simulate", SIM, f"run_dir={run_dir}", f"coordinator.cost_model={missing}"]) == 2
+    assert "coordinator.cost_model" in _one_line_error(capsys)
+    assert not run_dir.exists()
+
+    fitted = attrs.evolve(PRESETS["qwen-7b-h20"], name="fitted", k3=5e-4, k4=0.004)
+    fitted.save(tmp_path / "cm.json")
+    over = [f"run_dir={run_dir}", f"coordinator.cost_model={tmp_path / 'cm.json'}"]
+    cfg = load_config(SIM, [*over, "trainer.steps=2"])
+    assert Simulation(cfg).core.config.coordinator.cost_model == fitted
+    assert spec_from_app_config(cfg).router_cost == fitted
+    assert engine_config(cfg).cost == fitted  # sim.cost_model: coordinator
+    assert main(["simulate", SIM, *over, "trainer.steps=2"]) == 0
+    assert (run_dir / "metrics.jsonl").is_file()

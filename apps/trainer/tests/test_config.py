@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import math
+import typing
 from pathlib import Path
 
+import attrs
 import pytest
 import yaml
 
@@ -232,3 +235,163 @@ def test_unquoted_off_means_off() -> None:
     assert cfg.coordinator.sync_max_lag == "off"
     with pytest.raises(ConfigError, match=r"sim\.gpu_memory_utilization"):
         AppConfig().evolve("sim.gpu_memory_utilization=off")
+
+
+# ---------------------------------------------------------------------------------------------
+# absurd protocol sizes (admission would never stop)
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "allowed_part"),
+    [
+        ("protocol.eta=1000000000000", "protocol.eta", "<= 64"),
+        ("protocol.eta=65", "protocol.eta", "<= 64"),
+        ("protocol.batch_size=100000000", "protocol.batch_size", "<= 16384"),
+        ("protocol.group_size=100000", "protocol.group_size", "<= 4096"),
+        ("protocol.batch_redundancy=100000000", "protocol.batch_redundancy", "<= 16384"),
+        (
+            "protocol.unbounded_inflight_batches=1000000",
+            "protocol.unbounded_inflight_batches",
+            "65",
+        ),
+    ],
+)
+def test_absurd_protocol_sizes_are_refused(override: str, key: str, allowed_part: str) -> None:
+    e = _err([override])
+    assert e.key == key and str(e).startswith(key)
+    assert allowed_part in (e.allowed or "")
+
+
+def test_admission_ahead_of_training_is_capped() -> None:
+    # each value within its own range, together 65 x 16384 x 8 = 8.5M trajectories in flight
+    e = _err(["protocol.eta=64", "protocol.batch_size=16384"])
+    assert e.key == "protocol.batch_size"
+    assert "8,519,680 trajectories" in str(e) and "1,048,576" in str(e)
+    assert e.allowed == "batch_size + batch_redundancy <= 2016 with these eta and group sizes"
+    load_config(None, ["protocol.eta=64", "protocol.batch_size=2016"])  # the bound itself
+    e = _err(["protocol.eta=unbounded", "coordinator.policy=all-vanilla",
+              "protocol.unbounded_inflight_batches=65", "protocol.batch_size=16384"])  # fmt: skip
+    assert e.key == "protocol.batch_size"
+    e = _err(["protocol.group_size=4000", "protocol.group_redundancy=100"])
+    assert e.key == "protocol.group_redundancy" and e.allowed == "<= 96"
+    # the published setups are far inside the bounds
+    cfg = load_config(EXAMPLES / "sim-paper-30b-a3b.yaml", ["protocol.eta=10"])
+    assert cfg.protocol.eta == 10
+
+
+# ---------------------------------------------------------------------------------------------
+# override and YAML quirks
+
+
+def test_underscored_integers_stay_integers() -> None:
+    cfg = load_config(None, ["trainer.steps=1_000", "protocol.batch_size=1_024"])
+    assert cfg.trainer.steps == 1000 and isinstance(cfg.trainer.steps, int)
+    assert cfg.protocol.batch_size == 1024
+    assert parse_override("trainer.lr=1e-3") == ("trainer.lr", 0.001)  # still a number
+    e = _err(["trainer.steps=1e3"])  # a float for an integer key: refused, not truncated
+    assert e.key == "trainer.steps" and "integer" in (e.allowed or "")
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["run_dir=", "run.run_dir=", "run.run_dir=' '", "reward.fn=", "param_server.bind_host="],
+)
+def test_an_empty_path_or_name_is_refused(override: str) -> None:
+    key = {"run_dir": "run.run_dir"}.get(override.split("=")[0], override.split("=")[0])
+    e = _err([override])
+    assert e.key == key and "must not be empty" in str(e)
+
+
+def test_an_empty_run_dir_in_the_file_is_refused(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("run:\n  run_dir: ''\n")
+    assert _err([], str(p)).key == "run.run_dir"
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "line"),
+    [
+        ("trainer:\n  steps: 3\n  lr: 0.1\n  steps: 5\n", "trainer.steps", 4),
+        ("trainer:\n  steps: 3\nrun:\n  seed: 1\ntrainer:\n  lr: 0.1\n", "trainer", 5),
+        ("rollout:\n  sampling:\n    top_p: 0.9\n    top_p: 1.0\n", "rollout.sampling.top_p", 4),
+        ("run_dir: a\nrun:\n  run_dir: b\n", "run.run_dir", None),
+    ],
+)
+def test_a_key_given_twice_is_refused(tmp_path: Path, text: str, key: str, line: int) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    e = _err([], str(p))
+    assert e.key == key
+    if line is not None:
+        assert f"c.yaml:{line}: duplicate key {key!r}" in str(e)
+
+
+@pytest.mark.parametrize("override", ["trainer={}", "trainer={steps: 3}", "rollout.sampling={}"])
+def test_assigning_a_mapping_to_a_section_is_refused(tmp_path: Path, override: str) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("trainer:\n  steps: 3\n  lr: 0.01\n")
+    e = _err([override], str(p))
+    assert e.key == override.split("=")[0]
+    assert "is a section" in str(e) and "KEY=VALUE" in str(e)
+    assert load_config(p, ["trainer.steps=4"]).trainer.lr == 0.01  # the way to set one key
+
+
+# ---------------------------------------------------------------------------------------------
+# non-finite numbers and the cost model
+
+
+def _float_keys(cls: type = AppConfig, prefix: str = "") -> list[str]:
+    out = []
+    for a in attrs.fields(cls):
+        key = f"{prefix}{a.name}"
+        if attrs.has(a.type):
+            out += _float_keys(a.type, key + ".")
+        elif float in typing.get_args(a.type) or a.type is float:
+            out.append(key)
+    return out
+
+
+FLOAT_KEYS = _float_keys()
+
+
+def test_the_float_fields_include_the_ones_that_took_inf() -> None:
+    named = {"trainer.lr", "trainer.tis_cap", "coordinator.migration_ratio",
+             "coordinator.snapshot_interval_s", "reward.timeout_s"}  # fmt: skip
+    assert named <= set(FLOAT_KEYS) and len(FLOAT_KEYS) > 40
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", ".inf", "nan", ".nan", "1e400"])
+def test_every_float_field_refuses_non_finite_values(value: str) -> None:
+    for key in FLOAT_KEYS:
+        e = _err([f"{key}={value}"])
+        assert e.key == key, f"{key}={value}: {e}"
+        assert "finite" in str(e), f"{key}={value}: {e}"
+    assert _err([f"trainer.betas=[0.9, {value}]"]).key.startswith("trainer.betas")
+
+
+def test_non_finite_values_are_refused_in_the_file_and_in_code(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("reward:\n  timeout_s: .inf\n")
+    assert _err([], str(p)).key == "reward.timeout_s"
+    with pytest.raises(ConfigError) as info:
+        TrainerConfig(tis_cap=math.inf)
+    assert info.value.key == "trainer.tis_cap"
+    with pytest.raises(ConfigError) as info:
+        TrainerConfig(lr=10**400)  # an int beyond float range
+    assert info.value.key == "trainer.lr"
+
+
+@pytest.mark.parametrize("backend", ["vllm", "sim"])
+def test_a_cost_model_file_is_read_when_the_config_is_loaded(tmp_path: Path, backend: str) -> None:
+    base = [f"rollout.backend={backend}"]
+    if backend == "sim":
+        base += ["sim.rollout_gpus=2", "sim.total_gpus=3"]
+    e = _err([*base, f"coordinator.cost_model={tmp_path / 'missing.json'}"])
+    assert e.key == "coordinator.cost_model" and "missing.json" in str(e)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"k1": 1e-8}')
+    e = _err([*base, f"coordinator.cost_model={bad}"])
+    assert e.key == "coordinator.cost_model" and "k2" in str(e)
+    if backend == "sim":
+        e = _err([*base, f"sim.cost_model={tmp_path / 'missing.json'}"])
+        assert e.key == "sim.cost_model" and "missing.json" in str(e)

@@ -188,3 +188,18 @@ def test_encode_prompts_with_char_tokenizer() -> None:
     assert str(named.value).startswith("data/train.jsonl: row 0: prompt has 4 tokens")
     with pytest.raises(DataError, match="chat template"):
         encode_prompts(recs, tok, max_prompt_len=8, apply_chat_template=True)
+
+
+def test_preflight_names_the_file_of_an_over_long_prompt(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """The check the driver runs before anything starts: the error names the dataset file."""
+    from staleflow_trainer.prepare import preflight
+
+    p = _jsonl(tmp_path, [{"prompt": "1+1=", "ground_truth": "2"},
+                          {"prompt": "1+" * 100, "ground_truth": "1"}])  # fmt: skip
+    cfg = load_config(None, [f"data.path={p}", "data.max_prompt_len=16"])
+    with pytest.raises(DataError) as info:
+        preflight(cfg, tiny_model_dir)
+    assert info.value.path == str(p) and info.value.row == 1
+    assert str(info.value).startswith(f"{p}: row 1: prompt has")

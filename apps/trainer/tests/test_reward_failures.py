@@ -40,6 +40,7 @@ def _cfg(limit: int) -> object:
     return cfg.evolve(f"reward.max_failures_in_row={limit}")  # type: ignore[attr-defined]
 
 
+@pytest.mark.fault
 def test_a_reward_that_always_fails_stops_the_run_naming_the_setting() -> None:
     sim = _FailingRewards(_cfg(10), lambda t: True)
     with pytest.raises(SimulationHalted, match=r"reward.*10 trajectories in a row") as e:
@@ -49,6 +50,7 @@ def test_a_reward_that_always_fails_stops_the_run_naming_the_setting() -> None:
     assert sim.core.steps_done == 0
 
 
+@pytest.mark.fault
 def test_failures_that_are_not_in_a_row_do_not_stop_it() -> None:
     # every other group's rewards fail: never 10 in a row, the run completes
     sim = _FailingRewards(_cfg(10), lambda t: int(t[1:7]) % 2 == 0)

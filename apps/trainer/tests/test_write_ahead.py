@@ -76,6 +76,7 @@ def test_sequence_gap_is_refused(tmp_path: Path) -> None:
         WriteAheadLog(tmp_path).load()
 
 
+@pytest.mark.fault
 def test_damaged_complete_last_line_is_refused_not_dropped(tmp_path: Path) -> None:
     """Only an unterminated last line can be torn by a crash; a complete last line that fails
     its checksum was acknowledged (its effects may have run): that is corruption."""

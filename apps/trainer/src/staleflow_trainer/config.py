@@ -17,16 +17,18 @@ Theory of operation
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import attrs
 
-from engine_adapters.cost_model import PRESETS as COST_PRESETS
-from rollout_coordinator import PROFILES as STRATEGY_PROFILES
-from rollout_coordinator import CoordinatorConfig as _PackageCoordinatorConfig
-from rollout_coordinator.errors import ConfigError as _PackageConfigError
-from rollout_coordinator.policies import POLICIES as _POLICY_REGISTRY
-from rollout_coordinator.policies import build_policy
+from staleflow_trainer.config_coordinator import BASELINE_POLICIES as BASELINE_POLICIES
+from staleflow_trainer.config_coordinator import COST_MODEL_PRESETS as COST_MODEL_PRESETS
+from staleflow_trainer.config_coordinator import FIXED_ETA as FIXED_ETA
+from staleflow_trainer.config_coordinator import GC_FIFO_POLICIES as GC_FIFO_POLICIES
+from staleflow_trainer.config_coordinator import POLICIES as POLICIES
+from staleflow_trainer.config_coordinator import STRATEGY_FIELDS as STRATEGY_FIELDS
+from staleflow_trainer.config_coordinator import UNBOUNDED_POLICIES as UNBOUNDED_POLICIES
+from staleflow_trainer.config_coordinator import CoordinatorConfig as CoordinatorConfig
 from staleflow_trainer.config_schema import field as _f
 from staleflow_trainer.config_schema import section as _section
 from staleflow_trainer.config_schema import validate_field as _validate_field
@@ -34,6 +36,7 @@ from staleflow_trainer.config_sim import SimConfig as SimConfig  # the sim secti
 from staleflow_trainer.config_sim import SimWorkloadConfig as SimWorkloadConfig
 from staleflow_trainer.config_sim import validate_sim
 from staleflow_trainer.errors import ConfigError
+from trajectory_server import MAX_GROUP_SIZE
 
 # ---------------------------------------------------------------------------------------------
 # sections
@@ -43,7 +46,9 @@ from staleflow_trainer.errors import ConfigError
 @attrs.frozen(kw_only=True)
 class RunConfig:
     __section__: ClassVar[str]
-    run_dir: str = _f("runs/latest", doc="run directory (metrics, checkpoints, plots)")
+    run_dir: str = _f(
+        "runs/latest", nonempty=True, doc="run directory (metrics, checkpoints, plots)"
+    )
     seed: int = _f(0, ge=0)
     checkpoint_every: int = _f(10, ge=0, doc="steps between checkpoints; 0 = only at the end")
     keep_checkpoints: int = _f(2, ge=1)
@@ -107,8 +112,10 @@ class DataConfig:
     path: str = _f("", doc="JSONL or Parquet file; empty = the built-in toy task")
     toy_task: Literal["add", "add_mod10", "successor", "copy"] = _f("add")
     toy_size: int = _f(512, ge=1, doc="number of toy prompts generated")
-    prompt_key: str = _f("prompt")
-    answer_key: str = _f("reward_model.ground_truth", doc="falls back to 'ground_truth'")
+    prompt_key: str = _f("prompt", nonempty=True)
+    answer_key: str = _f(
+        "reward_model.ground_truth", nonempty=True, doc="falls back to 'ground_truth'"
+    )
     shuffle: bool = _f(True)
     max_prompt_len: int = _f(64, ge=1)
     apply_chat_template: bool = _f(False)
@@ -139,14 +146,33 @@ class RolloutConfig:
     sampling: SamplingConfig = attrs.field(factory=SamplingConfig, validator=_validate_field)
 
 
+#: Upper bounds of the protocol section. Admission keeps up to (η + 1) buffers of
+#: (B + B') groups of (n + n') trajectories ahead of training, and the control core holds a record
+#: of each: absurd values (η = 10^12, B = 10^8) would admit without end and grow memory by the
+#: second. The bounds sit far beyond any useful run: the published staleness results converge
+#: like synchronous training up to η ≈ 3 and degrade from about 10 (use ``unbounded`` for no
+#: staleness control at all), the largest published RL recipes train on a few thousand prompts
+#: per step, and 2^20 admitted trajectories (≈ 1 GiB of bookkeeping) is 14x a run of B = 512
+#: prompts x n = 16 at η = 8.
+MAX_ETA = 64
+MAX_BATCH_SIZE = 16384
+MAX_ADMITTED_TRAJECTORIES = 2**20
+
+
 @_section("protocol")
 @attrs.frozen(kw_only=True)
 class ProtocolConfig:
     __section__: ClassVar[str]
-    batch_size: int = _f(8, ge=1, doc="B: groups per training batch")
-    group_size: int = _f(8, ge=1, doc="n: responses per prompt")
-    eta: int | Literal["unbounded"] = _f(1, ge=0, doc="staleness bound; 'unbounded' = no control")
-    batch_redundancy: int = _f(0, ge=0, doc="B' - B spare slots per buffer")
+    batch_size: int = _f(
+        8, ge=1, le=MAX_BATCH_SIZE, doc="B: groups per training batch (see MAX_BATCH_SIZE)"
+    )
+    group_size: int = _f(
+        8, ge=1, le=MAX_GROUP_SIZE, doc="n: responses per prompt (the trajectory server's limit)"
+    )
+    eta: int | Literal["unbounded"] = _f(
+        1, ge=0, le=MAX_ETA, doc="staleness bound; 'unbounded' = no control (see MAX_ETA)"
+    )
+    batch_redundancy: int = _f(0, ge=0, le=MAX_BATCH_SIZE, doc="B' - B spare slots per buffer")
     group_redundancy: int = _f(0, ge=0, doc="n' - n extra responses per group")
     stuck_threshold: int = _f(4, ge=0, doc="abort stragglers of a buffer lacking <= this many")
     stuck_after_s: float = _f(
@@ -155,147 +181,32 @@ class ProtocolConfig:
     unbounded_inflight_batches: int = _f(
         2,
         ge=1,
+        le=MAX_ETA + 1,
         doc="eta 'unbounded' only: groups admitted and not yet complete <= this x batch_size",
     )
 
-
-# Policy facts come from the coordinator's registry (one place).
-POLICIES: tuple[str, ...] = tuple(_POLICY_REGISTRY)
-#: Policies whose η is fixed by the system they model (``sync``: 0, ``one-step``: 1).
-FIXED_ETA: dict[str, int] = {
-    p: eta for p in POLICIES if (eta := build_policy(p).required_eta) is not None
-}
-#: Policies that model another system: in a comparison they run without StaleFlow's own
-#: protocol mechanisms (redundant rollout, stuck-buffer resolution).
-BASELINE_POLICIES: tuple[str, ...] = tuple(p for p in POLICIES if build_policy(p).baseline)
-#: Policies whose η is kept by ``staleness_protocol.GcFifo`` (a FIFO that drops what ages out)
-#: rather than by the buffers.
-GC_FIFO_POLICIES: tuple[str, ...] = tuple(
-    p for p in POLICIES if build_policy(p).protocol == "gc-fifo"
-)
-COST_MODEL_PRESETS = tuple(sorted(COST_PRESETS))
-#: Policies ``protocol.eta: unbounded`` runs with: greedy global sync on publish and admission
-#: by the protocol alone (its in-flight cap), as systems without a staleness guarantee do.
-UNBOUNDED_POLICIES = ("all-vanilla", "vanilla-sync")
-
-
-#: The strategy fields of ``rollout_coordinator.CoordinatorConfig`` the ``coordinator`` section
-#: may set. Each defaults to null: the value of ``coordinator.profile`` (the package holds the
-#: defaults, the ranges and the profiles; the app only passes what the user set). ``off`` unsets
-#: a field a profile turns on (its package value None).
-STRATEGY_FIELDS = (
-    "theta",
-    "route_kv_limit",
-    "route_max_concurrency",
-    "candidate_order",
-    "partial_order",
-    "max_routes_per_cycle",
-    "route_miss_limit",
-    "sync_kv_threshold",
-    "sync_require_starved",
-    "sync_max_lag",
-    "sync_lag_fraction",
-    "migration_ratio",
-    "migration_indicator",
-    "migration_min_running",
-    "migration_amount",
-    "migration_during_sync",
-    "preemption_rule",
-    "preempt_abort_waiting",
-    "bounce_waiting_threshold",
-    "bounce_kv_threshold",
-    "bounce_max_per_instance",
-    "verl_staleness_threshold",
-    "verl_max_concurrent_groups_per_instance",
-)
-
-
-@_section("coordinator")
-@attrs.frozen(kw_only=True)
-class CoordinatorConfig:
-    """The coordinator: policy, routing cost model, a strategy profile and overrides of it.
-
-    Strategy fields are those of ``rollout_coordinator.CoordinatorConfig`` (see
-    :data:`STRATEGY_FIELDS`); null takes the profile's value. They are validated by building
-    the package's config, so its ranges are the only ones."""
-
-    __section__: ClassVar[str]
-    policy: str = _f("staleflow", doc="a policy of the coordinator's registry")
-    cost_model: str = _f(
-        "qwen3-30b-a3b-h20", doc="routing cost model: a preset name or a fitted JSON file"
-    )
-    profile: str = _f("default", doc="strategy profile (rollout_coordinator PROFILES)")
-    theta: float | None = _f(None, doc="min marginal-gain fraction to route")
-    route_kv_limit: float | None = _f(None, doc="route only while KV usage after it stays <=")
-    route_max_concurrency: int | Literal["off"] | None = _f(None, doc="running cap per instance")
-    candidate_order: str | None = _f(None, doc="new groups: oldest or reserve (newest) first")
-    partial_order: str | None = _f(None, doc="partials: version (oldest first) or gain")
-    max_routes_per_cycle: int | None = _f(None)
-    route_miss_limit: int | None = _f(None)
-    sync_kv_threshold: float | None = _f(None, doc="per-instance sync only below this KV usage")
-    sync_require_starved: bool | None = _f(None, doc="... and only without work at its version")
-    sync_max_lag: int | Literal["off"] | None = _f(None, doc="sync at once at this lag")
-    sync_lag_fraction: float | Literal["off"] | None = _f(None, doc="lag bound as a share of eta")
-    migration_ratio: float | None = _f(None, doc="load ratio that triggers migration")
-    migration_indicator: str | None = _f(None, doc="kv, running, waiting or throughput")
-    migration_min_running: int | None = _f(None)
-    migration_amount: str | None = _f(None, doc="half_gap or all")
-    migration_during_sync: bool | None = _f(None)
-    preemption_rule: str | None = _f(None, doc="bounce, abort or off")
-    preempt_abort_waiting: int | None = _f(None)
-    bounce_waiting_threshold: int | None = _f(None)
-    bounce_kv_threshold: float | None = _f(None)
-    bounce_max_per_instance: int | None = _f(None)
-    verl_staleness_threshold: float | None = _f(None, doc="verl-async window (null: eta)")
-    verl_max_concurrent_groups_per_instance: int | None = _f(None)
-    snapshot_interval_s: float = _f(
-        0.05,
-        gt=0.0,
-        doc="control cycle period: poll instances, decide (virtual s in the simulator)",
-    )
-    sync_retries: int = _f(
-        5, ge=0, doc="consecutive failed syncs of one instance tolerated; one more fails the run"
-    )
-    sync_retry_backoff_s: float = _f(
-        0.5, ge=0.0, doc="delay before retrying a failed sync; doubles per failure, at most 30 s"
-    )
-
     def __attrs_post_init__(self) -> None:
-        if self.policy not in POLICIES:
+        members = self.group_size + self.group_redundancy
+        if members > MAX_GROUP_SIZE:
             raise ConfigError(
-                f"coordinator.policy {self.policy!r} is not a known policy",
-                key="coordinator.policy",
-                allowed=f"one of {list(POLICIES)}",
+                f"protocol.group_redundancy: group_size {self.group_size} + group_redundancy "
+                f"{self.group_redundancy} = {members} members exceed the trajectory server's "
+                f"{MAX_GROUP_SIZE} per group",
+                key="protocol.group_redundancy",
+                allowed=f"<= {MAX_GROUP_SIZE - self.group_size}",
             )
-        if self.cost_model not in COST_MODEL_PRESETS and not self.cost_model.endswith(".json"):
+        buffers = self.unbounded_inflight_batches if self.eta == "unbounded" else self.eta + 1
+        groups = self.batch_size + self.batch_redundancy
+        if buffers * groups * members > MAX_ADMITTED_TRAJECTORIES:
             raise ConfigError(
-                f"coordinator.cost_model {self.cost_model!r} is neither a preset nor a .json file",
-                key="coordinator.cost_model",
-                allowed=f"one of {list(COST_MODEL_PRESETS)} or a path ending in .json",
+                f"protocol.batch_size: up to {buffers} x {groups} groups x {members} members = "
+                f"{buffers * groups * members:,} trajectories would be admitted ahead of "
+                f"training (buffers x (batch_size + batch_redundancy) x (group_size + "
+                f"group_redundancy)); at most {MAX_ADMITTED_TRAJECTORIES:,}",
+                key="protocol.batch_size",
+                allowed=f"batch_size + batch_redundancy <= "
+                f"{MAX_ADMITTED_TRAJECTORIES // (buffers * members)} with these eta and group sizes",
             )
-        if self.profile not in STRATEGY_PROFILES:
-            raise ConfigError(
-                f"coordinator.profile {self.profile!r} is not a known profile",
-                key="coordinator.profile",
-                allowed=f"one of {sorted(STRATEGY_PROFILES)}",
-            )
-        try:  # the package's own checks (the cost model is read later, when the core is built)
-            _PackageCoordinatorConfig.from_dict(
-                {"profile": self.profile, "policy": self.policy, **self.strategy_overrides()}
-            )
-        except _PackageConfigError as e:
-            raise ConfigError(
-                f"coordinator.{e.field}: {e}", key=f"coordinator.{e.field}", allowed=e.allowed
-            ) from None
-
-    def strategy_overrides(self) -> dict[str, Any]:
-        """The strategy fields set here (null ones left to the profile; ``off`` → None)."""
-        out: dict[str, Any] = {}
-        for name in STRATEGY_FIELDS:
-            value = getattr(self, name)
-            if value is not None:
-                out[name] = None if value == "off" else value
-        return out
 
 
 @_section("trainer.overlong")
@@ -346,6 +257,7 @@ class RewardConfig:
     __section__: ClassVar[str]
     fn: str = _f(
         "staleflow_trainer.reward.default:compute_score",
+        nonempty=True,
         doc="dotted path 'pkg.module:function' (or 'pkg.module.function')",
     )
     num_workers: int = _f(1, ge=1)
@@ -367,7 +279,7 @@ class ParamServerConfig:
         300.0, ge=0.0, doc="a failed push (e.g. a storage worker down) is retried this long"
     )
     transport: Literal["nixl", "local"] = _f("nixl")
-    bind_host: str = _f("127.0.0.1")
+    bind_host: str = _f("127.0.0.1", nonempty=True)
     auth_token: str = _f("", doc="required when bind_host is not loopback")
 
 
@@ -389,6 +301,7 @@ class RayConfig:
     reward_resource: str = _f("", doc="custom resource of the reward worker node(s)")
     trajectory_server_host: str = _f(
         "127.0.0.1",
+        nonempty=True,
         doc="address the trajectory server binds and other nodes reach it at (token-checked)",
     )
 

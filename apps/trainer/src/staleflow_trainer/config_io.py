@@ -41,8 +41,9 @@ def parse_override(item: str) -> tuple[str, Any]:
         raise ConfigError(
             f"override {item!r}: value is not a YAML scalar ({e})", key=key, allowed="a scalar"
         ) from None
-    if isinstance(value, float) is False and isinstance(raw, str) and _looks_like_float(raw):
+    if isinstance(value, str) and _looks_like_float(raw):
         value = float(raw)  # YAML 1.1 reads "1e-3" as a string; users mean a number
+    # (only a string: "1_000" is the YAML int 1000 and stays one)
     return key, value
 
 
@@ -73,9 +74,10 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
                 )
             ftype = names[part].type
             if depth == len(parts) - 1:
-                if attrs.has(ftype) and not isinstance(value, Mapping):
+                if attrs.has(ftype):  # "trainer={}" would reset the whole section: refused
                     raise ConfigError(
-                        f"{here} is a section; set one of its keys ({here}.KEY=VALUE)",
+                        f"{here} is a section, not a value ({item!r}); set one of its keys "
+                        f"({here}.KEY=VALUE)",
                         key=here,
                         allowed=", ".join(a.name for a in attrs.fields(ftype)),
                     )
@@ -100,14 +102,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
 
 def from_dict(data: Mapping[str, Any]) -> AppConfig:
     """Build and validate an :class:`AppConfig` from a nested mapping."""
-    data = dict(data)
-    for alias, target in _ALIASES.items():
-        if alias in data:
-            section, key = target.split(".")
-            sec = dict(data.get(section) or {})
-            sec[key] = data.pop(alias)
-            data[section] = sec
-    config: AppConfig = _build(_config.AppConfig, data, "")
+    config: AppConfig = _build(_config.AppConfig, _normalize_aliases(dict(data)), "")
     return config
 
 
@@ -119,7 +114,7 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> AppCo
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist", key="<file>", allowed="")
         try:
-            loaded = yaml.safe_load(p.read_text())
+            loaded = load_yaml(p.read_text(), p)
         except yaml.YAMLError as e:
             raise ConfigError(f"{p}: invalid YAML: {e}", key="<file>", allowed="YAML") from None
         if loaded is None:
@@ -136,12 +131,54 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> AppCo
     return from_dict(data)
 
 
+def load_yaml(text: str, path: Path) -> Any:
+    """``yaml.safe_load`` that refuses a key given twice in one mapping (plain YAML keeps the
+    last one silently): ConfigError naming the dotted key and both lines."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_duplicate_keys(node, "", path)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _refuse_duplicate_keys(node: yaml.Node, prefix: str, path: Path) -> None:
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            name = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            key = f"{prefix}.{name}" if prefix else str(name)
+            line = key_node.start_mark.line + 1
+            if name is not None and name in seen:
+                raise ConfigError(
+                    f"{path}:{line}: duplicate key {key!r} (first given on line "
+                    f"{seen[name]}); YAML would silently keep the last one",
+                    key=key,
+                    allowed="each key once per section",
+                )
+            if name is not None:
+                seen[name] = line
+            _refuse_duplicate_keys(value_node, key, path)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicate_keys(item, f"{prefix}[{i}]", path)
+
+
 def _normalize_aliases(data: dict[str, Any]) -> dict[str, Any]:
     data = dict(data)
     for alias, target in _ALIASES.items():
         if alias in data:
             section, key = target.split(".")
             sec = dict(data.get(section) or {})
+            if key in sec:
+                raise ConfigError(
+                    f"{alias} and {target} are the same setting; give it once",
+                    key=target,
+                    allowed=f"{alias} or {target}",
+                )
             sec[key] = data.pop(alias)
             data[section] = sec
     return data

@@ -5,10 +5,16 @@ an optional range, a doc line) and decorated with :func:`section` (its dotted na
 check runs when a section is built from YAML (:func:`build`) and when code constructs it
 directly; every failure is a :class:`~staleflow_trainer.errors.ConfigError` naming the full
 dotted key and what would be accepted.
+
+Every number must be finite: ``inf`` and ``nan`` (``.inf``/``.nan`` in YAML) are refused for
+every float field, here, once (no field accepts them: a period, a timeout, a learning rate or a
+ratio of infinity is a typo, not a setting). A string field made with ``nonempty=True`` refuses
+an empty or blank value (e.g. ``run.run_dir=`` would otherwise mean the current directory).
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import types
 import typing
@@ -29,9 +35,10 @@ def field(
     gt: float | None = None,
     le: float | None = None,
     lt: float | None = None,
+    nonempty: bool = False,
     doc: str = "",
 ) -> Any:
-    meta = {"ge": ge, "gt": gt, "le": le, "lt": lt, "doc": doc}
+    meta = {"ge": ge, "gt": gt, "le": le, "lt": lt, "nonempty": nonempty, "doc": doc}
     if isinstance(default, (list, dict)):
         raise TypeError("use tuples / sections, not mutable defaults")
     return attrs.field(default=default, validator=validate_field, metadata={_META: meta})
@@ -49,7 +56,7 @@ def describe(tp: Any) -> str:
         return "null"
     if attrs.has(tp):
         return f"a mapping with keys {', '.join(a.name for a in attrs.fields(tp))}"
-    return {int: "an integer", float: "a number", str: "a string", bool: "true/false"}.get(
+    return {int: "an integer", float: "a finite number", str: "a string", bool: "true/false"}.get(
         tp, str(tp)
     )
 
@@ -102,7 +109,12 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         raise bad
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                number = float(value)
+            except OverflowError:  # an int beyond float range
+                number = math.inf
+            if math.isfinite(number):
+                return number
         raise bad
     if tp is str:
         if isinstance(value, str):
@@ -112,6 +124,10 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
 
 
 def check_range(value: Any, meta: Mapping[str, Any], key: str) -> None:
+    if isinstance(value, str) and meta.get("nonempty") and not value.strip():
+        raise ConfigError(
+            f"{key} must not be empty, got {value!r}", key=key, allowed="a non-empty string"
+        )
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return
     bounds = []

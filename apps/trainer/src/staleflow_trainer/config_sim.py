@@ -350,8 +350,4 @@ def validate_sim(cfg: Any) -> None:
     elif w.kind not in KINDS:  # pragma: no cover - the Literal type rejects it first
         raise ConfigError(f"sim.workload.kind {w.kind!r}", key="sim.workload.kind", allowed="")
     length_workload(cfg)
-    # a fitted .json is read when the run starts (an earlier step may write it)
-    deferred = sim.cost_model.endswith(".json") or (
-        sim.cost_model == "coordinator" and cfg.coordinator.cost_model.endswith(".json")
-    )
-    engine_config(cfg, cost=COST_PRESETS["qwen-7b-h20"] if deferred else None)
+    engine_config(cfg)  # reads a fitted .json cost model now: a bad file fails at load

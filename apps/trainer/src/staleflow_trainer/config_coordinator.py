@@ -1,0 +1,167 @@
+"""The ``coordinator`` section of the app's config and the policy facts it names.
+
+Policies, strategy profiles, strategy fields and routing cost models belong to the
+``rollout_coordinator`` package: this module only says which of them the app config may set,
+and checks a setting by building the package's own config from it, so the package's ranges and
+its cost-model reader are the only ones (a fitted ``.json`` cost model is read when the config
+is loaded, so a missing or malformed file fails there, naming ``coordinator.cost_model``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import attrs
+
+from engine_adapters.cost_model import PRESETS as COST_PRESETS
+from rollout_coordinator import PROFILES as STRATEGY_PROFILES
+from rollout_coordinator import CoordinatorConfig as _PackageCoordinatorConfig
+from rollout_coordinator.errors import ConfigError as _PackageConfigError
+from rollout_coordinator.policies import POLICIES as _POLICY_REGISTRY
+from rollout_coordinator.policies import build_policy
+from staleflow_trainer.config_schema import field as _f
+from staleflow_trainer.config_schema import section as _section
+from staleflow_trainer.errors import ConfigError
+
+# Policy facts come from the coordinator's registry (one place).
+POLICIES: tuple[str, ...] = tuple(_POLICY_REGISTRY)
+#: Policies whose η is fixed by the system they model (``sync``: 0, ``one-step``: 1).
+FIXED_ETA: dict[str, int] = {
+    p: eta for p in POLICIES if (eta := build_policy(p).required_eta) is not None
+}
+#: Policies that model another system: in a comparison they run without StaleFlow's own
+#: protocol mechanisms (redundant rollout, stuck-buffer resolution).
+BASELINE_POLICIES: tuple[str, ...] = tuple(p for p in POLICIES if build_policy(p).baseline)
+#: Policies whose η is kept by ``staleness_protocol.GcFifo`` (a FIFO that drops what ages out)
+#: rather than by the buffers.
+GC_FIFO_POLICIES: tuple[str, ...] = tuple(
+    p for p in POLICIES if build_policy(p).protocol == "gc-fifo"
+)
+COST_MODEL_PRESETS = tuple(sorted(COST_PRESETS))
+#: Policies ``protocol.eta: unbounded`` runs with: greedy global sync on publish and admission
+#: by the protocol alone (its in-flight cap), as systems without a staleness guarantee do.
+UNBOUNDED_POLICIES = ("all-vanilla", "vanilla-sync")
+
+
+#: The strategy fields of ``rollout_coordinator.CoordinatorConfig`` the ``coordinator`` section
+#: may set. Each defaults to null: the value of ``coordinator.profile`` (the package holds the
+#: defaults, the ranges and the profiles; the app only passes what the user set). ``off`` unsets
+#: a field a profile turns on (its package value None).
+STRATEGY_FIELDS = (
+    "theta",
+    "route_kv_limit",
+    "route_max_concurrency",
+    "candidate_order",
+    "partial_order",
+    "max_routes_per_cycle",
+    "route_miss_limit",
+    "sync_kv_threshold",
+    "sync_require_starved",
+    "sync_max_lag",
+    "sync_lag_fraction",
+    "migration_ratio",
+    "migration_indicator",
+    "migration_min_running",
+    "migration_amount",
+    "migration_during_sync",
+    "preemption_rule",
+    "preempt_abort_waiting",
+    "bounce_waiting_threshold",
+    "bounce_kv_threshold",
+    "bounce_max_per_instance",
+    "verl_staleness_threshold",
+    "verl_max_concurrent_groups_per_instance",
+)
+
+
+@_section("coordinator")
+@attrs.frozen(kw_only=True)
+class CoordinatorConfig:
+    """The coordinator: policy, routing cost model, a strategy profile and overrides of it.
+
+    Strategy fields are those of ``rollout_coordinator.CoordinatorConfig`` (see
+    :data:`STRATEGY_FIELDS`); null takes the profile's value. They are validated by building
+    the package's config, so its ranges are the only ones."""
+
+    __section__: ClassVar[str]
+    policy: str = _f("staleflow", doc="a policy of the coordinator's registry")
+    cost_model: str = _f(
+        "qwen3-30b-a3b-h20", doc="routing cost model: a preset name or a fitted JSON file"
+    )
+    profile: str = _f("default", doc="strategy profile (rollout_coordinator PROFILES)")
+    theta: float | None = _f(None, doc="min marginal-gain fraction to route")
+    route_kv_limit: float | None = _f(None, doc="route only while KV usage after it stays <=")
+    route_max_concurrency: int | Literal["off"] | None = _f(None, doc="running cap per instance")
+    candidate_order: str | None = _f(None, doc="new groups: oldest or reserve (newest) first")
+    partial_order: str | None = _f(None, doc="partials: version (oldest first) or gain")
+    max_routes_per_cycle: int | None = _f(None)
+    route_miss_limit: int | None = _f(None)
+    sync_kv_threshold: float | None = _f(None, doc="per-instance sync only below this KV usage")
+    sync_require_starved: bool | None = _f(None, doc="... and only without work at its version")
+    sync_max_lag: int | Literal["off"] | None = _f(None, doc="sync at once at this lag")
+    sync_lag_fraction: float | Literal["off"] | None = _f(None, doc="lag bound as a share of eta")
+    migration_ratio: float | None = _f(None, doc="load ratio that triggers migration")
+    migration_indicator: str | None = _f(None, doc="kv, running, waiting or throughput")
+    migration_min_running: int | None = _f(None)
+    migration_amount: str | None = _f(None, doc="half_gap or all")
+    migration_during_sync: bool | None = _f(None)
+    preemption_rule: str | None = _f(None, doc="bounce, abort or off")
+    preempt_abort_waiting: int | None = _f(None)
+    bounce_waiting_threshold: int | None = _f(None)
+    bounce_kv_threshold: float | None = _f(None)
+    bounce_max_per_instance: int | None = _f(None)
+    verl_staleness_threshold: float | None = _f(None, doc="verl-async window (null: eta)")
+    verl_max_concurrent_groups_per_instance: int | None = _f(None)
+    snapshot_interval_s: float = _f(
+        0.05,
+        gt=0.0,
+        doc="control cycle period: poll instances, decide (virtual s in the simulator)",
+    )
+    sync_retries: int = _f(
+        5, ge=0, doc="consecutive failed syncs of one instance tolerated; one more fails the run"
+    )
+    sync_retry_backoff_s: float = _f(
+        0.5, ge=0.0, doc="delay before retrying a failed sync; doubles per failure, at most 30 s"
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ConfigError(
+                f"coordinator.policy {self.policy!r} is not a known policy",
+                key="coordinator.policy",
+                allowed=f"one of {list(POLICIES)}",
+            )
+        if self.cost_model not in COST_MODEL_PRESETS and not self.cost_model.endswith(".json"):
+            raise ConfigError(
+                f"coordinator.cost_model {self.cost_model!r} is neither a preset nor a .json file",
+                key="coordinator.cost_model",
+                allowed=f"one of {list(COST_MODEL_PRESETS)} or a path ending in .json",
+            )
+        if self.profile not in STRATEGY_PROFILES:
+            raise ConfigError(
+                f"coordinator.profile {self.profile!r} is not a known profile",
+                key="coordinator.profile",
+                allowed=f"one of {sorted(STRATEGY_PROFILES)}",
+            )
+        try:  # the package's own checks; a fitted .json cost model is read here, at load
+            _PackageCoordinatorConfig.from_dict(
+                {
+                    "profile": self.profile,
+                    "policy": self.policy,
+                    "cost_model": self.cost_model,
+                    **self.strategy_overrides(),
+                }
+            )
+        except _PackageConfigError as e:
+            raise ConfigError(
+                f"coordinator.{e.field}: {e}", key=f"coordinator.{e.field}", allowed=e.allowed
+            ) from None
+
+    def strategy_overrides(self) -> dict[str, Any]:
+        """The strategy fields set here (null ones left to the profile; ``off`` → None)."""
+        out: dict[str, Any] = {}
+        for name in STRATEGY_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = None if value == "off" else value
+        return out
