@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -38,10 +37,7 @@ import structlog
 
 from staleflow_trainer.actors import reconcile
 from staleflow_trainer.actors.reconcile import (
-    LATEST_FILE,
-    RECORDS_FILE,
     STATE_FILE,
-    TS_FILE,
     checkpoint_records,
     latest_checkpoint,
 )
@@ -52,7 +48,7 @@ from staleflow_trainer.actors.shell_io import (
     sync_retry_delay,
 )
 from staleflow_trainer.actors.write_ahead import WAL_DIR, WriteAheadLog
-from staleflow_trainer.atomic_files import atomic_write_bytes, read_verified_bytes
+from staleflow_trainer.atomic_files import read_verified_bytes
 from staleflow_trainer.config import AppConfig, from_dict
 from staleflow_trainer.control import ControlCore, core_config
 from staleflow_trainer.control import effects as fx
@@ -325,27 +321,13 @@ class ControlActor:
         written to a temp dir and renamed; ``latest`` names it. The journal restarts from the end of
         the batch of events being handled."""
         self._maybe_crash("before_checkpoint")
-        k = self.core.steps_done
-        root = self._run_dir / "checkpoints"
-        root.mkdir(parents=True, exist_ok=True)
-        final, tmp = root / f"step_{k:06d}", root / f".tmp_step_{k:06d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        await self.io.trainer.save_checkpoint.remote(str(tmp))
-        shutil.copyfile(await self.io.ts.save_checkpoint(), tmp / TS_FILE)
-        state = self.core.to_dict()
-        encoded = json.dumps(state).encode()
-        atomic_write_bytes(tmp / STATE_FILE, encoded)
-        atomic_write_bytes(tmp / RECORDS_FILE, json.dumps(self._unconfirmed).encode())
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.replace(final)
-        atomic_write_bytes(root / LATEST_FILE, final.name.encode())
-        for old in sorted(p for p in root.glob("step_*") if p.is_dir())[
-            : -self.cfg.run.keep_checkpoints
-        ]:
-            shutil.rmtree(old, ignore_errors=True)
+        final = await reconcile.write_checkpoint(
+            self._run_dir / "checkpoints", self.core.steps_done, self.io,
+            state=self.core.to_dict(), records=self._unconfirmed,
+            keep=self.cfg.run.keep_checkpoints,
+        )  # fmt: skip
         self._checkpointed = True  # the journal restarts from the end of this batch
-        self._log.info("checkpoint_written", step=k, path=str(final))
+        self._log.info("checkpoint_written", step=self.core.steps_done, path=str(final))
         return str(final)
 
     # --------------------------------------------------------------------------- shutdown

@@ -22,13 +22,14 @@ by the shell from :meth:`~staleflow_trainer.control.ControlCore.pending_work`.
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from staleflow_trainer.atomic_files import read_verified_bytes
+from staleflow_trainer.atomic_files import atomic_write_bytes, read_verified_bytes
 from staleflow_trainer.control import ControlCore
 from staleflow_trainer.control import effects as fx
 from staleflow_trainer.control.checks import ledger_problems
@@ -46,6 +47,28 @@ TS_FILE = "trajectory_store.bin"
 TRAINER_FILE = "trainer.pt"
 LATEST_FILE = "latest"
 RECORDS_FILE = "records.json"  # step records the driver had not confirmed written
+
+
+async def write_checkpoint(
+    root: Path, step: int, io: Any, *, state: Any, records: list[Any], keep: int
+) -> Path:
+    """``root/step_<k>``: the trainer's files, the trajectory store, the core's ``state`` and
+    the unconfirmed step ``records``, written to a temp dir and renamed; ``latest`` then names
+    it; only the newest ``keep`` step directories stay."""
+    root.mkdir(parents=True, exist_ok=True)
+    final, tmp = root / f"step_{step:06d}", root / f".tmp_step_{step:06d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    await io.trainer.save_checkpoint.remote(str(tmp))
+    shutil.copyfile(await io.ts.save_checkpoint(), tmp / TS_FILE)
+    atomic_write_bytes(tmp / STATE_FILE, json.dumps(state).encode())
+    atomic_write_bytes(tmp / RECORDS_FILE, json.dumps(records).encode())
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.replace(final)
+    atomic_write_bytes(root / LATEST_FILE, final.name.encode())
+    for old in sorted(p for p in root.glob("step_*") if p.is_dir())[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
 
 
 def checkpoint_records(ckpt: Path) -> list[dict[str, Any]]:
