@@ -131,7 +131,7 @@ class ControlActor:
     async def setup(self) -> dict[str, Any]:
         await self.io.start()
         ccfg = core_config(self.cfg, rows=self.io.rows)
-        replayed = 0
+        replayed, settle = 0, list[fx.Effect]()
         if self._recover:  # the previous control actor died: its journal is the truth
             base, records = self._wal.load()
             self.core = ControlCore.restore(base, ccfg, prompt_len=self.io.prompt_len)
@@ -140,6 +140,8 @@ class ControlActor:
                     effects = self.core.handle(event_from_dict(d))
                     self._records.extend(dict(e.row) for e in effects if isinstance(e, fx.Record))
                     replayed += 1
+                    if rec is records[-1]:  # its effects may not all have run before the crash
+                        settle.extend(reconcile.store_settlements(effects))
             ckpt = latest_checkpoint(self._run_dir)
             if ckpt is not None:  # records of before the journal's base, maybe never drained
                 self._records[:0] = checkpoint_records(ckpt)
@@ -157,6 +159,8 @@ class ControlActor:
         if not self._recover:
             self._wal.reset(self.core.to_dict())
         work = self.core.pending_work()  # before any event: events may start new work
+        for e in settle:  # the last batch's drops and releases (idempotent in the store)
+            await self.io.carry(e)
         events = await reconcile.world_to_core(
             self.core, self.io, self.now, resumed=self._resume_dir is not None
         )

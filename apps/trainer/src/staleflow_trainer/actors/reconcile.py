@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +177,21 @@ async def _as_in_store(core: ControlCore, io: Any, iid: str) -> list[Outcome]:
         else:  # back in the queue (or never delivered): what the store holds
             e = core.ledger.entries[tid]
             out.append(Outcome(trajectory_id=tid, generated=lengths.get(tid, e.generated)))
+    return out
+
+
+def store_settlements(effects: Sequence[fx.Effect]) -> list[fx.Effect]:
+    """What of a replayed batch's ``effects`` settles trajectories in the store — drops and
+    releases — to carry again after a crash: the batch's events are in the journal but its
+    effects may have stopped midway, and a group the core settled is forgotten, so recovery
+    could no longer tell a dropped trajectory from a trained one. An interrupt that discards
+    its output becomes a drop (the instances are stopped by recovery anyway)."""
+    out: list[fx.Effect] = []
+    for e in effects:
+        if isinstance(e, fx.Drop | fx.DropGroup | fx.Release):
+            out.append(e)
+        elif isinstance(e, fx.Interrupt) and not e.requeue:
+            out.append(fx.Drop(trajectory_ids=e.trajectory_ids, reason=e.reason))
     return out
 
 
