@@ -47,3 +47,19 @@ def test_missing_resources_names_what_the_cluster_lacks() -> None:
         "GPU: 2 needed, 0 in the cluster"
     ]
     assert prepare.missing_resources({"CPU": 1.0}, 2, {"CPU": 2.0}) == []
+
+
+def test_ray_token_auth_notice_is_quiet_and_other_warnings_are_not(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import logging
+
+    name = "ray._private.authentication.authentication_token_setup"
+    prepare._quiet_token_auth_notice()
+    prepare._quiet_token_auth_notice()  # once only
+    logger = logging.getLogger(name)
+    assert sum(isinstance(f, prepare._TokenAuthNotice) for f in logger.filters) == 1
+    with caplog.at_level(logging.WARNING, logger=name):
+        logger.warning("Token authentication is enabled for this Ray cluster. Set ...")
+        logger.warning("Token authentication is disabled for this Ray cluster. Anyone ...")
+    assert [r.getMessage()[:34] for r in caplog.records] == ["Token authentication is disabled f"]

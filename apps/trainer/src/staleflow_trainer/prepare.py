@@ -5,6 +5,7 @@ from, the preflight checks, and each rollout instance's engine arguments."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from collections.abc import Mapping
@@ -235,6 +236,21 @@ def missing_resources(
     return out
 
 
+class _TokenAuthNotice(logging.Filter):
+    """Drops Ray's "Token authentication is enabled" notice: a local Ray enables its token
+    authentication by default and says so on every start; the run keeps the token (see
+    docs/reliability.md) without the notice."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled")
+
+
+def _quiet_token_auth_notice() -> None:
+    logger = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    if not any(isinstance(f, _TokenAuthNotice) for f in logger.filters):
+        logger.addFilter(_TokenAuthNotice())
+
+
 _RAY_SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": node IP = loopback
 
 
@@ -270,6 +286,7 @@ def init_ray(cfg: AppConfig, progress: StartupProgress | None = None) -> bool:
         # clustering is off (its single-machine mode), so turn it off: everything on loopback.
         os.environ[_RAY_SINGLE_MACHINE] = "0"
         ray_constants.ENABLE_RAY_CLUSTER = False
+        _quiet_token_auth_notice()
         ray_init_with_retry(
             lambda: ray.init(
                 num_cpus=cfg.ray.num_cpus or effective_cpus(),

@@ -98,8 +98,16 @@ def make_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None) -> P
     model.generation_config = GenerationConfig(  # type: ignore[no-untyped-call,unused-ignore]
         bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID
     )
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # a bar for a few KB
+    try:
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
     marker.write_text(json.dumps(wanted))
     log.info("tiny_model_created", path=str(out), vocab=len(tokenizer), **wanted)
     return out
