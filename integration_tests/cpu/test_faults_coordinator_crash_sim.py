@@ -2,8 +2,8 @@
 TCP, the NIXL param server, the real trainer; only the engines are simulated, so one run can
 crash the coordinator at every write-ahead point within a minute or two.
 
-The control actor is killed four times in one run — ``ray.kill`` at a random moment while the
-instances generate, and ``os._exit`` at the three crash points of the control shell (after a
+The control actor is killed four times in one run — ``ray.kill`` while the trainer trains a
+batch (the replacement re-issues it; the trainer must not train it twice), and ``os._exit`` at the three crash points of the control shell (after a
 batch of events is journaled, before any of its effects; midway through an event's effects;
 before a checkpoint is written). Each time the driver replaces it from
 the write-ahead journal and the run goes on. Then: the run completed its steps, no trajectory
@@ -70,8 +70,10 @@ def crashed(
     rng = random.Random(0)
     dep = Deployment(cfg).start()
 
-    def kill_now() -> None:  # ray.kill at a random moment, instances generating
-        time.sleep(rng.uniform(0.0, 0.4))
+    def kill_now() -> None:  # ray.kill while the trainer trains a batch, instances generating
+        deadline = time.monotonic() + 60
+        while not ray.get(dep.trainer.busy.remote()) and time.monotonic() < deadline:
+            time.sleep(rng.uniform(0.001, 0.005))
         ray.kill(dep.coordinator, no_restart=True)
         out["crashes"].append("ray.kill")
 
@@ -120,6 +122,9 @@ def test_every_crash_was_replaced_and_the_run_completed(crashed: dict[str, Any])
 
 
 def test_no_step_trained_twice_or_lost(crashed: dict[str, Any]) -> None:
+    # the first crash hit a batch in training: its replacement re-issued that batch, which the
+    # trainer must answer from its record of the step, not train again
+    assert crashed["replacements"][0]["training"] is not None, crashed["replacements"][0]
     assert crashed["trainer_version"] == STEPS
     # what the trainer itself trained (a replayed step is not retrained): each version once,
     # and no trajectory in two batches
