@@ -484,10 +484,11 @@ def test_security_loopback_and_tokens(sc: dict[str, Any]) -> None:
 
 def test_every_checkpoint_file_is_verified_on_load(sc: dict[str, Any], tmp_path: Path) -> None:
     """Each file the app writes into a checkpoint is checksummed and a flipped byte is
-    refused on load, naming the file; so is a damaged ``latest`` pointer."""
+    refused on load, naming the file; a damaged ``latest`` pointer is passed over."""
     import shutil
 
     from staleflow_trainer.actors.reconcile import (
+        RECORDS_FILE,
         STATE_FILE,
         TRAINER_FILE,
         TS_FILE,
@@ -501,12 +502,13 @@ def test_every_checkpoint_file_is_verified_on_load(sc: dict[str, Any], tmp_path:
     src: Path = sc["ckpt"]
     files = sorted(p.name for p in src.iterdir())
     data_files = [f for f in files if not f.endswith(".sha256")]
-    assert set(data_files) == {TRAINER_FILE, STATE_FILE, TS_FILE}
+    assert set(data_files) == {TRAINER_FILE, STATE_FILE, TS_FILE, RECORDS_FILE}
     for f in data_files:  # a side checksum, or (the TS store) one in its own header
         assert f"{f}.sha256" in files or f == TS_FILE
     loaders = {
         TRAINER_FILE: (load_torch, CheckpointError),
         STATE_FILE: (read_verified_bytes, CheckpointError),
+        RECORDS_FILE: (read_verified_bytes, CheckpointError),
         TS_FILE: (load_checkpoint, CheckpointCorrupt),
     }
     for name, (load, err) in loaders.items():
@@ -519,7 +521,13 @@ def test_every_checkpoint_file_is_verified_on_load(sc: dict[str, Any], tmp_path:
         (d / name).write_bytes(bytes(raw))
         with pytest.raises(err, match=name):
             load(d / name)
+    # a pointer without its valid digest is passed over for the newest step directory whose
+    # state verifies; a verified pointer naming a directory that is not there is refused
+    from staleflow_trainer.atomic_files import atomic_write_bytes
+
     run_dir = tmp_path / TS_FILE
     (run_dir / "checkpoints" / "latest").write_text("step_999999")
-    with pytest.raises(CheckpointError, match="latest"):
+    assert latest_checkpoint(run_dir) == run_dir / "checkpoints" / src.name
+    atomic_write_bytes(run_dir / "checkpoints" / "latest", b"step_999999")
+    with pytest.raises(CheckpointError, match="step_999999"):
         latest_checkpoint(run_dir)
