@@ -8,6 +8,7 @@ their configured bind host and token (the trajectory server with ``allow_remote`
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,9 @@ def cluster() -> Iterator[Any]:
 
     if ray.is_initialized():
         ray.shutdown()
+    # raylets on loopback whatever an earlier module of this process set (Ray's cluster mode
+    # would advertise the machine's external address)
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     c = None
     for attempt in range(3):  # Ray gives each raylet a fixed 30 s to register: retry when busy
         c = Cluster()

@@ -63,3 +63,10 @@ def test_ray_token_auth_notice_is_quiet_and_other_warnings_are_not(
         logger.warning("Token authentication is enabled for this Ray cluster. Set ...")
         logger.warning("Token authentication is disabled for this Ray cluster. Anyone ...")
     assert [r.getMessage()[:34] for r in caplog.records] == ["Token authentication is disabled f"]
+
+
+def test_a_ray_address_on_loopback_is_reached_on_loopback() -> None:
+    for address in ("127.0.0.1:6379", "localhost:6379", "ray://127.0.0.1:10001", "[::1]:6379"):
+        assert prepare._on_loopback(address), address
+    for address in ("10.0.0.5:6379", "ray://head.example:10001", "auto"):
+        assert not prepare._on_loopback(address), address

@@ -15,7 +15,7 @@ from typing import Any
 import structlog
 
 from staleflow_trainer.actors.reconcile import STATE_FILE, latest_checkpoint
-from staleflow_trainer.config import AppConfig
+from staleflow_trainer.config import AppConfig, is_loopback
 from staleflow_trainer.errors import CheckpointError, ConfigError
 from staleflow_trainer.progress import StartupProgress
 from staleflow_trainer.startup import ray_init_with_retry
@@ -251,6 +251,14 @@ def _quiet_token_auth_notice() -> None:
         logger.addFilter(_TokenAuthNotice())
 
 
+def _on_loopback(address: str) -> bool:
+    """``ray.address`` names a head on this machine's loopback (``127.0.0.1:6379``,
+    ``ray://localhost:10001``): the driver must reach it there, not at the node's external IP
+    that Ray's cluster mode resolves loopback to."""
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    return is_loopback(host)
+
+
 _RAY_SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": node IP = loopback
 
 
@@ -270,8 +278,12 @@ def init_ray(cfg: AppConfig, progress: StartupProgress | None = None) -> bool:
     if ray.is_initialized():
         return False
     if cfg.ray.address:
-        os.environ.pop(_RAY_SINGLE_MACHINE, None)  # a local run in this process set it
-        ray_constants.ENABLE_RAY_CLUSTER = not ray_constants.IS_WINDOWS_OR_OSX
+        if _on_loopback(cfg.ray.address):  # a cluster of raylets on this machine, on loopback
+            os.environ[_RAY_SINGLE_MACHINE] = "0"
+            ray_constants.ENABLE_RAY_CLUSTER = False
+        else:  # its node IP, not loopback (a local run in this process may have set it)
+            os.environ.pop(_RAY_SINGLE_MACHINE, None)
+            ray_constants.ENABLE_RAY_CLUSTER = not ray_constants.IS_WINDOWS_OR_OSX
         ray_init_with_retry(
             lambda: ray.init(
                 address=cfg.ray.address,
