@@ -168,6 +168,7 @@ def test_compare_panels_share_one_x_range_and_label_it(
     bars = figures["throughput.png"].axes[0]
     assert bars.get_ylabel().startswith("trained tokens / virtual s")
     assert "not a steady-state measurement" in bars.get_title()  # 2 measured steps
+    assert "measured steps <" in bars.get_title()  # and it says why
 
 
 def test_plan_marks_its_pick_on_labelled_axes(tmp_path: Path, figures: dict[str, Any]) -> None:

@@ -201,6 +201,14 @@ def run_comparison(
             "measured_steps": measured,
             "warmup_steps": base.sim.warmup_steps,
             "steady_state": measured >= MIN_MEASURED_STEPS and len(seeds) >= MIN_SEEDS,
+            "short_of": [
+                *(
+                    [f"{measured} measured steps < {MIN_MEASURED_STEPS}"]
+                    if measured < MIN_MEASURED_STEPS
+                    else []
+                ),
+                *([f"{len(seeds)} seed(s) < {MIN_SEEDS}"] if len(seeds) < MIN_SEEDS else []),
+            ],
         },
         "split": {
             "total_gpus": spec.total_gpus,

@@ -94,10 +94,12 @@ def _throughput(report: dict[str, Any], out: Path) -> Path:
             start = i
     ax.set_ylabel(f"trained tokens / virtual s\n({_measured(report)})")
     ax.set_xlabel("policy (grouped by the staleness bound η)")
-    short = (report.get("protocol") or {}).get("steady_state") is False
+    pr = report.get("protocol") or {}
+    short = pr.get("steady_state") is False
+    why = "; ".join(pr.get("short_of") or []) or "too short"
     ax.set_title(
         "throughput by policy and staleness bound"
-        + (" (a short run: not a steady-state measurement)" if short else ""),
+        + (f" (not a steady-state measurement: {why})" if short else ""),
         pad=18,
     )
     ax.legend(
