@@ -397,7 +397,8 @@ class Deployment:
 
     def hold_between_steps(self, timeout_s: float = 300.0) -> dict[str, Any]:
         """Hold the coordinator loop right after its next training step completes (record
-        committed, checkpoint written if due, no other step started) and return where it holds;
+        committed, checkpoint written if due — the last step's is written once the run has
+        stopped — no other step started) and return where it holds;
         :meth:`release_hold` lets it go on. Fault tests kill the trainer in between."""
         import ray
 

@@ -188,6 +188,9 @@ class ControlActor:
                 await self._cycle()
                 await asyncio.sleep(max(0.0, period - (time.monotonic() - t)))
             await self._settle()
+            if self.core.done:  # the last step's checkpoint: the state the run ends in
+                await self.checkpoint()
+                self._wal.compact(self.core.to_dict())
             return self.summary_now()
         finally:
             self._running = False
@@ -253,6 +256,8 @@ class ControlActor:
                 if self._hold_armed:
                     self._hold_armed = False
                     hold = e.row
+            elif isinstance(e, fx.Checkpoint) and self.core.done:
+                pass  # the last step's: written by run() once the instances stopped
             elif isinstance(e, fx.Checkpoint):
                 await self.checkpoint()
             elif isinstance(e, fx.Sync):
