@@ -19,6 +19,7 @@ from rollout_coordinator import CoordinatorConfig as _PackageCoordinatorConfig
 from rollout_coordinator.errors import ConfigError as _PackageConfigError
 from rollout_coordinator.policies import POLICIES as _POLICY_REGISTRY
 from rollout_coordinator.policies import build_policy
+from staleflow_trainer.config_schema import check_known
 from staleflow_trainer.config_schema import field as _f
 from staleflow_trainer.config_schema import section as _section
 from staleflow_trainer.errors import ConfigError
@@ -125,24 +126,10 @@ class CoordinatorConfig:
     )
 
     def __attrs_post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ConfigError(
-                f"coordinator.policy {self.policy!r} is not a known policy",
-                key="coordinator.policy",
-                allowed=f"one of {list(POLICIES)}",
-            )
-        if self.cost_model not in COST_MODEL_PRESETS and not self.cost_model.endswith(".json"):
-            raise ConfigError(
-                f"coordinator.cost_model {self.cost_model!r} is neither a preset nor a .json file",
-                key="coordinator.cost_model",
-                allowed=f"one of {list(COST_MODEL_PRESETS)} or a path ending in .json",
-            )
-        if self.profile not in STRATEGY_PROFILES:
-            raise ConfigError(
-                f"coordinator.profile {self.profile!r} is not a known profile",
-                key="coordinator.profile",
-                allowed=f"one of {sorted(STRATEGY_PROFILES)}",
-            )
+        check_known(self.policy, POLICIES, "coordinator.policy", "policy")
+        check_known(self.cost_model, COST_MODEL_PRESETS, "coordinator.cost_model",
+                    "cost-model preset", json_ok=True)  # fmt: skip
+        check_known(self.profile, sorted(STRATEGY_PROFILES), "coordinator.profile", "profile")
         try:  # the package's own checks; a fitted .json cost model is read here, at load
             _PackageCoordinatorConfig.from_dict(
                 {

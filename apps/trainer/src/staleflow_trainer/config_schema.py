@@ -18,7 +18,7 @@ import math
 import sys
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 import attrs
@@ -121,6 +121,21 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
             return value
         raise bad
     raise TypeError(f"unsupported config type {tp!r} at {key}")
+
+
+def check_known(
+    value: str, known: Iterable[str], key: str, what: str, *, json_ok: bool = False
+) -> None:
+    """``value`` must be one of ``known`` (or, with ``json_ok``, a path ending in .json): else a
+    :class:`ConfigError` naming ``key``, the ``what`` it should be, and the allowed values."""
+    names = list(known)
+    if value in names or (json_ok and value.endswith(".json")):
+        return
+    raise ConfigError(
+        f"{key} {value!r} is not a known {what}",
+        key=key,
+        allowed=f"one of {names}" + (" or a path ending in .json" if json_ok else ""),
+    )
 
 
 def check_range(value: Any, meta: Mapping[str, Any], key: str) -> None:

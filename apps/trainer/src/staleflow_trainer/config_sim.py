@@ -43,6 +43,7 @@ from engine_adapters.hardware import GIB, GPUS, MODELS
 from engine_adapters.sim import SimConfig as EngineSimConfig
 from engine_adapters.sim import draw_speed_factors
 from engine_adapters.workload import KINDS, WorkloadConfig
+from staleflow_trainer.config_schema import check_known
 from staleflow_trainer.config_schema import field as _f
 from staleflow_trainer.config_schema import section as _section
 from staleflow_trainer.config_schema import validate_field as _validate_field
@@ -158,33 +159,13 @@ class SimConfig:
                 allowed="custom (or leave sim.k1..k4, b unset)",
             )
         allowed_cost = ["coordinator", "custom", *sorted(COST_PRESETS)]
-        if self.cost_model not in allowed_cost and not self.cost_model.endswith(".json"):
-            raise ConfigError(
-                f"sim.cost_model {self.cost_model!r} is not known",
-                key="sim.cost_model",
-                allowed=f"one of {allowed_cost} or a path ending in .json",
-            )
-        if self.model not in MODELS:
-            raise ConfigError(
-                f"sim.model {self.model!r} is not a known model geometry",
-                key="sim.model",
-                allowed=f"one of {sorted(MODELS)}",
-            )
-        if self.gpu not in GPUS:
-            raise ConfigError(
-                f"sim.gpu {self.gpu!r} is not a known GPU",
-                key="sim.gpu",
-                allowed=f"one of {sorted(GPUS)}",
-            )
+        check_known(self.cost_model, allowed_cost, "sim.cost_model", "cost model", json_ok=True)
+        check_known(self.model, sorted(MODELS), "sim.model", "model geometry")
+        check_known(self.gpu, sorted(GPUS), "sim.gpu", "GPU")
         if self.trainer_model == "megatron":
             from staleflow_trainer.sim.trainer_model import SETUPS
 
-            if self.trainer_setup not in SETUPS:
-                raise ConfigError(
-                    f"sim.trainer_setup {self.trainer_setup!r} is not a known Megatron setup",
-                    key="sim.trainer_setup",
-                    allowed=f"one of {sorted(SETUPS)}",
-                )
+            check_known(self.trainer_setup, sorted(SETUPS), "sim.trainer_setup", "Megatron setup")
         if self.rollout_gpus + self.train_gpus > self.total_gpus:
             raise ConfigError(
                 f"sim.rollout_gpus ({self.rollout_gpus}) + sim.train_gpus ({self.train_gpus}) "
