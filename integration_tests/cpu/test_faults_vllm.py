@@ -113,6 +113,8 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
             60, "the loop to notice the lost instance",
         )  # fmt: skip
         out["f1"] = {"victim": victim, "held": held, "lost": lost[0]}
+        # the groups known now: the run's later coordinator replacements forget settled ones
+        out["f1"]["groups"] = ray.get(dep.coordinator.groups.remote())
         out["f1"]["published_before_join"] = ray.get(dep.ps.status.remote())["latest"]
         new = dep.add_instance()
         out["f1"]["replacement"] = new
@@ -195,8 +197,8 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
         out["histories1"] = ray.get(dep.coordinator.histories.remote())
         # each group's ground truth: which groups the reward plug-in drops is a function of it
         records = load_records(dep.cfg)
-        out["truth1"] = {gid: records[row].ground_truth
-                         for gid, row in ray.get(dep.coordinator.groups.remote()).items()}  # fmt: skip
+        rows = {**out.get("f1", {}).get("groups", {}), **ray.get(dep.coordinator.groups.remote())}
+        out["truth1"] = {gid: records[row].ground_truth for gid, row in rows.items()}
         out["summary1"] = ray.get(dep.coordinator.summary.remote())
         out["final_instances"] = ray.get(dep.coordinator.instances.remote())
         out["crash_replacements"] = list(dep.coordinator_crashes)
@@ -335,7 +337,9 @@ def test_fault1_instance_killed_mid_generation(sc: dict[str, Any]) -> None:
         kinds = [e[0] for e in sc["histories1"][tid]]
         after = kinds[kinds.index("lost") + 1 :]
         if "routed" not in after:
-            truth = sc["truth1"][tid.rsplit("/", 1)[0]]
+            gid = tid.rsplit("/", 1)[0]
+            assert gid in sc["truth1"], (tid, "never routed again; its group is unknown", kinds)
+            truth = sc["truth1"][gid]
             assert "dropped" in after and failure_kind(truth) is not None, (tid, truth, kinds)
         for e in sc["histories1"][tid][kinds.index("lost") + 1 :]:
             if e[0] == "routed":
