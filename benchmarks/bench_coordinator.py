@@ -21,7 +21,13 @@ Target: staleflow p50 ≤ 5 ms at the paper point and at 1,024 instances × 64 K
 ``--smoke`` runs tiny versions of both in seconds. ``--points 1024x65536`` runs the curve at
 the given points only, ``--no-paper`` skips the paper point.
 
+3. **Against another version** (``--against SRC``, SRC a ``rollout-coordinator/src`` folder
+   of another checkout): the curve points run in two worker processes, this code and SRC's,
+   their cycles interleaved one by one (so both see the same machine load), with the ratio of
+   their CPU p50s. Nothing else runs in that mode.
+
     python benchmarks/bench_coordinator.py [--scale] [--smoke] [--points IxQ,...] [--no-paper]
+        [--against SRC]
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ import os
 import pstats
 import random
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -283,6 +291,84 @@ def scale_curve(
     return {"points": curve, "profile_largest": profile}
 
 
+def _worker(policy: str, instances: int, queued: int) -> int:
+    """``--worker``: build the point's state, then time one cycle per line read (its number)
+    and print ``cpu_ms wall_ms routes``."""
+    state = state_for(policy, instances, queued)
+    print(f"ready {Path(sys.modules[Coordinator.__module__].__file__ or '?').parent}", flush=True)
+    for line in sys.stdin:
+        coord, batch = prepared(policy, state, int(line))
+        gc.collect()
+        t0, c0 = time.perf_counter(), time.thread_time()
+        coord.step(batch, state[2], now=10.0)
+        cpu, wall = (time.thread_time() - c0) * 1e3, (time.perf_counter() - t0) * 1e3
+        print(f"{cpu} {wall} {coord.last_cycle.routes}", flush=True)
+    return 0
+
+
+def against(
+    src: Path, points: tuple[tuple[int, int], ...], policies: list[str], iters: int
+) -> dict[str, Any]:
+    """Each point in two workers, this code (``current``) and ``src``'s (``other``), cycles
+    interleaved one by one (which goes first alternates)."""
+    print(f"against {src}: {iters} interleaved cycles per point, CPU / wall p50 in ms")
+    print(f"  {'policy':<16}{'instances':>10}{'queued':>8}{'current cpu':>13}{'other cpu':>11}"
+          f"{'ratio':>7}{'current wall':>14}{'other wall':>12}{'routes':>8}")  # fmt: skip
+    out: dict[str, list[dict[str, Any]]] = {name: [] for name in policies}
+    code: dict[str, str] = {}  # the rollout_coordinator each side imported
+    for name in policies:
+        for instances, queued in points:
+            workers = {}
+            for side, path in (("current", None), ("other", src)):
+                env = dict(os.environ)
+                if path is not None:
+                    env["PYTHONPATH"] = os.pathsep.join([str(path), env.get("PYTHONPATH", "")])
+                cmd = [sys.executable, __file__, "--worker", f"{name}:{instances}x{queued}"]
+                workers[side] = w = subprocess.Popen(
+                    cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+                )
+                assert w.stdout is not None
+                ready, path = w.stdout.readline().split(maxsplit=1)
+                assert ready == "ready", side
+                if code.setdefault(side, path.strip()) != path.strip():
+                    raise RuntimeError(f"{side} ran {path.strip()}, before {code[side]}")
+            times: dict[str, list[tuple[float, float, int]]] = {"current": [], "other": []}
+            for it in range(iters):
+                for side in ("current", "other") if it % 2 == 0 else ("other", "current"):
+                    w = workers[side]
+                    assert w.stdin is not None and w.stdout is not None
+                    w.stdin.write(f"{it}\n")
+                    w.stdin.flush()
+                    cpu, wall, routes = w.stdout.readline().split()
+                    times[side].append((float(cpu), float(wall), int(routes)))
+            for w in workers.values():
+                assert w.stdin is not None
+                w.stdin.close()
+                w.wait()
+            r: dict[str, Any] = {"instances": instances, "queued": queued}
+            for side, rows in times.items():
+                r[f"{side}_cpu_ms_p50"] = round(statistics.median(t[0] for t in rows), 3)
+                r[f"{side}_cycle_ms_p50"] = round(statistics.median(t[1] for t in rows), 3)
+                r[f"{side}_routes"] = rows[0][2]
+            r["cpu_ratio"] = round(r["current_cpu_ms_p50"] / r["other_cpu_ms_p50"], 3)
+            out[name].append(r)
+            print(f"  {name:<16}{instances:>10}{queued:>8}{r['current_cpu_ms_p50']:>13.2f}"
+                  f"{r['other_cpu_ms_p50']:>11.2f}{r['cpu_ratio']:>7.2f}"
+                  f"{r['current_cycle_ms_p50']:>14.2f}{r['other_cycle_ms_p50']:>12.2f}"
+                  f"{r['current_routes']:>8}")  # fmt: skip
+    print("  current: " + code.get("current", "-") + "\n  other:   " + code.get("other", "-"))
+    return {"src": str(src), "code": code, "iterations": iters, "points": out}
+
+
+def _write_report(res: dict[str, Any], out: str | None) -> int:
+    default = Path(__file__).resolve().parent.parent / "bench-results" / "coordinator.json"
+    path = Path(out) if out else default
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=2) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--scale", action="store_true", help="also run the 32 -> 1,024 curve")
@@ -295,8 +381,17 @@ def main(argv: list[str] | None = None) -> int:
         "--points", default=None, help="curve points INSTANCESxQUEUED,... (implies --scale)"
     )
     ap.add_argument("--no-paper", action="store_true", help="skip the paper point")
+    ap.add_argument(
+        "--against", default=None, help="another checkout's rollout-coordinator/src: interleave"
+    )
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # POLICY:IxQ (internal)
     ap.add_argument("--out", default=None, help="report path")
     a = ap.parse_args(argv)
+    if a.worker:
+        name, point = a.worker.split(":")
+        inst, queued = point.split("x")
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+        return _worker(name, int(inst), int(queued))
     policies = [p.strip() for p in a.curve_policies.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
@@ -313,10 +408,17 @@ def main(argv: list[str] | None = None) -> int:
         if any(i < 1 or q < 0 for i, q in curve):
             ap.error(f"--points: {a.points!r}; instances must be >= 1 and queued >= 0")
     iters, curve_iters = (3, 3) if a.smoke else (a.iters, a.curve_iters)
+    if a.against:
+        src = Path(a.against).resolve()
+        if not (src / "rollout_coordinator" / "__init__.py").is_file():
+            ap.error(f"--against: {a.against!r}; allowed: a folder holding rollout_coordinator/")
     load = os.getloadavg()
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cpus")
     res: dict[str, Any] = {"smoke": a.smoke, "load_average": [round(x, 2) for x in load]}
     res["target_p50_ms"] = TARGET_P50_MS
+    if a.against:
+        res["against"] = against(src, curve, policies, curve_iters)
+        return _write_report(res, a.out)
     meets = {}
     if not a.no_paper:
         res["paper"] = paper_point(paper, iters)
@@ -335,12 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     end = os.getloadavg()
     res["load_average_end"] = [round(x, 2) for x in end]
     print(f"load average at the end {end[0]:.2f} {end[1]:.2f} {end[2]:.2f}")
-    default = Path(__file__).resolve().parent.parent / "bench-results" / "coordinator.json"
-    path = Path(a.out) if a.out else default
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(res, indent=2) + "\n")
-    print(f"wrote {path}")
-    return 0
+    return _write_report(res, a.out)
 
 
 if __name__ == "__main__":

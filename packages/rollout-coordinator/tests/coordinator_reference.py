@@ -224,8 +224,9 @@ def _best_group(
 class ReferenceState(SpeculativeState):
     """Snapshots checked rule by rule; each route accounted on its own (``route``)."""
 
-    def apply_snapshot(self, snap: InstanceSnapshot, *, now: float, latest_version: int) -> None:
-        """Replace an instance's counters with a snapshot, or raise and change nothing."""
+    def apply_snapshot(self, snap: InstanceSnapshot, *, now: float, latest_version: int) -> float:
+        """Replace an instance's counters with a snapshot, or raise and change nothing.
+        Returns the time of the snapshot it replaces."""
         iid = snap.instance_id
         state = self.instances.get(iid)
         if state is None:
@@ -293,8 +294,10 @@ class ReferenceState(SpeculativeState):
         state.waiting = snap.waiting
         state.throughput = snap.throughput_tokens_per_s
         state.last_seq = snap.seq
+        prev_time = state.last_snapshot_time
         state.last_snapshot_time = snap.time_s
         state.seen_snapshot = True
+        return prev_time
 
     def route_all(self, routes: Sequence[Route], *, now: float) -> None:
         for r in routes:

@@ -30,7 +30,7 @@ from rollout_coordinator import (
 )
 from rollout_coordinator._state import coordinator_to_dict
 from rollout_coordinator.cost_model import PRESETS
-from rollout_coordinator.policies import POLICIES, build_policy
+from rollout_coordinator.policies import POLICIES, build_policy, routing_gain
 from rollout_coordinator.policies.routing_gain import gain_terms
 from rollout_coordinator.testing import Clock
 from staleness_protocol import GcFifo, GcFifoConfig, ProtocolConfig, StalenessProtocol
@@ -278,3 +278,32 @@ def test_gain_terms_give_the_cost_models_gain_exactly(preset: str) -> None:
         ni, kvi = int(n[i]), int(kv[i])
         fast = (ni + 1) / (cm.k4 + cm.k1 * (kvi + length) + float(x1[i])) - float(t[i])
         assert fast == cm.marginal_gain(ni, kvi, length)
+
+
+def test_version_groups_keep_the_order_of_sorted_entries() -> None:
+    """Each version group lists its instances as ``sorted`` orders ``(key, instance id,
+    position)`` tuples (what the reference's heaps pop), through ties and moves: equal keys go
+    by instance id."""
+    rng = random.Random(3)
+    for _ in range(200):
+        count = rng.randint(1, 40)
+        iids = [f"i{k:02d}" for k in range(count)]
+        rng.shuffle(iids)
+        pos = np.array(sorted(rng.sample(range(count), rng.randint(1, count))), dtype=np.int64)
+        versions = np.array([rng.choice([1, 2, 3]) for _ in pos], dtype=np.int64)
+        keys = np.array([rng.choice([-2.0, -1.0, -0.0, 0.0, -1.5]) for _ in pos])
+        groups = routing_gain._version_groups(versions, keys, pos, iids)
+        expect: dict[int, list[tuple[float, str, int]]] = {}
+        for v, k, p in zip(versions.tolist(), keys.tolist(), pos.tolist(), strict=True):
+            expect.setdefault(v, []).append((k, iids[p], p))
+        assert sorted(groups) == sorted(expect)
+        for v, g in groups.items():
+            want = sorted(expect[v])
+            for _ in range(10):
+                assert g.members == [p for _, _, p in want]
+                assert g.keys == [k for k, _, _ in want]
+                j = rng.randrange(len(want))
+                key = rng.choice([-2.0, -1.0, 0.0, -1.5, -0.5])
+                g.move(j, key, iids)
+                _, iid, p = want.pop(j)
+                want = sorted([*want, (key, iid, p)])

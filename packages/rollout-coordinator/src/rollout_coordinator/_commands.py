@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import attrs
 
@@ -43,8 +44,11 @@ class InterruptReason(enum.StrEnum):
     BOUNCE = "bounce"  # the engine would preempt it into an already long waiting queue
 
 
-@attrs.frozen(kw_only=True, slots=True)
-class Route:
+class Route(NamedTuple):
+    """Hand a queued trajectory to an instance. A named tuple (typed, immutable, compared by
+    value like the other commands): a cycle at cluster scale builds hundreds, and a tuple is
+    the cheapest record to build."""
+
     trajectory_id: str
     instance_id: str
     version: int

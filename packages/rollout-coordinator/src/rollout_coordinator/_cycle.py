@@ -379,7 +379,6 @@ class Coordinator:
 
     def _ingest(self, snapshots: Iterable[Any], now: float) -> list[SnapshotRejected]:
         rejected: list[SnapshotRejected] = []
-        instances = self.state.instances
         apply = self.state.apply_snapshot
         routed = self._routed
         latest = self.protocol.published_version
@@ -396,9 +395,7 @@ class Coordinator:
                             instance_id=str(getattr(raw, "instance_id", "?")),
                             field="snapshot",
                         ) from exc
-                st = instances.get(snap.instance_id)
-                prev_time = st.last_snapshot_time if st is not None else 0.0
-                apply(snap, now=now, latest_version=latest)
+                prev_time = apply(snap, now=now, latest_version=latest)
                 # _prune's own early exit, here: it runs for every instance every cycle
                 if not snap.waiting and len(routed[snap.instance_id]) > len(snap.running) + 16:
                     self._prune(snap, prev_time)

@@ -152,8 +152,9 @@ class SpeculativeState:
 
     # ---- snapshots ----------------------------------------------------------------------------
 
-    def apply_snapshot(self, snap: InstanceSnapshot, *, now: float, latest_version: int) -> None:
-        """Replace an instance's counters with a snapshot, or raise and change nothing."""
+    def apply_snapshot(self, snap: InstanceSnapshot, *, now: float, latest_version: int) -> float:
+        """Replace an instance's counters with a snapshot, or raise and change nothing.
+        Returns the time of the snapshot it replaces (``-inf`` for the first)."""
         state = self.instances.get(snap.instance_id)
         t = snap.time_s
         version = snap.version
@@ -186,8 +187,10 @@ class SpeculativeState:
         state.waiting = snap.waiting
         state.throughput = snap.throughput_tokens_per_s
         state.last_seq = snap.seq
+        prev_time = state.last_snapshot_time
         state.last_snapshot_time = t
         state.seen_snapshot = True
+        return prev_time
 
     def _check_snapshot(self, snap: InstanceSnapshot, *, now: float, latest_version: int) -> bool:
         """The acceptance rules one by one: raise the first that fails; else return whether

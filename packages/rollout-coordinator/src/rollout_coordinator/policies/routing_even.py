@@ -57,15 +57,10 @@ def route_evenly(view: CycleView, port: AdmissionPort, quota: int | None) -> Rou
                 continue
             new_admitted += 1
         heapq.heapreplace(heaps[best_v], (best[0] + 1, best[1]))
+        version = best_v if item.v_traj is None else item.v_traj
+        tokens = item.prompt_len + item.generated_len
+        # (trajectory_id, instance_id, version, group_id, new, reserved_buffer, tokens)
         routes.append(
-            Route(
-                trajectory_id=item.trajectory_id,
-                instance_id=best[1],
-                version=best_v if is_new else item.v_traj,  # type: ignore[arg-type]
-                group_id=item.group_id,
-                new=is_new,
-                reserved_buffer=buffer,
-                tokens=item.prompt_len + item.generated_len,
-            )
+            Route(item.trajectory_id, best[1], version, item.group_id, is_new, buffer, tokens)
         )
     return RoutingResult(routes=routes, hungry=frozenset(), new_admitted=new_admitted)

@@ -25,11 +25,14 @@ Which version group is tried first:
   best gain wins — no version is preferred, so old partials do not pile up on the few
   instances still at an old version.
 
-Cost: one max-heap per version group, keyed by the gain at a reference length (the queue
-head's length; the k1·len term is tiny next to the others, so the ranking barely depends on
-it); the θ test and the KV check use the exact length. Each route is O(log instances); each
-instance saturates at most once per cycle; the scan stops after ``route_miss_limit``
-consecutive trajectories that found nothing, or at ``max_routes_per_cycle``.
+Cost: each version group is a list sorted best first, keyed by the gain at a reference length
+(the queue head's length; the k1·len term is tiny next to the others, so the ranking barely
+depends on it); the θ test and the KV check use the exact length. A route moves its instance
+to its new place in the list (a binary search); instances that saturate at the head of a
+group leave it together (one slice deletion), and each instance saturates at most once per
+cycle, so most instances cost one gain evaluation and no reordering. The scan stops after
+``route_miss_limit`` consecutive trajectories that found nothing, or at
+``max_routes_per_cycle``.
 
 Every instance is ranked every cycle and most of them leave their group saturated, so the
 per-instance work is kept small: the ranking keys, and the hungry set at the end, are computed
@@ -37,17 +40,18 @@ at once with numpy over columns of the instances' counters, and each instance ca
 parts of its gain that do not depend on the trajectory's length (``T(n, kv)`` and the batch
 term at ``n + 1``), recomputed only when a route changes it. Every value is the scalar
 formula's, with the same floating-point operations in the same order, so each decision is the
-one a per-instance loop over ``CostModel.marginal_gain``'s formula makes. Heap entries are
-``(-gain_ref, instance_id, position)``; instance ids are unique, so the position (into the
-counter lists) never decides an order.
+one a per-instance loop over ``CostModel.marginal_gain``'s formula makes. Group entries are
+``(-gain_ref, instance_id, position)`` in ascending order (the order a min-heap of them pops
+in); instance ids are unique, so the position (into the counter lists) never decides an
+order.
 """
 
 from __future__ import annotations
 
 import bisect
+from bisect import bisect_left
 from collections.abc import Callable
-from heapq import heapify, heappop, heappush, heapreplace
-from itertools import chain
+from itertools import chain, pairwise
 from operator import attrgetter
 
 import numpy as np
@@ -60,7 +64,6 @@ from rollout_coordinator.policies._base import AdmissionPort, CycleView, Routing
 _ROOM_TRIES = 4  # instances tried per version group when the best lacks KV room
 _COUNTERS = attrgetter("target_version", "waiting", "n_running", "kv_used", "kv_capacity")
 
-Entry = tuple[float, str, int]  # (-gain at the reference length, instance id, position)
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
 
@@ -120,27 +123,11 @@ def route_by_marginal_gain(
     def gain_at(p: int, length: int) -> float:
         return (n_l[p] + 1) / (k4 + k1 * (kv_l[p] + length) + x1_l[p]) - t_l[p]
 
-    # heaps per version of (-gain_ref, iid, position) over the eligible instances without an
-    # engine waiting queue
+    # per version, the eligible instances without an engine waiting queue, best first
     pos = np.flatnonzero((tv > floor) & (waiting <= 0))
     key_arr = t_arr[pos] - (n_arr[pos] + 1) / (k4 + k1 * (kv_arr[pos] + ref_len) + x1_arr[pos])
-    pos_l: list[int] = pos.tolist()
-    entries = list(zip(key_arr.tolist(), [iids[p] for p in pos_l], pos_l, strict=True))
-    heaps: dict[int, list[Entry]] = {}
-    if entries:
-        tv_pos = tv[pos]
-        lo, hi = int(tv_pos.min()), int(tv_pos.max())
-        if lo == hi:
-            heaps[lo] = entries
-        else:
-            for e, v in zip(entries, tv_pos.tolist(), strict=True):
-                h = heaps.get(v)
-                if h is None:
-                    heaps[v] = h = []
-                h.append(e)
-    for h in heaps.values():
-        heapify(h)
-    versions = sorted(heaps)
+    groups = _version_groups(tv[pos], key_arr, pos, iids)
+    versions = sorted(groups)
 
     routes: list[Route] = []
     max_routes = cfg.max_routes_per_cycle
@@ -148,39 +135,46 @@ def route_by_marginal_gain(
     misses = 0
     new_admitted = 0
     stopped_early = False
-    live = len(entries)
+    live = len(pos)
     batch_one = max(k2, b + k3)  # the batch term of T(1, ·)
+    run: list[int] = []  # the candidate versions for V_traj = run_v
+    run_v: int | None = None
 
-    def pick(h: list[Entry], length: int) -> Entry | None:
-        """Best instance in one version group with room and gain ≥ θ; saturated ones leave
-        the group. The pick stays at the top of the heap, unless instances before it lacked
-        KV room: then it is popped and they go back (``h[0] is pick`` tells which)."""
+    def pick(g: _Group, length: int) -> int:
+        """Index in the version group ``g`` of its best instance with room and gain ≥ θ, or
+        -1. Saturated instances met on the way leave the group (no trajectory of this size is
+        worth it); those without KV room stay, and after ``_ROOM_TRIES`` of them the search
+        gives up."""
         nonlocal live
-        skipped: list[Entry] = []
         threshold = theta / (k4 + k1 * length + batch_one)
-        while h:
-            top = h[0]
-            p = top[2]
+        members = g.members
+        j = dead = skipped = 0
+        chosen = -1
+        while j < len(members):
+            p = members[j]
             n = n_l[p]
             kv = kv_l[p]
             if n >= max_n or (n + 1) / (k4 + k1 * (kv + length) + x1_l[p]) - t_l[p] < threshold:
-                heappop(h)  # saturated: no trajectory of this size is worth it
                 live -= 1
+                if skipped:
+                    g.drop(j)  # behind one without room: it leaves on its own
+                else:
+                    dead += 1  # the saturated head of the group, removed at once below
+                    j += 1
                 continue
-            chosen: Entry | None = top
             if kv + length > kv_limit * cap_l[p]:
-                skipped.append(heappop(h))
-                if len(skipped) < _ROOM_TRIES:
+                skipped += 1
+                j += 1
+                if skipped < _ROOM_TRIES:
                     continue
-                chosen = None  # tried enough instances without room
-            elif skipped:
-                heappop(h)
-            for s in skipped:
-                heappush(h, s)
-            return chosen
-        for s in skipped:
-            heappush(h, s)
-        return None
+                break  # tried enough instances without room
+            chosen = j
+            break
+        if dead:
+            g.drop_head(dead)
+            if chosen >= 0:
+                chosen -= dead
+        return chosen
 
     for item in items:
         if live <= 0:
@@ -193,10 +187,13 @@ def route_by_marginal_gain(
         if is_new and quota is not None and new_admitted >= quota:
             break  # new prompts are last in the queue: nothing else to route
         length = item.prompt_len + item.generated_len
-        start = bisect.bisect_left(versions, floor + 1 if v_traj is None else v_traj)
-        candidates = versions[start:]
-        if is_new and newest_first:
-            candidates = candidates[::-1]
+        if v_traj != run_v or not run:  # the queue comes in runs of one V_traj
+            start = bisect.bisect_left(versions, floor + 1 if v_traj is None else v_traj)
+            run = versions[start:]
+            if is_new and newest_first:
+                run.reverse()
+            run_v = v_traj
+        candidates = run
         routed = False
         resumable_checked = False
         if not is_new and partials_by_gain and candidates:
@@ -204,10 +201,10 @@ def route_by_marginal_gain(
                 candidates = []  # aborted or unknown to the protocol: never route it
             else:
                 resumable_checked = True
-                candidates = _best_group(candidates, heaps, pick, gain_at, length)
+                candidates = _best_group(candidates, groups, pick, gain_at, length)
         for v in candidates:
-            h = heaps[v]
-            if not h:
+            g = groups[v]
+            if not g.members:
                 continue
             if is_new:
                 if not port.admissible(item.group_id, v):
@@ -216,40 +213,27 @@ def route_by_marginal_gain(
                 if not port.can_resume(item, v):
                     break  # aborted or unknown to the protocol: never route it
                 resumable_checked = True
-            picked = pick(h, length)
-            if picked is None:
+            at = pick(g, length)
+            if at < 0:
                 continue
+            p = g.members[at]
             buffer: int | None = None
             if is_new:
                 buffer = port.admit(item, v)
                 if buffer is None:
-                    if not h or h[0] is not picked:
-                        heappush(h, picked)  # its counters did not change: the same key
-                    continue
+                    continue  # its counters did not change: it keeps its place
                 new_admitted += 1
-            p = picked[2]
             n = n_l[p] = n_l[p] + 1
             kv = kv_l[p] = kv_l[p] + length
             x0 = x1_l[p]  # the batch term at the new n
             x = b + k3 * (n + 1)
             x1 = x1_l[p] = x if x > k2 else k2
             t = t_l[p] = n / (k4 + k1 * kv + x0)
-            entry = (t - (n + 1) / (k4 + k1 * (kv + ref_len) + x1), picked[1], p)
-            if h and h[0] is picked:
-                heapreplace(h, entry)
-            else:
-                heappush(h, entry)
-            routes.append(
-                Route(
-                    trajectory_id=item.trajectory_id,
-                    instance_id=picked[1],
-                    version=tv_l[p] if is_new else v_traj,  # type: ignore[arg-type]
-                    group_id=item.group_id,
-                    new=is_new,
-                    reserved_buffer=buffer,
-                    tokens=length,
-                )
-            )
+            g.move(at, t - (n + 1) / (k4 + k1 * (kv + ref_len) + x1), iids)
+            # (trajectory_id, instance_id, version, group_id, new, reserved_buffer, tokens)
+            version = tv_l[p] if v_traj is None else v_traj
+            tid, gid = item.trajectory_id, item.group_id
+            routes.append(Route(tid, iids[p], version, gid, is_new, buffer, length))
             routed = True
             break
         if routed:
@@ -261,41 +245,91 @@ def route_by_marginal_gain(
                 break
     hungry: frozenset[str] = frozenset()
     if not stopped_early:
-        left = [e[2] for h in heaps.values() for e in h]
+        left = [p for g in groups.values() for p in g.members]
         if left:
-            at = np.array(left, dtype=np.int64)
-            n_left = np.array(n_l, dtype=np.int64)[at]
-            kv_left = np.array(kv_l, dtype=np.int64)[at]
-            room = kv_left + ref_len <= kv_limit * cap_arr[at]
-            g = (n_left + 1) / (k4 + k1 * (kv_left + ref_len) + np.array(x1_l)[at]) - np.array(t_l)[
-                at
-            ]
-            worth = g >= theta * cm.empty_gain(ref_len)
-            hungry = frozenset(iids[p] for p in at[room & worth].tolist())
+            idx = np.array(left, dtype=np.int64)
+            n_left = np.array(n_l, dtype=np.int64)[idx]
+            kv_left = np.array(kv_l, dtype=np.int64)[idx]
+            room = kv_left + ref_len <= kv_limit * cap_arr[idx]
+            gain = (n_left + 1) / (k4 + k1 * (kv_left + ref_len) + np.array(x1_l)[idx])
+            worth = gain - np.array(t_l)[idx] >= theta * cm.empty_gain(ref_len)
+            hungry = frozenset(iids[p] for p in idx[room & worth].tolist())
     return RoutingResult(routes=routes, hungry=hungry, new_admitted=new_admitted)
+
+
+class _Group:
+    """One version's candidate instances, best first: ``members`` (positions into the counter
+    lists) and their ``keys`` (the negated gain at the reference length) in ascending key
+    order, equal keys in instance-id order: the order a min-heap of ``(key, instance id,
+    position)`` pops in, kept as two flat lists so that building it makes no per-instance
+    objects."""
+
+    __slots__ = ("keys", "members")
+
+    def __init__(self, keys: list[float], members: list[int]) -> None:
+        self.keys = keys
+        self.members = members
+
+    def drop(self, j: int) -> None:
+        del self.keys[j]
+        del self.members[j]
+
+    def drop_head(self, count: int) -> None:
+        del self.keys[:count]
+        del self.members[:count]
+
+    def move(self, j: int, key: float, iids: list[str]) -> None:
+        """The member at ``j`` has a new key: put it where the order places it."""
+        keys, members = self.keys, self.members
+        p = members[j]
+        del keys[j]
+        del members[j]
+        i = bisect_left(keys, key)
+        iid = iids[p]
+        while i < len(keys) and keys[i] == key and iids[members[i]] < iid:
+            i += 1
+        keys.insert(i, key)
+        members.insert(i, p)
+
+
+def _version_groups(versions: Ints, keys: Floats, pos: Ints, iids: list[str]) -> dict[int, _Group]:
+    """The instances at ``pos`` (with their ``versions`` and ranking ``keys``) as one
+    :class:`_Group` per version."""
+    if not len(pos):
+        return {}
+    order = np.lexsort((keys, versions))  # by version, then key
+    v_sorted, k_sorted = versions[order], keys[order]
+    members: list[int] = pos[order].tolist()
+    same_v = v_sorted[1:] == v_sorted[:-1]
+    tied = same_v & (k_sorted[1:] == k_sorted[:-1])
+    if tied.any():  # equal keys (idle instances, say): instance id order
+        edges = np.flatnonzero(np.diff(np.concatenate(([False], tied, [False])))).tolist()
+        for lo, hi in zip(edges[::2], edges[1::2], strict=True):
+            members[lo : hi + 1] = sorted(members[lo : hi + 1], key=iids.__getitem__)
+    key_l: list[float] = k_sorted.tolist()
+    cuts = [0, *(np.flatnonzero(~same_v) + 1).tolist(), len(members)]
+    return {int(v_sorted[lo]): _Group(key_l[lo:hi], members[lo:hi]) for lo, hi in pairwise(cuts)}
 
 
 def _best_group(
     candidates: list[int],
-    heaps: dict[int, list[Entry]],
-    pick: Callable[[list[Entry], int], Entry | None],
+    groups: dict[int, _Group],
+    pick: Callable[[_Group, int], int],
     gain_at: Callable[[int, int], float],
     length: int,
 ) -> list[int]:
     """The one version group whose best acceptable instance has the largest gain ([] if none).
-    Picks stay in their heaps, so the caller's own pick in the chosen group finds the same
+    Picks stay in their groups, so the caller's own pick in the chosen group finds the same
     instance."""
     best: tuple[float, int] | None = None
     for v in candidates:
-        h = heaps[v]
-        if not h:
+        g = groups[v]
+        if not g.members:
             continue
-        picked = pick(h, length)
-        if picked is None:
+        at = pick(g, length)
+        if at < 0:
             continue
-        if not h or h[0] is not picked:
-            heappush(h, picked)
-        g = gain_at(picked[2], length)
-        if best is None or g > best[0]:
-            best = (g, v)
+        gain = gain_at(g.members[at], length)
+        if best is None or gain > best[0]:
+            best = (gain, v)
     return [] if best is None else [best[1]]
