@@ -66,9 +66,20 @@ def exact_policy_reward(model: Any, tok: Any, max_prompt_len: int, task: str) ->
 
 
 def run(
-    *, lr: float | None, eta: int, tis: bool, seed: int, steps: int, config: Path = CONFIG
+    *,
+    lr: float | None,
+    eta: int,
+    tis: bool,
+    seed: int,
+    steps: int,
+    config: Path = CONFIG,
+    fifo_ratio: float | None = None,
 ) -> dict[str, Any]:
-    """One deterministic run; ``lr=None`` keeps the config's ``trainer.lr``."""
+    """One deterministic run; ``lr=None`` keeps the config's ``trainer.lr``.
+
+    ``fifo_ratio`` = ρ (trainer speed over rollout speed, < 1) models an unbounded FIFO whose
+    rollout outruns the trainer instead of a fixed η: batch ``k`` comes from version ``⌊ρ·k⌋``,
+    so its staleness ``k − ⌊ρ·k⌋`` grows all run long."""
     import torch
 
     from staleflow_trainer.config import load_config
@@ -97,20 +108,25 @@ def run(
         start_policy = exact_policy_reward(
             trainer.model, tok, cfg.data.max_prompt_len, cfg.data.toy_task
         )
-        history = [copy.deepcopy(trainer.model)]  # versions v-eta-1 .. v
+        history = [copy.deepcopy(trainer.model)]  # versions v-eta .. v (all, with fifo_ratio)
         gen = torch.Generator().manual_seed(seed)
         n = cfg.protocol.group_size
         rewards: list[float] = []
         for step in range(steps):
             picked = [records[i] for i in cursor.take(cfg.protocol.batch_size)]
             prompts = encode_prompts(picked, tok, max_prompt_len=cfg.data.max_prompt_len)
-            behaviour = history[max(0, len(history) - 1 - eta)]
+            if fifo_ratio is None:
+                behaviour = history[max(0, len(history) - 1 - eta)]
+            else:
+                behaviour = history[int(fifo_ratio * step)]
             out = sample_responses(
                 behaviour, prompts, n=n, max_new_tokens=1, eos_id=EOS_ID, generator=gen
             )
             batch = toy_train_batch(out, picked, n=n, step=step, tokenizer=tok)
             rewards.append(float(trainer.train_step(batch)["reward_mean"]))
-            history = [*history, copy.deepcopy(trainer.model)][-(eta + 1) :]
+            history = [*history, copy.deepcopy(trainer.model)]
+            if fifo_ratio is None:
+                history = history[-(eta + 1) :]
         end_policy = exact_policy_reward(
             trainer.model, tok, cfg.data.max_prompt_len, cfg.data.toy_task
         )
@@ -121,7 +137,8 @@ def run(
     }
     return {
         "lr": cfg.trainer.lr,
-        "eta": eta,
+        "eta": eta if fifo_ratio is None else "unbounded",
+        "fifo_ratio": fifo_ratio,
         "tis": tis,
         "seed": seed,
         "steps": steps,
@@ -140,6 +157,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tis", default="true", help="true, false or true,false")
     ap.add_argument("--seeds", default="0-4", help="'0-4' or '0,2,7'")
     ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument(
+        "--fifo-ratios",
+        default="",
+        help="also model an unbounded FIFO at these trainer/rollout speed ratios (e.g. 0.3,0.5): "
+        "batch k from version floor(ratio*k)",
+    )
     ap.add_argument("--config", type=Path, default=CONFIG)
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
@@ -150,6 +173,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         tis_values.append(t == "true")
     if args.steps < WINDOW:
         ap.error(f"--steps must be at least {WINDOW}, got {args.steps}")
+    ratios = [float(x) for x in args.fifo_ratios.split(",") if x]
+    if any(not 0 < r < 1 for r in ratios):
+        ap.error(f"--fifo-ratios: each must be in (0, 1), got {ratios}")
     t0 = time.monotonic()
     entries = []
     for lr in (float(x) for x in args.lrs.split(",")):
@@ -163,6 +189,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(
                         f"lr={lr:g} eta={eta} tis={tis} seed={seed}: reward "
                         f"{e['reward_start']:.2f} -> [{at}]  policy "
+                        f"{e['policy_reward_start']:.3f} -> {e['policy_reward_end']:.3f}",
+                        flush=True,
+                    )
+    for lr in (float(x) for x in args.lrs.split(",")):
+        for ratio in ratios:
+            for tis in tis_values:
+                for seed in _seeds(args.seeds):
+                    e = run(lr=lr, eta=0, tis=tis, seed=seed, steps=args.steps,
+                            config=args.config, fifo_ratio=ratio)  # fmt: skip
+                    entries.append(e)
+                    print(
+                        f"lr={lr:g} fifo ratio={ratio:g} tis={tis} seed={seed}: reward "
+                        f"{e['reward_start']:.2f} -> {e['rewards'][-1]:.2f}  policy "
                         f"{e['policy_reward_start']:.3f} -> {e['policy_reward_end']:.3f}",
                         flush=True,
                     )

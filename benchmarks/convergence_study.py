@@ -5,9 +5,12 @@ server, StaleFlow coordinator) once per (setting, seed), one deployment at a tim
 ``examples/convergence.yaml``. Settings: η ∈ {0, 1, 3, 10} and "unbounded" with truncated
 importance sampling (TIS), and η = 3 without TIS. "unbounded" is no staleness control
 (``protocol.eta=unbounded``: a FIFO instead of the protocol, greedy global sync with
-``coordinator.policy=all-vanilla``); the others run StaleFlow's coordinator. Every run consumes the same number of samples
-(``trainer.steps × B × n``) and seed ``s`` means the same initial model and prompt order in
-every setting.
+``coordinator.policy=all-vanilla``); the others run StaleFlow's coordinator. The *slow-trainer*
+settings (``--settings slow``) run the same deployment with ``trainer.step_delay_s`` (the
+trainer slower than the rollout, so that without a bound staleness keeps growing): η = 1,
+η = 3, "unbounded", and η = 3 under the ``coarse-async-drop`` baseline. Every run consumes the
+same number of samples (``trainer.steps × B × n``) and seed ``s`` means the same initial model
+and prompt order in every setting.
 
 Writes ``results/convergence/summary.json`` (one entry per run, see :func:`run_entry`),
 ``reward_vs_samples.png``, ``staleness_hist.png`` and ``policy_reward.png``; each run's own
@@ -16,6 +19,9 @@ directory (``--runs-dir``) keeps its metrics.jsonl, summary.json and log.
     python benchmarks/convergence_study.py                       # the full study (~22-45 min here)
     python benchmarks/convergence_study.py --seeds 0 --settings eta0,eta3 --steps 20
     python benchmarks/convergence_study.py --plots-only          # re-aggregate existing runs
+    python benchmarks/convergence_study.py --settings slow       # only the slow-trainer group
+
+Runs of settings or seeds not in this invocation stay in ``summary.json`` as they were.
 
 Runs go seed-major (every setting at seed 0, then seed 1, ...) so a study cut short by
 ``--budget-s`` still covers every setting; runs that were not started are listed in the summary
@@ -36,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import convergence_plots as plots
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "convergence.yaml"
@@ -52,6 +59,13 @@ ENV = {
 }
 
 
+#: ``trainer.step_delay_s`` of the slow-trainer settings: the trainer step (~0.3 s of compute)
+#: becomes several times a batch's rollout time (~0.3 s on an idle machine, ~1.2 s on a loaded
+#: one), so without a bound the rollout runs ahead and the FIFO of finished groups (and with it
+#: staleness) grows all run long.
+SLOW_STEP_DELAY_S = 2.0
+
+
 @attrs.frozen(kw_only=True)
 class Setting:
     name: str
@@ -59,6 +73,13 @@ class Setting:
     tis: bool
     label: str
     policy: str = "staleflow"  # coordinator.policy
+    step_delay_s: float = 0.0  # trainer.step_delay_s
+    study: str = "base"  # "base" (the deployment as configured) or "slow" (a slower trainer)
+
+
+def _slow(name: str, eta: int | str, label: str, policy: str = "staleflow") -> Setting:
+    return Setting(name=f"slow-{name}", eta=eta, tis=True, label=f"{label}, slow trainer",
+                   policy=policy, step_delay_s=SLOW_STEP_DELAY_S, study="slow")  # fmt: skip
 
 
 SETTINGS = (
@@ -69,6 +90,12 @@ SETTINGS = (
     # no staleness control (UnboundedFifo): FIFO consumption, 2 batches in flight, greedy sync
     Setting(name="unbounded", eta="unbounded", tis=True, label="unbounded", policy="all-vanilla"),
     Setting(name="eta3-notis", eta=3, tis=False, label="η=3, no TIS"),
+    # the same deployment with a trainer slower than the rollout (trainer.step_delay_s)
+    _slow("eta1", 1, "η=1"),
+    _slow("eta3", 3, "η=3"),
+    _slow("unbounded", "unbounded", "unbounded", "all-vanilla"),
+    # strict async that keeps η by dropping what ages out (GcFifo), against StaleFlow at η=3
+    _slow("drop-eta3", 3, "η=3 coarse-async-drop", "coarse-async-drop"),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -83,6 +110,7 @@ def overrides(setting: Setting, seed: int, steps: int, run_dir: Path) -> list[st
         f"protocol.eta={setting.eta}",
         f"coordinator.policy={setting.policy}",
         f"trainer.use_tis={'true' if setting.tis else 'false'}",
+        f"trainer.step_delay_s={setting.step_delay_s}",
         f"run.seed={seed}",
         "run.resume=never",
     ]
@@ -150,6 +178,8 @@ def run_stats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     hist = staleness_hist(rows)
     n = sum(hist.values())
     tokens = sum(int(r.get("tokens", 0)) for r in rows)
+    response = sum(int(r.get("response_tokens", 0)) for r in rows)
+    generated = sum(int(r.get("gen_tokens", 0)) for r in rows)
     loop_s = float(rows[-1]["time_s"]) if rows else 0.0
     return {
         "steps": len(rows),
@@ -160,6 +190,11 @@ def run_stats(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "mean_staleness": sum(s * c for s, c in hist.items()) / n,
         "tokens_per_s": tokens / loop_s if loop_s > 0 else 0.0,
         "staleness_hist": {str(k): v for k, v in hist.items()},
+        "staleness_by_step": [round(float(r["mean_staleness"]), 3) for r in rows],
+        "max_staleness_by_step": [int(r["max_staleness"]) for r in rows],
+        "response_tokens": response,
+        "generated_tokens": generated,
+        "response_tokens_per_sample": response / n,
         "rewards": rewards,
         "samples_per_step": n // len(rows),
     }
@@ -254,6 +289,7 @@ def run_entry(
             entry["counters"] = {
                 k: s["counters"].get(k, 0) for k in ("syncs", "migrations", "interrupts", "aborts")
             }
+            entry["dropped_reasons"] = dict(s.get("ledger", {}).get("dropped_reasons", {}))
             entry["ledger_problems"] = len(s.get("ledger", {}).get("problems", []))
     return entry
 
@@ -272,190 +308,9 @@ def finished_run_matches(run_dir: Path, setting: Setting, seed: int, steps: int)
         and str(cfg["protocol"]["eta"]) == str(setting.eta)
         and bool(cfg["trainer"]["use_tis"]) == setting.tis
         and cfg["coordinator"]["policy"] == setting.policy
+        and float(cfg["trainer"].get("step_delay_s", 0.0)) == setting.step_delay_s
         and int(cfg["run"]["seed"]) == seed
     )
-
-
-# -------------------------------------------------------------------------------- plots
-
-
-def plot(entries: Sequence[dict[str, Any]], out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    ok = [e for e in entries if e["status"] == "ok"]
-    names = [s.name for s in SETTINGS if any(e["setting"] == s.name for e in ok)]
-    colors = dict(zip(names, plt.get_cmap("tab10").colors, strict=False))
-    paths: list[Path] = []
-
-    def smooth(y: np.ndarray, k: int) -> np.ndarray:
-        if len(y) < k:
-            return y
-        pad = np.concatenate([np.full(k - 1, y[0]), y])
-        return np.convolve(pad, np.ones(k) / k, mode="valid")
-
-    # reward vs consumed samples: one panel per setting (seeds thin, mean bold) + overlay
-    fig, axes = plt.subplots(2, 4, figsize=(18, 8), sharex=True, sharey=True)
-    flat = list(axes.flat)
-    overlay = flat[-1]
-    for ax, name in zip(flat, names, strict=False):
-        runs = [e for e in ok if e["setting"] == name]
-        curves = []
-        for e in runs:
-            y = np.asarray(e["rewards"])
-            x = np.arange(1, len(y) + 1) * e["samples_per_step"]
-            ax.plot(x, y, lw=0.8, alpha=0.45, color=colors[name], label=f"seed {e['seed']}")
-            curves.append(y)
-        k = max(3, len(curves[0]) // 12)
-        n = min(len(c) for c in curves)
-        mean = np.mean([c[:n] for c in curves], axis=0)
-        x = np.arange(1, n + 1) * runs[0]["samples_per_step"]
-        ax.plot(x, smooth(mean, k), lw=2.2, color=colors[name], label=f"mean ({k}-step avg)")
-        overlay.plot(x, smooth(mean, k), lw=2, color=colors[name], label=BY_NAME[name].label)
-        ax.set_title(f"{BY_NAME[name].label}  ({len(runs)} seeds)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left")
-    overlay.set_title("all settings (seed mean, smoothed)")
-    overlay.tick_params(labelleft=True)
-    overlay.grid(alpha=0.3)
-    overlay.legend(fontsize=7, loc="upper left")
-    for ax in flat[len(names) : -1]:
-        ax.axis("off")
-    for ax in axes[-1]:
-        ax.set_xlabel("consumed samples")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("reward of consumed batch")
-    fig.suptitle(
-        "Reward vs consumed samples (staleflow train, 2 vLLM-CPU instances, toy copy task)"
-    )
-    fig.tight_layout()
-    p = out / "reward_vs_samples.png"
-    fig.savefig(p, dpi=90)
-    plt.close(fig)
-    paths.append(p)
-
-    # staleness histograms (all seeds of a setting together, fraction of consumed samples)
-    fig, axes = plt.subplots(2, 3, figsize=(15, 7))
-    for ax, name in zip(axes.flat, names, strict=False):
-        hist: dict[int, int] = {}
-        for e in ok:
-            if e["setting"] == name:
-                for s, c in e["staleness_hist"].items():
-                    hist[int(s)] = hist.get(int(s), 0) + c
-        total = sum(hist.values())
-        xs = sorted(hist)
-        ax.bar(xs, [hist[s] / total for s in xs], color=colors[name], width=0.8)
-        mean = sum(s * c for s, c in hist.items()) / total
-        eta = BY_NAME[name].eta
-        if isinstance(eta, int):
-            ax.axvline(eta + 0.5, color="k", ls="--", lw=1, label=f"bound η={eta}")
-            ax.legend(fontsize=8)
-        ax.set_title(f"{BY_NAME[name].label}: mean {mean:.2f}, max {max(xs)}")
-        top = max([*xs, eta if isinstance(eta, int) else 0])
-        # integer ticks even when one staleness is all there is (MaxNLocator(integer=True)
-        # falls back to fractions with fewer than two integers in view)
-        ax.set_xticks(range(top + 1))
-        ax.set_xlim(-0.7, top + 0.9)
-        ax.set_xlabel("staleness of consumed sample (versions)")
-        ax.set_ylabel("fraction of samples")
-        ax.grid(alpha=0.3, axis="y")
-    for ax in list(axes.flat)[len(names) :]:
-        ax.axis("off")
-    fig.tight_layout()
-    p = out / "staleness_hist.png"
-    fig.savefig(p, dpi=90)
-    plt.close(fig)
-    paths.append(p)
-
-    # final-policy reward (evaluated on every prompt) per setting and seed
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    for i, name in enumerate(names):
-        runs = [e for e in ok if e["setting"] == name and e.get("policy_reward_end") is not None]
-        for j, e in enumerate(runs):
-            ax.scatter(
-                i + 0.08 * (j - (len(runs) - 1) / 2),
-                e["policy_reward_end"],
-                color=colors[name],
-                zorder=3,
-            )
-            ax.scatter(
-                i + 0.08 * (j - (len(runs) - 1) / 2),
-                e["policy_reward_start"],
-                color="grey",
-                marker="x",
-                zorder=3,
-            )
-        if runs:
-            ax.hlines(
-                np.mean([e["policy_reward_end"] for e in runs]),
-                i - 0.3,
-                i + 0.3,
-                color=colors[name],
-                lw=2,
-            )
-    ax.set_xticks(range(len(names)), [BY_NAME[n].label for n in names], fontsize=8)
-    ax.set_ylabel("expected reward of the policy")
-    ax.set_title("Final trained policy (dots; bar = seed mean) vs initial policy (x)")
-    ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    p = out / "policy_reward.png"
-    fig.savefig(p, dpi=90)
-    plt.close(fig)
-    paths.append(p)
-    return paths
-
-
-def table(entries: Sequence[dict[str, Any]]) -> str:
-    """A markdown table of every run (docs/convergence.md pastes it)."""
-
-    def f(v: Any, p: int = 3) -> str:
-        return "—" if v is None else (f"{v:.{p}f}" if isinstance(v, float) else str(v))
-
-    lines = [
-        "| setting | seed | status | reward start → end | reward AUC | policy reward start → end"
-        " | max / mean staleness | tokens/s | wall s |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for e in entries:
-        lines.append(
-            f"| {BY_NAME[e['setting']].label} | {e['seed']} | {e['status']} "
-            f"| {f(e['reward_start'])} → {f(e['reward_end'])} | {f(e['reward_auc'])} "
-            f"| {f(e.get('policy_reward_start'))} → {f(e.get('policy_reward_end'))} "
-            f"| {f(e['max_staleness'])} / {f(e['mean_staleness'], 2)} "
-            f"| {f(e['tokens_per_s'], 0)} | {f(e['wall_s'], 0)} |"
-        )
-    return "\n".join(lines)
-
-
-def setting_table(entries: Sequence[dict[str, Any]]) -> str:
-    """Seed means per setting (finished runs only), in SETTINGS order."""
-
-    def mean(xs: list[float], p: int = 3) -> str:
-        return f"{sum(xs) / len(xs):.{p}f}" if xs else "—"
-
-    lines = [
-        "| setting | seeds | reward start → end | reward AUC | policy reward end"
-        " | mean staleness | max staleness | tokens/s | wall s |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for s in SETTINGS:
-        ok = [e for e in entries if e["setting"] == s.name and e["status"] == "ok"]
-        if not any(e["setting"] == s.name for e in entries):
-            continue
-
-        def col(k: str, ok: list[dict[str, Any]] = ok) -> list[float]:
-            return [float(e[k]) for e in ok if e.get(k) is not None]
-
-        lines.append(
-            f"| {s.label} | {len(ok)} | {mean(col('reward_start'))} → {mean(col('reward_end'))} "
-            f"| {mean(col('reward_auc'))} | {mean(col('policy_reward_end'))} "
-            f"| {mean(col('mean_staleness'), 2)} | {max(map(int, col('max_staleness')), default='—')} "
-            f"| {mean(col('tokens_per_s'), 0)} | {mean(col('wall_s'), 0)} |"
-        )
-    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------------- main
@@ -463,7 +318,11 @@ def setting_table(entries: Sequence[dict[str, Any]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--settings", default=",".join(s.name for s in SETTINGS))
+    ap.add_argument(
+        "--settings",
+        default=",".join(s.name for s in SETTINGS),
+        help="comma-separated; 'base' / 'slow' = every setting of that group",
+    )
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--config", type=Path, default=CONFIG)
@@ -475,10 +334,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--plots-only", action="store_true", help="re-aggregate existing runs")
     args = ap.parse_args(argv)
 
-    unknown = [n for n in args.settings.split(",") if n not in BY_NAME]
+    groups = {g: [s.name for s in SETTINGS if s.study == g] for g in ("base", "slow")}
+    names = [m for n in args.settings.split(",") for m in groups.get(n, [n])]
+    unknown = [n for n in names if n not in BY_NAME]
     if unknown:
-        ap.error(f"--settings: unknown {unknown}; choose from {list(BY_NAME)}")
-    settings = [BY_NAME[n] for n in args.settings.split(",")]
+        ap.error(f"--settings: unknown {unknown}; choose from {[*groups, *BY_NAME]}")
+    settings = [BY_NAME[n] for n in names]
     seeds = [int(s) for s in args.seeds.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -539,20 +400,69 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             write(entries, args.out)  # after every run: a cut-short study keeps what ran
     write(entries, args.out)
-    print(setting_table(entries))
-    print(table(entries))
+    print(plots.setting_table(entries, SETTINGS))
+    print(plots.run_table(entries, SETTINGS))
     print(f"study wall time: {time.monotonic() - t0:.0f} s")
     return 0 if all(e["status"] == "ok" for e in entries) else 1
 
 
 def write(entries: Sequence[dict[str, Any]], out: Path) -> None:
-    slim = [{k: v for k, v in e.items() if k != "rewards"} for e in entries]
-    curves = {f"{e['setting']}-seed{e['seed']}": e["rewards"] for e in entries if "rewards" in e}
-    (out / "summary.json").write_text(json.dumps(slim, indent=1) + "\n")
-    (out / "reward_curves.json").write_text(json.dumps(curves) + "\n")
-    if any(e["status"] == "ok" for e in entries):
-        plot(entries, out)
-    (out / "table.md").write_text(setting_table(entries) + "\n\n" + table(entries) + "\n")
+    """``summary.json``, ``reward_curves.json``, ``table.md`` and the figures. Runs of other
+    settings or seeds already in ``out`` are kept (a study of one group does not erase the
+    other's results); a run of this study replaces the stored one of its setting and seed."""
+    mine = {(e["setting"], e["seed"]) for e in entries}
+    kept: list[dict[str, Any]] = []
+    old_summary, old_curves = out / "summary.json", out / "reward_curves.json"
+    if old_summary.is_file():
+        curves = json.loads(old_curves.read_text()) if old_curves.is_file() else {}
+        for e in json.loads(old_summary.read_text()):
+            key = f"{e['setting']}-seed{e['seed']}"
+            if (e["setting"], e["seed"]) not in mine and e["setting"] in BY_NAME:
+                kept.append({**e, **({"rewards": curves[key]} if key in curves else {})})
+    order = {s.name: i for i, s in enumerate(SETTINGS)}
+    every = sorted([*kept, *entries], key=lambda e: (e["seed"], order[e["setting"]]))
+    slim = [{k: v for k, v in e.items() if k != "rewards"} for e in every]
+    curves = {f"{e['setting']}-seed{e['seed']}": e["rewards"] for e in every if "rewards" in e}
+    out.mkdir(parents=True, exist_ok=True)
+    old_summary.write_text(json.dumps(slim, indent=1) + "\n")
+    old_curves.write_text(json.dumps(curves) + "\n")
+    if any(e["status"] == "ok" for e in every):
+        draw(every, out)
+    (out / "table.md").write_text(
+        plots.setting_table(every, SETTINGS) + "\n\n" + plots.run_table(every, SETTINGS) + "\n\n"
+        + plots.trained_table(every, [BY_NAME["slow-eta3"], BY_NAME["slow-drop-eta3"]]) + "\n"
+    )  # fmt: skip
+
+
+def draw(entries: Sequence[dict[str, Any]], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    base = [s for s in SETTINGS if s.study == "base"]
+    slow = [s for s in SETTINGS if s.study == "slow"]
+    system = "staleflow train, 2 vLLM-CPU instances, toy copy task"
+    paths = [
+        plots.plot_rewards(entries, base, out / "reward_vs_samples.png",
+                           title=f"Reward vs consumed samples ({system})"),
+        plots.plot_staleness(entries, base, out / "staleness_hist.png", grid=(2, 3)),
+        plots.plot_policy(entries, SETTINGS, out / "policy_reward.png"),
+    ]  # fmt: skip
+    if not any(e["status"] == "ok" and BY_NAME[e["setting"]].study == "slow" for e in entries):
+        return paths
+    return [
+        *paths,
+        plots.plot_rewards(
+            entries, slow, out / "slow_reward_vs_samples.png", grid=(2, 3),
+            reference=[BY_NAME["eta0"], BY_NAME["eta3"]],
+            title=f"Slow trainer (trainer.step_delay_s={SLOW_STEP_DELAY_S:g}): reward vs consumed "
+            f"samples ({system})",
+        ),
+        plots.plot_staleness(entries, slow, out / "slow_staleness_hist.png", grid=(1, 4)),
+        plots.plot_staleness_by_step(
+            entries, slow, out / "slow_staleness_by_step.png",
+            title=f"Consumed staleness per step, slow trainer (step_delay_s={SLOW_STEP_DELAY_S:g})",
+        ),
+    ]  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -157,6 +157,8 @@ class RolloutConfig:
 MAX_ETA = 64
 MAX_BATCH_SIZE = 16384
 MAX_ADMITTED_TRAJECTORIES = 2**20
+#: ``trainer.step_delay_s`` at most: an hour per step is far beyond any real trainer step.
+MAX_STEP_DELAY_S = 3600.0
 
 
 @_section("protocol")
@@ -241,6 +243,13 @@ class TrainerConfig:
     fsdp: bool = _f(False, doc="FSDP2 (fully_shard) across torch.distributed ranks")
     num_gpus: int = _f(0, ge=0, doc="GPUs for the trainer actor(s) (FSDP world size)")
     torch_threads: int = _f(0, ge=0, doc="0 = torch default")
+    step_delay_s: float = _f(
+        0.0,
+        ge=0.0,
+        le=MAX_STEP_DELAY_S,
+        doc="seconds added to every training step before its version is published: a slower "
+        "trainer (a stand-in for a larger model) for staleness studies; 0 = none",
+    )
 
     def __attrs_post_init__(self) -> None:
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):

@@ -53,6 +53,7 @@ class TrainerActor:
         self._ts_address = tuple(ts_address) if ts_address else None
         self._ts_token = ts_token or None
         self._push_retry_s = float(app.param_server.push_retry_s)
+        self._step_delay_s = float(app.trainer.step_delay_s)
         self._push_failures: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._step_lock = threading.Lock()
@@ -162,6 +163,8 @@ class TrainerActor:
                 )
             batch = [TrainSample(**s) for s in samples]
             metrics = dict(self._trainer.train_step(batch))
+            if self._step_delay_s > 0:  # trainer.step_delay_s: a slower trainer, by config
+                time.sleep(self._step_delay_s)
             metrics["version"] = self._trainer.version
             self._last_step = (v, metrics, False)
             metrics.update(self._push_metrics())

@@ -17,6 +17,8 @@ Time models
   (:mod:`staleflow_trainer.sim.trainer_model`) of ``sim.trainer_setup`` on the training GPUs
   the policy has (its expert parallelism lowered to a divisor of them when needed), timed by
   the batch's tokens and the sum of its squared sequence lengths (attention).
+* Every trainer model adds ``trainer.step_delay_s`` (``trainer_step_delay_s``) to each step,
+  as the Ray deployment's trainer sleeps that long after each step.
 * Param push (trainer → param server) and pull (param server → instance):
   ``model_bytes / bandwidth + transfer_overhead_s``. The push follows every step and blocks the
   trainer (its ranks write their shards); a pull is the instance's weight load.
@@ -208,6 +210,8 @@ class SimSpec:
     peak_flops_per_gpu: float = attrs.field(default=148e12, validator=_gt(0))
     mfu: float = attrs.field(default=0.3, validator=_gt(0))
     train_overhead_s: float = attrs.field(default=5.0, validator=_ge(0))
+    #: ``trainer.step_delay_s``: added to every modeled step, whatever the trainer model.
+    trainer_step_delay_s: float = attrs.field(default=0.0, validator=_ge(0))
     #: ``trainer_model="megatron"``: the setup (its GPU count is replaced by the policy's).
     megatron: MegatronSetup | None = None
     model_bytes: int = attrs.field(default=100_000_000, validator=_gt(0))
@@ -355,7 +359,11 @@ class SimSpec:
 
     def train_seconds(self, tokens: int, seq_sq_sum: float | None = None) -> float:
         """Modeled compute time of one training step on ``tokens`` (prompt + response) in
-        sequences whose squared lengths sum to ``seq_sq_sum`` (megatron's attention term)."""
+        sequences whose squared lengths sum to ``seq_sq_sum`` (megatron's attention term), plus
+        the configured ``trainer_step_delay_s``."""
+        return self._compute_seconds(tokens, seq_sq_sum) + self.trainer_step_delay_s
+
+    def _compute_seconds(self, tokens: int, seq_sq_sum: float | None) -> float:
         if self.trainer_model == "linear":
             return self.trainer_time_a_s + self.trainer_time_b_s_per_token * tokens
         if self.trainer_model == "megatron":
@@ -429,6 +437,7 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
         peak_flops_per_gpu=sim.peak_flops_per_gpu,
         mfu=sim.mfu,
         train_overhead_s=sim.train_overhead_s,
+        trainer_step_delay_s=cfg.trainer.step_delay_s,
         megatron=setup(sim.trainer_setup) if sim.trainer_model == "megatron" else None,
         model_bytes=model_bytes(cfg),
         push_bandwidth_gb_s=sim.push_bandwidth_gb_s,
