@@ -14,11 +14,15 @@ After each run it reads ``ControlActor.io_stats()`` (the pickled size of every c
 arguments and answer, per peer kind: ``instances``, ``ts``, ``rewards``, ``trainer``) and the
 ledger's trajectory count (every trajectory submitted). Printed side by side per length:
 bytes per trajectory per peer kind and in total, and the ratio longest / shortest (target:
-about 1 — the bytes do not grow with length). An instance's poll answer, every cycle, holds its
-snapshot: one (id, prompt tokens, generated tokens) entry per running trajectory, so a
-trajectory that runs for more cycles costs more poll bytes — counts, not tokens, but they grow
-with generation time; the run's wall time and the instance bytes per cycle are printed beside
-them. Writes ``bench-results/control_bytes.json``.
+about 1 — the bytes do not grow with length). An instance's poll answer carries its snapshot
+as a delta (``engine_adapters.SnapshotEncoder``): a trajectory's entry when it starts running
+or changes pace, its end with the outcomes, and of the header only the fields that changed;
+an instance where nothing happened answers ``None``. So a trajectory's own entries do not grow
+with how many cycles it runs. What still grows with run time is per cycle, not per
+trajectory: the changed header fields of an instance that is decoding (tens of bytes a poll)
+and a 4-byte ``None`` from an idle one (2 instances at 10 cycles/s: about 80 bytes a second of
+run time, however many trajectories run); the run's wall time, the control cycles and the
+instance bytes per cycle are printed beside them. Writes ``bench-results/control_bytes.json``.
 
     .venv/bin/python benchmarks/bench_control_bytes.py [--lengths 16,256,2048] [--steps 4]
     .venv/bin/python benchmarks/bench_control_bytes.py --smoke   # 2 lengths, 2 steps
@@ -149,11 +153,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out = Path(a.out) if a.out else ROOT / "bench-results" / "control_bytes.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1))
-    print(f"{'L':>6} {'traj':>5} {'tok/traj':>9} {'wall s':>7} {'inst B/cyc':>10} "
+    print(f"{'L':>6} {'traj':>5} {'tok/traj':>9} {'wall s':>7} {'cycles':>6} {'inst B/cyc':>10} "
           + " ".join(f"{k:>10}" for k in KINDS) + f" {'total':>10}   (bytes per trajectory)")  # fmt: skip
     for r in runs:
         print(f"{r['response_len']:>6} {r['trajectories']:>5} {r['tokens_per_trajectory']:>9.1f} "
-              f"{r['run_wall_s']:>7.1f} {r['instances_bytes_per_cycle']:>10.1f} "
+              f"{r['run_wall_s']:>7.1f} {r['journal_appends']:>6} "
+              f"{r['instances_bytes_per_cycle']:>10.1f} "
               + " ".join(f"{r['bytes_per_trajectory'][k]:>10.1f}" for k in KINDS)
               + f" {r['total_bytes_per_trajectory']:>10.1f}")  # fmt: skip
     rr = res["ratio_longest_over_shortest"]

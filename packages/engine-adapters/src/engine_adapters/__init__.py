@@ -15,6 +15,7 @@ from engine_adapters._contract import (
     SamplingParams,
     write_profile_jsonl,
 )
+from engine_adapters._delta import SnapshotDecoder, SnapshotEncoder
 from engine_adapters._registry import BACKENDS, create_engine, load_backend
 from engine_adapters.errors import (
     BackendNotInstalled,
@@ -26,7 +27,7 @@ from engine_adapters.errors import (
     UnknownTrajectory,
 )
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "BACKENDS",
@@ -44,6 +45,8 @@ __all__ = [
     "PromptTooLong",
     "RunningTrajectory",
     "SamplingParams",
+    "SnapshotDecoder",
+    "SnapshotEncoder",
     "UnknownTrajectory",
     "create_engine",
     "load_backend",

@@ -23,7 +23,8 @@ so far, resumed prefix included, with one logprob and one model version per toke
 * ``load_weights(version, named_tensors)`` — replace the weights in place; the prefix cache is
   reset (or salted by version) and no request is ever served by half-loaded weights.
 * ``snapshot()`` — the five fields the coordinator needs (version, running trajectories with
-  token counts, waiting count, KV usage, generation throughput).
+  token counts, waiting count, KV usage, generation throughput), and the engine's decode-step
+  counter, so that a poll can send running trajectories as deltas (:class:`SnapshotEncoder`).
 
 Records are frozen attrs classes; every field is validated at construction so that bad input
 fails at the edge with the field named.
@@ -166,6 +167,10 @@ class EngineSnapshot:
     kv_used_tokens: int
     kv_capacity_tokens: int
     throughput_tokens_per_s: float
+    # Decode steps the engine has run (0: the engine keeps no count). A running trajectory
+    # that decodes without pause gains one token per step; snapshot deltas rely on it
+    # (engine_adapters.SnapshotEncoder).
+    decode_steps: int = 0
 
     @property
     def kv_usage(self) -> float:

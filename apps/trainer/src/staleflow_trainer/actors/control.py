@@ -215,9 +215,11 @@ class ControlActor:
         events.append(Cycle(at=at))
         await self._feed_batch(events)
 
-    def _reported(self, iid: str, p: Mapping[str, Any], at: float) -> Reported:
+    def _reported(self, iid: str, p: Mapping[str, Any] | None, at: float) -> Reported:
+        p = p or {}  # None: nothing happened there
         outcomes = [Outcome(trajectory_id=str(t), generated=int(g), finish=f)
-                    for t, g, f in p["outcomes"]]  # fmt: skip
+                    for t, g, f in p.get("outcomes", ())]  # fmt: skip
+        ended = [o.trajectory_id for o in outcomes]  # before the refused ones join them
         for tid in p.get("refused", ()):  # the TS refused to route it there: still queued
             e = self.core.ledger.get(tid)
             outcomes.append(Outcome(trajectory_id=tid, generated=e.generated if e else 0))
@@ -227,7 +229,7 @@ class ControlActor:
             ) + len(p["errors"])
             self._log.warning("instance_errors", instance=iid, errors=p["errors"][:3])
         return Reported(at=at, instance_id=iid, outcomes=outcomes,
-                        snapshot=self.io.snapshot(p["snapshot"], at))  # fmt: skip
+                        snapshot=self.io.snapshot(iid, p.get("snapshot"), at, ended))  # fmt: skip
 
     async def _feed_batch(self, events: Sequence[Event]) -> None:
         if not events:

@@ -10,8 +10,11 @@ trajectory server (TS) directly:
 * results are written to the TS in batches — ``finish`` for finished trajectories,
   ``return_partial`` for interrupted ones, each carrying only the tokens generated here
   (``start`` = what the store already held) — before they are reported;
-* ``poll()`` writes what is pending, then returns the outcomes since the last poll (id, response
-  length, finish reason or None), each exactly once, and a snapshot taken after them;
+* ``poll(ack, full)`` writes what is pending, then returns the outcomes since the last poll (id,
+  response length, finish reason or None), each exactly once, and a snapshot taken after them
+  as a delta from the last one sent (``engine_adapters.SnapshotEncoder``): the header fields
+  that changed and the trajectories that started, changed pace or left, never a list of every
+  running trajectory each poll; None when nothing happened;
 * ``interrupt(ids)`` stops trajectories and writes their partial output back before returning;
 * ``sync(version)`` interrupts everything, pulls ``version`` from the parameter server over NIXL
   and loads it in place (the engine never serves half-loaded weights);
@@ -26,6 +29,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import attrs
 import structlog
 
 from engine_adapters import (
@@ -34,26 +38,13 @@ from engine_adapters import (
     GenerateRequest,
     GenerateResult,
     SamplingParams,
+    SnapshotEncoder,
     create_engine,
 )
 from trajectory_server import Completion, Segment
 from trajectory_server.errors import TrajectoryServerError
 
 log = structlog.get_logger(__name__)
-
-
-def engine_snapshot_dict(s: Any) -> dict[str, Any]:
-    return {
-        "instance_id": s.instance_id,
-        "seq": s.seq,
-        "time_s": s.time_s,
-        "version": s.version,
-        "running": [[r.trajectory_id, r.prompt_tokens, r.generated_tokens] for r in s.running],
-        "waiting": s.waiting,
-        "kv_used_tokens": min(s.kv_used_tokens, s.kv_capacity_tokens),
-        "kv_capacity_tokens": s.kv_capacity_tokens,
-        "throughput_tokens_per_s": s.throughput_tokens_per_s,
-    }
 
 
 class RolloutActor:
@@ -87,6 +78,7 @@ class RolloutActor:
         self._outcomes: list[list[Any]] = []
         self._refused: list[str] = []
         self._errors: list[dict[str, Any]] = []
+        self._encoder = SnapshotEncoder()  # its first delta is a full snapshot
         self._write_lock = asyncio.Lock()
         self._sync_lock = asyncio.Lock()
         self._syncs = 0
@@ -243,22 +235,24 @@ class RolloutActor:
                 ]
             )
 
-    async def poll(self) -> dict[str, Any]:
+    async def poll(self, ack: int | None = None, full: bool = False) -> dict[str, Any] | None:
         """Outcomes since the last poll (each exactly once; already in the TS), ids the TS
-        refused to route here, and a snapshot taken after them."""
+        refused to route here, and a snapshot taken after them as a delta from the last one
+        sent, decoded with ``engine_adapters.SnapshotDecoder`` given the outcomes' ids
+        (``ack``, ``full``: what the decoder's ``request()`` says). Empty fields are left out;
+        None when there is nothing at all (no outcome, nothing changed)."""
         engine = self._require()
         await self._flush()
         outcomes, self._outcomes = self._outcomes, []
         refused, self._refused = self._refused, []
         errors, self._errors = self._errors, []
         snap = await engine.snapshot()
-        return {
-            "outcomes": outcomes,
-            "refused": refused,
-            "errors": errors,
-            "snapshot": engine_snapshot_dict(snap),
-            "syncing": self._sync_lock.locked(),
-        }
+        if snap.kv_used_tokens > snap.kv_capacity_tokens:
+            snap = attrs.evolve(snap, kv_used_tokens=snap.kv_capacity_tokens)
+        delta = self._encoder.encode(snap, ack=ack, full=full, ended={o[0] for o in outcomes})
+        answer = {"outcomes": outcomes, "refused": refused, "errors": errors, "snapshot": delta,
+                  "syncing": self._sync_lock.locked()}  # fmt: skip
+        return {k: v for k, v in answer.items() if v} or None
 
     async def interrupt(self, trajectory_ids: Sequence[str] | None = None) -> int:
         """Stop these trajectories (None = all); their partial output is in the TS when this
@@ -286,7 +280,7 @@ class RolloutActor:
         await self._flush()
         return len(ids)
 
-    async def quiesce(self) -> dict[str, Any]:
+    async def quiesce(self) -> dict[str, Any] | None:
         """Wait out a sync in progress (so the version reported is final), stop everything,
         and :meth:`poll`."""
         async with self._sync_lock:

@@ -3,7 +3,10 @@ reward workers and the trainer, and what comes back — ids, versions and token 
 
 :class:`ShellIO` carries out the effects that are one call or a few (submit groups, route,
 interrupt, drop, release), polls instances, scores and trains in the background, and turns a
-dead instance into an ``InstanceLost`` event with what the store held for it. It counts the
+dead instance into an ``InstanceLost`` event with what the store held for it. An instance's
+poll answer carries its snapshot as a delta (``engine_adapters.SnapshotEncoder``): one entry
+when a trajectory starts or changes pace, not one per running trajectory per poll; a
+``SnapshotDecoder`` per instance rebuilds the full snapshot here. It counts the
 bytes that cross this process per peer kind (pickled size of every call's arguments and
 answer), so the data-path benchmark can show they do not grow with response length.
 """
@@ -19,10 +22,11 @@ from typing import Any, cast
 import numpy as np
 import structlog
 
+from engine_adapters import SnapshotDecoder
 from rollout_coordinator import InstanceSnapshot
 from staleflow_trainer.config import AppConfig
 from staleflow_trainer.control import effects as fx
-from staleflow_trainer.control.events import InstanceLost, snapshot_from_dict
+from staleflow_trainer.control.events import InstanceLost
 from trajectory_server import SamplingParams
 from trajectory_server.errors import TrajectoryServerError
 
@@ -89,6 +93,7 @@ class ShellIO:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._prompts: dict[int, list[int]] = {}
         self._bytes: dict[str, int] = {}
+        self._decoders: dict[str, SnapshotDecoder] = {}
         self._next_reward = 0
         #: group id -> dataset row of the groups this process submitted (diagnostics)
         self.submitted: dict[str, int] = {}
@@ -127,10 +132,29 @@ class ShellIO:
     def prompt_len(self, row: int) -> int:
         return len(self.prompt_ids(row))
 
-    def snapshot(self, d: Mapping[str, Any], at: float) -> InstanceSnapshot:
-        """An instance's snapshot stamped with this process's clock (taken no earlier than
-        the poll that carried it, after every command sent before)."""
-        return snapshot_from_dict({**d, "time_s": at})
+    def _decoder(self, iid: str) -> SnapshotDecoder:
+        dec = self._decoders.get(iid)
+        if dec is None:
+            dec = self._decoders[iid] = SnapshotDecoder(iid)
+        return dec
+
+    def snapshot(
+        self, iid: str, delta: Mapping[str, Any] | None, at: float, ended: Sequence[str]
+    ) -> InstanceSnapshot | None:
+        """The snapshot an instance's poll answer carries (a delta from the last one decoded,
+        None: unchanged; ``ended``: the answer's outcome ids), stamped with this process's
+        clock (taken no earlier than the poll that carried it, after every command sent
+        before). None if it does not follow the last one decoded (the next poll asks for a
+        full one)."""
+        dec = self._decoder(iid)
+        try:
+            snap = dec.decode(delta, time_s=at, ended=ended)
+        except ValueError as e:
+            log.warning("snapshot_delta_refused", instance=iid, error=str(e)[:200])
+            return None
+        if snap is None and delta is not None:
+            log.warning("snapshot_delta_out_of_order", instance=iid)
+        return None if snap is None else InstanceSnapshot.from_engine(snap)
 
     def _count(self, kind: str, n: int) -> None:
         self._bytes[kind] = self._bytes.get(kind, 0) + n
@@ -245,13 +269,18 @@ class ShellIO:
 
     async def poll_all(self) -> dict[str, Any]:
         iids = list(self.rollouts)
+        # each request acknowledges the last snapshot delta decoded (or asks for a full one);
+        # an answer may be None (nothing happened, nothing changed)
+        args = {i: self._decoder(i).request() for i in iids}
         got = await asyncio.gather(
-            *(self.rollouts[i].poll.remote() for i in iids), return_exceptions=True
+            *(self.rollouts[i].poll.remote(**args[i]) for i in iids), return_exceptions=True
         )
         out: dict[str, Any] = {}
         for iid, p in zip(iids, got, strict=True):
             if isinstance(p, BaseException) and not is_actor_death(p):
                 raise p
+            if args[iid]:
+                self._count("instances", _size(args[iid]))
             if not isinstance(p, BaseException):
                 self._count("instances", _size(p))
             out[iid] = p
@@ -261,6 +290,7 @@ class ShellIO:
         """``iid`` died: the store puts back in the queue what it held (with the response
         length the store holds for each); the instance leaves the run."""
         self.rollouts.pop(iid, None)
+        self._decoders.pop(iid, None)
         requeued = list(await self.ts.instance_lost(iid))
         lengths = await self.lengths(requeued)
         self.lost.append({"instance_id": iid, "requeued": requeued, "error": repr(error)[:300]})

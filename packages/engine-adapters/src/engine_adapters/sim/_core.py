@@ -295,7 +295,8 @@ class SimEngineCore(Scheduler):
         """The engine's state at ``now`` (advances to ``now`` first).
 
         ``running`` lists the decoding trajectories and the prefill head; ``kv_used_tokens``
-        counts their resident tokens and the head's reservation.
+        counts their resident tokens and the head's reservation; ``decode_steps`` is the
+        engine's step count (a decoding trajectory's count is that plus a fixed offset).
         """
         self._advance(now)
         steps_now, _ = self._position(now)
@@ -330,6 +331,7 @@ class SimEngineCore(Scheduler):
             kv_used_tokens=kv + (head.context_at_admit if head is not None else 0),
             kv_capacity_tokens=self._cap_tokens,
             throughput_tokens_per_s=self.cost.throughput(n, kv) if decoding else 0.0,
+            decode_steps=steps_now,
         )
 
     def kv_used_tokens(self, now: float | None = None) -> int:

@@ -349,6 +349,7 @@ class EngineConformance:
         assert mine.prompt_tokens <= snap.kv_used_tokens <= snap.kv_capacity_tokens
         assert 0.0 < snap.kv_usage <= 1.0
         assert snap.throughput_tokens_per_s >= 0.0
+        assert snap.decode_steps >= first.decode_steps >= 0  # 0 where the engine keeps none
         await engine.interrupt([req.trajectory_id])
         await task
 

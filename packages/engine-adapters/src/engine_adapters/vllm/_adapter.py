@@ -534,6 +534,9 @@ class VllmAdapter(EngineAdapter):
 
     async def snapshot(self) -> EngineSnapshot:
         self._require_engine()
+        # Let the generate tasks take the outputs already delivered, so the counts below and
+        # decode_steps describe the same engine step (a lagging count is only resent).
+        await asyncio.sleep(0)
         running = tuple(
             RunningTrajectory(
                 trajectory_id=t.request.trajectory_id,
@@ -557,6 +560,7 @@ class VllmAdapter(EngineAdapter):
             kv_used_tokens=round(usage * self._kv_capacity),
             kv_capacity_tokens=self._kv_capacity,
             throughput_tokens_per_s=self._stats.throughput(),
+            decode_steps=self._stats.steps,
         )
 
     # ----------------------------------------------------------------- profile

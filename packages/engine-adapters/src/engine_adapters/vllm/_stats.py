@@ -26,7 +26,8 @@ class SchedulerView:
 
 
 class EngineStats:
-    """Latest scheduler view + a sliding window of generated-token counts."""
+    """Latest scheduler view + a sliding window of generated-token counts + the number of
+    engine steps that produced output (the snapshot's ``decode_steps``)."""
 
     def __init__(self, *, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.window_s = window_s
@@ -35,6 +36,10 @@ class EngineStats:
         self._tokens: collections.deque[tuple[float, int]] = collections.deque()
         self._in_window = 0
         self._since = clock()
+        self.steps = 0
+
+    def record_step(self) -> None:
+        self.steps += 1
 
     def record_scheduler(self, stats: Any) -> None:
         self.scheduler = SchedulerView(
@@ -84,6 +89,8 @@ def stat_logger_factory(sink: EngineStats) -> Callable[[Any, int], Any]:
         ) -> None:
             if scheduler_stats is not None:
                 sink.record_scheduler(scheduler_stats)
+            if iteration_stats is not None:  # a step that produced output
+                sink.record_step()
 
         def log_engine_initialized(self) -> None:
             pass

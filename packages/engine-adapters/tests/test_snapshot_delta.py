@@ -1,0 +1,334 @@
+"""Snapshot deltas (``SnapshotEncoder`` / ``SnapshotDecoder``): the decoded snapshot equals the
+engine's at every poll — across preemption and resume, weight loads, interrupts, an instance
+restart, a lost answer — and the entries sent per trajectory do not grow with how many polls
+it runs for."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine_adapters import (
+    EngineSnapshot,
+    GenerateRequest,
+    RunningTrajectory,
+    SamplingParams,
+    SnapshotDecoder,
+    SnapshotEncoder,
+)
+from engine_adapters.sim import CostModel, SimConfig, SimEngineCore
+
+COST = CostModel(name="t", k1=1e-6, k2=0.01, b=0.004, k3=1e-3, k4=0.002)
+
+
+def view(s: EngineSnapshot) -> tuple[Any, ...]:
+    """Everything a consumer reads; ``running`` as a mapping (its order carries no meaning)."""
+    running = {r.trajectory_id: (r.prompt_tokens, r.generated_tokens) for r in s.running}
+    return (s.instance_id, s.seq, s.version, running, s.waiting, s.kv_used_tokens,
+            s.kv_capacity_tokens, s.throughput_tokens_per_s, s.decode_steps)  # fmt: skip
+
+
+def snap(running: dict[str, tuple[int, int]], *, steps: int, seq: int = 1) -> EngineSnapshot:
+    return EngineSnapshot(
+        instance_id="i0",
+        seq=seq,
+        time_s=0.0,
+        version=0,
+        running=tuple(
+            RunningTrajectory(trajectory_id=t, prompt_tokens=p, generated_tokens=g)
+            for t, (p, g) in running.items()
+        ),
+        waiting=0,
+        kv_used_tokens=0,
+        kv_capacity_tokens=1000,
+        throughput_tokens_per_s=0.0,
+        decode_steps=steps,
+    )
+
+
+class Link:
+    """One instance's encoder and the control side's decoder; each request carries what the
+    decoder's ``request()`` says (an acknowledgement or a call for a full snapshot)."""
+
+    def __init__(self) -> None:
+        self.enc = SnapshotEncoder()
+        self.dec = SnapshotDecoder("i0")
+        self.added = 0
+
+    def send(self, s: EngineSnapshot, ended: set[str] | None = None) -> dict[str, Any] | None:
+        d = self.enc.encode(s, **self.dec.request(), ended=ended or set())
+        self.added += len(d.get("add", ())) if d else 0
+        return d
+
+    def poll(self, s: EngineSnapshot, ended: set[str] | None = None) -> EngineSnapshot | None:
+        return self.dec.decode(self.send(s, ended), time_s=s.time_s, ended=ended or set())
+
+
+def test_steady_decoding_sends_each_trajectory_once() -> None:
+    link = Link()
+    for k in range(50):
+        s = snap({"a": (10, k), "b": (7, k + 3)}, steps=100 + k, seq=k + 1)
+        d = link.send(s)
+        assert d is not None and (k == 0 or set(d) == {"k", "steps"})  # the header's change
+        got = link.dec.decode(d, time_s=0.0)
+        assert got is not None and view(got) == view(s)
+    assert link.added == 2
+
+
+def test_nothing_changed_is_none_and_decodes_to_the_same_snapshot() -> None:
+    link = Link()
+    link.poll(snap({"a": (10, 0)}, steps=0, seq=1))
+    s = snap({"a": (10, 0)}, steps=0, seq=2)
+    assert link.send(s) is None
+    assert view(link.dec.decode(None, time_s=0.0) or s) == view(s)
+    s = snap({"a": (10, 0)}, steps=0, seq=9)  # the engine took snapshots for others meanwhile
+    d = link.send(s)
+    assert d is not None and set(d) == {"k", "seq"}
+    assert view(link.dec.decode(d, time_s=0.0) or s) == view(s)
+    assert SnapshotDecoder("i0").decode(None, time_s=0.0) is None  # nothing to repeat yet
+
+
+def test_preemption_and_resume_resend_once_each() -> None:
+    link = Link()
+    link.poll(snap({"a": (10, 0), "b": (10, 0)}, steps=0, seq=1))
+    link.poll(snap({"a": (10, 5), "b": (10, 5)}, steps=5, seq=2))
+    s = snap({"a": (10, 8)}, steps=8, seq=3)  # b preempted: leaves running, no outcome
+    d = link.send(s)
+    assert d is not None and d["left"] == ["b"] and "add" not in d
+    assert view(link.dec.decode(d, time_s=0.0) or s) == view(s)
+    s = snap({"a": (10, 12), "b": (10, 5)}, steps=12, seq=4)  # b resumed with what it had
+    d = link.send(s)
+    assert d is not None and d["add"] == [["b", 10, 5 - 12]]
+    assert view(link.dec.decode(d, time_s=0.0) or s) == view(s)
+    # a stall inside the engine (count stops following the steps) is resent, not guessed
+    s = snap({"a": (10, 12), "b": (10, 6)}, steps=13, seq=5)
+    assert view(link.poll(s) or s) == view(s)
+
+
+def test_outcomes_replace_left_and_a_resubmitted_id_is_sent_again() -> None:
+    link = Link()
+    link.poll(snap({"a": (10, 0), "b": (10, 0)}, steps=0, seq=1))
+    s = snap({"b": (10, 4)}, steps=4, seq=2)
+    d = link.send(s, ended={"a"})
+    assert d is not None and "left" not in d and "add" not in d  # a's end is in the outcomes
+    assert view(link.dec.decode(d, time_s=0.0, ended={"a"}) or s) == view(s)
+    # b's outcome and b again (routed back here) in one answer: the decoder drops it, then
+    # re-adds it from the entry
+    s = snap({"b": (10, 6)}, steps=9, seq=3)
+    assert view(link.poll(s, ended={"b"}) or s) == view(s)
+
+
+def test_a_lost_answer_gets_a_full_snapshot_next() -> None:
+    link = Link()
+    link.poll(snap({"a": (10, 0)}, steps=0, seq=1))
+    lost = link.send(snap({"a": (10, 3), "b": (5, 0)}, steps=3, seq=2))
+    assert lost is not None and "full" not in lost
+    # the next request acknowledges nothing new: the encoder cannot build on `lost`, even if
+    # nothing changed since (a None would repeat the snapshot before it)
+    s = snap({"a": (10, 3), "b": (5, 0)}, steps=3, seq=3)
+    d = link.send(s)
+    assert d is not None and d["full"] == 1
+    assert view(link.dec.decode(d, time_s=0.0) or s) == view(s)
+
+
+def test_an_answer_never_decoded_gets_a_full_snapshot_next() -> None:
+    link = Link()
+    link.poll(snap({"a": (10, 0)}, steps=0, seq=1))
+    link.poll(snap({"a": (10, 1)}, steps=1, seq=2))
+    # someone else polled (a recovering shell's quiesce) and dropped the answer
+    assert link.enc.encode(snap({"a": (10, 2)}, steps=2, seq=3)) is not None
+    s = snap({"a": (10, 2)}, steps=2, seq=4)
+    d = link.send(s)  # acknowledges the delta before the dropped one
+    assert d is not None and d["full"] == 1
+    assert view(link.dec.decode(d, time_s=0.0) or s) == view(s)
+
+
+def test_a_delta_out_of_order_is_refused() -> None:
+    link = Link()
+    link.poll(snap({"a": (10, 0)}, steps=0, seq=1))
+    enc = link.enc
+    enc.encode(snap({"a": (10, 1)}, steps=1, seq=2), ack=link.dec.k)  # lost in transit
+    stray = enc.encode(snap({"a": (10, 2)}, steps=2, seq=3), ack=link.dec.k + 1)
+    assert stray is not None and "full" not in stray
+    assert link.dec.decode(stray, time_s=0.0) is None  # k skips one: refused, not guessed
+    assert link.dec.request() == {"full": True}
+    s = snap({"a": (10, 3), "c": (1, 0)}, steps=3, seq=4)
+    assert view(link.poll(s) or s) == view(s)
+
+
+def test_an_instance_restart_sends_a_full_snapshot() -> None:
+    link = Link()
+    link.poll(snap({"a": (10, 0), "b": (10, 0)}, steps=0, seq=1))
+    link.poll(snap({"a": (10, 1), "b": (10, 1)}, steps=1, seq=2))
+    link.enc = SnapshotEncoder()  # a new process under the same instance id
+    s = snap({"c": (4, 0)}, steps=0, seq=1)
+    d = link.send(s)
+    assert d is not None and d["full"] == 1
+    got = link.dec.decode(d, time_s=0.0)
+    assert got is not None and view(got) == view(s)  # nothing of the old process survives
+    # its delta counter starts anywhere: a follower of the old process's is refused
+    link.enc = SnapshotEncoder()
+    first = link.enc.encode(snap({"d": (4, 0)}, steps=0, seq=1))
+    assert first is not None
+    follower = link.enc.encode(snap({"d": (4, 1)}, steps=1, seq=2), ack=first["k"])
+    assert follower is not None and follower["k"] != link.dec.k + 1  # (1 in 2**30 it is)
+    assert link.dec.decode(follower, time_s=0.0) is None
+
+
+def test_a_count_that_does_not_add_up_is_refused() -> None:
+    link = Link()
+    link.poll(snap({"a": (10, 0)}, steps=0, seq=1))
+    d = link.send(snap({"a": (10, 1)}, steps=1, seq=2))
+    assert d is not None
+    with pytest.raises(ValueError, match="n=2"):
+        link.dec.decode({**d, "n": 2}, time_s=0.0)
+    assert link.dec.request() == {"full": True}
+
+
+# --- property: random running sets, paces, ends, lost answers and restarts -------------------
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> list[tuple[str, Any]]:
+    ops: list[tuple[str, Any]] = []
+    for _ in range(draw(st.integers(1, 40))):
+        ops.append(
+            draw(
+                st.one_of(
+                    st.tuples(st.just("step"), st.integers(0, 5)),
+                    st.tuples(st.just("start"), st.integers(0, 9)),
+                    st.tuples(st.just("pause"), st.integers(0, 9)),  # preempted / waiting
+                    st.tuples(st.just("end"), st.integers(0, 9)),
+                    st.tuples(st.just("lose"), st.none()),
+                    st.tuples(st.just("restart"), st.none()),
+                    st.tuples(st.just("no_counter"), st.booleans()),
+                )
+            )
+        )
+    return ops
+
+
+@given(histories())
+@settings(max_examples=300, deadline=None)
+def test_decoded_snapshot_equals_the_engines(ops: list[tuple[str, Any]]) -> None:
+    link = Link()
+    steps = 0
+    counter = True  # the engine reports decode_steps
+    running: dict[str, list[int]] = {}  # id -> [prompt, generated, decoding?]
+    paused: dict[str, list[int]] = {}
+    ended: set[str] = set()
+    seq = 0
+    for op, arg in ops:
+        if op == "step":
+            steps += arg
+            for e in running.values():
+                e[1] += arg
+        elif op == "start":
+            tid = f"t{arg}"
+            if tid in paused:
+                running[tid] = paused.pop(tid)
+            elif tid not in running:
+                running[tid] = [arg + 1, 0]
+        elif op == "pause":
+            tid = f"t{arg}"
+            if tid in running:
+                paused[tid] = running.pop(tid)
+        elif op == "end":
+            tid = f"t{arg}"
+            running.pop(tid, None)
+            paused.pop(tid, None)
+            ended.add(tid)
+        elif op == "restart":
+            link.enc = SnapshotEncoder()
+        elif op == "no_counter":
+            counter = arg
+        seq += 1
+        s = snap({t: (p, g) for t, (p, g) in running.items()}, steps=steps if counter else 0,
+                 seq=seq)  # fmt: skip
+        if op == "lose":
+            link.send(s, ended)  # the answer (and its outcomes) never arrives
+            ended = set()
+            continue
+        got = link.poll(s, ended)
+        ended = set()
+        assert got is not None and view(got)[2:] == view(s)[2:]
+        # after a lost None the decoder's seq may run behind the engine's, never ahead
+        assert got.seq <= s.seq
+
+
+# --- the sim engine, polled at a fine and a coarse period ------------------------------------
+
+
+def run_sim(period: float, seed: int = 0) -> tuple[int, int, int, int]:
+    """Drive a sim engine under KV pressure (preemptions) with a weight load and interrupts;
+    poll every ``period`` s through the codec. Returns (adds, running entries polled, starts,
+    preemptions)."""
+    rng = random.Random(seed)
+    core = SimEngineCore(
+        SimConfig(
+            cost=COST,
+            kv_capacity_tokens=3_000,
+            max_model_len=1_024,
+            prefill_s_per_token=1e-5,
+            max_running=32,
+        ),
+        instance_id="i0",
+    )
+    for k in range(48):
+        core.add(
+            GenerateRequest(
+                trajectory_id=f"t{k}",
+                prompt_token_ids=[20] * rng.randint(4, 40),
+                sampling=SamplingParams(max_new_tokens=400, stop_token_ids=(2,)),
+                target_length=rng.randint(50, 400),
+            ),
+            now=0.0,
+        )
+    link = Link()
+    polled = 0
+    t = 0.0
+    loaded = interrupted = False
+    while core.next_event_time() < math.inf or not loaded:
+        t += period
+        ended = {c.trajectory_id for c in core.advance_to(t)}
+        if not interrupted and t > 0.5:
+            ended |= {c.trajectory_id for c in core.interrupt(["t3", "t7"], now=t)}
+            interrupted = True
+        if not loaded and t > 1.0:
+            core.load_weights(1, 10_000, now=t)
+            loaded = True
+        s = core.snapshot(t)
+        polled += len(s.running)
+        got = link.poll(s, ended)
+        assert got is not None and view(got) == view(s)
+        assert t < 120, "the engine did not drain"
+    return link.added, polled, 48, core.preemptions
+
+
+def test_sim_engine_round_trip_and_entries_do_not_grow_with_polls() -> None:
+    coarse, polled_coarse, starts, pre_coarse = run_sim(0.05)
+    fine, polled_fine, _, pre_fine = run_sim(0.005)
+    assert pre_coarse > 0 and pre_fine > 0
+    assert polled_fine > 5 * polled_coarse  # ten times the polls ...
+    # ... but about the same entries: one per start, preemption, resume or load, plus a
+    # resend when a prefill head starts decoding; never one per running trajectory per poll
+    assert fine <= 1.2 * coarse + 10, (fine, coarse)
+    assert fine < polled_fine / 20
+    for added, pre in ((coarse, pre_coarse), (fine, pre_fine)):
+        # each entry of the running set: a start or resume (after a preemption or the weight
+        # load) and at most one resend when its prefill ends
+        assert added <= 2 * (starts + pre + starts), (added, pre)
+
+
+def test_an_engine_without_a_step_counter_is_still_exact() -> None:
+    link = Link()
+    for k in range(10):
+        s = snap({"a": (10, k)}, steps=0, seq=k + 1)
+        got = link.poll(s)
+        assert got is not None and view(got) == view(s)
+    assert link.added == 10  # every change is resent
