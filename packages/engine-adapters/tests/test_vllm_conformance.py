@@ -210,7 +210,7 @@ class TestVllmBackend:
             ended = {t for t, task in tasks.items() if task.done()} - reported
             reported |= ended
             snap = await vllm.snapshot()
-            delta = enc.encode(snap, since=dec.key, ended=ended)
+            delta = enc.encode(snap, **dec.request(), ended=ended)
             got = dec.decode(delta, time_s=snap.time_s, ended=ended)
             assert got is not None and attrs.evolve(got, running=()) == attrs.evolve(
                 snap, running=()
@@ -218,14 +218,15 @@ class TestVllmBackend:
             assert {r.trajectory_id: r for r in got.running} == {
                 r.trajectory_id: r for r in snap.running
             }
-            added += len(delta["add"])
+            added += len(delta.get("add", ())) if delta else 0
             polled += len(snap.running)
         results = await asyncio.gather(*tasks.values())
         assert [len(r.token_ids) for r in results] == [60, 100, 140]
         steps = (await vllm.snapshot()).decode_steps - steps0
         assert steps >= 140  # one step per token of the longest at least
-        # measured on vLLM-CPU: a handful of resends when a count lags the step counter
-        assert polled > 20 and added < polled / 2, (added, polled)
+        # one entry per trajectory when it starts (measured on vLLM-CPU: 3 entries over 33 and
+        # over 538 running trajectories polled); a count that lags the step counter is resent
+        assert polled > 20 and added <= len(tasks) + 4, (added, polled)
 
     async def test_duplicate_and_out_of_vocab_requests_rejected(self, vllm: VllmAdapter) -> None:
         task = asyncio.create_task(vllm.generate(req("dup", max_new_tokens=400)))

@@ -83,6 +83,7 @@ class _Trajectory:
         "done",
         "interrupt_requested",
         "logprobs",
+        "queue",
         "request",
         "request_id",
         "seen_versions",
@@ -98,6 +99,7 @@ class _Trajectory:
         self.logprobs: list[float] = []
         self.seen_versions: list[int] = []  # fallback only, if vLLM reports no spans
         self.added = False
+        self.queue: Any = None  # vLLM's output collector once the request is added
         self.interrupt_requested = False
         self.done: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
 
@@ -364,6 +366,7 @@ class VllmAdapter(EngineAdapter):
             except (ValueError, TypeError) as e:
                 raise InvalidRequest(f"trajectory {tid!r} rejected by vLLM: {e}") from e
             traj.added = True
+            traj.queue = queue
             if traj.interrupt_requested:  # interrupt() arrived while we were adding
                 await engine.abort(traj.request_id)
             while True:
@@ -534,9 +537,13 @@ class VllmAdapter(EngineAdapter):
 
     async def snapshot(self) -> EngineSnapshot:
         self._require_engine()
-        # Let the generate tasks take the outputs already delivered, so the counts below and
-        # decode_steps describe the same engine step (a lagging count is only resent).
-        await asyncio.sleep(0)
+        # Let the generate tasks take the outputs already delivered to them, so the counts
+        # below and decode_steps describe the same engine step (a count that still lags is
+        # only resent by the snapshot encoder). ``output``: the collector's pending output.
+        for _ in range(8):
+            await asyncio.sleep(0)
+            if not any(getattr(t.queue, "output", None) is not None for t in self._active.values()):
+                break
         running = tuple(
             RunningTrajectory(
                 trajectory_id=t.request.trajectory_id,
