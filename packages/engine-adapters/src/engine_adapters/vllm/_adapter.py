@@ -537,9 +537,8 @@ class VllmAdapter(EngineAdapter):
 
     async def snapshot(self) -> EngineSnapshot:
         self._require_engine()
-        # Let the generate tasks take the outputs already delivered to them, so the counts
-        # below and decode_steps describe the same engine step (a count that still lags is
-        # only resent by the snapshot encoder). ``output``: the collector's pending output.
+        # Let the generate tasks take the outputs delivered to their collectors (``output``),
+        # so counts and decode_steps describe one step (a lagging count is only resent).
         for _ in range(8):
             await asyncio.sleep(0)
             if not any(getattr(t.queue, "output", None) is not None for t in self._active.values()):
