@@ -51,18 +51,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from staleflow_trainer.prepare import WORKER_ENV
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_REF = "5107366"
 SIDES = ("before", "after")
-ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-}
+# what every process of a run is given (one list: the app's), plus a 1 GiB vLLM KV cache
+ENV = {**WORKER_ENV, "VLLM_CPU_KVCACHE_SPACE": "1"}
 # the sim engines in place of vLLM (the smoke run): what the integration tests use
 SIM_OVERRIDES = (
     "rollout.backend=sim",

@@ -44,19 +44,15 @@ from typing import Any
 import attrs
 import convergence_plots as plots
 
+from staleflow_trainer.prepare import WORKER_ENV
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "convergence.yaml"
 OUT = ROOT / "results" / "convergence"
 RUN_TIMEOUT_S = 15 * 60
 EVAL_SAMPLES = 200  # per distinct prompt, for the final-policy evaluation
-ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-}
+# what every process of a run is given (one list: the app's), plus a 1 GiB vLLM KV cache
+ENV = {**WORKER_ENV, "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
 #: ``trainer.step_delay_s`` of the slow-trainer settings: the trainer step (~0.3 s of compute)
