@@ -57,6 +57,7 @@ CONFIG_KEYS: dict[str, str] = {
     **{f: f"sim.workload.{f}" for f in _WORKLOAD},
     "policy": "coordinator.policy",
     "steps": "trainer.steps",
+    "trainer_step_delay_s": "trainer.step_delay_s",
     "seed": "run.seed",
     "dynamic_sampling": "trainer.dynamic_sampling",
     "k_inner": "sim.b",
