@@ -385,8 +385,8 @@ class ControlActor:
         if written_through is not None:
             self._unconfirmed = [r for r in self._unconfirmed
                                  if int(r["step"]) > written_through]  # fmt: skip
-        if self.io.fatal is not None:
-            raise self.io.fatal
+        if self.io.fatal is not None and not self._records:
+            raise self.io.fatal  # after the records made before it were handed over
         records, self._records = self._records, []
         return {"records": records, "timeline": self.core.take_timeline(),
                 "steps_done": self.core.steps_done}  # fmt: skip
