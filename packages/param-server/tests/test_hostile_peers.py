@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import resource
 import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import msgpack
 import psutil
@@ -134,7 +137,7 @@ with ParamServer(ParamServerConfig(num_workers=1, token=sys.argv[1])) as ps:
 
 
 @pytest.mark.fault
-def test_a_client_is_served_while_200_silent_connections_are_held() -> None:
+def test_a_client_is_served_while_200_silent_connections_are_held(tmp_path: Path) -> None:
     """200 connections that never say anything, against a server process that may hold only
     128 file descriptors: the oldest silent ones are closed as new ones arrive, so a real
     client still connects and is served (without the cap, accept() runs out of descriptors
@@ -143,21 +146,39 @@ def test_a_client_is_served_while_200_silent_connections_are_held() -> None:
     def limit_fds() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
 
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, TOKEN],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        preexec_fn=limit_fds,
-    )
+    errors = tmp_path / "server.stderr"
+    with errors.open("w") as err_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, TOKEN],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err_file,
+            text=True,
+            preexec_fn=limit_fds,
+        )
     hostile: list[socket.socket] = []
     try:
         assert proc.stdout is not None
-        line = ""
-        while not line.startswith("ADDRESS "):  # the server logs to stdout too
-            line = proc.stdout.readline()
-            assert line, "the server process exited"
+        lines: queue.Queue[str] = queue.Queue()
+        out = proc.stdout
+
+        def read_lines() -> None:
+            for x in iter(out.readline, ""):
+                lines.put(x)
+            lines.put("")  # end of output: the process exited
+
+        threading.Thread(target=read_lines, daemon=True).start()
+        line, deadline = None, time.monotonic() + 120
+        while line is None or not line.startswith("ADDRESS "):  # it logs to stdout too
+            try:
+                line = lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                line = None
+            if not line:
+                what = "did not start within 120 s" if line is None else "exited"
+                raise AssertionError(
+                    f"the server process {what}; its stderr:\n{errors.read_text()[-3000:]}"
+                )
         address = tuple(json.loads(line.removeprefix("ADDRESS ")))
         for _ in range(200):
             hostile.append(socket.create_connection(address, timeout=5))
