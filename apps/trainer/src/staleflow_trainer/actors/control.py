@@ -293,7 +293,7 @@ class ControlActor:
         if h is None:
             return
         try:
-            info = await h.sync.remote(e.version)
+            info = await self.io.sync(e.instance_id, h, e.version)
             self._events.append(SyncDone(at=self.now(), instance_id=e.instance_id,
                                          version=int(info["version"])))  # fmt: skip
         except asyncio.CancelledError:

@@ -250,8 +250,7 @@ class RolloutActor:
         if snap.kv_used_tokens > snap.kv_capacity_tokens:
             snap = attrs.evolve(snap, kv_used_tokens=snap.kv_capacity_tokens)
         delta = self._encoder.encode(snap, ack=ack, full=full, ended={o[0] for o in outcomes})
-        answer = {"outcomes": outcomes, "refused": refused, "errors": errors, "snapshot": delta,
-                  "syncing": self._sync_lock.locked()}  # fmt: skip
+        answer = {"outcomes": outcomes, "refused": refused, "errors": errors, "snapshot": delta}
         return {k: v for k, v in answer.items() if v} or None
 
     async def interrupt(self, trajectory_ids: Sequence[str] | None = None) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import pickle
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -61,6 +62,11 @@ def sync_retry_delay(failures_in_row: int, backoff_s: float) -> float:
     return float(min(30.0, backoff_s * 2 ** (failures_in_row - 1)))
 
 
+#: An instance that was idle at its last poll (nothing running or waiting) and has been sent no
+#: command since is polled only this often, to notice if it is lost; a command wakes it.
+QUIET_POLL_S = 5.0
+
+
 def _size(x: Any) -> int:
     return len(pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL))
 
@@ -94,6 +100,11 @@ class ShellIO:
         self._prompts: dict[int, list[int]] = {}
         self._bytes: dict[str, int] = {}
         self._decoders: dict[str, SnapshotDecoder] = {}
+        # commands sent to each instance (bumped before and after each), the count and the
+        # clock at its last poll, and the instances that are quiet (see QUIET_POLL_S)
+        self._commands: dict[str, int] = {}
+        self._polled: dict[str, tuple[int, float]] = {}
+        self._quiet: set[str] = set()
         self._next_reward = 0
         #: group id -> dataset row of the groups this process submitted (diagnostics)
         self.submitted: dict[str, int] = {}
@@ -147,14 +158,30 @@ class ShellIO:
         before). None if it does not follow the last one decoded (the next poll asks for a
         full one)."""
         dec = self._decoder(iid)
+        self._quiet.discard(iid)
         try:
             snap = dec.decode(delta, time_s=at, ended=ended)
         except ValueError as e:
             log.warning("snapshot_delta_refused", instance=iid, error=str(e)[:200])
             return None
-        if snap is None and delta is not None:
-            log.warning("snapshot_delta_out_of_order", instance=iid)
-        return None if snap is None else InstanceSnapshot.from_engine(snap)
+        if snap is None:
+            if delta is not None:
+                log.warning("snapshot_delta_out_of_order", instance=iid)
+            return None
+        polled = self._polled.get(iid)
+        if (
+            not snap.running
+            and not snap.waiting
+            and polled is not None
+            and polled[0] == self._commands.get(iid, 0)
+        ):
+            self._quiet.add(iid)  # idle, and no command went out since the poll was sent
+        return InstanceSnapshot.from_engine(snap)
+
+    def touch(self, iid: str) -> None:
+        """A command goes to (or came back from) ``iid``: poll it from the next cycle on."""
+        self._commands[iid] = self._commands.get(iid, 0) + 1
+        self._quiet.discard(iid)
 
     def _count(self, kind: str, n: int) -> None:
         self._bytes[kind] = self._bytes.get(kind, 0) + n
@@ -176,16 +203,20 @@ class ShellIO:
                 return None
             args = (e.version, list(e.trajectory_ids))
             self._count("instances", _size(args))
+            self.touch(e.instance_id)
             try:
                 await h.submit.remote(*args)
             except Exception as err:
                 if is_actor_death(err):
                     return e.instance_id, err
                 raise
+            finally:
+                self.touch(e.instance_id)
         elif isinstance(e, fx.Interrupt):
             h = self.rollouts.get(e.instance_id)
             if h is not None:
                 self._count("instances", _size(list(e.trajectory_ids)))
+                self.touch(e.instance_id)
                 try:
                     await h.interrupt.remote(list(e.trajectory_ids))
                 except Exception as err:
@@ -193,6 +224,8 @@ class ShellIO:
                         raise
                     if e.requeue:
                         return e.instance_id, err
+                finally:
+                    self.touch(e.instance_id)
             if not e.requeue:  # the output came back to the store: discard it there
                 await self._ts_tolerant("drop", list(e.trajectory_ids), e.reason)
         elif isinstance(e, fx.Drop):
@@ -268,7 +301,16 @@ class ShellIO:
     # ---- instances -----------------------------------------------------------------------
 
     async def poll_all(self) -> dict[str, Any]:
-        iids = list(self.rollouts)
+        """Poll every instance but the quiet ones (see QUIET_POLL_S); the answers by instance
+        (an exception: the call failed)."""
+        now = time.monotonic()
+        iids = [
+            i
+            for i in self.rollouts
+            if i not in self._quiet or now - self._polled[i][1] >= QUIET_POLL_S
+        ]
+        for i in iids:
+            self._polled[i] = (self._commands.get(i, 0), now)
         # each request acknowledges the last snapshot delta decoded (or asks for a full one);
         # an answer may be None (nothing happened, nothing changed)
         args = {i: self._decoder(i).request() for i in iids}
@@ -291,6 +333,7 @@ class ShellIO:
         length the store holds for each); the instance leaves the run."""
         self.rollouts.pop(iid, None)
         self._decoders.pop(iid, None)
+        self._quiet.discard(iid)
         requeued = list(await self.ts.instance_lost(iid))
         lengths = await self.lengths(requeued)
         self.lost.append({"instance_id": iid, "requeued": requeued, "error": repr(error)[:300]})
@@ -306,7 +349,17 @@ class ShellIO:
         entries = await self.ts.queue_view(None)  # every level: a requeued partial keeps its V_traj
         return {e.trajectory_id: int(e.generated_len) for e in entries if e.trajectory_id in want}
 
+    async def sync(self, iid: str, handle: Any, version: int) -> dict[str, Any]:
+        """Have ``iid`` load ``version``; its outcome shows in the polls after this returns."""
+        self.touch(iid)
+        try:
+            return dict(await handle.sync.remote(version))
+        finally:
+            self.touch(iid)
+
     async def interrupt_all(self) -> None:
+        for iid in self.rollouts:
+            self.touch(iid)
         await asyncio.gather(
             *(h.interrupt.remote(None) for h in self.rollouts.values()), return_exceptions=True
         )

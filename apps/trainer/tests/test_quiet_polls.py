@@ -1,0 +1,123 @@
+"""An instance that was idle at its last poll and has been sent no command since is not polled
+every cycle (only every ``QUIET_POLL_S``, to notice its loss); any command wakes it, also one
+sent while a poll was in flight. Fake instance handles that answer with real snapshot deltas
+(``engine_adapters.SnapshotEncoder``); the Ray deployment runs the same path in
+``integration_tests/cpu/test_train_ray.py`` and the bytes benchmark's smoke test."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine_adapters import EngineSnapshot, RunningTrajectory, SnapshotEncoder
+from staleflow_trainer.actors import shell_io
+from staleflow_trainer.actors.shell_io import QUIET_POLL_S, ShellIO
+from staleflow_trainer.config import load_config
+from staleflow_trainer.control import effects as fx
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tiny.yaml"
+
+
+class _Method:
+    def __init__(self, fn: Callable[..., Coroutine[Any, Any, Any]]) -> None:
+        self.remote = fn
+
+
+class FakeInstance:
+    """Answers polls like the rollout actor: a delta of its snapshot, None if unchanged."""
+
+    def __init__(self, iid: str) -> None:
+        self.iid = iid
+        self.enc = SnapshotEncoder()
+        self.running: list[str] = []
+        self.polls = 0
+        self.seq = 0
+        self.poll = _Method(self._poll)
+        self.submit = _Method(self._submit)
+        self.sync = _Method(self._sync)
+
+    async def _poll(self, ack: int | None = None, full: bool = False) -> dict[str, Any] | None:
+        self.polls += 1
+        self.seq += 1
+        snap = EngineSnapshot(
+            instance_id=self.iid, seq=self.seq, time_s=float(self.seq), version=0,
+            running=tuple(RunningTrajectory(trajectory_id=t, prompt_tokens=4, generated_tokens=0)
+                          for t in self.running),
+            waiting=0, kv_used_tokens=4 * len(self.running), kv_capacity_tokens=100,
+            throughput_tokens_per_s=0.0, decode_steps=0,
+        )  # fmt: skip
+        delta = self.enc.encode(snap, ack=ack, full=full)
+        return None if delta is None else {"snapshot": delta}
+
+    async def _submit(self, version: int, ids: list[str]) -> int:
+        self.running.extend(ids)
+        return len(ids)
+
+    async def _sync(self, version: int) -> dict[str, Any]:
+        return {"version": version}
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    now = [1000.0]
+    monkeypatch.setattr(shell_io.time, "monotonic", lambda: now[0])
+    return now
+
+
+def _io(tmp_path: Path, inst: FakeInstance) -> ShellIO:
+    return ShellIO(
+        load_config(EXAMPLE, [f"run.run_dir={tmp_path}"]), model_path="unused",
+        ts_address=("127.0.0.1", 1), ts_token="t", rollouts={inst.iid: inst},
+        trainer=None, rewards=[], reward_spec={},
+    )  # fmt: skip
+
+
+async def _cycle(io: ShellIO, between: Callable[[], None] | None = None) -> dict[str, Any]:
+    """One control cycle's polls, each answer decoded as the control shell does."""
+    polls = await io.poll_all()
+    if between is not None:
+        between()  # something that happens after the polls went out, before their answers count
+    for iid, p in polls.items():
+        io.snapshot(iid, (p or {}).get("snapshot"), 0.0, [])
+    return polls
+
+
+async def test_an_idle_instance_is_polled_again_only_after_a_command_or_the_quiet_period(
+    tmp_path: Path, clock: list[float]
+) -> None:
+    inst = FakeInstance("i0")
+    io = _io(tmp_path, inst)
+    assert "i0" in await _cycle(io)  # first poll: idle, so quiet from now on
+    for _ in range(5):
+        clock[0] += 0.1
+        assert await _cycle(io) == {}
+    assert inst.polls == 1
+
+    clock[0] += QUIET_POLL_S  # still polled now and then, so a lost instance is noticed
+    assert "i0" in await _cycle(io)
+    assert inst.polls == 2
+
+    assert await io.carry(fx.Route(instance_id="i0", version=0, trajectory_ids=["t0"])) is None
+    assert "i0" in await _cycle(io)  # a command wakes it ...
+    assert "i0" in await _cycle(io)  # ... and it stays polled while it has work
+    inst.running.clear()  # its work ended
+    await _cycle(io)
+    assert await _cycle(io) == {}  # idle again: quiet
+
+
+async def test_a_command_sent_while_a_poll_is_in_flight_keeps_the_instance_polled(
+    tmp_path: Path, clock: list[float]
+) -> None:
+    inst = FakeInstance("i0")
+    io = _io(tmp_path, inst)
+    # the poll answers "idle", but a command went out before the answer was read: the answer
+    # may predate it, so the instance must not go quiet
+    await _cycle(io, between=lambda: io.touch("i0"))
+    assert "i0" in await _cycle(io)
+    assert await _cycle(io) == {}
+
+    await io.sync("i0", inst, 3)  # a sync wakes it too: its new version shows in the next poll
+    assert "i0" in await _cycle(io)
