@@ -9,6 +9,7 @@ import math
 import random
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,6 +23,11 @@ from engine_adapters import (
     SnapshotEncoder,
 )
 from engine_adapters.sim import CostModel, SimConfig, SimEngineCore
+
+
+def attrs_evolve(s: EngineSnapshot, *, kv: int) -> EngineSnapshot:
+    return attrs.evolve(s, kv_used_tokens=kv, kv_capacity_tokens=100_000)
+
 
 COST = CostModel(name="t", k1=1e-6, k2=0.01, b=0.004, k3=1e-3, k4=0.002)
 
@@ -62,22 +68,94 @@ class Link:
 
     def send(self, s: EngineSnapshot, ended: set[str] | None = None) -> dict[str, Any] | None:
         d = self.enc.encode(s, **self.dec.request(), ended=ended or set())
-        self.added += len(d.get("add", ())) if d else 0
+        self.added += sum(len(g) - 3 for g in d.get("add", ())) if d else 0
         return d
 
     def poll(self, s: EngineSnapshot, ended: set[str] | None = None) -> EngineSnapshot | None:
         return self.dec.decode(self.send(s, ended), time_s=s.time_s, ended=ended or set())
 
 
-def test_steady_decoding_sends_each_trajectory_once() -> None:
+def test_steady_decoding_sends_each_trajectory_once_and_then_nothing() -> None:
     link = Link()
+    sent = []
     for k in range(50):
-        s = snap({"a": (10, k), "b": (7, k + 3)}, steps=100 + k, seq=k + 1)
+        s = snap({"a": (10, 3 * k), "b": (7, 3 * k + 3)}, steps=100 + 3 * k, seq=k + 1)
         d = link.send(s)
-        assert d is not None and (k == 0 or set(d) == {"k", "steps"})  # the header's change
+        sent.append(set(d or ()))
         got = link.dec.decode(d, time_s=0.0)
         assert got is not None and view(got) == view(s)
     assert link.added == 2
+    # the first poll after the full snapshot teaches the pace (3 steps a poll); from then on
+    # the receiver extrapolates the step counter, and a steady engine sends nothing
+    assert sent[1] == {"k", "steps", "ds"}
+    assert all(not d for d in sent[2:]), sent
+
+
+def test_a_change_of_pace_is_corrected_at_the_first_poll_it_shows() -> None:
+    link = Link()
+    steps = 0
+    for k in range(40):
+        steps += 2 if k < 20 else 5  # the engine speeds up (fewer running)
+        s = snap({"a": (10, steps)}, steps=steps, seq=k + 1)
+        d = link.send(s)
+        if k == 20:
+            assert d is not None and d["steps"] == steps and d["ds"] == 5
+        got = link.dec.decode(d, time_s=0.0)
+        assert got is not None and view(got) == view(s)
+
+
+def test_with_a_tolerance_the_extrapolation_stays_within_it() -> None:
+    link = Link()
+    link.enc = SnapshotEncoder(tolerance=0.1)
+    rng = random.Random(0)
+    steps, answers, base, last = 0, 0, 0, 0
+    for k in range(400):
+        last, steps = steps, steps + rng.randint(8, 12)  # a jittery pace
+        s = attrs_evolve(snap({"a": (10, steps)}, steps=steps, seq=k + 1), kv=10 + steps)
+        d = link.send(s)
+        answers += d is not None and "steps" in d
+        if d is not None and "steps" in d:
+            base = steps
+        got = link.dec.decode(d, time_s=0.0)
+        assert got is not None
+        # off by at most the tolerance's share of the progress since the last correction, or
+        # by one poll's progress
+        assert abs(got.decode_steps - steps) <= max(0.1 * (steps - base), steps - last)
+        assert abs(got.kv_used_tokens - s.kv_used_tokens) <= max(
+            0.1 * s.kv_capacity_tokens, steps - last
+        )
+        assert got.running[0].generated_tokens - steps == got.decode_steps - steps
+    assert answers < 100, answers  # far fewer than one a poll
+    with pytest.raises(ValueError, match="tolerance"):
+        SnapshotEncoder(tolerance=1.0)
+
+
+def test_a_count_behind_the_extrapolation_is_never_negative() -> None:
+    link = Link()
+    link.enc = SnapshotEncoder(tolerance=0.5)
+    steps = 0
+    for k in range(4):
+        steps += 10
+        link.poll(snap({"a": (5, steps)}, steps=steps, seq=k + 1))
+    steps += 14  # faster, within the allowance: the receiver's step counter runs 4 behind
+    s = snap({"a": (5, steps), "b": (5, 0)}, steps=steps, seq=5)  # b starts now
+    got = link.poll(s)
+    assert got is not None and got.decode_steps == steps - 4
+    assert {r.trajectory_id: r.generated_tokens for r in got.running} == {"a": steps - 4, "b": 0}
+
+
+def test_the_samples_of_a_group_share_one_entry() -> None:
+    link = Link()
+    running = {f"g7/{i}": (12, 0) for i in range(8)} | {"x/01": (12, 0), "plain": (12, 0)}
+    link.poll(snap({}, steps=5, seq=1))
+    s = snap(running, steps=5, seq=2)
+    d = link.send(s)
+    assert d is not None
+    assert sorted(d["add"], key=str) == sorted(
+        [[12, -5, "g7", *range(8)], [12, -5, None, "x/01", "plain"]], key=str
+    )  # "x/01" would not come back the same from a number: it goes whole
+    got = link.dec.decode(d, time_s=0.0)
+    assert got is not None and view(got) == view(s)
 
 
 def test_nothing_changed_is_none_and_decodes_to_the_same_snapshot() -> None:
@@ -103,7 +181,7 @@ def test_preemption_and_resume_resend_once_each() -> None:
     assert view(link.dec.decode(d, time_s=0.0) or s) == view(s)
     s = snap({"a": (10, 12), "b": (10, 5)}, steps=12, seq=4)  # b resumed with what it had
     d = link.send(s)
-    assert d is not None and d["add"] == [["b", 10, 5 - 12]]
+    assert d is not None and d["add"] == [[10, 5 - 12, None, "b"]]
     assert view(link.dec.decode(d, time_s=0.0) or s) == view(s)
     # a stall inside the engine (count stops following the steps) is resent, not guessed
     s = snap({"a": (10, 12), "b": (10, 6)}, steps=13, seq=5)
@@ -153,7 +231,7 @@ def test_a_delta_out_of_order_is_refused() -> None:
     link.poll(snap({"a": (10, 0)}, steps=0, seq=1))
     enc = link.enc
     enc.encode(snap({"a": (10, 1)}, steps=1, seq=2), ack=link.dec.k)  # lost in transit
-    stray = enc.encode(snap({"a": (10, 2)}, steps=2, seq=3), ack=link.dec.k + 1)
+    stray = enc.encode(snap({"a": (10, 2), "b": (5, 0)}, steps=2, seq=3), ack=link.dec.k + 1)
     assert stray is not None and "full" not in stray
     assert link.dec.decode(stray, time_s=0.0) is None  # k skips one: refused, not guessed
     assert link.dec.request() == {"full": True}
@@ -201,6 +279,7 @@ def histories(draw: st.DrawFn) -> list[tuple[str, Any]]:
             draw(
                 st.one_of(
                     st.tuples(st.just("step"), st.integers(0, 5)),
+                    st.tuples(st.just("step"), st.just(3)),  # repeats: a steady pace
                     st.tuples(st.just("start"), st.integers(0, 9)),
                     st.tuples(st.just("pause"), st.integers(0, 9)),  # preempted / waiting
                     st.tuples(st.just("end"), st.integers(0, 9)),
@@ -211,6 +290,11 @@ def histories(draw: st.DrawFn) -> list[tuple[str, Any]]:
             )
         )
     return ops
+
+
+def tid_of(n: int) -> str:
+    """Ids of both shapes: ``g<k>/<n>`` (grouped by prefix) and others (sent whole)."""
+    return f"g{n % 2}/{n}" if n % 3 else f"t{n}"
 
 
 @given(histories())
@@ -229,17 +313,17 @@ def test_decoded_snapshot_equals_the_engines(ops: list[tuple[str, Any]]) -> None
             for e in running.values():
                 e[1] += arg
         elif op == "start":
-            tid = f"t{arg}"
+            tid = tid_of(arg)
             if tid in paused:
                 running[tid] = paused.pop(tid)
             elif tid not in running:
                 running[tid] = [arg + 1, 0]
         elif op == "pause":
-            tid = f"t{arg}"
+            tid = tid_of(arg)
             if tid in running:
                 paused[tid] = running.pop(tid)
         elif op == "end":
-            tid = f"t{arg}"
+            tid = tid_of(arg)
             running.pop(tid, None)
             paused.pop(tid, None)
             ended.add(tid)
@@ -251,7 +335,11 @@ def test_decoded_snapshot_equals_the_engines(ops: list[tuple[str, Any]]) -> None
         s = snap({t: (p, g) for t, (p, g) in running.items()}, steps=steps if counter else 0,
                  seq=seq)  # fmt: skip
         if op == "lose":
-            link.send(s, ended)  # the answer (and its outcomes) never arrives
+            # the answer (and its outcomes) never arrives; a lost delta goes unnoticed by the
+            # receiver (the acknowledgements repair it), a lost None is known to it (a failed
+            # call), and it resets: None carries no counter, and the pace is per poll
+            if link.send(s, ended) is None:
+                link.dec.reset()
             ended = set()
             continue
         got = link.poll(s, ended)

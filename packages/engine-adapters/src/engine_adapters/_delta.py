@@ -6,20 +6,35 @@ engine's snapshot also carries ``decode_steps``, a counter of its decode steps; 
 that decodes without pause gains one token per step, so its count is ``decode_steps + offset``
 with an offset that stays fixed while it runs.
 
-:class:`SnapshotEncoder` (beside the engine) sends a trajectory's entry ``[id, prompt tokens,
-offset]`` once when it appears in ``running``, and again only when its real count stops
-matching that rule (it was preempted, waited, resumed, or the engine keeps no step counter); it
-sends the id in ``left`` when the trajectory leaves ``running``, unless its end is reported
+:class:`SnapshotEncoder` (beside the engine) sends a trajectory's entry (its id, prompt tokens
+and offset; entries that share the last two and an id prefix go as one ``[prompt, offset,
+prefix, n, n, ...]`` for the ids ``prefix/n``, as the samples of one prompt admitted together
+do; other ids go whole after a ``None`` prefix) once when it appears in ``running``, and again
+only when its real count stops matching that rule (it was preempted, waited, resumed, or the
+engine keeps no step counter); it sends the id in ``left`` when the trajectory leaves ``running``, unless its end is reported
 beside the delta anyway (``ended``: the ids of the poll's outcomes, known to both sides). Of
-the header (``seq``, ``version``, ``steps``, ``waiting``, ``kv``, ``kv_cap``, ``tps`` and
-``n``, the running count that the receiver checks) a delta carries only the fields that changed
-(``seq`` only when it is not the last one sent plus one). A snapshot with nothing changed
-encodes to ``None``. :class:`SnapshotDecoder` (on the receiving side) rebuilds the
-:class:`EngineSnapshot`. The reconstruction is exact at every poll: the encoder compares each
-trajectory's real count with what the decoder will compute and resends the entry on any
-difference. Only two things may differ: the order of ``running`` (a resent entry moves to the
-end; no consumer reads meaning into it), and ``seq`` after a lost ``None`` (the decoded one
-runs behind the engine's, still increasing by one a poll).
+the header (``seq``, ``version``, ``waiting``, ``kv_cap``, ``tps`` and ``n``, the running count
+that the receiver checks) a delta carries only the fields that changed (``seq`` only when it
+is not the last one sent plus one).
+
+The two fields that move while the engine decodes, the step counter ``steps`` and the KV use
+``kv``, are extrapolated: both sides hold the value last sent and its pace per poll (``ds``,
+``dk``: the change over the poll before it was sent), and the receiver adds the pace once for
+every poll, answered or not. The encoder sends a field again only when the receiver's
+extrapolation is off by more than its ``tolerance`` allows: for ``steps`` that share of the
+steps since the value was last sent, for ``kv`` that share of the capacity (never above it),
+and for both, with a tolerance above 0, at least the field's change over the last poll (the
+receiver's view is one poll old anyway); ``tps`` is resent when it moves by more than that
+share. With the default tolerance of 0 the
+reconstruction is exact at every poll; an engine that decodes at a steady pace then sends
+nothing at all. A snapshot with nothing changed encodes to ``None``.
+:class:`SnapshotDecoder` (on the receiving side) rebuilds the :class:`EngineSnapshot`: the
+encoder compares each trajectory's real count with what the decoder will compute and resends
+the entry on any difference (with a tolerance, a count is off by at most the step counter's
+allowance). Only the order of ``running`` may differ beyond the tolerance (a resent entry
+moves to the end; no consumer reads meaning into it). A receiver that loses a ``None`` answer
+(a failed call) must ``reset()``: ``None`` carries no counter, and the pace is counted in
+polls.
 
 Every delta other than ``None`` carries a counter ``k`` that starts at a random value. The
 receiver acknowledges the last delta it applied with its next request (``ack=k``); the encoder
@@ -29,9 +44,9 @@ that was lost or never decoded, after either side restarted. A delta whose ``k``
 follow the last one applied is refused: ``decode`` returns None and resets, and the receiver
 asks for a full snapshot next time. The encoder's first delta is full.
 
-Bytes per poll: nothing while nothing changes; while the engine decodes, the changed header
-fields; one entry per trajectory start or change of pace and one id per trajectory that left
-without an outcome — never one entry per running trajectory per poll.
+Bytes per poll: nothing while nothing changes or the engine decodes at its pace; a correction
+when the pace changes; one entry per trajectory start or change of pace and one id per
+trajectory that left without an outcome — never one entry per running trajectory per poll.
 """
 
 from __future__ import annotations
@@ -42,32 +57,92 @@ from typing import Any
 
 from engine_adapters._contract import EngineSnapshot, RunningTrajectory
 
-_HEADER = ("version", "steps", "waiting", "kv", "kv_cap", "tps", "n")
+_HEADER = ("version", "waiting", "kv_cap", "tps", "n")
+# the fields that move while the engine decodes: the receiver extrapolates them by their pace
+_PROGRESS = ("steps", "kv")
 
 
 def _header(snap: EngineSnapshot, n: int) -> dict[str, Any]:
     return {
         "version": snap.version,
-        "steps": snap.decode_steps,
         "waiting": snap.waiting,
-        "kv": snap.kv_used_tokens,
         "kv_cap": snap.kv_capacity_tokens,
         "tps": snap.throughput_tokens_per_s,
         "n": n,
     }
 
 
+class _Pace:
+    """A progress field (``steps`` or ``kv``) as both sides extrapolate it: the value last sent
+    plus its pace (per poll) times the polls since."""
+
+    __slots__ = ("base", "last", "pace", "polls")
+
+    def __init__(self, base: int = 0) -> None:
+        self.base, self.pace, self.polls = base, 0, 0
+        self.last = base  # the sender's value at the previous poll
+
+    def now(self) -> int:
+        return self.base + self.pace * self.polls
+
+    def rebase(self, value: int) -> None:
+        """(Sender) restart from ``value`` with the pace of the last poll."""
+        self.pace = value - self.last
+        self.base, self.polls = value, 0
+
+
+_PACE_KEY = {"steps": "ds", "kv": "dk"}
+
+
+def _split(tid: str) -> tuple[str | None, Any]:
+    """``"g7/3"`` -> ``("g7", 3)``: the samples of one group share a prefix, so a group of
+    entries sends it once; an id of another shape goes whole, as ``(None, tid)``."""
+    head, sep, tail = tid.rpartition("/")
+    if sep and tail.isascii() and tail.isdigit() and str(int(tail)) == tail:
+        return head, int(tail)
+    return None, tid
+
+
+def _check_tolerance(tolerance: float) -> float:
+    if not 0.0 <= tolerance < 1.0:
+        raise ValueError(f"tolerance must be in [0, 1), got {tolerance!r}")
+    return float(tolerance)
+
+
 class SnapshotEncoder:
     """Turns one instance's successive snapshots into deltas (see the module docstring)."""
 
-    __slots__ = ("_acked", "_head", "_k", "_sent", "_seq")
+    __slots__ = ("_acked", "_head", "_k", "_pace", "_sent", "_seq", "tolerance")
 
-    def __init__(self) -> None:
+    def __init__(self, tolerance: float = 0.0) -> None:
+        self.tolerance = _check_tolerance(tolerance)
         self._k: int | None = None  # counter of the last delta sent; None: none yet
         self._acked = False  # the receiver acknowledged delta _k
         self._seq = 0
         self._head: dict[str, Any] = {}
         self._sent: dict[str, tuple[int, int]] = {}  # id -> (prompt, offset) the receiver holds
+        self._pace = {f: _Pace() for f in _PROGRESS}  # what the receiver extrapolates
+
+    def _off(self, field: str, value: int, cap: int) -> bool:
+        """Whether the receiver's extrapolation of ``field`` is further off than allowed."""
+        pace = self._pace[field]
+        guess = pace.now()
+        if field == "kv":
+            guess = min(max(guess, 0), cap)
+            allowed = self.tolerance * cap
+        else:  # steps: a share of the progress since the last value sent
+            allowed = self.tolerance * abs(value - pace.base)
+        if self.tolerance > 0:  # and one poll's change: the receiver's view is that old anyway
+            allowed = max(allowed, abs(value - pace.last))
+        return abs(value - guess) > allowed
+
+    def _changed(self, field: str, value: Any) -> bool:
+        if field not in self._head:
+            return True
+        old = self._head[field]
+        if field == "tps":
+            return bool(abs(value - old) > self.tolerance * abs(old))
+        return bool(old != value)
 
     def encode(
         self,
@@ -88,30 +163,43 @@ class SnapshotEncoder:
         old = {} if full else self._sent
         steps = snap.decode_steps
         cur: dict[str, tuple[int, int]] = {}
-        add: list[list[Any]] = []
+        add: dict[tuple[int, int, str | None], list[Any]] = {}  # grouped, see _split
         for r in snap.running:
             tid = r.trajectory_id
             entry = (r.prompt_tokens, r.generated_tokens - steps)
             cur[tid] = entry
             if old.get(tid) != entry or tid in ended:
-                add.append([tid, entry[0], entry[1]])
+                prefix, item = _split(tid)
+                add.setdefault((*entry, prefix), [*entry, prefix]).append(item)
         left = [t for t in old if t not in cur and t not in ended]
         head = _header(snap, len(cur))
+        progress = {"steps": steps, "kv": snap.kv_used_tokens}
         out: dict[str, Any]
         if full:
-            out = {"full": 1, **head, "seq": snap.seq}
+            out = {"full": 1, **head, **progress, "seq": snap.seq}
+            self._pace = {f: _Pace(v) for f, v in progress.items()}
         else:
-            out = {f: v for f, v in head.items() if self._head.get(f) != v}
+            out = {f: v for f, v in head.items() if self._changed(f, v)}
+            for f, v in progress.items():
+                pace = self._pace[f]
+                pace.polls += 1  # the receiver counts this poll too, answered or None
+                if self._off(f, v, snap.kv_capacity_tokens):
+                    out[f] = v
+                    was = pace.pace
+                    pace.rebase(v)
+                    if pace.pace != was:
+                        out[_PACE_KEY[f]] = pace.pace
+                pace.last = v
             if snap.seq != self._seq + 1:
                 out["seq"] = snap.seq
         if add:
-            out["add"] = add
+            out["add"] = list(add.values())
         if left:
             out["left"] = left
         self._seq = snap.seq
         if not out:
             return None  # nothing changed since an acknowledged delta
-        self._head = head
+        self._head.update({f: head[f] for f in _HEADER if f in out})
         self._sent = cur
         self._k = secrets.randbits(30) if self._k is None else self._k + 1
         self._acked = False
@@ -122,7 +210,7 @@ class SnapshotEncoder:
 class SnapshotDecoder:
     """Rebuilds one instance's snapshots from :class:`SnapshotEncoder` deltas."""
 
-    __slots__ = ("_head", "_running", "_seq", "_unacked", "instance_id", "k")
+    __slots__ = ("_head", "_pace", "_running", "_seq", "_unacked", "instance_id", "k")
 
     def __init__(self, instance_id: str) -> None:
         self.instance_id = instance_id
@@ -131,6 +219,7 @@ class SnapshotDecoder:
         self._seq = 0
         self._head: dict[str, Any] = {}
         self._running: dict[str, tuple[int, int]] = {}
+        self._pace: dict[str, _Pace] = {}
 
     def request(self) -> dict[str, Any]:
         """What the next request tells the encoder: ``{}`` (nothing new applied), ``{"ack":
@@ -143,18 +232,21 @@ class SnapshotDecoder:
         return {}
 
     def reset(self) -> None:
-        """Forget everything: the next request asks for a full snapshot."""
+        """Forget everything: the next request asks for a full snapshot. Call it when an
+        answer is lost (the encoder extrapolates with the receiver poll by poll)."""
         self.k = None
         self._unacked = False
         self._head = {}
         self._running = {}
+        self._pace = {}
 
     def decode(
         self, delta: Mapping[str, Any] | None, *, time_s: float, ended: Collection[str] = ()
     ) -> EngineSnapshot | None:
-        """The snapshot ``delta`` describes (``None``: the same as the last one, one ``seq``
-        on), stamped ``time_s``; None if there is no last one or ``delta`` does not follow it
-        (the decoder resets, so the next request asks for a full one).
+        """The snapshot ``delta`` describes (``None``: nothing beyond the extrapolated
+        progress changed, one ``seq`` on), stamped ``time_s``; None if there is no last one or
+        ``delta`` does not follow it (the decoder resets, so the next request asks for a full
+        one).
 
         ``ended``: the ids whose end came beside the delta (the poll's outcomes). Raises
         ValueError (and resets) if the rebuilt running count is not the delta's ``n``."""
@@ -162,13 +254,23 @@ class SnapshotDecoder:
             if self.k is None:
                 return None
             self._seq += 1
+            for pace in self._pace.values():
+                pace.polls += 1
             return self._snapshot(time_s)
         k = int(delta["k"])
         if delta.get("full"):
             running: dict[str, tuple[int, int]] = {}
             head: dict[str, Any] = {}
+            paces = {f: _Pace(int(delta[f])) for f in _PROGRESS if f in delta}
         elif self.k is not None and k == self.k + 1:
-            running, head = self._running, self._head
+            running, head, paces = self._running, self._head, self._pace
+            for pace in paces.values():
+                pace.polls += 1
+            for f in _PROGRESS:
+                if f in delta:
+                    paces[f].base, paces[f].polls = int(delta[f]), 0
+                if _PACE_KEY[f] in delta:
+                    paces[f].pace = int(delta[_PACE_KEY[f]])
         else:
             self.reset()
             return None
@@ -176,13 +278,15 @@ class SnapshotDecoder:
             running.pop(tid, None)
         for tid in delta.get("left", ()):
             running.pop(tid, None)
-        for tid, prompt, offset in delta.get("add", ()):
-            running.pop(tid, None)  # a resent entry moves to the end, as in the engine
-            running[str(tid)] = (int(prompt), int(offset))
+        for prompt, offset, prefix, *items in delta.get("add", ()):
+            for item in items:
+                tid = str(item) if prefix is None else f"{prefix}/{item}"
+                running.pop(tid, None)  # a resent entry moves to the end
+                running[tid] = (int(prompt), int(offset))
         for f in _HEADER:
             if f in delta:
                 head[f] = delta[f]
-        missing = [f for f in _HEADER if f not in head]
+        missing = [f for f in _HEADER if f not in head] + [f for f in _PROGRESS if f not in paces]
         if missing or len(running) != int(head["n"]):
             self.reset()
             what = (
@@ -192,24 +296,27 @@ class SnapshotDecoder:
             )
             raise ValueError(f"snapshot delta from {self.instance_id!r} does not add up: {what}")
         self._seq = int(delta["seq"]) if "seq" in delta else self._seq + 1
-        self._running, self._head, self.k = running, head, k
+        self._running, self._head, self._pace, self.k = running, head, paces, k
         self._unacked = True
         return self._snapshot(time_s)
 
     def _snapshot(self, time_s: float) -> EngineSnapshot:
         h = self._head
-        steps = int(h["steps"])
+        steps = self._pace["steps"].now()
+        kv = min(max(self._pace["kv"].now(), 0), int(h["kv_cap"]))
         return EngineSnapshot(
             instance_id=self.instance_id,
             seq=self._seq,
             time_s=time_s,
             version=int(h["version"]),
             running=tuple(
-                RunningTrajectory(trajectory_id=t, prompt_tokens=p, generated_tokens=steps + o)
+                RunningTrajectory(
+                    trajectory_id=t, prompt_tokens=p, generated_tokens=max(steps + o, 0)
+                )
                 for t, (p, o) in self._running.items()
             ),
             waiting=int(h["waiting"]),
-            kv_used_tokens=int(h["kv"]),
+            kv_used_tokens=kv,
             kv_capacity_tokens=int(h["kv_cap"]),
             throughput_tokens_per_s=float(h["tps"]),
             decode_steps=steps,

@@ -14,7 +14,8 @@ trajectory server (TS) directly:
   response length, finish reason or None), each exactly once, and a snapshot taken after them
   as a delta from the last one sent (``engine_adapters.SnapshotEncoder``): the header fields
   that changed and the trajectories that started, changed pace or left, never a list of every
-  running trajectory each poll; None when nothing happened;
+  running trajectory each poll; None when nothing happened (an engine that decodes at a steady
+  pace included: the control side extrapolates its progress, see ``SNAPSHOT_TOLERANCE``);
 * ``interrupt(ids)`` stops trajectories and writes their partial output back before returning;
 * ``sync(version)`` interrupts everything, pulls ``version`` from the parameter server over NIXL
   and loads it in place (the engine never serves half-loaded weights);
@@ -45,6 +46,12 @@ from trajectory_server import Completion, Segment
 from trajectory_server.errors import TrajectoryServerError
 
 log = structlog.get_logger(__name__)
+
+#: How far the control side's view of an instance's progress may drift before a poll answer
+#: corrects it: the decode-step counter (and so every running trajectory's token count) by
+#: this share of the steps since the last correction, KV use by this share of the capacity,
+#: throughput by this share of the value last sent (engine_adapters.SnapshotEncoder).
+SNAPSHOT_TOLERANCE = 0.05
 
 
 class RolloutActor:
@@ -78,7 +85,9 @@ class RolloutActor:
         self._outcomes: list[list[Any]] = []
         self._refused: list[str] = []
         self._errors: list[dict[str, Any]] = []
-        self._encoder = SnapshotEncoder()  # its first delta is a full snapshot
+        # its first delta is a full snapshot; then the control side extrapolates the step
+        # counter and KV use by their pace, corrected once off by more than the tolerance
+        self._encoder = SnapshotEncoder(tolerance=SNAPSHOT_TOLERANCE)
         self._write_lock = asyncio.Lock()
         self._sync_lock = asyncio.Lock()
         self._syncs = 0
