@@ -16,13 +16,17 @@ ledger's trajectory count (every trajectory submitted). Printed side by side per
 bytes per trajectory per peer kind and in total, and the ratio longest / shortest (target:
 about 1 — the bytes do not grow with length). An instance's poll answer carries its snapshot
 as a delta (``engine_adapters.SnapshotEncoder``): a trajectory's entry when it starts running
-or changes pace, its end with the outcomes, and of the header only the fields that changed;
-an instance where nothing happened answers ``None``. So a trajectory's own entries do not grow
-with how many cycles it runs. What still grows with run time is per cycle, not per
-trajectory: the changed header fields of an instance that is decoding (tens of bytes a poll)
-and a 4-byte ``None`` from an idle one (2 instances at 10 cycles/s: about 80 bytes a second of
-run time, however many trajectories run); the run's wall time, the control cycles and the
-instance bytes per cycle are printed beside them. Writes ``bench-results/control_bytes.json``.
+or changes pace (the samples of one prompt as one group), its end with the outcomes, and of
+the header only the fields that changed; the step counter and KV use are extrapolated on the
+control side by their pace and corrected only when they drift (the rollout actor's
+``SNAPSHOT_TOLERANCE``), so an engine decoding at a steady pace answers ``None``. An instance
+that was idle at its last poll and has been sent no command since is polled only every few
+seconds (``actors.shell_io.QUIET_POLL_S``), so a long training step costs no polls. What a
+trajectory costs is therefore its route, at most one snapshot entry (none if it starts and
+ends between two polls, as short ones do), its outcome, its reward and its trainer ids; what
+remains per poll is a pace correction while an engine's pace changes. The run's wall time,
+the control cycles and the instance bytes per cycle are printed beside them. Writes
+``bench-results/control_bytes.json``.
 
     .venv/bin/python benchmarks/bench_control_bytes.py [--lengths 16,256,2048] [--steps 4]
     .venv/bin/python benchmarks/bench_control_bytes.py --smoke   # 2 lengths, 2 steps
