@@ -19,7 +19,7 @@ is not the last one sent plus one).
 
 The two fields that move while the engine decodes, the step counter ``steps`` and the KV use
 ``kv``, are extrapolated: both sides hold the value last sent and its pace per poll (``ds``,
-``dk``: the change over the poll before it was sent), and the receiver adds the pace once for
+``dk``: the sender's smoothed change per poll when it was sent), and the receiver adds the pace once for
 every poll, answered or not. The encoder sends a field again only when the receiver's
 extrapolation is off by more than its ``tolerance`` allows: for ``steps`` that share of the
 steps since the value was last sent, for ``kv`` that share of the capacity (never above it),
@@ -76,22 +76,31 @@ class _Pace:
     """A progress field (``steps`` or ``kv``) as both sides extrapolate it: the value last sent
     plus its pace (per poll) times the polls since."""
 
-    __slots__ = ("base", "last", "pace", "polls")
+    __slots__ = ("base", "last", "mean", "pace", "polls")
 
     def __init__(self, base: int = 0) -> None:
         self.base, self.pace, self.polls = base, 0, 0
-        self.last = base  # the sender's value at the previous poll
+        self.last = base  # (sender) the value at the previous poll
+        self.mean: float | None = None  # (sender) the change per poll, smoothed
 
     def now(self) -> int:
         return self.base + self.pace * self.polls
 
+    def saw(self, value: int) -> None:
+        """(Sender) this poll's value: smooths the change per poll (an engine's steps per
+        poll jitter with the poll's timing; one poll's change is a noisy pace)."""
+        change = value - self.last
+        self.mean = change if self.mean is None else self.mean + _SMOOTH * (change - self.mean)
+        self.last = value
+
     def rebase(self, value: int) -> None:
-        """(Sender) restart from ``value`` with the pace of the last poll."""
-        self.pace = value - self.last
+        """(Sender) restart from ``value`` with the smoothed pace."""
+        self.pace = round(self.mean) if self.mean is not None else 0
         self.base, self.polls = value, 0
 
 
 _PACE_KEY = {"steps": "ds", "kv": "dk"}
+_SMOOTH = 0.2  # weight of the newest poll in the smoothed pace
 
 
 def _split(tid: str) -> tuple[str | None, Any]:
@@ -183,13 +192,14 @@ class SnapshotEncoder:
             for f, v in progress.items():
                 pace = self._pace[f]
                 pace.polls += 1  # the receiver counts this poll too, answered or None
-                if self._off(f, v, snap.kv_capacity_tokens):
+                off = self._off(f, v, snap.kv_capacity_tokens)
+                pace.saw(v)
+                if off:
                     out[f] = v
                     was = pace.pace
                     pace.rebase(v)
                     if pace.pace != was:
                         out[_PACE_KEY[f]] = pace.pace
-                pace.last = v
             if snap.seq != self._seq + 1:
                 out["seq"] = snap.seq
         if add:
