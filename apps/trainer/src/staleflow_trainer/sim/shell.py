@@ -231,8 +231,9 @@ class Simulation:
         self._dirty = False
         self.cycles += 1
         self._last_cycle = now = self.now
-        for iid, eng in self.engines.items():  # anything within the engine's tolerance of now
-            if eng.next_event_time() <= now + _EPS:
+        nxt = self._next  # each engine's next_event_time(), kept current
+        for iid in self.engines:  # anything within the engine's tolerance of now
+            if nxt[iid] <= now + _EPS:
                 self._on_engine(iid)
         # Fresh snapshots of the instances that changed since the last cycle (an event or a
         # command) and of any whose last one is older than snapshot_max_age_s; the core's
