@@ -137,15 +137,15 @@ def test_routing_ranks_by_the_cost_models_marginal_gain():
 
 
 def test_fresh_groups_refused_everywhere_still_count_misses_and_spare_admitted_groups():
-    """Once every version refuses fresh groups, their trajectories are counted as misses in
-    runs: a trajectory of a group already admitted, met inside such a run, is still routed,
-    and ``route_miss_limit`` ends the scan at the same trajectory as one check per
-    trajectory would."""
+    """Once every version refuses fresh groups, their trajectories are passed over in runs
+    (counted as misses by cost-model routing): a trajectory of a group already admitted, met
+    inside such a run, is still routed, and ``route_miss_limit`` ends the scan at the same
+    trajectory as one check per trajectory would."""
 
-    def cycle(limit: int, queue: list[str]) -> list[str]:
+    def cycle(limit: int, queue: list[str], policy: str = "staleflow") -> list[str]:
         # B = 1, n = 2, eta = 0: group gA's first member takes the only buffer; fresh groups wait
         coord, proto, _ = make(
-            instances=[("a", 0)], batch=1, group=2, eta=0, route_miss_limit=limit
+            policy, instances=[("a", 0)], batch=1, group=2, eta=0, route_miss_limit=limit
         )
         assert list(routes(coord.step([snap("a")], [new("a0", group="gA")], now=0.0))) == ["a0"]
         assert proto.can_reserve("gB", 0) is Admission.WAIT
@@ -157,3 +157,6 @@ def test_fresh_groups_refused_everywhere_still_count_misses_and_spare_admitted_g
     assert cycle(3, ["f1", "f2", "f3", "k1"]) == []  # the third miss ends the scan
     assert cycle(256, ["f1", "f2", "f3", "f4", "f5", "k1"]) == ["k1"]
     assert cycle(256, ["f1", "k1", "f2", "k2"]) == ["k1"]  # the group is full after k1
+    # even routing has no miss limit: the whole queue is served
+    assert cycle(3, ["f1", "f2", "f3", "k1", "f4"], "all-vanilla") == ["k1"]
+    assert cycle(3, ["f1", "k1", "f2", "k2"], "all-vanilla") == ["k1"]
