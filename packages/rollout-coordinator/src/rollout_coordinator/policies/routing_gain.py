@@ -32,7 +32,9 @@ to its new place in the list (a binary search); instances that saturate at the h
 group leave it together (one slice deletion), and each instance saturates at most once per
 cycle, so most instances cost one gain evaluation and no reordering. The scan stops after
 ``route_miss_limit`` consecutive trajectories that found nothing, or at
-``max_routes_per_cycle``.
+``max_routes_per_cycle``. Once every candidate version of new work has no instance left or
+refuses fresh groups (the port's cached refusal), a run of new trajectories of fresh groups
+is counted as that many misses in one pass, without an admission check each.
 
 Every instance is ranked every cycle and most of them leave their group saturated, so the
 per-instance work is kept small: the ranking keys, and the hungry set at the end, are computed
