@@ -130,7 +130,7 @@ def bench(session: nox.Session) -> None:
     _sync(session, "--all-packages")
     os.makedirs(ROOT / "bench-results", exist_ok=True)
     for script in sorted((ROOT / "benchmarks").glob("bench_*.py")):
-        if script.name in ("bench_sim_sweep.py", "bench_sim_matrix.py"):  # hours: own sessions
+        if script.name in ("bench_sim_sweep.py", "bench_sim_matrix.py"):  # long: own sessions
             continue
         session.run("python", str(script), env=ENV)
 

@@ -134,3 +134,29 @@ def test_routing_ranks_by_the_cost_models_marginal_gain():
         gains = {i: g for i, g in gains.items() if g >= 1e-6 * cm.empty_gain(500)}
         assert gains
         assert routes(cmds)["t0"].instance_id == max(gains, key=gains.__getitem__)
+
+
+def test_fresh_groups_refused_everywhere_still_count_misses_and_spare_admitted_groups():
+    """Once every version refuses fresh groups, their trajectories are passed over in runs
+    (counted as misses by cost-model routing): a trajectory of a group already admitted, met
+    inside such a run, is still routed, and ``route_miss_limit`` ends the scan at the same
+    trajectory as one check per trajectory would."""
+
+    def cycle(limit: int, queue: list[str], policy: str = "staleflow") -> list[str]:
+        # B = 1, n = 2, eta = 0: group gA's first member takes the only buffer; fresh groups wait
+        coord, proto, _ = make(
+            policy, instances=[("a", 0)], batch=1, group=2, eta=0, route_miss_limit=limit
+        )
+        assert list(routes(coord.step([snap("a")], [new("a0", group="gA")], now=0.0))) == ["a0"]
+        assert proto.can_reserve("gB", 0) is Admission.WAIT
+        assert proto.can_reserve("gA", 0) is Admission.ADMIT
+        items = [new(t, group="gA" if t.startswith("k") else f"g{t}") for t in queue]
+        return list(routes(coord.step([snap("a", n=1)], items, now=1.0)))
+
+    assert cycle(3, ["f1", "f2", "k1", "f3", "f4"]) == ["k1"]  # two misses, then k1
+    assert cycle(3, ["f1", "f2", "f3", "k1"]) == []  # the third miss ends the scan
+    assert cycle(256, ["f1", "f2", "f3", "f4", "f5", "k1"]) == ["k1"]
+    assert cycle(256, ["f1", "k1", "f2", "k2"]) == ["k1"]  # the group is full after k1
+    # even routing has no miss limit: the whole queue is served
+    assert cycle(3, ["f1", "f2", "f3", "k1", "f4"], "all-vanilla") == ["k1"]
+    assert cycle(3, ["f1", "k1", "f2", "k2"], "all-vanilla") == ["k1"]

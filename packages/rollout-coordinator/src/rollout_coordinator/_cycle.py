@@ -100,6 +100,13 @@ class _ProtocolPort:
             self._closed.add(version)
         return False
 
+    @property
+    def admitted_groups(self) -> set[str]:
+        return self._coord._known_groups
+
+    def refuses_fresh(self, version: int) -> bool:
+        return version in self._closed
+
     def admit(self, item: QueuedTrajectory, version: int) -> int | None:
         try:
             buffer = self._proto.reserve(item.group_id, item.trajectory_id, version)

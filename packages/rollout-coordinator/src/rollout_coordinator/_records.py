@@ -11,19 +11,21 @@ every 100 ms), and raises :class:`InvalidSnapshot` naming the field.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 
 from rollout_coordinator.errors import InvalidSnapshot
 
 
-@attrs.frozen(kw_only=True, slots=True)
-class RunningEntry:
+class RunningEntry(NamedTuple):
     """One trajectory running on an instance.
 
     ``v_traj`` is optional: the app may fill it from the trajectory server; when absent the
     coordinator uses the version it bound when it routed the trajectory.
+
+    A named tuple (typed, immutable, compared by value): every snapshot lists one per running
+    trajectory, and a tuple is the cheapest record to build.
     """
 
     trajectory_id: str
@@ -114,13 +116,12 @@ class InstanceSnapshot:
         if isinstance(snap, InstanceSnapshot):
             return snap
         running = tuple(
-            RunningEntry(
-                trajectory_id=r.trajectory_id,
-                prompt_tokens=r.prompt_tokens,
-                generated_tokens=r.generated_tokens,
-                v_traj=getattr(r, "v_traj", None),
-            )
-            for r in snap.running
+            [
+                RunningEntry(
+                    r.trajectory_id, r.prompt_tokens, r.generated_tokens, getattr(r, "v_traj", None)
+                )
+                for r in snap.running
+            ]
         )
         return cls(
             instance_id=snap.instance_id,

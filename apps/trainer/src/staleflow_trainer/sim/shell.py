@@ -30,6 +30,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
+from itertools import starmap
 from typing import Any
 
 import attrs
@@ -37,7 +38,7 @@ import structlog
 
 from engine_adapters._contract import SamplingParams
 from engine_adapters.sim import SimEngineCore
-from rollout_coordinator import InstanceSnapshot
+from rollout_coordinator import InstanceSnapshot, RunningEntry
 from staleflow_trainer.control import ControlCore, core_config
 from staleflow_trainer.control import effects as fx
 from staleflow_trainer.control.events import (
@@ -230,8 +231,9 @@ class Simulation:
         self._dirty = False
         self.cycles += 1
         self._last_cycle = now = self.now
-        for iid, eng in self.engines.items():  # anything within the engine's tolerance of now
-            if eng.next_event_time() <= now + _EPS:
+        nxt = self._next  # each engine's next_event_time(), kept current
+        for iid in self.engines:  # anything within the engine's tolerance of now
+            if nxt[iid] <= now + _EPS:
                 self._on_engine(iid)
         # Fresh snapshots of the instances that changed since the last cycle (an event or a
         # command) and of any whose last one is older than snapshot_max_age_s; the core's
@@ -240,7 +242,7 @@ class Simulation:
         for iid in sorted(self.engines):
             if iid in self._changed or now - self._snap_at[iid] >= max_age:
                 self._snap_at[iid] = now
-                snap = InstanceSnapshot.from_engine(self.engines[iid].snapshot(now))
+                snap = _instance_snapshot(self.engines[iid], now)
                 self._pending.append(Reported(at=now, instance_id=iid, snapshot=snap))
         self._changed.clear()
         self.feed(Cycle(at=now))
@@ -337,6 +339,23 @@ class Simulation:
             self._at(self.now + self.spec.reward_time_s, _REWARDS, tuple(rewards))
         else:
             self._pending.append(Rewarded(at=self.now, rewards=rewards))
+
+
+def _instance_snapshot(eng: SimEngineCore, now: float) -> InstanceSnapshot:
+    """``InstanceSnapshot.from_engine(eng.snapshot(now))``, without the engine's own
+    per-trajectory records."""
+    r = eng.snapshot_rows(now)
+    return InstanceSnapshot(
+        instance_id=r.instance_id,
+        seq=r.seq,
+        time_s=r.time_s,
+        version=r.version,
+        running=tuple(starmap(RunningEntry, r.running)),
+        waiting=r.waiting,
+        kv_used_tokens=r.kv_used_tokens,
+        kv_capacity_tokens=r.kv_capacity_tokens,
+        throughput_tokens_per_s=r.throughput_tokens_per_s,
+    )
 
 
 def run_simulation(cfg: Any) -> Simulation:

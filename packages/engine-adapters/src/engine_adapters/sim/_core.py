@@ -56,7 +56,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from engine_adapters._contract import EngineSnapshot, FinishReason, GenerateRequest
 from engine_adapters._contract import RunningTrajectory as _Running
@@ -65,6 +65,22 @@ from engine_adapters.sim._completion import SimCompletion
 from engine_adapters.sim._config import SimConfig
 from engine_adapters.sim._schedule import NO_CARRY, Scheduler, elapsed
 from engine_adapters.sim._traj import new_traj
+
+
+class SnapshotRows(NamedTuple):
+    """An :class:`~engine_adapters.EngineSnapshot`'s fields, with ``running`` as plain
+    ``(trajectory_id, prompt_tokens, generated_tokens)`` tuples."""
+
+    instance_id: str
+    seq: int
+    time_s: float
+    version: int
+    running: list[tuple[str, int, int]]
+    waiting: int
+    kv_used_tokens: int
+    kv_capacity_tokens: int
+    throughput_tokens_per_s: float
+    decode_steps: int
 
 
 class SimEngineCore(Scheduler):
@@ -298,40 +314,51 @@ class SimEngineCore(Scheduler):
         counts their resident tokens and the head's reservation; ``decode_steps`` is the
         engine's step count (a decoding trajectory's count is that plus a fixed offset).
         """
+        rows = self.snapshot_rows(now)
+        return EngineSnapshot(
+            instance_id=rows.instance_id,
+            seq=rows.seq,
+            time_s=rows.time_s,
+            version=rows.version,
+            running=tuple(
+                _Running(trajectory_id=tid, prompt_tokens=prompt, generated_tokens=generated)
+                for tid, prompt, generated in rows.running
+            ),
+            waiting=rows.waiting,
+            kv_used_tokens=rows.kv_used_tokens,
+            kv_capacity_tokens=rows.kv_capacity_tokens,
+            throughput_tokens_per_s=rows.throughput_tokens_per_s,
+            decode_steps=rows.decode_steps,
+        )
+
+    def snapshot_rows(self, now: float) -> SnapshotRows:
+        """:meth:`snapshot` with each running trajectory as a plain ``(trajectory_id,
+        prompt_tokens, generated_tokens)`` tuple, for a caller that builds its own records
+        (it takes a snapshot: the sequence number moves on)."""
         self._advance(now)
         steps_now, _ = self._position(now)
         n = len(self._running)
         kv = self._k + n * steps_now if n else 0
         running = [
-            _Running(
-                trajectory_id=tid,
-                prompt_tokens=tr.prompt_len,
-                generated_tokens=tr.generated + steps_now - tr.admit_step,
-            )
+            (tid, tr.prompt_len, tr.generated + steps_now - tr.admit_step)
             for tid, tr in self._running.items()
         ]
         head = self._head
         if head is not None:
-            running.append(
-                _Running(
-                    trajectory_id=head.request.trajectory_id,
-                    prompt_tokens=head.prompt_len,
-                    generated_tokens=head.generated,
-                )
-            )
+            running.append((head.request.trajectory_id, head.prompt_len, head.generated))
         self._snapshot_seq += 1
         decoding = self._stretch is not None and n > 0
-        return EngineSnapshot(
-            instance_id=self.instance_id,
-            seq=self._snapshot_seq,
-            time_s=now,
-            version=self._version,
-            running=tuple(running),
-            waiting=len(self._waiting_ids),
-            kv_used_tokens=kv + (head.context_at_admit if head is not None else 0),
-            kv_capacity_tokens=self._cap_tokens,
-            throughput_tokens_per_s=self.cost.throughput(n, kv) if decoding else 0.0,
-            decode_steps=steps_now,
+        return SnapshotRows(
+            self.instance_id,
+            self._snapshot_seq,
+            now,
+            self._version,
+            running,
+            len(self._waiting_ids),
+            kv + (head.context_at_admit if head is not None else 0),
+            self._cap_tokens,
+            self.cost.throughput(n, kv) if decoding else 0.0,
+            steps_now,
         )
 
     def kv_used_tokens(self, now: float | None = None) -> int:

@@ -9,7 +9,7 @@ baseline's batch counter) is passed in and returned, never hidden.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from typing import Protocol
 
 import attrs
@@ -58,6 +58,16 @@ class AdmissionPort(Protocol):
 
     def can_resume(self, item: QueuedTrajectory, version: int) -> bool:
         """May this queued partial run on an instance serving ``version``?"""
+        ...
+
+    @property
+    def admitted_groups(self) -> Container[str]:
+        """The groups a member of which has been admitted (the others are *fresh*)."""
+        ...
+
+    def refuses_fresh(self, version: int) -> bool:
+        """A fresh group was refused at ``version`` this cycle: :meth:`admissible` answers
+        False for every fresh group there until the cycle ends. No side effects."""
         ...
 
 

@@ -29,12 +29,26 @@ def route_evenly(view: CycleView, port: AdmissionPort, quota: int | None) -> Rou
     routes: list[Route] = []
     new_admitted = 0
     max_routes = cfg.max_routes_per_cycle
-    for item in view.queue.items:
+    # Set once every candidate version of new work refuses fresh groups: from then on new
+    # trajectories of fresh groups are passed over in runs without asking (refusals last
+    # until the cycle ends, and a fresh group cannot be admitted meanwhile).
+    fresh_refused = False
+    admitted = port.admitted_groups
+    items = view.queue.items
+    n_items = len(items)
+    i = 0
+    while i < n_items:
+        item = items[i]
+        i += 1
         if not versions or len(routes) >= max_routes:
             break
         is_new = item.v_traj is None
         if is_new and quota is not None and new_admitted >= quota:
             break
+        if fresh_refused and is_new and item.group_id not in admitted:
+            while i < n_items and items[i].v_traj is None and items[i].group_id not in admitted:
+                i += 1
+            continue
         start = bisect.bisect_left(versions, floor + 1 if item.v_traj is None else item.v_traj)
         best: tuple[int, str] | None = None
         best_v = -1
@@ -49,6 +63,8 @@ def route_evenly(view: CycleView, port: AdmissionPort, quota: int | None) -> Rou
                 continue
             best, best_v = top, v
         if best is None:
+            if is_new and item.group_id not in admitted:
+                fresh_refused = all(port.refuses_fresh(v) for v in versions[start:])
             continue
         buffer: int | None = None
         if is_new:

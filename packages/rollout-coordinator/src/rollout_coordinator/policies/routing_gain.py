@@ -32,7 +32,9 @@ to its new place in the list (a binary search); instances that saturate at the h
 group leave it together (one slice deletion), and each instance saturates at most once per
 cycle, so most instances cost one gain evaluation and no reordering. The scan stops after
 ``route_miss_limit`` consecutive trajectories that found nothing, or at
-``max_routes_per_cycle``.
+``max_routes_per_cycle``. Once every candidate version of new work has no instance left or
+refuses fresh groups (the port's cached refusal), a run of new trajectories of fresh groups
+is counted as that many misses in one pass, without an admission check each.
 
 Every instance is ranked every cycle and most of them leave their group saturated, so the
 per-instance work is kept small: the ranking keys, and the hungry set at the end, are computed
@@ -139,6 +141,14 @@ def route_by_marginal_gain(
     batch_one = max(k2, b + k3)  # the batch term of T(1, ·)
     run: list[int] = []  # the candidate versions for V_traj = run_v
     run_v: int | None = None
+    # Set when every candidate version of new trajectories has no instance left or refuses
+    # fresh groups: from then on a new trajectory of a fresh group misses without asking
+    # (groups only lose members within a cycle and refusals last until it ends), and a run
+    # of them is counted at once.
+    fresh_refused = False
+    admitted = port.admitted_groups
+    n_items = len(items)
+    resume_at = 0
 
     def pick(g: _Group, length: int) -> int:
         """Index in the version group ``g`` of its best instance with room and gain ≥ θ, or
@@ -176,7 +186,9 @@ def route_by_marginal_gain(
                 chosen -= dead
         return chosen
 
-    for item in items:
+    for i, item in enumerate(items):
+        if i < resume_at:
+            continue
         if live <= 0:
             break
         if len(routes) >= max_routes:
@@ -186,6 +198,17 @@ def route_by_marginal_gain(
         is_new = v_traj is None
         if is_new and quota is not None and new_admitted >= quota:
             break  # new prompts are last in the queue: nothing else to route
+        if fresh_refused and is_new and item.group_id not in admitted:
+            stop = min(n_items, i + miss_limit - misses)
+            j = i + 1
+            while j < stop and items[j].v_traj is None and items[j].group_id not in admitted:
+                j += 1
+            misses += j - i
+            if misses >= miss_limit:
+                stopped_early = True
+                break
+            resume_at = j
+            continue
         length = item.prompt_len + item.generated_len
         if v_traj != run_v or not run:  # the queue comes in runs of one V_traj
             start = bisect.bisect_left(versions, floor + 1 if v_traj is None else v_traj)
@@ -239,6 +262,8 @@ def route_by_marginal_gain(
         if routed:
             misses = 0
         else:
+            if is_new and not fresh_refused and item.group_id not in admitted:
+                fresh_refused = all(not groups[v].members or port.refuses_fresh(v) for v in run)
             misses += 1
             if misses >= miss_limit:
                 stopped_early = True

@@ -1,0 +1,144 @@
+"""The simulator's speed, side by side: one simulated run of a preset from another git ref
+(before) and from this tree (after), alternated for ``--pairs`` pairs (before, after, before,
+after, ...). Per run: CPU and wall seconds of the simulation loop (``Simulation.run``, without
+start-up or writing files) and its cycles; the medians per side and the before/after ratios
+(above 1: this tree is faster). Both sides must compute the same run: the step records, the
+per-instance timeline and the summary are compared exactly and the verdict printed
+(``identical``); a difference is an error.
+
+CPU seconds are the number to read on a shared machine: wall seconds grow with the load
+other processes put on the cores, CPU seconds much less. Both sides run the same preset and
+overrides in separate processes, each tree with its own locked environment (the ref's
+checkout is the cached ``git worktree`` of ``bench_e2e.py``, ``bench-results/e2e/ref-<sha>``).
+
+    .venv/bin/python benchmarks/bench_sim_speed.py [--ref bbcfae3] [--pairs 2] \\
+        [--preset examples/sim-paper-30b-a3b.yaml] [KEY=VALUE ...]
+    .venv/bin/python benchmarks/bench_sim_speed.py --smoke   # this tree on both sides, tiny
+
+Writes ``bench-results/sim_speed.json`` (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench_e2e import ROOT, BenchError, _clean_env, prepare_ref
+
+SIDES = ("before", "after")
+DEFAULT_REF = "bbcfae3"
+DEFAULT_PRESET = "examples/sim-paper-30b-a3b.yaml"
+SMOKE = ("trainer.steps=3", "sim.warmup_steps=1")
+# Runs inside each tree's own environment: only APIs both sides have.
+_RUN = """
+import json, sys, time
+from pathlib import Path
+from staleflow_trainer.config import load_config
+from staleflow_trainer.sim.shell import Simulation
+preset, out, *over = sys.argv[1:]
+cfg = load_config(preset, [f"run.run_dir={out}", "metrics.timeline=true", *over])
+sim = Simulation(cfg)
+cpu, wall = time.process_time(), time.perf_counter()
+sim.run()
+cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+rec = sim.rec
+Path(out).mkdir(parents=True, exist_ok=True)
+result = {"steps": rec.steps, "timeline": rec.timeline, "summary": rec.summary()}
+Path(out, "result.json").write_text(json.dumps(result, sort_keys=True, default=str))
+print(json.dumps({"cpu_s": cpu, "wall_s": wall, "cycles": sim.cycles}))
+"""
+
+
+def run_once(
+    python: Path, tree: Path, preset: str, over: Sequence[str], out: Path
+) -> dict[str, Any]:
+    proc = subprocess.run(
+        [str(python), "-c", _RUN, preset, str(out), *over],
+        cwd=tree, capture_output=True, text=True, env=_clean_env(), check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise BenchError(f"simulation in {tree} failed:\n{proc.stderr[-3000:]}")
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def compare(runs: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
+    """Medians per side and the before/after ratios of CPU and wall seconds."""
+    med = {
+        side: {k: statistics.median(r[k] for r in runs[side]) for k in ("cpu_s", "wall_s")}
+        for side in SIDES
+    }
+    return {
+        "median": med,
+        "cpu_ratio": med["before"]["cpu_s"] / med["after"]["cpu_s"],
+        "wall_ratio": med["before"]["wall_s"] / med["after"]["wall_s"],
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("overrides", nargs="*", help="extra key=value overrides for both sides")
+    ap.add_argument(
+        "--ref", default=DEFAULT_REF, help=f"the 'before' git ref (default {DEFAULT_REF})"
+    )
+    ap.add_argument("--preset", default=DEFAULT_PRESET)
+    ap.add_argument("--pairs", type=int, default=2)
+    ap.add_argument("--out", default="bench-results/sim_speed.json")
+    ap.add_argument("--smoke", action="store_true",
+                    help="this tree on both sides, examples/sim-tiny.yaml, 1 pair of 3 steps")  # fmt: skip
+    a = ap.parse_args(argv)
+    if a.pairs < 1:
+        raise BenchError(f"--pairs must be >= 1, got {a.pairs}")
+    preset, pairs, over = a.preset, a.pairs, list(a.overrides)
+    here = (ROOT, ROOT / ".venv" / "bin" / "python")
+    if a.smoke:
+        preset, pairs, over = "examples/sim-tiny.yaml", 1, [*SMOKE, *over]
+        trees = {"before": here, "after": here}
+        ref = "this tree"
+    else:
+        tree, sha = prepare_ref(a.ref, ROOT / "bench-results" / "e2e")
+        trees = {"before": (tree, tree / ".venv" / "bin" / "python"), "after": here}
+        ref = f"{a.ref} ({sha[:12]})"
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+    identical = True
+    with tempfile.TemporaryDirectory(prefix="sim_speed_") as tmp:
+        for k in range(pairs):
+            results = {}
+            for side in SIDES:
+                tree, python = trees[side]
+                out = Path(tmp) / f"{side}-{k}"
+                r = run_once(python, tree, preset, over, out)
+                runs[side].append(r)
+                results[side] = (out / "result.json").read_text()
+                print(f"pair {k + 1}/{pairs} {side:6s}: {r['cpu_s']:7.2f} s CPU "
+                      f"{r['wall_s']:7.2f} s wall, {r['cycles']} cycles", flush=True)  # fmt: skip
+            identical = identical and results["before"] == results["after"]
+    cmp = compare(runs)
+    res = {
+        "smoke": a.smoke, "ref": ref, "preset": preset, "overrides": over, "pairs": pairs,
+        "runs": runs, "identical": identical, **cmp,
+    }  # fmt: skip
+    med = cmp["median"]
+    print(f"{preset} {' '.join(over)}: before ({ref}) {med['before']['cpu_s']:.2f} s CPU, "
+          f"{med['before']['wall_s']:.2f} s wall; after {med['after']['cpu_s']:.2f} s CPU, "
+          f"{med['after']['wall_s']:.2f} s wall; before/after {cmp['cpu_ratio']:.2f}x CPU, "
+          f"{cmp['wall_ratio']:.2f}x wall; results identical: {identical}")  # fmt: skip
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2) + "\n")
+    if not identical:
+        raise BenchError("the two sides computed different runs (steps, timeline or summary)")
+    return res
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BenchError as e:
+        sys.exit(f"bench_sim_speed: {e}")
