@@ -36,6 +36,7 @@ def _actor(driver_pid: int | None) -> Any:
     a._driver_pid = driver_pid
     a._stop = False
     a._running = False
+    a._wake = asyncio.Event()
     a._records, a._unconfirmed = [], []
     a._log = structlog.get_logger("test")
     a.cfg = SimpleNamespace(coordinator=SimpleNamespace(snapshot_interval_s=0.01))

@@ -14,9 +14,10 @@ answer), so the data-path benchmark can show they do not grow with response leng
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pickle
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -59,6 +60,13 @@ def sync_retry_delay(failures_in_row: int, backoff_s: float) -> float:
     if failures_in_row <= 0 or backoff_s <= 0:
         return 0.0
     return float(min(30.0, backoff_s * 2 ** (failures_in_row - 1)))
+
+
+async def wait_or_timeout(event: asyncio.Event, timeout_s: float) -> None:
+    """Return when ``event`` is set or after ``timeout_s`` (at once if it is not positive)."""
+    if timeout_s > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout_s)
 
 
 def _size(x: Any) -> int:
@@ -163,6 +171,26 @@ class ShellIO:
         return dict(self._bytes)
 
     # ---- effects -------------------------------------------------------------------------
+
+    async def carry_all(
+        self, effects: Sequence[fx.Effect], now: Callable[[], float]
+    ) -> list[InstanceLost]:
+        """Carry out simple effects: those for one instance (or none) one after another, in
+        order, those for different instances at the same time. An instance found dead leaves
+        the run (:meth:`lose`); its ``InstanceLost`` events are returned."""
+        chains: dict[str, list[fx.Effect]] = {}
+        for e in effects:
+            chains.setdefault(str(getattr(e, "instance_id", "")), []).append(e)
+
+        async def chain(es: list[fx.Effect]) -> tuple[str, BaseException] | None:
+            first = None
+            for e in es:
+                lost = await self.carry(e)
+                first = first or lost
+            return first
+
+        got = await asyncio.gather(*(chain(es) for es in chains.values()))
+        return [await self.lose(iid, err, now()) for iid, err in filter(None, got)]
 
     async def carry(self, e: fx.Effect) -> tuple[str, BaseException] | None:
         """Carry out one simple effect; returns ``(instance, error)`` if an instance died."""
