@@ -142,3 +142,47 @@ async def test_an_event_from_background_work_starts_the_next_cycle_at_once(
     actor._post(Rewarded(at=actor.now(), rewards=[]))  # wakes the loop, which sees the stop
     await asyncio.wait_for(run, timeout=10)
     assert len(cycles) == 2  # the stop ends the loop; _settle feeds the last event
+
+
+class _Watched:
+    """``wait_results`` answers True once ``results`` is set (then blocks); ``poll`` answers
+    nothing."""
+
+    def __init__(self) -> None:
+        self.results = asyncio.Event()
+        self.waits = 0
+
+        async def wait_results(timeout_s: float) -> bool:
+            self.waits += 1
+            if self.waits > 1:
+                await asyncio.sleep(3600)
+            await self.results.wait()
+            return True
+
+        async def poll(**kw: Any) -> None:
+            return None
+
+        self.wait_results = _Remote(wait_results)
+        self.poll = _Remote(poll)
+
+
+async def test_an_instance_with_results_starts_the_next_cycle_at_once() -> None:
+    inst = _Watched()
+    io = _io({"a": inst})
+    await io.poll_all()  # starts the watcher: its call waits on the instance
+    await asyncio.sleep(0.01)
+    assert not io.wake.is_set() and inst.waits == 1
+    inst.results.set()
+    await asyncio.wait_for(io.wake.wait(), timeout=10)
+    await asyncio.sleep(0.01)
+    assert inst.waits == 1  # it asks again only once the instance was polled
+    await io.poll_all()
+    await asyncio.wait_for(_until(lambda: inst.waits == 2), timeout=10)
+    io.stop_watching()
+    await asyncio.sleep(0)
+    assert all(t.done() for t in io._watchers.values()) and not io._watchers
+
+
+async def _until(cond: Any) -> None:
+    while not cond():
+        await asyncio.sleep(0.01)

@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 Every decision is the :class:`~staleflow_trainer.control.ControlCore`'s; this actor does the
 I/O. One asyncio loop runs a cycle every ``coordinator.snapshot_interval_s``, or sooner when
-background work answers (a step trained, a sync done, rewards computed):
+background work answers (a step trained, a sync done, rewards computed) or an instance has
+results (each keeps a ``wait_results`` call waiting):
 
 1. gather the events background work produced since the last cycle (rewards computed, syncs
    done or failed, a training step done, instances joined or lost), poll every instance
@@ -124,7 +125,6 @@ class ControlActor:
         self._hold_armed = False
         self._held_at: dict[str, Any] | None = None
         self._hold_release = asyncio.Event()
-        self._wake = asyncio.Event()  # set when background work posts an event
         self._restored: dict[str, Any] | None = None
         self._log = log.bind(component="control")
 
@@ -191,7 +191,7 @@ class ControlActor:
                     return self.summary_now()
                 t = time.monotonic()
                 await self._cycle()
-                await wait_or_timeout(self._wake, period - (time.monotonic() - t))
+                await wait_or_timeout(self.io.wake, period - (time.monotonic() - t))
             await self._settle()
             if self.core.done:  # the last step's checkpoint: the state the run ends in
                 await self.checkpoint()
@@ -209,7 +209,7 @@ class ControlActor:
         return self._driver_pid is None or process_alive(self._driver_pid)
 
     async def _cycle(self) -> None:
-        self._wake.clear()
+        self.io.wake.clear()
         events, self._events = self._events, []
         polls = await self.io.poll_all()
         at = self.now()
@@ -295,7 +295,7 @@ class ControlActor:
     def _post(self, ev: Event) -> None:
         """An event from background work: the next cycle, which feeds it, starts now."""
         self._events.append(ev)
-        self._wake.set()
+        self.io.wake.set()
 
     async def _sync(self, e: fx.Sync) -> None:
         streak = self.core.sync_fail_streak.get(e.instance_id, 0)

@@ -33,6 +33,9 @@ from trajectory_server.errors import TrajectoryServerError
 
 log = structlog.get_logger(__name__)
 
+#: how long one ``wait_results`` call to an instance waits before it is made again
+WATCH_S = 5.0
+
 
 def is_actor_death(e: BaseException) -> bool:
     """True for Ray's "this actor is gone" errors (killed, crashed, its node died)."""
@@ -99,6 +102,11 @@ class ShellIO:
         self.lost: list[dict[str, Any]] = []
         self.fatal: BaseException | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: set when background work has an answer or an instance has results: the control
+        #: loop's next cycle starts then instead of at its next tick
+        self.wake = asyncio.Event()
+        self._watchers: dict[str, asyncio.Task[None]] = {}
+        self._polled: dict[str, asyncio.Event] = {}
         self._prompts: dict[int, list[int]] = {}
         self._bytes: dict[str, int] = {}
         self._decoders: dict[str, SnapshotDecoder] = {}
@@ -295,7 +303,40 @@ class ShellIO:
 
     # ---- instances -----------------------------------------------------------------------
 
+    def _watch_all(self) -> None:
+        """One waiting ``wait_results`` call per instance (that has the method): when it
+        answers True, :attr:`wake` is set and the watcher waits until the instance was
+        polled before it asks again."""
+        for iid, h in self.rollouts.items():
+            t = self._watchers.get(iid)
+            if (t is None or t.done()) and hasattr(h, "wait_results"):
+                polled = self._polled.setdefault(iid, asyncio.Event())
+                self._watchers[iid] = asyncio.get_running_loop().create_task(
+                    self._watch(iid, h, polled)
+                )
+
+    async def _watch(self, iid: str, h: Any, polled: asyncio.Event) -> None:
+        wait = h.wait_results
+        try:
+            while self.rollouts.get(iid) is h:
+                if await wait.remote(WATCH_S):
+                    polled.clear()
+                    self.wake.set()
+                    await polled.wait()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a dead instance: its next poll reports the loss
+            log.debug("watch_stopped", instance=iid, error=repr(e)[:200])
+
+    def stop_watching(self, iid: str | None = None) -> None:
+        """Cancel the watcher of ``iid`` (None: of every instance)."""
+        for i in list(self._watchers) if iid is None else [iid]:
+            t = self._watchers.pop(i, None)
+            if t is not None:
+                t.cancel()
+
     async def poll_all(self) -> dict[str, Any]:
+        self._watch_all()
         iids = list(self.rollouts)
         # each request acknowledges the last snapshot delta decoded (or asks for a full one);
         # an answer may be None (nothing happened, nothing changed)
@@ -312,6 +353,8 @@ class ShellIO:
             if not isinstance(p, BaseException):
                 self._count("instances", _size(p))
             out[iid] = p
+            if iid in self._polled:
+                self._polled[iid].set()
         return out
 
     async def lose(self, iid: str, error: BaseException, at: float) -> InstanceLost:
@@ -319,6 +362,7 @@ class ShellIO:
         length the store holds for each); the instance leaves the run."""
         self.rollouts.pop(iid, None)
         self._decoders.pop(iid, None)
+        self.stop_watching(iid)
         requeued = list(await self.ts.instance_lost(iid))
         lengths = await self.lengths(requeued)
         self.lost.append({"instance_id": iid, "requeued": requeued, "error": repr(error)[:300]})
@@ -335,6 +379,7 @@ class ShellIO:
         return {e.trajectory_id: int(e.generated_len) for e in entries if e.trajectory_id in want}
 
     async def interrupt_all(self) -> None:
+        self.stop_watching()
         await asyncio.gather(
             *(h.interrupt.remote(None) for h in self.rollouts.values()), return_exceptions=True
         )
