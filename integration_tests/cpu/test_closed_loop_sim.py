@@ -139,7 +139,7 @@ ROLLOUT_BOUND = dict(
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_cost_model_routing_and_migration_beat_all_vanilla_when_rollout_bound(seed: int) -> None:
     """Measured vanilla-sync (cost-model routing + migration, global sync) / all-vanilla:
-    1.16, 1.09, 1.10 for seeds 0-2."""
+    1.10, 1.20, 1.11 for seeds 0-2 (1.13 averaged over seeds 0-9)."""
     sf = _run("vanilla-sync", eta=3, seed=seed, **ROLLOUT_BOUND).rec.summary()["tokens_per_s"]
     av = _run("all-vanilla", eta=3, seed=seed, **ROLLOUT_BOUND).rec.summary()["tokens_per_s"]
     assert sf >= 1.05 * av, (seed, sf, av)
@@ -148,7 +148,8 @@ def test_cost_model_routing_and_migration_beat_all_vanilla_when_rollout_bound(se
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_staleflow_beats_all_vanilla_on_a_skewed_workload(seed: int) -> None:
     """staleflow >= all-vanilla on a skewed, rollout-bound workload (virtual time, so
-    the result is deterministic per seed). Measured 1.17, 1.12, 1.10x for seeds 0-2. The larger
+    the result is deterministic per seed). Measured 1.04, 1.05, 1.11x for seeds 0-2 (1.07
+    averaged over seeds 0-9, the smallest 0.86 at seed 8). The larger
     margin of the vanilla-sync ablation above shows per-instance sync gives part of the gain
     back here; on the protocol-bound TINY workload (eta=1) every staleflow-family policy is
     level with all-vanilla (0.99-1.00x), see docs/throughput.md."""

@@ -190,3 +190,58 @@ def test_removed_instance_gets_no_route_released_by_its_finished_sync():
     cmds = coord.step([snap("b", version=1, t=1.0)], [partial("p1", 1)], now=1.0)
     assert not any(isinstance(c, Route) and c.instance_id == "a" for c in cmds)
     assert proto.trajectory("p1").state.value == "in_flight"
+
+
+def _synced_with_route_held(instances, **kw):
+    """``a`` syncs 0 -> 1 with a partial held for it; version 2 is published meanwhile."""
+    coord, proto, clock = make(instances=instances, batch=1, group=1, eta=2, start_version=1,
+                               **kw)  # fmt: skip
+    proto.reserve("gp", "p1", 1)
+    others = [snap(i, version=v, n=64, tokens_each=CAP // 64) for i, v in instances if i != "a"]
+    cmds = coord.step([snap("a", version=0), *others], [partial("p1", 1)], now=0.0)
+    assert syncs(cmds) == {"a": 1}
+    assert [r.trajectory_id for r in coord.pending.held_for("a")] == ["p1"]
+    proto.reserve("gx", "x", 1)
+    proto.finish("x")
+    proto.consume()
+    proto.publish(2)
+    coord.on_sync_done("a", 1)
+    clock.t = 1.0
+    return coord, proto
+
+
+def test_routes_a_sync_released_are_not_sent_to_an_instance_synced_again_at_once():
+    # the released route would reach the engine just before the new sync interrupts it: it is
+    # not sent; the only instance syncs on, and the partial waits for that sync instead
+    coord, proto = _synced_with_route_held([("a", 0)])
+    cmds = coord.step([snap("a", version=1, t=1.0)], [partial("p1", 1)], now=1.0)
+    assert syncs(cmds) == {"a": 2}
+    assert not any(isinstance(c, Route) for c in cmds)
+    assert [r.trajectory_id for r in coord.pending.held_for("a")] == ["p1"]
+    coord.on_sync_done("a", 2)
+    cmds = coord.step([snap("a", version=2, t=2.0)], [partial("p1", 1)], now=2.0)
+    assert [(c.trajectory_id, c.instance_id, c.version) for c in cmds if isinstance(c, Route)] == [
+        ("p1", "a", 1)
+    ]  # V_traj kept
+    assert proto.trajectory("p1").state.value == "in_flight"
+
+
+def test_routes_a_sync_released_go_elsewhere_in_the_same_cycle_when_it_syncs_again():
+    # another instance serves version 1 with room to spare: the partial goes there in this
+    # very cycle instead of waiting for a's new sync
+    coord, _ = _synced_with_route_held([("a", 0), ("b", 1)])
+    light = snap("b", version=1, n=8, tokens_each=CAP // 64, t=1.0)
+    cmds = coord.step([snap("a", version=1, t=1.0), light], [partial("p1", 1)], now=1.0)
+    assert syncs(cmds) == {"a": 2}
+    assert [(c.trajectory_id, c.instance_id) for c in cmds if isinstance(c, Route)] == [("p1", "b")]
+    assert not coord.pending.held_for("a")
+
+
+def test_routes_a_sync_released_are_sent_when_the_instance_is_not_synced_again():
+    coord, _ = _synced_with_route_held([("a", 0)], sync_require_starved=True)
+    # p0 is admissible at version 1: a is not starved, keeps version 1 and runs what it got
+    cmds = coord.step(
+        [snap("a", version=1, t=1.0)], [partial("p1", 1), partial("p0", 1, group="g0")], now=1.0
+    )
+    assert syncs(cmds) == {}
+    assert ("p1", "a") in [(c.trajectory_id, c.instance_id) for c in cmds if isinstance(c, Route)]

@@ -285,8 +285,9 @@ class Coordinator:
         if not isinstance(queue, QueueView):
             queue = QueueView(list(queue))
         rejected = self._ingest(snapshots, now)
-        commands: list[Command] = list(self._released)
-        self._released = []
+        released, self._released = self._released, []
+        commands: list[Command] = list(released)
+        offered = queue
         queue = self._without_held(queue, commands)
         aborted, dropped = self._aborted_since, self._dropped_since
         self._aborted_since = self._dropped_since = 0
@@ -315,6 +316,8 @@ class Coordinator:
             if self._apply_sync(s, now):
                 commands.append(s)
                 syncs += 1
+        if released and syncs:
+            commands, view = self._unsend_released(commands, released, offered, view)
 
         routing = self.policy.routing(view, port, quota)
         self.state.route_all(routing.routes, now=now)
@@ -474,6 +477,30 @@ class Coordinator:
             self._where.pop(tid, None)
         self._routed[s.instance_id] = {}
         return True
+
+    def _unsend_released(
+        self,
+        commands: list[Command],
+        released: list[Route],
+        offered: QueueView,
+        view: CycleView,
+    ) -> tuple[list[Command], CycleView]:
+        """Routes a finished sync released to an instance that this same cycle syncs again are
+        not sent: the new sync would interrupt them as soon as they reached the engine (their
+        work back to the queue a round trip later). They go back to the queue at once, as on a
+        failed sync (a new trajectory keeps its reservation and V_traj), and this cycle's
+        routing may place them anywhere. Returns the commands and the view routing sees."""
+        synced = {c.instance_id for c in commands if isinstance(c, Sync)}
+        back = [r for r in released if r.instance_id in synced]
+        if not back:
+            return commands, view
+        ids = {r.trajectory_id for r in back}
+        for r in back:  # _apply_sync already forgot where they were routed
+            if r.new:
+                self._orphans[r.trajectory_id] = r.version
+        kept = [c for c in commands if not (isinstance(c, Route) and c.trajectory_id in ids)]
+        queue = self._with_orphans(self._without_held(offered, kept))
+        return kept, attrs.evolve(view, queue=queue)
 
     def _without_held(self, queue: QueueView, released: list[Command]) -> QueueView:
         """Drop from the caller's queue view every trajectory the coordinator has already

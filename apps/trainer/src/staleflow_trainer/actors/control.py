@@ -3,14 +3,17 @@
 Theory of operation
 -------------------
 Every decision is the :class:`~staleflow_trainer.control.ControlCore`'s; this actor does the
-I/O. One asyncio loop runs a cycle every ``coordinator.snapshot_interval_s``:
+I/O. One asyncio loop runs a cycle every ``coordinator.snapshot_interval_s``, or sooner when
+background work answers (a step trained, a sync done, rewards computed) or an instance has
+results (each keeps a ``wait_results`` call waiting):
 
 1. gather the events background work produced since the last cycle (rewards computed, syncs
    done or failed, a training step done, instances joined or lost), poll every instance
    (``Reported``: its outcomes, already in the trajectory store, and a fresh snapshot), and
    add ``Cycle``;
 2. append that batch to the write-ahead journal (one fsync), then feed the events to the core
-   one by one and carry out each event's effects before the next is fed.
+   one by one and carry out each event's effects before the next is fed (consecutive calls
+   to different instances at the same time).
 
 Effects name trajectories by id: instances take their work from the trajectory server (TS)
 themselves (``submit`` routes there), reward workers and the trainer read payloads from it; the
@@ -33,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import structlog
 
 from staleflow_trainer.actors import reconcile
@@ -46,6 +50,7 @@ from staleflow_trainer.actors.shell_io import (
     is_actor_death,
     process_alive,
     sync_retry_delay,
+    wait_or_timeout,
 )
 from staleflow_trainer.actors.write_ahead import WAL_DIR, WriteAheadLog
 from staleflow_trainer.atomic_files import read_verified_bytes
@@ -186,7 +191,7 @@ class ControlActor:
                     return self.summary_now()
                 t = time.monotonic()
                 await self._cycle()
-                await asyncio.sleep(max(0.0, period - (time.monotonic() - t)))
+                await wait_or_timeout(self.io.wake, period - (time.monotonic() - t))
             await self._settle()
             if self.core.done:  # the last step's checkpoint: the state the run ends in
                 await self.checkpoint()
@@ -204,6 +209,7 @@ class ControlActor:
         return self._driver_pid is None or process_alive(self._driver_pid)
 
     async def _cycle(self) -> None:
+        self.io.wake.clear()
         events, self._events = self._events, []
         polls = await self.io.poll_all()
         at = self.now()
@@ -246,7 +252,11 @@ class ControlActor:
 
     async def _carry(self, effects: Sequence[fx.Effect]) -> None:
         hold: Mapping[str, Any] | None = None
+        calls: list[fx.Effect] = []  # consecutive calls to instances: carried together
         for i, e in enumerate(effects):
+            if calls and (i == len(effects) // 2 or not isinstance(e, fx.Route | fx.Interrupt)):
+                self._events.extend(await self.io.carry_all(calls, self.now))
+                calls = []
             if i == len(effects) // 2 and len(effects) > 1:
                 self._maybe_crash("mid_effects")
             if hold is not None and not isinstance(e, fx.Checkpoint | fx.Done):
@@ -263,55 +273,57 @@ class ControlActor:
             elif isinstance(e, fx.Checkpoint):
                 await self.checkpoint()
             elif isinstance(e, fx.Sync):
-                self._background(self._sync(e))
+                self.io.spawn(self._sync(e))
             elif isinstance(e, fx.Score):
-                self._background(self._score(e.trajectory_ids))
+                self.io.spawn(self._score(e.trajectory_ids))
             elif isinstance(e, fx.Train):
-                self._background(self._train(e))
+                self.io.spawn(self._train(e))
             elif isinstance(e, fx.Halt):
                 raise ComponentLost(e.reason, component=e.component)
             elif isinstance(e, fx.Done):
                 self._log.info("run_done", steps=e.steps)
+            elif isinstance(e, fx.Route | fx.Interrupt):
+                calls.append(e)
             else:
-                lost = await self.io.carry(e)
-                if lost is not None:
-                    self._events.append(await self.io.lose(lost[0], lost[1], self.now()))
+                self._events.extend(await self.io.carry_all([e], self.now))
+        self._events.extend(await self.io.carry_all(calls, self.now))
         if hold is not None:
             await self._hold(hold)
 
     # --------------------------------------------------------------------------- background
 
-    def _background(self, coro: Any) -> None:
-        self.io.spawn(coro)
+    def _post(self, ev: Event) -> None:
+        """An event from background work: the next cycle, which feeds it, starts now."""
+        self._events.append(ev)
+        self.io.wake.set()
 
     async def _sync(self, e: fx.Sync) -> None:
         streak = self.core.sync_fail_streak.get(e.instance_id, 0)
         delay = sync_retry_delay(streak, self.cfg.coordinator.sync_retry_backoff_s)
-        if delay > 0:
-            await asyncio.sleep(delay)
+        await asyncio.sleep(delay)  # 0: none
         h = self.io.rollouts.get(e.instance_id)
         if h is None:
             return
         try:
             info = await self.io.sync(e.instance_id, h, e.version)
-            self._events.append(SyncDone(at=self.now(), instance_id=e.instance_id,
-                                         version=int(info["version"])))  # fmt: skip
+            self._post(SyncDone(at=self.now(), instance_id=e.instance_id,
+                                version=int(info["version"])))  # fmt: skip
         except asyncio.CancelledError:
             raise
         except Exception as err:
             if is_actor_death(err):
-                self._events.append(await self.io.lose(e.instance_id, err, self.now()))
+                self._post(await self.io.lose(e.instance_id, err, self.now()))
             else:
                 self._log.warning("sync_failed", instance=e.instance_id, error=repr(err)[:300])
-                self._events.append(SyncFailed(at=self.now(), instance_id=e.instance_id,
-                                               error=repr(err)[:300]))  # fmt: skip
+                self._post(SyncFailed(at=self.now(), instance_id=e.instance_id,
+                                      error=repr(err)[:300]))  # fmt: skip
 
     async def _score(self, ids: Sequence[str]) -> None:
         for rows in await self.io.score(list(ids)):
             rewards = [Reward(trajectory_id=str(t), score=None if s is None else float(s),
                               reason=None if s is not None else str(r))
                        for t, s, r in rows]  # fmt: skip
-            self._events.append(Rewarded(at=self.now(), rewards=rewards))
+            self._post(Rewarded(at=self.now(), rewards=rewards))
 
     async def _train(self, e: fx.Train) -> None:
         try:
@@ -321,9 +333,8 @@ class ControlActor:
             self.io.fatal = ComponentLost(f"the trainer failed during a step: {err!r:.500}",
                                           component="trainer")  # fmt: skip
             return
-        self._events.append(Trained(at=self.now(), version=int(metrics["version"]),
-                                    metrics={k: v for k, v in metrics.items()
-                                             if k != "version"}))  # fmt: skip
+        version = int(metrics.pop("version"))
+        self._post(Trained(at=self.now(), version=version, metrics=metrics))
 
     # --------------------------------------------------------------------------- checkpoint
 
@@ -393,15 +404,11 @@ class ControlActor:
 
     def summary_now(self) -> dict[str, Any]:
         st = self.core.protocol.stats()
-        return {
-            "steps_done": self.core.steps_done,
-            "version": self.core.published,
-            "tokens_total": self.core.report.gen_total,
-            "counters": dict(self.core.counters),
-            "staleness_histogram": {str(k): v for k, v in st.staleness_histogram.items()},
-            "aborts_by_reason": dict(st.aborts_by_reason),
-            "groups_submitted": self.core.feed.serial,
-        }
+        return {"steps_done": self.core.steps_done, "version": self.core.published,
+                "tokens_total": self.core.report.gen_total, "counters": dict(self.core.counters),
+                "staleness_histogram": {str(k): v for k, v in st.staleness_histogram.items()},
+                "aborts_by_reason": dict(st.aborts_by_reason),
+                "groups_submitted": self.core.feed.serial}  # fmt: skip
 
     async def summary(self) -> dict[str, Any]:
         return self.summary_now()
@@ -449,8 +456,6 @@ class ControlActor:
         return list(await self.io.ts.held_by(instance_id))
 
     async def ts_stats(self) -> dict[str, Any]:
-        import attrs
-
         return attrs.asdict(await self.io.ts.stats())
 
     async def wal_stats(self) -> dict[str, Any]:
@@ -481,12 +486,9 @@ class ControlActor:
 
     async def _hold(self, row: Mapping[str, Any]) -> None:
         self._hold_release.clear()
-        self._held_at = {
-            "steps_done": int(row["step"]),
-            "version": int(row["version"]),
-            "train_in_flight": self.core.training is not None,
-            "checkpoint": str(latest_checkpoint(self._run_dir)),
-        }
+        self._held_at = {"steps_done": int(row["step"]), "version": int(row["version"]),
+                         "train_in_flight": self.core.training is not None,
+                         "checkpoint": str(latest_checkpoint(self._run_dir))}  # fmt: skip
         self._log.info("held_between_steps", **self._held_at)
         await self._hold_release.wait()
         self._held_at = None

@@ -9,10 +9,10 @@ drops its group through the protocol. A trajectory the store no longer holds as 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from staleflow_trainer.actors.ts_link import StoreLink
 from staleflow_trainer.reward import RewardRunner
 
 
@@ -33,30 +33,24 @@ class RewardActor:
 
         self._runner = RewardRunner(fn, retries=retries, timeout_s=timeout_s)
         self._tok = AutoTokenizer.from_pretrained(tokenizer_path)
-        self._ts_address = tuple(ts_address)
-        self._ts_token = ts_token or None
+        self._ts = StoreLink(ts_address, ts_token)
 
     def _read(self, ids: list[str]) -> dict[str, Any]:
-        from trajectory_server.client import TrajectoryClient
-        from trajectory_server.errors import TrajectoryServerError
+        from trajectory_server.errors import StateError
 
-        async def read() -> dict[str, Any]:
-            ts = await TrajectoryClient.connect(*self._ts_address, token=self._ts_token)
+        async def read(ts: Any) -> dict[str, Any]:
             try:
-                try:
-                    got = list(await ts.finished(ids))
-                except TrajectoryServerError:  # some were dropped meanwhile: one by one
-                    got = []
-                    for tid in ids:
-                        try:
-                            got.extend(await ts.finished([tid]))
-                        except TrajectoryServerError:
-                            continue
-                return {ft.trajectory.trajectory_id: ft.trajectory for ft in got}
-            finally:
-                await ts.close()
+                got = list(await ts.finished(ids))
+            except StateError:  # some were dropped meanwhile: one by one
+                got = []
+                for tid in ids:
+                    try:
+                        got.extend(await ts.finished([tid]))
+                    except StateError:
+                        continue
+            return {ft.trajectory.trajectory_id: ft.trajectory for ft in got}
 
-        return asyncio.run(read())
+        return self._ts.run(read)
 
     def score(self, trajectory_ids: Sequence[str]) -> list[list[Any]]:
         ids = [str(t) for t in trajectory_ids]

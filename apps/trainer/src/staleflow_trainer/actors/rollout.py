@@ -10,6 +10,8 @@ trajectory server (TS) directly:
 * results are written to the TS in batches — ``finish`` for finished trajectories,
   ``return_partial`` for interrupted ones, each carrying only the tokens generated here
   (``start`` = what the store already held) — before they are reported;
+* ``wait_results(timeout_s)`` returns True as soon as a result waits to be reported (the control
+  shell then polls at once instead of at its next tick), False after ``timeout_s``;
 * ``poll(ack, full)`` writes what is pending, then returns the outcomes since the last poll (id,
   response length, finish reason or None), each exactly once, and a snapshot taken after them
   as a delta from the last one sent (``engine_adapters.SnapshotEncoder``): the header fields
@@ -89,6 +91,7 @@ class RolloutActor:
         # counter and KV use by their pace, corrected once off by more than the tolerance
         self._encoder = SnapshotEncoder(tolerance=SNAPSHOT_TOLERANCE)
         self._write_lock = asyncio.Lock()
+        self._ready = asyncio.Event()  # a result waits to be reported
         self._sync_lock = asyncio.Lock()
         self._syncs = 0
         self._log = log.bind(instance=instance_id)
@@ -188,6 +191,7 @@ class RolloutActor:
             result.token_ids
         ) >= self._max_new.get(tid, 1 << 30)
         self._to_write.append((result, finished))
+        self._ready.set()
 
     async def _flush(self) -> None:
         """Write every pending result to the TS (new tokens only), then queue its outcome."""
@@ -251,6 +255,7 @@ class RolloutActor:
         (``ack``, ``full``: what the decoder's ``request()`` says). Empty fields are left out;
         None when there is nothing at all (no outcome, nothing changed)."""
         engine = self._require()
+        self._ready.clear()  # what arrives from here on sets it again
         await self._flush()
         outcomes, self._outcomes = self._outcomes, []
         refused, self._refused = self._refused, []
@@ -261,6 +266,15 @@ class RolloutActor:
         delta = self._encoder.encode(snap, ack=ack, full=full, ended={o[0] for o in outcomes})
         answer = {"outcomes": outcomes, "refused": refused, "errors": errors, "snapshot": delta}
         return {k: v for k, v in answer.items() if v} or None
+
+    async def wait_results(self, timeout_s: float) -> bool:
+        """True as soon as a result waits to be reported by :meth:`poll` (at once if one
+        already does), False after ``timeout_s`` without one."""
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
     async def interrupt(self, trajectory_ids: Sequence[str] | None = None) -> int:
         """Stop these trajectories (None = all); their partial output is in the TS when this

@@ -14,10 +14,11 @@ answer), so the data-path benchmark can show they do not grow with response leng
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pickle
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -32,6 +33,9 @@ from trajectory_server import SamplingParams
 from trajectory_server.errors import TrajectoryServerError
 
 log = structlog.get_logger(__name__)
+
+#: how long one ``wait_results`` call to an instance waits before it is made again
+WATCH_S = 5.0
 
 
 def is_actor_death(e: BaseException) -> bool:
@@ -67,6 +71,13 @@ def sync_retry_delay(failures_in_row: int, backoff_s: float) -> float:
 QUIET_POLL_S = 5.0
 
 
+async def wait_or_timeout(event: asyncio.Event, timeout_s: float) -> None:
+    """Return when ``event`` is set or after ``timeout_s`` (at once if it is not positive)."""
+    if timeout_s > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout_s)
+
+
 def _size(x: Any) -> int:
     return len(pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL))
 
@@ -97,6 +108,11 @@ class ShellIO:
         self.lost: list[dict[str, Any]] = []
         self.fatal: BaseException | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: set when background work has an answer or an instance has results: the control
+        #: loop's next cycle starts then instead of at its next tick
+        self.wake = asyncio.Event()
+        self._watchers: dict[str, asyncio.Task[None]] = {}
+        self._poll_done: dict[str, asyncio.Event] = {}  # set when the instance was polled
         self._prompts: dict[int, list[int]] = {}
         self._bytes: dict[str, int] = {}
         self._decoders: dict[str, SnapshotDecoder] = {}
@@ -190,6 +206,26 @@ class ShellIO:
         return dict(self._bytes)
 
     # ---- effects -------------------------------------------------------------------------
+
+    async def carry_all(
+        self, effects: Sequence[fx.Effect], now: Callable[[], float]
+    ) -> list[InstanceLost]:
+        """Carry out simple effects: those for one instance (or none) one after another, in
+        order, those for different instances at the same time. An instance found dead leaves
+        the run (:meth:`lose`); its ``InstanceLost`` events are returned."""
+        chains: dict[str, list[fx.Effect]] = {}
+        for e in effects:
+            chains.setdefault(str(getattr(e, "instance_id", "")), []).append(e)
+
+        async def chain(es: list[fx.Effect]) -> tuple[str, BaseException] | None:
+            first = None
+            for e in es:
+                lost = await self.carry(e)
+                first = first or lost
+            return first
+
+        got = await asyncio.gather(*(chain(es) for es in chains.values()))
+        return [await self.lose(iid, err, now()) for iid, err in filter(None, got)]
 
     async def carry(self, e: fx.Effect) -> tuple[str, BaseException] | None:
         """Carry out one simple effect; returns ``(instance, error)`` if an instance died."""
@@ -300,9 +336,44 @@ class ShellIO:
 
     # ---- instances -----------------------------------------------------------------------
 
+    def _watch_all(self) -> None:
+        """One waiting ``wait_results`` call per instance (that has the method): when it
+        answers True, :attr:`wake` is set and the watcher waits until the instance was
+        polled before it asks again."""
+        for iid, h in self.rollouts.items():
+            t = self._watchers.get(iid)
+            if (t is None or t.done()) and hasattr(h, "wait_results"):
+                polled = self._poll_done.setdefault(iid, asyncio.Event())
+                self._watchers[iid] = asyncio.get_running_loop().create_task(
+                    self._watch(iid, h, polled)
+                )
+
+    async def _watch(self, iid: str, h: Any, polled: asyncio.Event) -> None:
+        wait = h.wait_results
+        try:
+            while self.rollouts.get(iid) is h:
+                ready = await wait.remote(WATCH_S)
+                self._count("instances", _size(WATCH_S) + _size(ready))
+                if ready:
+                    polled.clear()
+                    self.wake.set()
+                    await polled.wait()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a dead instance: its next poll reports the loss
+            log.debug("watch_stopped", instance=iid, error=repr(e)[:200])
+
+    def stop_watching(self, iid: str | None = None) -> None:
+        """Cancel the watcher of ``iid`` (None: of every instance)."""
+        for i in list(self._watchers) if iid is None else [iid]:
+            t = self._watchers.pop(i, None)
+            if t is not None:
+                t.cancel()
+
     async def poll_all(self) -> dict[str, Any]:
         """Poll every instance but the quiet ones (see QUIET_POLL_S); the answers by instance
         (an exception: the call failed)."""
+        self._watch_all()
         now = time.monotonic()
         iids = [
             i
@@ -326,6 +397,8 @@ class ShellIO:
             if not isinstance(p, BaseException):
                 self._count("instances", _size(p))
             out[iid] = p
+            if iid in self._poll_done:
+                self._poll_done[iid].set()
         return out
 
     async def lose(self, iid: str, error: BaseException, at: float) -> InstanceLost:
@@ -334,6 +407,7 @@ class ShellIO:
         self.rollouts.pop(iid, None)
         self._decoders.pop(iid, None)
         self._quiet.discard(iid)
+        self.stop_watching(iid)
         requeued = list(await self.ts.instance_lost(iid))
         lengths = await self.lengths(requeued)
         self.lost.append({"instance_id": iid, "requeued": requeued, "error": repr(error)[:300]})
@@ -358,6 +432,7 @@ class ShellIO:
             self.touch(iid)
 
     async def interrupt_all(self) -> None:
+        self.stop_watching()
         for iid in self.rollouts:
             self.touch(iid)
         await asyncio.gather(

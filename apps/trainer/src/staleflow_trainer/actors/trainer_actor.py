@@ -15,6 +15,7 @@ from typing import Any
 
 import structlog
 
+from staleflow_trainer.actors.ts_link import StoreLink
 from staleflow_trainer.config import from_dict
 from staleflow_trainer.trainer import Trainer, TrainSample
 
@@ -50,8 +51,7 @@ class TrainerActor:
         from param_server import ParamServerClient
 
         self._ps = ParamServerClient(tuple(ps_address), token=ps_token or None, name="trainer-0")
-        self._ts_address = tuple(ts_address) if ts_address else None
-        self._ts_token = ts_token or None
+        self._ts = StoreLink(ts_address, ts_token) if ts_address else None
         self._push_retry_s = float(app.param_server.push_retry_s)
         self._step_delay_s = float(app.trainer.step_delay_s)
         self._push_failures: list[dict[str, Any]] = []
@@ -198,23 +198,14 @@ class TrainerActor:
             return list(self._trained)
 
     def _read_samples(self, batch: Mapping[str, Any]) -> list[dict[str, Any]]:
-        import asyncio
-
-        from trajectory_server.client import TrajectoryClient
-
-        addr = self._ts_address
-        if addr is None:
+        if self._ts is None:
             raise RuntimeError("the trainer has no trajectory-server address")
         ids = [str(t) for members in batch["trajectory_ids"] for t in members]
 
-        async def read() -> dict[str, Any]:
-            ts = await TrajectoryClient.connect(*addr, token=self._ts_token)
-            try:
-                return {ft.trajectory.trajectory_id: ft for ft in await ts.finished(ids)}
-            finally:
-                await ts.close()
+        async def read(ts: Any) -> dict[str, Any]:
+            return {ft.trajectory.trajectory_id: ft for ft in await ts.finished(ids)}
 
-        finished = asyncio.run(read())
+        finished = self._ts.run(read)
         samples = []
         for gid, members, stale, rewards in zip(
             batch["group_ids"], batch["trajectory_ids"], batch["staleness"], batch["rewards"],
@@ -261,6 +252,8 @@ class TrainerActor:
 
     def close(self) -> None:
         self._ps.close()
+        if self._ts is not None:
+            self._ts.close()
 
 
 def _unshared(state: Mapping[str, Any]) -> dict[str, Any]:

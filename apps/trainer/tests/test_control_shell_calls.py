@@ -1,0 +1,188 @@
+"""How the Ray control shell carries out its effects in time: calls to different instances go
+out together (one instance's in order), a dead instance leaves the run once, and an event from
+background work starts the next cycle at once instead of at the next tick.
+
+The shell's peers are in-process fakes (no Ray); the Ray integration and fault tests run the
+same code with real actors."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from staleflow_trainer.actors import shell_io
+from staleflow_trainer.actors.control import ControlActor
+from staleflow_trainer.actors.shell_io import ShellIO
+from staleflow_trainer.config import load_config, to_dict
+from staleflow_trainer.control import ControlCore, core_config
+from staleflow_trainer.control import effects as fx
+from staleflow_trainer.control.events import InstanceLost, Rewarded
+from staleflow_trainer.sim.shell import Simulation
+
+SIM_TINY = Path(__file__).resolve().parents[3] / "examples" / "sim-tiny.yaml"
+
+
+class _Remote:
+    def __init__(self, fn: Any) -> None:
+        self.remote = fn
+
+
+class _Dead(Exception):
+    pass
+
+
+class _Instance:
+    """``submit`` logs start and end; the first call waits for ``gate`` when given one, and
+    ``opens`` is set by every call."""
+
+    def __init__(self, name: str, log: list[tuple[str, str]], *, gate: asyncio.Event | None = None,
+                 opens: asyncio.Event | None = None, dead: bool = False) -> None:  # fmt: skip
+        async def submit(version: int, ids: list[str]) -> int:
+            log.append(("start", ids[0]))
+            if dead:
+                raise _Dead(name)
+            if opens is not None:
+                opens.set()
+            if gate is not None and ids[0].endswith("1"):
+                await asyncio.wait_for(gate.wait(), timeout=10)
+            await asyncio.sleep(0)
+            log.append(("end", ids[0]))
+            return len(ids)
+
+        self.submit = _Remote(submit)
+
+
+class _Store:
+    async def instance_lost(self, iid: str) -> tuple[str, ...]:
+        return ()
+
+
+def _io(rollouts: dict[str, Any]) -> ShellIO:
+    cfg = load_config(SIM_TINY, [])
+    io = ShellIO(cfg, model_path="unused", ts_address=("127.0.0.1", 1), ts_token="t",
+                 rollouts=rollouts, trainer=None, rewards=[], reward_spec={})  # fmt: skip
+    io.ts = _Store()
+    return io
+
+
+def _route(iid: str, tid: str) -> fx.Route:
+    return fx.Route(instance_id=iid, version=0, trajectory_ids=(tid,))
+
+
+async def test_calls_to_different_instances_go_out_together_one_instances_in_order() -> None:
+    log: list[tuple[str, str]] = []
+    b_started = asyncio.Event()
+    io = _io({"a": _Instance("a", log, gate=b_started), "b": _Instance("b", log, opens=b_started)})
+    # a's first call waits until b's has started: carried one after another, it never would
+    lost = await io.carry_all(
+        [_route("a", "a1"), _route("b", "b1"), _route("a", "a2")], lambda: 0.0
+    )
+    assert lost == []
+    assert log.index(("start", "b1")) < log.index(("end", "a1"))
+    assert log.index(("end", "a1")) < log.index(("start", "a2"))  # one instance: in order
+    assert {x for _, x in log} == {"a1", "a2", "b1"}
+
+
+async def test_a_dead_instance_leaves_the_run_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shell_io, "is_actor_death", lambda e: isinstance(e, _Dead))
+    log: list[tuple[str, str]] = []
+    io = _io({"a": _Instance("a", log), "c": _Instance("c", log, dead=True)})
+    lost = await io.carry_all(
+        [_route("c", "c1"), _route("a", "a1"), _route("c", "c2")], lambda: 1.5
+    )
+    assert [(e.instance_id, e.at) for e in lost] == [("c", 1.5)]
+    assert all(isinstance(e, InstanceLost) for e in lost)
+    assert list(io.rollouts) == ["a"]
+    assert ("end", "a1") in log
+
+
+async def test_an_event_from_background_work_starts_the_next_cycle_at_once(
+    tmp_path: Path,
+) -> None:
+    # a 60 s tick: only the posted event can start the second cycle within the test's bound
+    over = [f"run.run_dir={tmp_path}", "coordinator.snapshot_interval_s=60"]
+    cfg = load_config(SIM_TINY, over)
+    actor = ControlActor(cfg=to_dict(cfg), model_path="unused", ts_address=("127.0.0.1", 1),
+                         ts_token="t", rollouts={}, trainer=None, rewards=[])  # fmt: skip
+    sim = Simulation(cfg)
+    actor.core = ControlCore(core_config(cfg, rows=None),
+                             prompt_len=lambda row: sim.stream.group(row).prompt_len)  # fmt: skip
+    actor._wal.reset(actor.core.to_dict())
+
+    async def poll_all() -> dict[str, Any]:
+        return {}
+
+    async def carry(effect: Any) -> None:
+        return None
+
+    actor.io.poll_all = poll_all  # type: ignore[method-assign]
+    actor.io.carry = carry  # type: ignore[method-assign]
+    actor.io.spawn = lambda coro: coro.close()  # type: ignore[method-assign]
+    cycles: list[float] = []
+    cycle = actor._cycle
+
+    async def counted() -> None:
+        cycles.append(actor.now())
+        await cycle()
+
+    actor._cycle = counted  # type: ignore[method-assign]
+
+    async def until(n: int) -> None:
+        while len(cycles) < n:
+            await asyncio.sleep(0.01)
+
+    run = asyncio.create_task(actor.run())
+    await asyncio.wait_for(until(1), timeout=10)
+    actor._post(Rewarded(at=actor.now(), rewards=[]))
+    await asyncio.wait_for(until(2), timeout=10)
+    await actor.stop()
+    actor._post(Rewarded(at=actor.now(), rewards=[]))  # wakes the loop, which sees the stop
+    await asyncio.wait_for(run, timeout=10)
+    assert len(cycles) == 2  # the stop ends the loop; _settle feeds the last event
+
+
+class _Watched:
+    """``wait_results`` answers True once ``results`` is set (then blocks); ``poll`` answers
+    nothing."""
+
+    def __init__(self) -> None:
+        self.results = asyncio.Event()
+        self.waits = 0
+
+        async def wait_results(timeout_s: float) -> bool:
+            self.waits += 1
+            if self.waits > 1:
+                await asyncio.sleep(3600)
+            await self.results.wait()
+            return True
+
+        async def poll(**kw: Any) -> None:
+            return None
+
+        self.wait_results = _Remote(wait_results)
+        self.poll = _Remote(poll)
+
+
+async def test_an_instance_with_results_starts_the_next_cycle_at_once() -> None:
+    inst = _Watched()
+    io = _io({"a": inst})
+    await io.poll_all()  # starts the watcher: its call waits on the instance
+    await asyncio.sleep(0.01)
+    assert not io.wake.is_set() and inst.waits == 1
+    inst.results.set()
+    await asyncio.wait_for(io.wake.wait(), timeout=10)
+    await asyncio.sleep(0.01)
+    assert inst.waits == 1  # it asks again only once the instance was polled
+    await io.poll_all()
+    await asyncio.wait_for(_until(lambda: inst.waits == 2), timeout=10)
+    io.stop_watching()
+    await asyncio.sleep(0)
+    assert all(t.done() for t in io._watchers.values()) and not io._watchers
+
+
+async def _until(cond: Any) -> None:
+    while not cond():
+        await asyncio.sleep(0.01)
