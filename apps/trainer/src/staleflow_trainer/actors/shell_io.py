@@ -356,6 +356,7 @@ class ShellIO:
                 self._count("instances", _size(WATCH_S) + _size(ready))
                 if ready:
                     polled.clear()
+                    self._quiet.discard(iid)  # it has results: poll it now
                     self.wake.set()
                     await polled.wait()
         except asyncio.CancelledError:
