@@ -28,8 +28,9 @@ from trajectory_server import routes_out_of_queue
 pytestmark = [pytest.mark.fault, pytest.mark.ray, pytest.mark.sim, pytest.mark.timeout(600)]
 
 # the crashes are armed from the driver's step records (read every 0.5 s), so each lands a few
-# steps after its plan's step: enough steps that the last one still finds a checkpoint to hit
-BATCH, GROUP, ETA, STEPS = 4, 4, 1, 20
+# steps after its plan's step (the loop runs a short step in tenths of a second): enough
+# steps that the last one still finds a checkpoint to hit
+BATCH, GROUP, ETA, STEPS = 4, 4, 1, 32
 
 
 def _conftest() -> Any:
