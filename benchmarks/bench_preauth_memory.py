@@ -103,11 +103,13 @@ def _start_ps(env: dict[str, str]) -> tuple[subprocess.Popen[str], tuple[str, in
     )
     assert proc.stdout is not None
     line = ""
-    while not line.startswith("ADDRESS "):
+    # its storage worker shares this stdout and logs to it: the address may follow a worker's
+    # unterminated output on the same line
+    while "ADDRESS " not in line:
         line = proc.stdout.readline()
         if not line:
             raise RuntimeError("the parameter server process exited")
-    host, port = json.loads(line.removeprefix("ADDRESS "))
+    host, port = json.loads(line[line.index("ADDRESS ") + len("ADDRESS ") :])
     return proc, (host, port)
 
 
