@@ -14,6 +14,7 @@ version = steps, metrics rows 1..steps exactly once, each batch trained once).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import random
 import time
@@ -23,13 +24,15 @@ from typing import Any
 
 import pytest
 
+from staleflow_trainer.actors.fault_hooks import CRASH_RECORD
 from trajectory_server import routes_out_of_queue
 
 pytestmark = [pytest.mark.fault, pytest.mark.ray, pytest.mark.sim, pytest.mark.timeout(600)]
 
 # the crashes are armed from the driver's step records (read every 0.5 s), so each lands a few
 # steps after its plan's step (the loop runs a short step in tenths of a second): enough
-# steps that the last one still finds a checkpoint to hit
+# steps that the last one still finds a checkpoint to hit (each is armed only once the last
+# one's replacement runs, and the points after_journal and mid_effects are reached at once)
 BATCH, GROUP, ETA, STEPS = 4, 4, 1, 32
 
 
@@ -82,7 +85,10 @@ def crashed(
 
     def arm(point: str) -> Callable[[], None]:
         def go() -> None:
-            ray.get(dep.coordinator.inject_crash.remote(point))
+            # the loop may reach the point before Ray sends the reply: the crash record in the
+            # run directory (checked by the tests) then says which exit it was
+            with contextlib.suppress(ray.exceptions.ActorDiedError):
+                ray.get(dep.coordinator.inject_crash.remote(point))
             out["crashes"].append(point)
 
         return go
@@ -112,11 +118,15 @@ def crashed(
     finally:
         dep.close()
     out["metrics"] = read_jsonl(run_dir / "metrics.jsonl")
+    record = run_dir / CRASH_RECORD
+    out["injected"] = record.read_text().split() if record.exists() else []
     return out
 
 
 def test_every_crash_was_replaced_and_the_run_completed(crashed: dict[str, Any]) -> None:
     assert crashed["crashes"] == ["ray.kill", "after_journal", "mid_effects", "before_checkpoint"]
+    # the three armed crashes were the process exiting at its point, not some other death
+    assert crashed["injected"] == ["after_journal", "mid_effects", "before_checkpoint"]
     assert len(crashed["replacements"]) == 4
     assert all(r["recovered"] for r in crashed["replacements"])
     # each replacement replayed the journal written since the last checkpoint

@@ -147,7 +147,8 @@ def _crash_here(self: Any, point: str) -> None:
 
 def _scenario(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     import param_server
-    from staleflow_trainer.actors.control import CRASH_POINTS, ControlActor
+    from staleflow_trainer.actors.control import ControlActor
+    from staleflow_trainer.actors.fault_hooks import CRASH_POINTS
     from staleflow_trainer.actors.reward_actor import RewardActor
     from staleflow_trainer.actors.rollout import RolloutActor
     from staleflow_trainer.actors.trainer_actor import TrainerActor
@@ -274,7 +275,7 @@ def _scenario(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> dic
 def test_random_coordinator_crashes_lose_nothing(
     tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from staleflow_trainer.actors.control import CRASH_POINTS
+    from staleflow_trainer.actors.fault_hooks import CRASH_POINTS
 
     out = _scenario(tmp_path, seed, monkeypatch)
     # every armed point was hit (the timed ones may come after the run ended)

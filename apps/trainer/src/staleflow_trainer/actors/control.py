@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -40,6 +39,7 @@ import attrs
 import structlog
 
 from staleflow_trainer.actors import reconcile
+from staleflow_trainer.actors.fault_hooks import FaultHooks
 from staleflow_trainer.actors.reconcile import (
     STATE_FILE,
     checkpoint_records,
@@ -75,11 +75,8 @@ from staleflow_trainer.errors import ComponentLost
 
 log = structlog.get_logger(__name__)
 
-#: where :meth:`ControlActor.inject_crash` can make the process exit (fault tests)
-CRASH_POINTS = ("after_journal", "mid_effects", "before_checkpoint")
 
-
-class ControlActor:
+class ControlActor(FaultHooks):
     """Wrap with ``ray.remote``; async. ``run()`` returns when ``trainer.steps`` are done."""
 
     def __init__(
@@ -120,11 +117,8 @@ class ControlActor:
         self._driver_pid = driver_pid  # on this node: the loop stops when it is gone
         self._stop = False
         self._running = False
-        self._crash_at: str | None = None
         self._checkpointed = False
-        self._hold_armed = False
-        self._held_at: dict[str, Any] | None = None
-        self._hold_release = asyncio.Event()
+        self._init_fault_hooks()
         self._restored: dict[str, Any] | None = None
         self._log = log.bind(component="control")
 
@@ -465,36 +459,3 @@ class ControlActor:
         """Bytes this process sent and received per peer kind (instances, TS, rewards,
         trainer), and trajectories seen — the data-path benchmark reads it."""
         return self.io.byte_stats()
-
-    # --------------------------------------------------------------------------- fault hooks
-
-    def _maybe_crash(self, point: str) -> None:
-        if self._crash_at == point:
-            self._log.warning("injected_crash", point=point)
-            os._exit(17)  # no cleanup: what a crashed process leaves behind
-
-    async def inject_crash(self, point: str) -> None:
-        """Make this process exit at the next ``point`` (one of :data:`CRASH_POINTS`)."""
-        if point not in CRASH_POINTS:
-            raise ValueError(f"point must be one of {CRASH_POINTS}, got {point!r}")
-        self._crash_at = point
-
-    async def hold_after_next_step(self) -> None:
-        """Hold the loop right after the next step's record (its checkpoint written if due,
-        no other step started) until :meth:`release_hold`."""
-        self._hold_armed = True
-
-    async def _hold(self, row: Mapping[str, Any]) -> None:
-        self._hold_release.clear()
-        self._held_at = {"steps_done": int(row["step"]), "version": int(row["version"]),
-                         "train_in_flight": self.core.training is not None,
-                         "checkpoint": str(latest_checkpoint(self._run_dir))}  # fmt: skip
-        self._log.info("held_between_steps", **self._held_at)
-        await self._hold_release.wait()
-        self._held_at = None
-
-    async def held(self) -> dict[str, Any] | None:
-        return None if self._held_at is None else dict(self._held_at)
-
-    async def release_hold(self) -> None:
-        self._hold_release.set()

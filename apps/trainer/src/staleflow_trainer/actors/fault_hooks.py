@@ -1,0 +1,70 @@
+"""The control actor's fault hooks: crash it at a named point, or hold it between steps.
+
+Fault tests drive these over Ray; a normal run never arms them. A crash is the process
+exiting with no cleanup (what a crashed process leaves behind), after appending the point's
+name to ``CRASH_RECORD`` in the run directory, so a test can tell the injected exit from any
+other death: the reply to :meth:`FaultHooks.inject_crash` may be lost when the loop reaches
+the point before Ray delivers it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from staleflow_trainer.actors.reconcile import latest_checkpoint
+
+#: where :meth:`FaultHooks.inject_crash` can make the process exit
+CRASH_POINTS = ("after_journal", "mid_effects", "before_checkpoint")
+#: in the run directory: one line per injected crash, the point's name
+CRASH_RECORD = "injected_crashes.txt"
+
+
+class FaultHooks:
+    """Mixed into the control actor, which provides ``core``, ``_run_dir`` and ``_log``."""
+
+    core: Any
+    _run_dir: Path
+    _log: Any
+
+    def _init_fault_hooks(self) -> None:
+        self._crash_at: str | None = None
+        self._hold_armed = False
+        self._held_at: dict[str, Any] | None = None
+        self._hold_release = asyncio.Event()
+
+    def _maybe_crash(self, point: str) -> None:
+        if self._crash_at == point:
+            self._log.warning("injected_crash", point=point)
+            with open(self._run_dir / CRASH_RECORD, "a", encoding="utf-8") as f:
+                f.write(point + "\n")
+            os._exit(17)
+
+    async def inject_crash(self, point: str) -> None:
+        """Make this process exit at the next ``point`` (one of :data:`CRASH_POINTS`)."""
+        if point not in CRASH_POINTS:
+            raise ValueError(f"point must be one of {CRASH_POINTS}, got {point!r}")
+        self._crash_at = point
+
+    async def hold_after_next_step(self) -> None:
+        """Hold the loop right after the next step's record (its checkpoint written if due,
+        no other step started) until :meth:`release_hold`."""
+        self._hold_armed = True
+
+    async def _hold(self, row: Mapping[str, Any]) -> None:
+        self._hold_release.clear()
+        self._held_at = {"steps_done": int(row["step"]), "version": int(row["version"]),
+                         "train_in_flight": self.core.training is not None,
+                         "checkpoint": str(latest_checkpoint(self._run_dir))}  # fmt: skip
+        self._log.info("held_between_steps", **self._held_at)
+        await self._hold_release.wait()
+        self._held_at = None
+
+    async def held(self) -> dict[str, Any] | None:
+        return None if self._held_at is None else dict(self._held_at)
+
+    async def release_hold(self) -> None:
+        self._hold_release.set()
