@@ -43,7 +43,11 @@ import structlog
 from staleflow_trainer.compare import run_comparison
 from staleflow_trainer.config import load_config
 
-PRESETS = ("examples/sim-paper-30b-a3b.yaml", "examples/sim-paper-30b-a3b-40k.yaml")
+PRESETS = (
+    "examples/sim-paper-30b-a3b.yaml",
+    "examples/sim-paper-30b-a3b-40k.yaml",
+    "examples/sim-paper-30b-a3b-rollout-bound.yaml",
+)
 ETAS = (1, 2, 3, 5)
 ABLATIONS = ("vanilla-routing", "vanilla-sync", "vanilla-migration", "all-vanilla")
 BASELINES = ("coarse-async", "coarse-async-drop", "verl-async", "sync", "one-step")

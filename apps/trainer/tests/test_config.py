@@ -212,7 +212,14 @@ def test_evolve() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["tiny.yaml", "sim-tiny.yaml", "sim-paper-30b-a3b.yaml", "sim-paper-30b-a3b-40k.yaml"]
+    "name",
+    [
+        "tiny.yaml",
+        "sim-tiny.yaml",
+        "sim-paper-30b-a3b.yaml",
+        "sim-paper-30b-a3b-40k.yaml",
+        "sim-paper-30b-a3b-rollout-bound.yaml",
+    ],
 )
 def test_examples_load(name: str) -> None:
     cfg = load_config(EXAMPLES / name, ["run_dir=/tmp/r", "trainer.steps=2"])

@@ -57,6 +57,7 @@ def test_a_tail_beyond_the_window_binds_on_latency() -> None:
     [
         ("sim-paper-30b-a3b.yaml", {1: "train", 3: "train"}),
         ("sim-paper-30b-a3b-40k.yaml", {1: "latency", 3: "train"}),
+        ("sim-paper-30b-a3b-rollout-bound.yaml", {1: "latency", 2: "rollout", 3: "rollout"}),
     ],
 )
 def test_paper_presets_bind_where_their_headers_say(preset: str, sides: dict[int, str]) -> None:
@@ -66,3 +67,23 @@ def test_paper_presets_bind_where_their_headers_say(preset: str, sides: dict[int
         spec = spec_from_app_config(with_policy(cfg, "staleflow", eta))
         assert spec.kv_capacity_tokens == 274_736
         assert latency_bound(spec, eta, groups=512)["latency_bound_side"] == side, eta
+
+
+def test_the_rollout_side_binds_where_the_window_adds_nothing() -> None:
+    """A quarter of the paper's rollout instances against its trainer: from eta = 2 the window
+    holds every length at full concurrency, so the instances' throughput sets the step (no
+    wider window shortens it) and the side is named ``rollout``, not ``latency``."""
+    cfg = load_config(EXAMPLES / "sim-paper-30b-a3b-rollout-bound.yaml", [])
+    spec = spec_from_app_config(with_policy(cfg, "staleflow", 3))
+    roof = ideal_throughput(spec, workload_moments(spec, 512))
+    assert roof["bound"] == "rollout"
+    wide = latency_bound(spec, 50, groups=512)
+    assert wide["latency_bound_side"] == "rollout"
+    for eta in (2, 3, 5):
+        b = latency_bound(spec, eta, groups=512)
+        assert b["latency_bound_side"] == "rollout", eta
+        assert b["latency_bound_step_s"] == pytest.approx(wide["latency_bound_step_s"])
+        assert b["latency_bound_step_s"] > b["train_floor_step_s"]
+    one = latency_bound(spec, 1, groups=512)  # one step's window is too short for the tail
+    assert one["latency_bound_side"] == "latency"
+    assert one["latency_bound_step_s"] > wide["latency_bound_step_s"]

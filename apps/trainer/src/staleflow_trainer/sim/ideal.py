@@ -24,7 +24,10 @@ longest member sets the latency all share) and count the
 instances the demand ``B·n·L / S`` tokens/s needs; ``S`` is the smallest step time at which the
 rollout instances suffice and the trainer keeps up. The bound is ``B·n·(E[prompt] + E[L]) / S``.
 ``S`` is never below the roofline's step (the trainer's, or the batch's generation at the
-instances' best rate), so the bound never exceeds the roofline ideal. At η = 0 (generate, then
+instances' best rate), so the bound never exceeds the roofline ideal; nor below the step the
+instances need in the same per-length accounting with no window at all. The side is
+``rollout`` when ``S`` is that step (the window adds nothing: the instances' throughput binds)
+and ``latency`` only when the window makes ``S`` longer. At η = 0 (generate, then
 train) ``S = train + push + generation``, generation being the slowest trajectory alone or the
 batch's work at the instances' best rate, whichever is longer. It ignores prefill, syncs, the
 discreteness of instances and the small KV saving of mixing lengths on one instance: an
@@ -159,9 +162,10 @@ def latency_bound(spec: SimSpec, eta: int, *, groups: int = 2048, bins: int = 64
         side = "latency" if alone >= roof_s else "rollout"
         return _bound_row(batch_tokens, floor_s + max(alone, roof_s), floor_s, side)
 
-    def needed(s: float) -> float:
-        """Instances the demand needs at step time ``s``, each length at its window's rate."""
-        window = eta * s
+    def needed(s: float, window: float | None = None) -> float:
+        """Instances the demand needs at step time ``s``, each length at the rate its window
+        (``η·s`` unless given) allows."""
+        window = eta * s if window is None else window
         total = 0.0
         for length, p, w in classes:
             rate = _rate_at_latency(spec, window / length, p + length / 2)
@@ -170,9 +174,12 @@ def latency_bound(spec: SimSpec, eta: int, *, groups: int = 2048, bins: int = 64
             total += samples * w * length / s / rate
         return total
 
-    lo = max(floor_s, roof_s)
-    if needed(lo) <= instances:  # the tail fits the window: a roofline side binds
-        return _bound_row(batch_tokens, lo, floor_s, "train" if floor_s >= roof_s else "rollout")
+    # the instances' throughput in the same per-length accounting, with no window at all: the
+    # step below which the rollout side cannot keep up however long the window
+    rollout_s = max(roof_s, needed(1.0, math.inf) / instances)
+    lo = max(floor_s, rollout_s)
+    if needed(lo) <= instances * (1 + 1e-9):  # the tail fits the window: a throughput binds
+        return _bound_row(batch_tokens, lo, floor_s, "train" if floor_s >= rollout_s else "rollout")
     hi = lo * 2
     while needed(hi) > instances:
         lo, hi = hi, hi * 2
