@@ -441,3 +441,36 @@ def test_due_tells_when_the_view_is_off_and_the_view_moves_on_without_polls() ->
     assert link.enc.due(attrs.evolve(stalled, version=1))  # a header field changes
     assert SnapshotEncoder().due(stalled)  # nothing sent yet
     assert SnapshotDecoder("i0").view(1.0) is None
+
+
+def test_with_a_tolerance_a_small_shift_of_one_trajectory_is_not_resent() -> None:
+    link = Link()
+    link.enc = SnapshotEncoder(tolerance=0.1)
+    for k in range(6):  # 10 steps a second, learned
+        link.poll(snap({"a": (10, 10 * k)}, steps=10 * k, seq=k + 1))
+    link.poll(snap({"a": (10, 60), "b": (4, 0)}, steps=60, seq=7))  # b starts (its prefill)
+    added = link.added
+    s = snap({"a": (10, 70), "b": (4, 7)}, steps=70, seq=8)  # b decoded 7 of the 10 steps
+    assert not link.enc.due(s)  # 3 steps off: within the allowance (one check's 10 steps)
+    got = link.poll(s)
+    assert got is not None and link.added == added  # not resent ...
+    counts = {r.trajectory_id: r.generated_tokens for r in got.running}
+    assert counts == {"a": 70, "b": 10}  # ... and off by those 3
+    s = snap({"a": (10, 90), "b": (4, 7)}, steps=90, seq=10)  # b waited 20 steps
+    assert link.enc.due(s)
+    got = link.poll(s)
+    assert got is not None and link.added == added + 1
+    assert {r.trajectory_id: r.generated_tokens for r in got.running} == {"a": 90, "b": 7}
+
+
+def test_with_a_tolerance_a_few_starts_among_many_running_wait_for_the_next_answer() -> None:
+    link = Link()
+    link.enc = SnapshotEncoder(tolerance=0.05)
+    many = {f"g0/{i}": (8, 0) for i in range(64)}
+    link.poll(snap(many, steps=0, seq=1))
+    few = many | {f"g1/{i}": (8, 0) for i in range(3)}
+    assert not link.enc.due(snap(few, steps=0, seq=2))  # 3 of 67: under 5 %
+    more = few | {f"g2/{i}": (8, 0) for i in range(2)}
+    assert link.enc.due(snap(more, steps=0, seq=2))  # 5 of 69: over
+    got = link.poll(snap(few, steps=0, seq=2))  # whatever is asked, the answer is exact
+    assert got is not None and view(got) == view(snap(few, steps=0, seq=2))

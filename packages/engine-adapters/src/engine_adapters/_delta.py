@@ -34,8 +34,8 @@ receiver can be told to poll only then, and :meth:`SnapshotDecoder.view` is the 
 polls.
 :class:`SnapshotDecoder` (on the receiving side) rebuilds the :class:`EngineSnapshot`: the
 encoder compares each trajectory's real count with what the decoder will compute and resends
-the entry on any difference (with a tolerance, a count is off by at most the step counter's
-allowance). Only the order of ``running`` may differ beyond the tolerance (a resent entry
+the entry on any difference (with a tolerance, only when its offset moved by more than the
+step counter's allowance: a count is then off by at most twice that). Only the order of ``running`` may differ beyond the tolerance (a resent entry
 moves to the end; no consumer reads meaning into it). A lost ``None`` answer costs nothing:
 ``None`` carries no state.
 
@@ -128,19 +128,28 @@ class SnapshotEncoder:
         self._sent: dict[str, tuple[int, int]] = {}  # id -> (prompt, offset) the receiver holds
         self._pace = {f: _Pace() for f in _PROGRESS}  # what the receiver extrapolates
 
-    def _off(self, field: str, value: int, t: float, cap: int) -> bool:
-        """Whether the receiver's extrapolation of ``field`` at ``t`` is further off than
-        allowed: the tolerance's share of the change since the value was last sent, and, with
-        a tolerance above 0, at least the change since the previous check (the receiver's view
-        is that old anyway)."""
+    def _allowed(self, field: str, value: int) -> float:
+        """How far the receiver's view of ``field`` may be off: the tolerance's share of the
+        change since the value was last sent, and, with a tolerance above 0, at least the
+        change since the previous check (the receiver's view is that old anyway)."""
         pace = self._pace[field]
-        guess = pace.at(t)
-        if field == "kv":
-            guess = min(max(guess, 0), cap)
         allowed = self.tolerance * abs(value - pace.base)
         if self.tolerance > 0:
             allowed = max(allowed, abs(value - pace.last))
-        return abs(value - guess) > allowed
+        return allowed
+
+    def _off(self, field: str, value: int, t: float, cap: int) -> bool:
+        """Whether the receiver's extrapolation of ``field`` at ``t`` is off by more than
+        :meth:`_allowed`."""
+        guess = self._pace[field].at(t)
+        if field == "kv":
+            guess = min(max(guess, 0), cap)
+        return abs(value - guess) > self._allowed(field, value)
+
+    def _moved(self, old: tuple[int, int] | None, entry: tuple[int, int], slack: float) -> bool:
+        """Whether a trajectory's entry must be resent: new, another prompt length, or its
+        offset moved by more than ``slack`` (the step counter's allowance)."""
+        return old is None or old[0] != entry[0] or abs(old[1] - entry[1]) > slack
 
     def _changed(self, field: str, value: Any) -> bool:
         if field not in self._head:
@@ -151,21 +160,36 @@ class SnapshotEncoder:
         return bool(old != value)
 
     def due(self, snap: EngineSnapshot) -> bool:
-        """Whether the receiver's view of ``snap`` is off: a trajectory started, left or
-        changed pace, a header field changed, or a progress field is off by more than the
-        tolerance allows (what :meth:`encode` would send). Call it between requests to learn
-        when one is worth making; it records the progress fields as checked (the next check's
-        allowance is the change since this one) and changes nothing the receiver mirrors."""
+        """Whether the receiver's view of ``snap`` is off by more than the tolerance: more
+        trajectories started, left or changed pace than its share of those running (with a
+        tolerance of 0: any), the version or KV capacity changed, the waiting or running count
+        moved by more than that share of the larger of them, the throughput by more than that
+        share, or a progress field drifted past its allowance. Call it between requests to
+        learn when one is worth making (what it waves through, the next answer still carries);
+        it records the progress fields as checked (the next check's allowance is the change
+        since this one) and changes nothing the receiver mirrors."""
         if self._k is None:
             return True
         steps = snap.decode_steps
-        if len(snap.running) != len(self._sent) or any(
-            self._sent.get(r.trajectory_id) != (r.prompt_tokens, r.generated_tokens - steps)
+        slack = self._allowed("steps", steps)
+        n = len(snap.running)
+        scale = self.tolerance * max(n, len(self._sent), snap.waiting)
+        ids = {r.trajectory_id for r in snap.running}
+        moved = sum(1 for t in self._sent if t not in ids) + sum(
+            1
             for r in snap.running
-        ):
-            return True
-        head = _header(snap, len(snap.running))
-        due = any(self._changed(f, v) for f, v in head.items())
+            if self._moved(
+                self._sent.get(r.trajectory_id),
+                (r.prompt_tokens, r.generated_tokens - steps),
+                slack,
+            )
+        )
+        due = moved > scale
+        for f, v in _header(snap, n).items():
+            if f in ("waiting", "n"):
+                due = due or f not in self._head or abs(v - self._head[f]) > scale
+            else:
+                due = due or self._changed(f, v)
         for f, v in (("steps", steps), ("kv", snap.kv_used_tokens)):
             due = due or self._off(f, v, snap.time_s, snap.kv_capacity_tokens)
             self._pace[f].last = v
@@ -189,15 +213,18 @@ class SnapshotEncoder:
         full = full or not self._acked  # the last delta was lost or never decoded
         old = {} if full else self._sent
         steps, t = snap.decode_steps, snap.time_s
+        slack = self._allowed("steps", steps)
         cur: dict[str, tuple[int, int]] = {}
         add: dict[tuple[int, int, str | None], list[Any]] = {}  # grouped, see _split
         for r in snap.running:
             tid = r.trajectory_id
             entry = (r.prompt_tokens, r.generated_tokens - steps)
-            cur[tid] = entry
-            if old.get(tid) != entry or tid in ended:
+            if self._moved(old.get(tid), entry, slack) or tid in ended:
                 prefix, item = _split(tid)
                 add.setdefault((*entry, prefix), [*entry, prefix]).append(item)
+            else:
+                entry = old[tid]  # what the receiver holds, within the allowance
+            cur[tid] = entry
         left = [t for t in old if t not in cur and t not in ended]
         head = _header(snap, len(cur))
         progress = {"steps": steps, "kv": snap.kv_used_tokens}

@@ -54,9 +54,10 @@ from trajectory_server.errors import TrajectoryServerError
 log = structlog.get_logger(__name__)
 
 #: How far the control side's view of an instance's progress may drift before a poll answer
-#: corrects it: the decode-step counter (and so every running trajectory's token count) by
-#: this share of the steps since the last correction, KV use by this share of the capacity,
-#: throughput by this share of the value last sent (engine_adapters.SnapshotEncoder).
+#: corrects it: the decode-step counter (and so every running trajectory's token count) and
+#: the KV use by this share of their change since the last correction (or their change over
+#: one drift check), throughput by this share of the value last sent
+#: (engine_adapters.SnapshotEncoder).
 SNAPSHOT_TOLERANCE = 0.05
 #: While it generates, the instance checks this often whether the control side's view of it is
 #: off (``SnapshotEncoder.due``: a trajectory started, left or changed pace, progress drifted
@@ -97,7 +98,7 @@ class RolloutActor:
         self._refused: list[str] = []
         self._errors: list[dict[str, Any]] = []
         # its first delta is a full snapshot; then the control side extrapolates the step
-        # counter and KV use by their pace, corrected once off by more than the tolerance
+        # counter and KV use in time, corrected once off by more than the tolerance
         self._encoder = SnapshotEncoder(tolerance=SNAPSHOT_TOLERANCE)
         self._write_lock = asyncio.Lock()
         self._ready = asyncio.Event()  # a result (or a correction) waits to be reported
