@@ -446,21 +446,40 @@ def test_due_tells_when_the_view_is_off_and_the_view_moves_on_without_polls() ->
 def test_with_a_tolerance_a_small_shift_of_one_trajectory_is_not_resent() -> None:
     link = Link()
     link.enc = SnapshotEncoder(tolerance=0.1)
-    for k in range(6):  # 10 steps a second, learned
-        link.poll(snap({"a": (10, 10 * k)}, steps=10 * k, seq=k + 1))
-    link.poll(snap({"a": (10, 60), "b": (4, 0)}, steps=60, seq=7))  # b starts (its prefill)
+    for k in range(6):  # 10 steps a second, learned; b has 100 tokens more than a
+        link.poll(snap({"a": (10, 10 * k), "b": (4, 100 + 10 * k)}, steps=10 * k, seq=k + 1))
     added = link.added
-    s = snap({"a": (10, 70), "b": (4, 7)}, steps=70, seq=8)  # b decoded 7 of the 10 steps
-    assert not link.enc.due(s)  # 3 steps off: within the allowance (one check's 10 steps)
+    s = snap({"a": (10, 60), "b": (4, 157)}, steps=60, seq=7)  # b paused 3 steps
+    assert not link.enc.due(s)  # 3 of its 157 tokens: within 10 %
     got = link.poll(s)
     assert got is not None and link.added == added  # not resent ...
     counts = {r.trajectory_id: r.generated_tokens for r in got.running}
-    assert counts == {"a": 70, "b": 10}  # ... and off by those 3
-    s = snap({"a": (10, 90), "b": (4, 7)}, steps=90, seq=10)  # b waited 20 steps
+    assert counts == {"a": 60, "b": 160}  # ... and off by those 3
+    s = snap({"a": (10, 90), "b": (4, 167)}, steps=90, seq=10)  # b waited 20 steps more
     assert link.enc.due(s)
     got = link.poll(s)
     assert got is not None and link.added == added + 1
-    assert {r.trajectory_id: r.generated_tokens for r in got.running} == {"a": 90, "b": 7}
+    assert {r.trajectory_id: r.generated_tokens for r in got.running} == {"a": 90, "b": 167}
+
+
+def test_a_field_due_found_off_is_sent_even_if_its_floor_grew_meanwhile() -> None:
+    link = Link()
+    link.enc = SnapshotEncoder(tolerance=0.05)
+    for k in range(4):  # 100 steps a second, learned
+        link.poll(snap({"a": (10, 100 * k)}, steps=100 * k, seq=k + 1))
+
+    def at(t: float, steps: int) -> EngineSnapshot:
+        return attrs.evolve(snap({"a": (10, steps)}, steps=steps), time_s=t)
+
+    assert not link.enc.due(at(4.1, 330))  # three times faster: within one check's change
+    assert link.enc.due(at(4.2, 360))  # still: 40 ahead of the view, over the 30 allowed
+    # the poll it asks for comes 0.5 s later: the change since that check (150 steps) now
+    # exceeds the view's error (140), but the field due() found off is sent anyway
+    late = at(4.7, 510)
+    d = link.send(late)
+    assert d is not None and d["steps"] == 510
+    got = link.dec.decode(d, time_s=late.time_s)
+    assert got is not None and got.decode_steps == 510
 
 
 def test_with_a_tolerance_a_few_starts_among_many_running_wait_for_the_next_answer() -> None:

@@ -23,7 +23,8 @@ on its own clock: the snapshot's ``time_s`` here, the decode time there) and its
 second (``ds``, ``dk``: the sender's mean rate since the value before). The encoder sends a
 field again only when the receiver's extrapolation is off by more than its ``tolerance``
 allows: that share of the change since the value was last sent, and, with a tolerance above
-0, at least the change since the previous check (the receiver's view is that old anyway);
+0, at least the change since the previous check (the jitter of an engine's pace over one
+check; a field that :meth:`SnapshotEncoder.due` found off is sent with the next delta anyway);
 ``tps`` is resent when it moves by more than that share. With the default tolerance of 0 the
 reconstruction is exact at every poll when both clocks agree (a test's); an engine that
 decodes at a steady pace then sends nothing at all. A snapshot with nothing changed encodes to
@@ -34,8 +35,9 @@ receiver can be told to poll only then, and :meth:`SnapshotDecoder.view` is the 
 polls.
 :class:`SnapshotDecoder` (on the receiving side) rebuilds the :class:`EngineSnapshot`: the
 encoder compares each trajectory's real count with what the decoder will compute and resends
-the entry on any difference (with a tolerance, only when its offset moved by more than the
-step counter's allowance: a count is then off by at most twice that). Only the order of ``running`` may differ beyond the tolerance (a resent entry
+the entry on any difference (with a tolerance, only when its offset moved by more than that
+share of the trajectory's own count: its count is then off by at most that share plus the step
+counter's allowance). Only the order of ``running`` may differ beyond the tolerance (a resent entry
 moves to the end; no consumer reads meaning into it). A lost ``None`` answer costs nothing:
 ``None`` carries no state.
 
@@ -118,7 +120,7 @@ def _check_tolerance(tolerance: float) -> float:
 class SnapshotEncoder:
     """Turns one instance's successive snapshots into deltas (see the module docstring)."""
 
-    __slots__ = ("_acked", "_head", "_k", "_pace", "_sent", "tolerance")
+    __slots__ = ("_acked", "_flagged", "_head", "_k", "_pace", "_sent", "tolerance")
 
     def __init__(self, tolerance: float = 0.0) -> None:
         self.tolerance = _check_tolerance(tolerance)
@@ -127,11 +129,12 @@ class SnapshotEncoder:
         self._head: dict[str, Any] = {}
         self._sent: dict[str, tuple[int, int]] = {}  # id -> (prompt, offset) the receiver holds
         self._pace = {f: _Pace() for f in _PROGRESS}  # what the receiver extrapolates
+        self._flagged: set[str] = set()  # progress fields due() found off: the next delta's
 
     def _allowed(self, field: str, value: int) -> float:
         """How far the receiver's view of ``field`` may be off: the tolerance's share of the
         change since the value was last sent, and, with a tolerance above 0, at least the
-        change since the previous check (the receiver's view is that old anyway)."""
+        change since the previous check (the jitter of an engine's pace over one check)."""
         pace = self._pace[field]
         allowed = self.tolerance * abs(value - pace.base)
         if self.tolerance > 0:
@@ -146,10 +149,14 @@ class SnapshotEncoder:
             guess = min(max(guess, 0), cap)
         return abs(value - guess) > self._allowed(field, value)
 
-    def _moved(self, old: tuple[int, int] | None, entry: tuple[int, int], slack: float) -> bool:
+    def _moved(self, old: tuple[int, int] | None, entry: tuple[int, int], count: int) -> bool:
         """Whether a trajectory's entry must be resent: new, another prompt length, or its
-        offset moved by more than ``slack`` (the step counter's allowance)."""
-        return old is None or old[0] != entry[0] or abs(old[1] - entry[1]) > slack
+        offset moved by more than the tolerance's share of its own count ``count``."""
+        return (
+            old is None
+            or old[0] != entry[0]
+            or abs(old[1] - entry[1]) > self.tolerance * max(count, 0)
+        )
 
     def _changed(self, field: str, value: Any) -> bool:
         if field not in self._head:
@@ -171,7 +178,6 @@ class SnapshotEncoder:
         if self._k is None:
             return True
         steps = snap.decode_steps
-        slack = self._allowed("steps", steps)
         n = len(snap.running)
         scale = self.tolerance * max(n, len(self._sent), snap.waiting)
         ids = {r.trajectory_id for r in snap.running}
@@ -181,7 +187,7 @@ class SnapshotEncoder:
             if self._moved(
                 self._sent.get(r.trajectory_id),
                 (r.prompt_tokens, r.generated_tokens - steps),
-                slack,
+                r.generated_tokens,
             )
         )
         due = moved > scale
@@ -191,7 +197,9 @@ class SnapshotEncoder:
             else:
                 due = due or self._changed(f, v)
         for f, v in (("steps", steps), ("kv", snap.kv_used_tokens)):
-            due = due or self._off(f, v, snap.time_s, snap.kv_capacity_tokens)
+            if self._off(f, v, snap.time_s, snap.kv_capacity_tokens):
+                self._flagged.add(f)  # sent with the answer this asks for, whatever its floor
+                due = True
             self._pace[f].last = v
         return due
 
@@ -213,13 +221,12 @@ class SnapshotEncoder:
         full = full or not self._acked  # the last delta was lost or never decoded
         old = {} if full else self._sent
         steps, t = snap.decode_steps, snap.time_s
-        slack = self._allowed("steps", steps)
         cur: dict[str, tuple[int, int]] = {}
         add: dict[tuple[int, int, str | None], list[Any]] = {}  # grouped, see _split
         for r in snap.running:
             tid = r.trajectory_id
             entry = (r.prompt_tokens, r.generated_tokens - steps)
-            if self._moved(old.get(tid), entry, slack) or tid in ended:
+            if self._moved(old.get(tid), entry, r.generated_tokens) or tid in ended:
                 prefix, item = _split(tid)
                 add.setdefault((*entry, prefix), [*entry, prefix]).append(item)
             else:
@@ -237,13 +244,14 @@ class SnapshotEncoder:
             out = {f: v for f, v in head.items() if self._changed(f, v)}
             for f, v in progress.items():
                 pace = self._pace[f]
-                if self._off(f, v, t, snap.kv_capacity_tokens):
+                if f in self._flagged or self._off(f, v, t, snap.kv_capacity_tokens):
                     out[f] = v
                     was = pace.rate
                     pace.rebase(v, t)
                     if pace.rate != was:
                         out[_PACE_KEY[f]] = pace.rate
                 pace.last = v
+        self._flagged.clear()
         if add:
             out["add"] = list(add.values())
         if left:

@@ -103,6 +103,7 @@ class RolloutActor:
         self._write_lock = asyncio.Lock()
         self._ready = asyncio.Event()  # a result (or a correction) waits to be reported
         self._drift: asyncio.Task[None] | None = None
+        self._polling = False  # a poll is being answered: no drift check meanwhile
         self._sync_lock = asyncio.Lock()
         self._syncs = 0
         self._log = log.bind(instance=instance_id)
@@ -217,7 +218,7 @@ class RolloutActor:
         while True:
             await asyncio.sleep(DRIFT_CHECK_S)
             engine = self._engine
-            if engine is None or not self._tasks or self._ready.is_set():
+            if engine is None or not self._tasks or self._ready.is_set() or self._polling:
                 continue
             try:
                 if self._encoder.due(await self._snapshot(engine)):
@@ -288,12 +289,16 @@ class RolloutActor:
         None when there is nothing at all (no outcome, nothing changed)."""
         engine = self._require()
         self._ready.clear()  # what arrives from here on sets it again
-        await self._flush()
-        outcomes, self._outcomes = self._outcomes, []
-        refused, self._refused = self._refused, []
-        errors, self._errors = self._errors, []
-        snap = await self._snapshot(engine)
-        delta = self._encoder.encode(snap, ack=ack, full=full, ended={o[0] for o in outcomes})
+        self._polling = True
+        try:
+            await self._flush()
+            outcomes, self._outcomes = self._outcomes, []
+            refused, self._refused = self._refused, []
+            errors, self._errors = self._errors, []
+            snap = await self._snapshot(engine)
+            delta = self._encoder.encode(snap, ack=ack, full=full, ended={o[0] for o in outcomes})
+        finally:
+            self._polling = False
         answer = {"outcomes": outcomes, "refused": refused, "errors": errors, "snapshot": delta}
         return {k: v for k, v in answer.items() if v} or None
 

@@ -127,6 +127,7 @@ class ShellIO:
         self._polled: dict[str, tuple[int, float]] = {}
         self._quiet: set[str] = set()
         self._signaled: set[str] = set()
+        self._answered: dict[str, float] = {}  # when an instance's poll answer arrived
         self._next_reward = 0
         #: group id -> dataset row of the groups this process submitted (diagnostics)
         self.submitted: dict[str, int] = {}
@@ -181,8 +182,12 @@ class ShellIO:
         full one)."""
         dec = self._decoder(iid)
         self._quiet.discard(iid)
+        # the view is stamped when the answer arrived, not when the slowest poll of the cycle
+        # did (the instance extrapolates from its snapshot's time)
+        arrived = self._answered.pop(iid, None)
+        stamp = at if arrived is None else at - max(0.0, time.monotonic() - arrived)
         try:
-            snap = dec.decode(delta, time_s=at, ended=ended)
+            snap = dec.decode(delta, time_s=stamp, ended=ended)
         except ValueError as e:
             log.warning("snapshot_delta_refused", instance=iid, error=str(e)[:200])
             return None
@@ -404,9 +409,13 @@ class ShellIO:
         # each request acknowledges the last snapshot delta decoded (or asks for a full one);
         # an answer may be None (nothing happened, nothing changed)
         args = {i: self._decoder(i).request() for i in iids}
-        got = await asyncio.gather(
-            *(self.rollouts[i].poll.remote(**args[i]) for i in iids), return_exceptions=True
-        )
+
+        async def poll(i: str) -> Any:
+            answer = await self.rollouts[i].poll.remote(**args[i])
+            self._answered[i] = time.monotonic()  # its snapshot's age is counted from here
+            return answer
+
+        got = await asyncio.gather(*(poll(i) for i in iids), return_exceptions=True)
         out: dict[str, Any] = {}
         for iid, p in zip(iids, got, strict=True):
             if isinstance(p, BaseException) and not is_actor_death(p):
