@@ -1,11 +1,14 @@
-"""An instance that was idle at its last poll and has been sent no command since is not polled
-every cycle (only every ``QUIET_POLL_S``, to notice its loss); any command wakes it, also one
-sent while a poll was in flight. Fake instance handles that answer with real snapshot deltas
+"""An instance is polled only when it has something to say: a command went to it (also one
+sent while a poll was in flight), its watcher (``wait_results``) says it has results or its
+view is off, or it died; else only every ``QUIET_POLL_S``. Between polls, an instance with
+work gets an extrapolated view and no request. An instance without a watcher is polled every
+cycle while it has work. Fake instance handles that answer with real snapshot deltas
 (``engine_adapters.SnapshotEncoder``); the Ray deployment runs the same path in
 ``integration_tests/cpu/test_train_ray.py`` and the bytes benchmark's smoke test."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -121,3 +124,66 @@ async def test_a_command_sent_while_a_poll_is_in_flight_keeps_the_instance_polle
 
     await io.sync("i0", inst, 3)  # a sync wakes it too: its new version shows in the next poll
     assert "i0" in await _cycle(io)
+
+
+class WatchedInstance(FakeInstance):
+    """With ``wait_results``, as the rollout actor has: True once ``ready`` is set."""
+
+    def __init__(self, iid: str) -> None:
+        super().__init__(iid)
+        self.ready = asyncio.Event()
+        self.dead = False
+        self.wait_results = _Method(self._wait)
+
+    async def _wait(self, timeout_s: float) -> bool:
+        if self.dead:
+            raise RuntimeError("the actor died")
+        try:
+            await asyncio.wait_for(self.ready.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        self.ready.clear()
+        return True
+
+
+async def _settle() -> None:
+    for _ in range(5):  # let the watcher task run
+        await asyncio.sleep(0)
+
+
+async def test_an_instance_with_work_is_polled_when_it_asks_and_viewed_in_between(
+    tmp_path: Path, clock: list[float]
+) -> None:
+    inst = WatchedInstance("i0")
+    io = _io(tmp_path, inst)
+    try:
+        assert "i0" in await _cycle(io)  # no view yet
+        assert await io.carry(fx.Route(instance_id="i0", version=0, trajectory_ids=["t0"])) is None
+        assert "i0" in await _cycle(io)  # the command: its new work shows in this answer
+        await _settle()
+        for _ in range(5):  # working, nothing to say: no request, an extrapolated view
+            clock[0] += 0.1
+            polls = await _cycle(io)
+            assert polls == {}
+            (snap,) = io.views(clock[0], polls).values()
+            assert [r.trajectory_id for r in snap.running] == ["t0"]
+        assert inst.polls == 2
+
+        inst.ready.set()  # results, or its view drifted
+        await _settle()
+        assert io.wake.is_set()
+        assert "i0" in await _cycle(io)
+        await _settle()
+        assert await _cycle(io) == {}
+
+        clock[0] += QUIET_POLL_S + 0.01  # still polled now and then
+        assert "i0" in await _cycle(io)
+
+        inst.dead = True  # its watcher's next call fails: that asks for a poll at once
+        inst.ready.set()
+        await _settle()
+        assert "i0" in await _cycle(io)
+        await _settle()
+        assert "i0" in await _cycle(io)
+    finally:
+        io.stop_watching()

@@ -33,17 +33,19 @@ COST = CostModel(name="t", k1=1e-6, k2=0.01, b=0.004, k3=1e-3, k4=0.002)
 
 
 def view(s: EngineSnapshot) -> tuple[Any, ...]:
-    """Everything a consumer reads; ``running`` as a mapping (its order carries no meaning)."""
+    """Everything a consumer reads; ``running`` as a mapping (its order carries no meaning).
+    Not ``seq``: the receiver numbers the snapshots it rebuilds itself."""
     running = {r.trajectory_id: (r.prompt_tokens, r.generated_tokens) for r in s.running}
-    return (s.instance_id, s.seq, s.version, running, s.waiting, s.kv_used_tokens,
+    return (s.instance_id, s.version, running, s.waiting, s.kv_used_tokens,
             s.kv_capacity_tokens, s.throughput_tokens_per_s, s.decode_steps)  # fmt: skip
 
 
 def snap(running: dict[str, tuple[int, int]], *, steps: int, seq: int = 1) -> EngineSnapshot:
+    """Taken at ``time_s = seq``: one poll a second."""
     return EngineSnapshot(
         instance_id="i0",
         seq=seq,
-        time_s=0.0,
+        time_s=float(seq),
         version=0,
         running=tuple(
             RunningTrajectory(trajectory_id=t, prompt_tokens=p, generated_tokens=g)
@@ -82,7 +84,7 @@ def test_steady_decoding_sends_each_trajectory_once_and_then_nothing() -> None:
         s = snap({"a": (10, 3 * k), "b": (7, 3 * k + 3)}, steps=100 + 3 * k, seq=k + 1)
         d = link.send(s)
         sent.append(set(d or ()))
-        got = link.dec.decode(d, time_s=0.0)
+        got = link.dec.decode(d, time_s=s.time_s)
         assert got is not None and view(got) == view(s)
     assert link.added == 2
     # the first poll after the full snapshot teaches the pace (3 steps a poll); from then on
@@ -100,7 +102,7 @@ def test_a_change_of_pace_is_followed_within_a_few_polls() -> None:
         d = link.send(s)
         if d is not None and "steps" in d:
             corrections.append(k)
-        got = link.dec.decode(d, time_s=0.0)
+        got = link.dec.decode(d, time_s=s.time_s)
         assert got is not None and view(got) == view(s)  # exact at every poll meanwhile
     assert corrections[:2] == [0, 1] and all(k >= 20 for k in corrections[2:])  # full, pace
     assert 20 in corrections and corrections[-1] < 40, corrections  # the smoothed pace caught up
@@ -118,7 +120,7 @@ def test_with_a_tolerance_the_extrapolation_stays_within_it() -> None:
         answers += d is not None and "steps" in d
         if d is not None and "steps" in d:
             base = steps
-        got = link.dec.decode(d, time_s=0.0)
+        got = link.dec.decode(d, time_s=s.time_s)
         assert got is not None
         # off by at most the tolerance's share of the progress since the last correction, or
         # by one poll's progress
@@ -156,7 +158,7 @@ def test_the_samples_of_a_group_share_one_entry() -> None:
     assert sorted(d["add"], key=str) == sorted(
         [[12, -5, "g7", *range(8)], [12, -5, None, "x/01", "plain"]], key=str
     )  # "x/01" would not come back the same from a number: it goes whole
-    got = link.dec.decode(d, time_s=0.0)
+    got = link.dec.decode(d, time_s=s.time_s)
     assert got is not None and view(got) == view(s)
 
 
@@ -165,12 +167,12 @@ def test_nothing_changed_is_none_and_decodes_to_the_same_snapshot() -> None:
     link.poll(snap({"a": (10, 0)}, steps=0, seq=1))
     s = snap({"a": (10, 0)}, steps=0, seq=2)
     assert link.send(s) is None
-    assert view(link.dec.decode(None, time_s=0.0) or s) == view(s)
+    assert view(link.dec.decode(None, time_s=s.time_s) or s) == view(s)
     s = snap({"a": (10, 0)}, steps=0, seq=9)  # the engine took snapshots for others meanwhile
-    d = link.send(s)
-    assert d is not None and set(d) == {"k", "seq"}
-    assert view(link.dec.decode(d, time_s=0.0) or s) == view(s)
-    assert SnapshotDecoder("i0").decode(None, time_s=0.0) is None  # nothing to repeat yet
+    assert link.send(s) is None  # its numbering does not travel
+    got = link.dec.decode(None, time_s=s.time_s)
+    assert got is not None and view(got) == view(s) and got.seq == 3  # the receiver's third
+    assert SnapshotDecoder("i0").decode(None, time_s=9.0) is None  # nothing to repeat yet
 
 
 def test_preemption_and_resume_resend_once_each() -> None:
@@ -180,11 +182,11 @@ def test_preemption_and_resume_resend_once_each() -> None:
     s = snap({"a": (10, 8)}, steps=8, seq=3)  # b preempted: leaves running, no outcome
     d = link.send(s)
     assert d is not None and d["left"] == ["b"] and "add" not in d
-    assert view(link.dec.decode(d, time_s=0.0) or s) == view(s)
+    assert view(link.dec.decode(d, time_s=s.time_s) or s) == view(s)
     s = snap({"a": (10, 12), "b": (10, 5)}, steps=12, seq=4)  # b resumed with what it had
     d = link.send(s)
     assert d is not None and d["add"] == [[10, 5 - 12, None, "b"]]
-    assert view(link.dec.decode(d, time_s=0.0) or s) == view(s)
+    assert view(link.dec.decode(d, time_s=s.time_s) or s) == view(s)
     # a stall inside the engine (count stops following the steps) is resent, not guessed
     s = snap({"a": (10, 12), "b": (10, 6)}, steps=13, seq=5)
     assert view(link.poll(s) or s) == view(s)
@@ -196,7 +198,7 @@ def test_outcomes_replace_left_and_a_resubmitted_id_is_sent_again() -> None:
     s = snap({"b": (10, 4)}, steps=4, seq=2)
     d = link.send(s, ended={"a"})
     assert d is not None and "left" not in d and "add" not in d  # a's end is in the outcomes
-    assert view(link.dec.decode(d, time_s=0.0, ended={"a"}) or s) == view(s)
+    assert view(link.dec.decode(d, time_s=s.time_s, ended={"a"}) or s) == view(s)
     # b's outcome and b again (routed back here) in one answer: the decoder drops it, then
     # re-adds it from the entry
     s = snap({"b": (10, 6)}, steps=9, seq=3)
@@ -213,7 +215,7 @@ def test_a_lost_answer_gets_a_full_snapshot_next() -> None:
     s = snap({"a": (10, 3), "b": (5, 0)}, steps=3, seq=3)
     d = link.send(s)
     assert d is not None and d["full"] == 1
-    assert view(link.dec.decode(d, time_s=0.0) or s) == view(s)
+    assert view(link.dec.decode(d, time_s=s.time_s) or s) == view(s)
 
 
 def test_an_answer_never_decoded_gets_a_full_snapshot_next() -> None:
@@ -225,7 +227,7 @@ def test_an_answer_never_decoded_gets_a_full_snapshot_next() -> None:
     s = snap({"a": (10, 2)}, steps=2, seq=4)
     d = link.send(s)  # acknowledges the delta before the dropped one
     assert d is not None and d["full"] == 1
-    assert view(link.dec.decode(d, time_s=0.0) or s) == view(s)
+    assert view(link.dec.decode(d, time_s=s.time_s) or s) == view(s)
 
 
 def test_a_delta_out_of_order_is_refused() -> None:
@@ -235,7 +237,7 @@ def test_a_delta_out_of_order_is_refused() -> None:
     enc.encode(snap({"a": (10, 1)}, steps=1, seq=2), ack=link.dec.k)  # lost in transit
     stray = enc.encode(snap({"a": (10, 2), "b": (5, 0)}, steps=2, seq=3), ack=link.dec.k + 1)
     assert stray is not None and "full" not in stray
-    assert link.dec.decode(stray, time_s=0.0) is None  # k skips one: refused, not guessed
+    assert link.dec.decode(stray, time_s=3.0) is None  # k skips one: refused, not guessed
     assert link.dec.request() == {"full": True}
     s = snap({"a": (10, 3), "c": (1, 0)}, steps=3, seq=4)
     assert view(link.poll(s) or s) == view(s)
@@ -249,7 +251,7 @@ def test_an_instance_restart_sends_a_full_snapshot() -> None:
     s = snap({"c": (4, 0)}, steps=0, seq=1)
     d = link.send(s)
     assert d is not None and d["full"] == 1
-    got = link.dec.decode(d, time_s=0.0)
+    got = link.dec.decode(d, time_s=s.time_s)
     assert got is not None and view(got) == view(s)  # nothing of the old process survives
     # its delta counter starts anywhere: a follower of the old process's is refused
     link.enc = SnapshotEncoder()
@@ -257,7 +259,7 @@ def test_an_instance_restart_sends_a_full_snapshot() -> None:
     assert first is not None
     follower = link.enc.encode(snap({"d": (4, 1)}, steps=1, seq=2), ack=first["k"])
     assert follower is not None and follower["k"] != link.dec.k + 1  # (1 in 2**30 it is)
-    assert link.dec.decode(follower, time_s=0.0) is None
+    assert link.dec.decode(follower, time_s=2.0) is None
 
 
 def test_a_count_that_does_not_add_up_is_refused() -> None:
@@ -266,7 +268,7 @@ def test_a_count_that_does_not_add_up_is_refused() -> None:
     d = link.send(snap({"a": (10, 1)}, steps=1, seq=2))
     assert d is not None
     with pytest.raises(ValueError, match="n=2"):
-        link.dec.decode({**d, "n": 2}, time_s=0.0)
+        link.dec.decode({**d, "n": 2}, time_s=2.0)
     assert link.dec.request() == {"full": True}
 
 
@@ -338,17 +340,13 @@ def test_decoded_snapshot_equals_the_engines(ops: list[tuple[str, Any]]) -> None
                  seq=seq)  # fmt: skip
         if op == "lose":
             # the answer (and its outcomes) never arrives; a lost delta goes unnoticed by the
-            # receiver (the acknowledgements repair it), a lost None is known to it (a failed
-            # call), and it resets: None carries no counter, and the pace is per poll
-            if link.send(s, ended) is None:
-                link.dec.reset()
+            # receiver (the acknowledgements repair it), a lost None costs nothing
+            link.send(s, ended)
             ended = set()
             continue
         got = link.poll(s, ended)
         ended = set()
-        assert got is not None and view(got)[2:] == view(s)[2:]
-        # after a lost None the decoder's seq may run behind the engine's, never ahead
-        assert got.seq <= s.seq
+        assert got is not None and view(got) == view(s)
 
 
 # --- the sim engine, polled at a fine and a coarse period ------------------------------------
@@ -422,3 +420,76 @@ def test_an_engine_without_a_step_counter_is_still_exact() -> None:
         got = link.poll(s)
         assert got is not None and view(got) == view(s)
     assert link.added == 10  # every change is resent
+
+
+def test_due_tells_when_the_view_is_off_and_the_view_moves_on_without_polls() -> None:
+    link = Link()
+    link.enc = SnapshotEncoder(tolerance=0.05)
+    for k in range(3):  # the full snapshot, then the rate (10 steps a second) is learned
+        link.poll(snap({"a": (10, 10 * k)}, steps=10 * k, seq=k + 1))
+    for k in range(3, 10):  # steady: never due, and the view between polls keeps up
+        s = snap({"a": (10, 10 * k)}, steps=10 * k, seq=k + 1)
+        assert not link.enc.due(s)
+        got = link.dec.view(s.time_s)
+        assert got is not None and view(got) == view(s)
+    stalled = snap({"a": (10, 90)}, steps=90, seq=11)  # no step for a second
+    assert link.enc.due(stalled)
+    assert link.poll(stalled) is not None
+    assert not link.enc.due(stalled)  # corrected by the poll
+    assert link.enc.due(snap({"a": (10, 90), "b": (4, 0)}, steps=90, seq=11))  # one starts
+    assert link.enc.due(snap({}, steps=90, seq=11))  # one leaves
+    assert link.enc.due(attrs.evolve(stalled, version=1))  # a header field changes
+    assert SnapshotEncoder().due(stalled)  # nothing sent yet
+    assert SnapshotDecoder("i0").view(1.0) is None
+
+
+def test_with_a_tolerance_a_small_shift_of_one_trajectory_is_not_resent() -> None:
+    link = Link()
+    link.enc = SnapshotEncoder(tolerance=0.1)
+    for k in range(6):  # 10 steps a second, learned; b has 100 tokens more than a
+        link.poll(snap({"a": (10, 10 * k), "b": (4, 100 + 10 * k)}, steps=10 * k, seq=k + 1))
+    added = link.added
+    s = snap({"a": (10, 60), "b": (4, 157)}, steps=60, seq=7)  # b paused 3 steps
+    assert not link.enc.due(s)  # 3 of its 157 tokens: within 10 %
+    got = link.poll(s)
+    assert got is not None and link.added == added  # not resent ...
+    counts = {r.trajectory_id: r.generated_tokens for r in got.running}
+    assert counts == {"a": 60, "b": 160}  # ... and off by those 3
+    s = snap({"a": (10, 90), "b": (4, 167)}, steps=90, seq=10)  # b waited 20 steps more
+    assert link.enc.due(s)
+    got = link.poll(s)
+    assert got is not None and link.added == added + 1
+    assert {r.trajectory_id: r.generated_tokens for r in got.running} == {"a": 90, "b": 167}
+
+
+def test_a_field_due_found_off_is_sent_even_if_its_floor_grew_meanwhile() -> None:
+    link = Link()
+    link.enc = SnapshotEncoder(tolerance=0.05)
+    for k in range(4):  # 100 steps a second, learned
+        link.poll(snap({"a": (10, 100 * k)}, steps=100 * k, seq=k + 1))
+
+    def at(t: float, steps: int) -> EngineSnapshot:
+        return attrs.evolve(snap({"a": (10, steps)}, steps=steps), time_s=t)
+
+    assert not link.enc.due(at(4.1, 330))  # three times faster: within one check's change
+    assert link.enc.due(at(4.2, 360))  # still: 40 ahead of the view, over the 30 allowed
+    # the poll it asks for comes 0.5 s later: the change since that check (150 steps) now
+    # exceeds the view's error (140), but the field due() found off is sent anyway
+    late = at(4.7, 510)
+    d = link.send(late)
+    assert d is not None and d["steps"] == 510
+    got = link.dec.decode(d, time_s=late.time_s)
+    assert got is not None and got.decode_steps == 510
+
+
+def test_with_a_tolerance_a_few_starts_among_many_running_wait_for_the_next_answer() -> None:
+    link = Link()
+    link.enc = SnapshotEncoder(tolerance=0.05)
+    many = {f"g0/{i}": (8, 0) for i in range(64)}
+    link.poll(snap(many, steps=0, seq=1))
+    few = many | {f"g1/{i}": (8, 0) for i in range(3)}
+    assert not link.enc.due(snap(few, steps=0, seq=2))  # 3 of 67: under 5 %
+    more = few | {f"g2/{i}": (8, 0) for i in range(2)}
+    assert link.enc.due(snap(more, steps=0, seq=2))  # 5 of 69: over
+    got = link.poll(snap(few, steps=0, seq=2))  # whatever is asked, the answer is exact
+    assert got is not None and view(got) == view(snap(few, steps=0, seq=2))

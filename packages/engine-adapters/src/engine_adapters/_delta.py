@@ -13,28 +13,33 @@ do; other ids go whole after a ``None`` prefix) once when it appears in ``runnin
 only when its real count stops matching that rule (it was preempted, waited, resumed, or the
 engine keeps no step counter); it sends the id in ``left`` when the trajectory leaves ``running``, unless its end is reported
 beside the delta anyway (``ended``: the ids of the poll's outcomes, known to both sides). Of
-the header (``seq``, ``version``, ``waiting``, ``kv_cap``, ``tps`` and ``n``, the running count
-that the receiver checks) a delta carries only the fields that changed (``seq`` only when it
-is not the last one sent plus one).
+the header (``version``, ``waiting``, ``kv_cap``, ``tps`` and ``n``, the running count that
+the receiver checks) a delta carries only the fields that changed. The receiver numbers the
+snapshots it rebuilds itself (``seq``); the engine's own numbering does not travel.
 
 The two fields that move while the engine decodes, the step counter ``steps`` and the KV use
-``kv``, are extrapolated: both sides hold the value last sent and its pace per poll (``ds``,
-``dk``: the sender's smoothed change per poll when it was sent), and the receiver adds the pace once for
-every poll, answered or not. The encoder sends a field again only when the receiver's
-extrapolation is off by more than its ``tolerance`` allows: for ``steps`` that share of the
-steps since the value was last sent, for ``kv`` that share of the capacity (never above it),
-and for both, with a tolerance above 0, at least the field's change over the last poll (the
-receiver's view is one poll old anyway); ``tps`` is resent when it moves by more than that
-share. With the default tolerance of 0 the
-reconstruction is exact at every poll; an engine that decodes at a steady pace then sends
-nothing at all. A snapshot with nothing changed encodes to ``None``.
+``kv``, are extrapolated in time: both sides hold the value last sent, when it was sent (each
+on its own clock: the snapshot's ``time_s`` here, the decode time there) and its rate per
+second (``ds``, ``dk``: the sender's mean rate since the value before). The encoder sends a
+field again only when the receiver's extrapolation is off by more than its ``tolerance``
+allows: that share of the change since the value was last sent, and, with a tolerance above
+0, at least the change since the previous check (the jitter of an engine's pace over one
+check; a field that :meth:`SnapshotEncoder.due` found off is sent with the next delta anyway);
+``tps`` is resent when it moves by more than that share. With the default tolerance of 0 the
+reconstruction is exact at every poll when both clocks agree (a test's); an engine that
+decodes at a steady pace then sends nothing at all. A snapshot with nothing changed encodes to
+``None``. Because the receiver extrapolates by time, not by polls, it need not poll to keep
+its view: :meth:`SnapshotEncoder.due` tells the sender's side when the view is off (a
+trajectory started, left or changed pace, a header field changed, progress drifted), so the
+receiver can be told to poll only then, and :meth:`SnapshotDecoder.view` is the view between
+polls.
 :class:`SnapshotDecoder` (on the receiving side) rebuilds the :class:`EngineSnapshot`: the
 encoder compares each trajectory's real count with what the decoder will compute and resends
-the entry on any difference (with a tolerance, a count is off by at most the step counter's
-allowance). Only the order of ``running`` may differ beyond the tolerance (a resent entry
-moves to the end; no consumer reads meaning into it). A receiver that loses a ``None`` answer
-(a failed call) must ``reset()``: ``None`` carries no counter, and the pace is counted in
-polls.
+the entry on any difference (with a tolerance, only when its offset moved by more than that
+share of the trajectory's own count: its count is then off by at most that share plus the step
+counter's allowance). Only the order of ``running`` may differ beyond the tolerance (a resent entry
+moves to the end; no consumer reads meaning into it). A lost ``None`` answer costs nothing:
+``None`` carries no state.
 
 Every delta other than ``None`` carries a counter ``k`` that starts at a random value. The
 receiver acknowledges the last delta it applied with its next request (``ack=k``); the encoder
@@ -44,9 +49,9 @@ that was lost or never decoded, after either side restarted. A delta whose ``k``
 follow the last one applied is refused: ``decode`` returns None and resets, and the receiver
 asks for a full snapshot next time. The encoder's first delta is full.
 
-Bytes per poll: nothing while nothing changes or the engine decodes at its pace; a correction
-when the pace changes; one entry per trajectory start or change of pace and one id per
-trajectory that left without an outcome — never one entry per running trajectory per poll.
+Bytes: nothing while nothing changes or the engine decodes at its pace; a correction when the
+pace changes; one entry per trajectory start or change of pace and one id per trajectory that
+left without an outcome — never one entry per running trajectory per poll.
 """
 
 from __future__ import annotations
@@ -74,33 +79,27 @@ def _header(snap: EngineSnapshot, n: int) -> dict[str, Any]:
 
 class _Pace:
     """A progress field (``steps`` or ``kv``) as both sides extrapolate it: the value last sent
-    plus its pace (per poll) times the polls since."""
+    plus its rate (per second) times the seconds since, each side on its own clock (the
+    sender's snapshot time, the receiver's decode time)."""
 
-    __slots__ = ("base", "last", "mean", "pace", "polls")
+    __slots__ = ("base", "last", "rate", "t0")
 
-    def __init__(self, base: int = 0) -> None:
-        self.base, self.pace, self.polls = base, 0, 0
-        self.last = base  # (sender) the value at the previous poll
-        self.mean: float | None = None  # (sender) the change per poll, smoothed
+    def __init__(self, base: int = 0, t0: float = 0.0, rate: float = 0.0) -> None:
+        self.base, self.t0, self.rate = base, t0, rate
+        self.last = base  # (sender) the value at the previous check
 
-    def now(self) -> int:
-        return self.base + self.pace * self.polls
+    def at(self, t: float) -> int:
+        return self.base + round(self.rate * max(t - self.t0, 0.0))
 
-    def saw(self, value: int) -> None:
-        """(Sender) this poll's value: smooths the change per poll (an engine's steps per
-        poll jitter with the poll's timing; one poll's change is a noisy pace)."""
-        change = value - self.last
-        self.mean = change if self.mean is None else self.mean + _SMOOTH * (change - self.mean)
-        self.last = value
-
-    def rebase(self, value: int) -> None:
-        """(Sender) restart from ``value`` with the smoothed pace."""
-        self.pace = round(self.mean) if self.mean is not None else 0
-        self.base, self.polls = value, 0
+    def rebase(self, value: int, t: float) -> None:
+        """(Sender) restart from ``value`` at ``t`` with the mean rate since the last value
+        sent (exact for a steady engine), rounded as it is sent."""
+        if t > self.t0:
+            self.rate = round((value - self.base) / (t - self.t0), 3)
+        self.base, self.t0 = value, t
 
 
 _PACE_KEY = {"steps": "ds", "kv": "dk"}
-_SMOOTH = 0.2  # weight of the newest poll in the smoothed pace
 
 
 def _split(tid: str) -> tuple[str | None, Any]:
@@ -121,29 +120,43 @@ def _check_tolerance(tolerance: float) -> float:
 class SnapshotEncoder:
     """Turns one instance's successive snapshots into deltas (see the module docstring)."""
 
-    __slots__ = ("_acked", "_head", "_k", "_pace", "_sent", "_seq", "tolerance")
+    __slots__ = ("_acked", "_flagged", "_head", "_k", "_pace", "_sent", "tolerance")
 
     def __init__(self, tolerance: float = 0.0) -> None:
         self.tolerance = _check_tolerance(tolerance)
         self._k: int | None = None  # counter of the last delta sent; None: none yet
         self._acked = False  # the receiver acknowledged delta _k
-        self._seq = 0
         self._head: dict[str, Any] = {}
         self._sent: dict[str, tuple[int, int]] = {}  # id -> (prompt, offset) the receiver holds
         self._pace = {f: _Pace() for f in _PROGRESS}  # what the receiver extrapolates
+        self._flagged: set[str] = set()  # progress fields due() found off: the next delta's
 
-    def _off(self, field: str, value: int, cap: int) -> bool:
-        """Whether the receiver's extrapolation of ``field`` is further off than allowed."""
+    def _allowed(self, field: str, value: int) -> float:
+        """How far the receiver's view of ``field`` may be off: the tolerance's share of the
+        change since the value was last sent, and, with a tolerance above 0, at least the
+        change since the previous check (the jitter of an engine's pace over one check)."""
         pace = self._pace[field]
-        guess = pace.now()
+        allowed = self.tolerance * abs(value - pace.base)
+        if self.tolerance > 0:
+            allowed = max(allowed, abs(value - pace.last))
+        return allowed
+
+    def _off(self, field: str, value: int, t: float, cap: int) -> bool:
+        """Whether the receiver's extrapolation of ``field`` at ``t`` is off by more than
+        :meth:`_allowed`."""
+        guess = self._pace[field].at(t)
         if field == "kv":
             guess = min(max(guess, 0), cap)
-            allowed = self.tolerance * cap
-        else:  # steps: a share of the progress since the last value sent
-            allowed = self.tolerance * abs(value - pace.base)
-        if self.tolerance > 0:  # and one poll's change: the receiver's view is that old anyway
-            allowed = max(allowed, abs(value - pace.last))
-        return abs(value - guess) > allowed
+        return abs(value - guess) > self._allowed(field, value)
+
+    def _moved(self, old: tuple[int, int] | None, entry: tuple[int, int], count: int) -> bool:
+        """Whether a trajectory's entry must be resent: new, another prompt length, or its
+        offset moved by more than the tolerance's share of its own count ``count``."""
+        return (
+            old is None
+            or old[0] != entry[0]
+            or abs(old[1] - entry[1]) > self.tolerance * max(count, 0)
+        )
 
     def _changed(self, field: str, value: Any) -> bool:
         if field not in self._head:
@@ -152,6 +165,43 @@ class SnapshotEncoder:
         if field == "tps":
             return bool(abs(value - old) > self.tolerance * abs(old))
         return bool(old != value)
+
+    def due(self, snap: EngineSnapshot) -> bool:
+        """Whether the receiver's view of ``snap`` is off by more than the tolerance: more
+        trajectories started, left or changed pace than its share of those running (with a
+        tolerance of 0: any), the version or KV capacity changed, the waiting or running count
+        moved by more than that share of the larger of them, the throughput by more than that
+        share, or a progress field drifted past its allowance. Call it between requests to
+        learn when one is worth making (what it waves through, the next answer still carries);
+        it records the progress fields as checked (the next check's allowance is the change
+        since this one) and changes nothing the receiver mirrors."""
+        if self._k is None:
+            return True
+        steps = snap.decode_steps
+        n = len(snap.running)
+        scale = self.tolerance * max(n, len(self._sent), snap.waiting)
+        ids = {r.trajectory_id for r in snap.running}
+        moved = sum(1 for t in self._sent if t not in ids) + sum(
+            1
+            for r in snap.running
+            if self._moved(
+                self._sent.get(r.trajectory_id),
+                (r.prompt_tokens, r.generated_tokens - steps),
+                r.generated_tokens,
+            )
+        )
+        due = moved > scale
+        for f, v in _header(snap, n).items():
+            if f in ("waiting", "n"):
+                due = due or f not in self._head or abs(v - self._head[f]) > scale
+            else:
+                due = due or self._changed(f, v)
+        for f, v in (("steps", steps), ("kv", snap.kv_used_tokens)):
+            if self._off(f, v, snap.time_s, snap.kv_capacity_tokens):
+                self._flagged.add(f)  # sent with the answer this asks for, whatever its floor
+                due = True
+            self._pace[f].last = v
+        return due
 
     def encode(
         self,
@@ -170,43 +220,42 @@ class SnapshotEncoder:
             self._acked = ack == self._k
         full = full or not self._acked  # the last delta was lost or never decoded
         old = {} if full else self._sent
-        steps = snap.decode_steps
+        steps, t = snap.decode_steps, snap.time_s
         cur: dict[str, tuple[int, int]] = {}
         add: dict[tuple[int, int, str | None], list[Any]] = {}  # grouped, see _split
         for r in snap.running:
             tid = r.trajectory_id
             entry = (r.prompt_tokens, r.generated_tokens - steps)
-            cur[tid] = entry
-            if old.get(tid) != entry or tid in ended:
+            if self._moved(old.get(tid), entry, r.generated_tokens) or tid in ended:
                 prefix, item = _split(tid)
                 add.setdefault((*entry, prefix), [*entry, prefix]).append(item)
+            else:
+                entry = old[tid]  # what the receiver holds, within the allowance
+            cur[tid] = entry
         left = [t for t in old if t not in cur and t not in ended]
         head = _header(snap, len(cur))
         progress = {"steps": steps, "kv": snap.kv_used_tokens}
         out: dict[str, Any]
-        if full:
-            out = {"full": 1, **head, **progress, "seq": snap.seq}
-            self._pace = {f: _Pace(v) for f, v in progress.items()}
+        if full:  # the rates the sender knows go along: the receiver extrapolates at once
+            out = {"full": 1, **head, **progress}
+            self._pace = {f: _Pace(v, t, self._pace[f].rate) for f, v in progress.items()}
+            out.update({_PACE_KEY[f]: p.rate for f, p in self._pace.items() if p.rate})
         else:
             out = {f: v for f, v in head.items() if self._changed(f, v)}
             for f, v in progress.items():
                 pace = self._pace[f]
-                pace.polls += 1  # the receiver counts this poll too, answered or None
-                off = self._off(f, v, snap.kv_capacity_tokens)
-                pace.saw(v)
-                if off:
+                if f in self._flagged or self._off(f, v, t, snap.kv_capacity_tokens):
                     out[f] = v
-                    was = pace.pace
-                    pace.rebase(v)
-                    if pace.pace != was:
-                        out[_PACE_KEY[f]] = pace.pace
-            if snap.seq != self._seq + 1:
-                out["seq"] = snap.seq
+                    was = pace.rate
+                    pace.rebase(v, t)
+                    if pace.rate != was:
+                        out[_PACE_KEY[f]] = pace.rate
+                pace.last = v
+        self._flagged.clear()
         if add:
             out["add"] = list(add.values())
         if left:
             out["left"] = left
-        self._seq = snap.seq
         if not out:
             return None  # nothing changed since an acknowledged delta
         self._head.update({f: head[f] for f in _HEADER if f in out})
@@ -242,8 +291,7 @@ class SnapshotDecoder:
         return {}
 
     def reset(self) -> None:
-        """Forget everything: the next request asks for a full snapshot. Call it when an
-        answer is lost (the encoder extrapolates with the receiver poll by poll)."""
+        """Forget everything: the next request asks for a full snapshot."""
         self.k = None
         self._unacked = False
         self._head = {}
@@ -254,33 +302,30 @@ class SnapshotDecoder:
         self, delta: Mapping[str, Any] | None, *, time_s: float, ended: Collection[str] = ()
     ) -> EngineSnapshot | None:
         """The snapshot ``delta`` describes (``None``: nothing beyond the extrapolated
-        progress changed, one ``seq`` on), stamped ``time_s``; None if there is no last one or
+        progress changed: :meth:`view`), stamped ``time_s``; None if there is no last one or
         ``delta`` does not follow it (the decoder resets, so the next request asks for a full
         one).
 
         ``ended``: the ids whose end came beside the delta (the poll's outcomes). Raises
         ValueError (and resets) if the rebuilt running count is not the delta's ``n``."""
         if delta is None:
-            if self.k is None:
-                return None
-            self._seq += 1
-            for pace in self._pace.values():
-                pace.polls += 1
-            return self._snapshot(time_s)
+            return self.view(time_s)
         k = int(delta["k"])
         if delta.get("full"):
             running: dict[str, tuple[int, int]] = {}
             head: dict[str, Any] = {}
-            paces = {f: _Pace(int(delta[f])) for f in _PROGRESS if f in delta}
+            paces = {
+                f: _Pace(int(delta[f]), time_s, float(delta.get(_PACE_KEY[f], 0.0)))
+                for f in _PROGRESS
+                if f in delta
+            }
         elif self.k is not None and k == self.k + 1:
             running, head, paces = self._running, self._head, self._pace
-            for pace in paces.values():
-                pace.polls += 1
             for f in _PROGRESS:
                 if f in delta:
-                    paces[f].base, paces[f].polls = int(delta[f]), 0
+                    paces[f].base, paces[f].t0 = int(delta[f]), time_s
                 if _PACE_KEY[f] in delta:
-                    paces[f].pace = int(delta[_PACE_KEY[f]])
+                    paces[f].rate = float(delta[_PACE_KEY[f]])
         else:
             self.reset()
             return None
@@ -305,15 +350,24 @@ class SnapshotDecoder:
                 else f"{len(running)} running rebuilt, the instance reports n={head['n']}"
             )
             raise ValueError(f"snapshot delta from {self.instance_id!r} does not add up: {what}")
-        self._seq = int(delta["seq"]) if "seq" in delta else self._seq + 1
+        self._seq += 1
         self._running, self._head, self._pace, self.k = running, head, paces, k
         self._unacked = True
         return self._snapshot(time_s)
 
+    def view(self, time_s: float) -> EngineSnapshot | None:
+        """The snapshot as extrapolated to ``time_s`` (the last one decoded with its progress
+        fields moved on by their rates), None if there is none yet. What a ``None`` answer
+        decodes to; also the view between requests."""
+        if self.k is None:
+            return None
+        self._seq += 1
+        return self._snapshot(time_s)
+
     def _snapshot(self, time_s: float) -> EngineSnapshot:
         h = self._head
-        steps = self._pace["steps"].now()
-        kv = min(max(self._pace["kv"].now(), 0), int(h["kv_cap"]))
+        steps = self._pace["steps"].at(time_s)
+        kv = min(max(self._pace["kv"].at(time_s), 0), int(h["kv_cap"]))
         return EngineSnapshot(
             instance_id=self.instance_id,
             seq=self._seq,

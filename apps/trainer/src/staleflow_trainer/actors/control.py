@@ -212,6 +212,8 @@ class ControlActor(FaultHooks):
                 events.append(await self.io.lose(iid, p, at))
             else:
                 events.append(self._reported(iid, p, at))
+        for iid, snap in self.io.views(at, polls).items():  # not polled: extrapolated
+            events.append(Reported(at=at, instance_id=iid, outcomes=[], snapshot=snap))
         events.append(Cycle(at=at))
         await self._feed_batch(events)
 

@@ -10,14 +10,17 @@ trajectory server (TS) directly:
 * results are written to the TS in batches — ``finish`` for finished trajectories,
   ``return_partial`` for interrupted ones, each carrying only the tokens generated here
   (``start`` = what the store already held) — before they are reported;
-* ``wait_results(timeout_s)`` returns True as soon as a result waits to be reported (the control
-  shell then polls at once instead of at its next tick), False after ``timeout_s``;
+* ``wait_results(timeout_s)`` returns True as soon as a result waits to be reported or the
+  control side's view of the instance is off (checked every ``DRIFT_CHECK_S`` while it
+  generates), False after ``timeout_s``: the control shell polls an instance when it says so
+  or was sent a command, and extrapolates its view in between;
 * ``poll(ack, full)`` writes what is pending, then returns the outcomes since the last poll (id,
   response length, finish reason or None), each exactly once, and a snapshot taken after them
   as a delta from the last one sent (``engine_adapters.SnapshotEncoder``): the header fields
   that changed and the trajectories that started, changed pace or left, never a list of every
   running trajectory each poll; None when nothing happened (an engine that decodes at a steady
-  pace included: the control side extrapolates its progress, see ``SNAPSHOT_TOLERANCE``);
+  pace included: the control side extrapolates its progress in time, see
+  ``SNAPSHOT_TOLERANCE``);
 * ``interrupt(ids)`` stops trajectories and writes their partial output back before returning;
 * ``sync(version)`` interrupts everything, pulls ``version`` from the parameter server over NIXL
   and loads it in place (the engine never serves half-loaded weights);
@@ -37,6 +40,7 @@ import structlog
 
 from engine_adapters import (
     EngineAdapter,
+    EngineSnapshot,
     FinishReason,
     GenerateRequest,
     GenerateResult,
@@ -50,10 +54,16 @@ from trajectory_server.errors import TrajectoryServerError
 log = structlog.get_logger(__name__)
 
 #: How far the control side's view of an instance's progress may drift before a poll answer
-#: corrects it: the decode-step counter (and so every running trajectory's token count) by
-#: this share of the steps since the last correction, KV use by this share of the capacity,
-#: throughput by this share of the value last sent (engine_adapters.SnapshotEncoder).
+#: corrects it: the decode-step counter (and so every running trajectory's token count) and
+#: the KV use by this share of their change since the last correction (or their change over
+#: one drift check), throughput by this share of the value last sent
+#: (engine_adapters.SnapshotEncoder).
 SNAPSHOT_TOLERANCE = 0.05
+#: While it generates, the instance checks this often whether the control side's view of it is
+#: off (``SnapshotEncoder.due``: a trajectory started, left or changed pace, progress drifted
+#: past the tolerance); if so, ``wait_results`` answers True and the control side polls it.
+#: Between those polls the control side extrapolates the view in time and sends no request.
+DRIFT_CHECK_S = 0.1
 
 
 class RolloutActor:
@@ -88,10 +98,12 @@ class RolloutActor:
         self._refused: list[str] = []
         self._errors: list[dict[str, Any]] = []
         # its first delta is a full snapshot; then the control side extrapolates the step
-        # counter and KV use by their pace, corrected once off by more than the tolerance
+        # counter and KV use in time, corrected once off by more than the tolerance
         self._encoder = SnapshotEncoder(tolerance=SNAPSHOT_TOLERANCE)
         self._write_lock = asyncio.Lock()
-        self._ready = asyncio.Event()  # a result waits to be reported
+        self._ready = asyncio.Event()  # a result (or a correction) waits to be reported
+        self._drift: asyncio.Task[None] | None = None
+        self._polling = False  # a poll is being answered: no drift check meanwhile
         self._sync_lock = asyncio.Lock()
         self._syncs = 0
         self._log = log.bind(instance=instance_id)
@@ -115,6 +127,7 @@ class RolloutActor:
             engine = create_engine(self.backend, instance_id=self.instance_id, **self.engine_kwargs)
             await engine.start()
             self._engine = engine
+            self._drift = asyncio.get_running_loop().create_task(self._check_drift())
             self._log.info("rollout_started", seconds=round(time.perf_counter() - t0, 2))
         await self._store()
         snap = await self._require().snapshot()
@@ -193,6 +206,26 @@ class RolloutActor:
         self._to_write.append((result, finished))
         self._ready.set()
 
+    async def _snapshot(self, engine: EngineAdapter) -> EngineSnapshot:
+        snap = await engine.snapshot()
+        if snap.kv_used_tokens > snap.kv_capacity_tokens:
+            snap = attrs.evolve(snap, kv_used_tokens=snap.kv_capacity_tokens)
+        return snap
+
+    async def _check_drift(self) -> None:
+        """Every DRIFT_CHECK_S while generating: if the control side's view is off, ask it to
+        poll (through ``wait_results``)."""
+        while True:
+            await asyncio.sleep(DRIFT_CHECK_S)
+            engine = self._engine
+            if engine is None or not self._tasks or self._ready.is_set() or self._polling:
+                continue
+            try:
+                if self._encoder.due(await self._snapshot(engine)):
+                    self._ready.set()
+            except Exception as e:  # the engine is closing or failed: its calls will say so
+                self._log.debug("drift_check_failed", error=repr(e)[:200])
+
     async def _flush(self) -> None:
         """Write every pending result to the TS (new tokens only), then queue its outcome."""
         async with self._write_lock:
@@ -256,20 +289,23 @@ class RolloutActor:
         None when there is nothing at all (no outcome, nothing changed)."""
         engine = self._require()
         self._ready.clear()  # what arrives from here on sets it again
-        await self._flush()
-        outcomes, self._outcomes = self._outcomes, []
-        refused, self._refused = self._refused, []
-        errors, self._errors = self._errors, []
-        snap = await engine.snapshot()
-        if snap.kv_used_tokens > snap.kv_capacity_tokens:
-            snap = attrs.evolve(snap, kv_used_tokens=snap.kv_capacity_tokens)
-        delta = self._encoder.encode(snap, ack=ack, full=full, ended={o[0] for o in outcomes})
+        self._polling = True
+        try:
+            await self._flush()
+            outcomes, self._outcomes = self._outcomes, []
+            refused, self._refused = self._refused, []
+            errors, self._errors = self._errors, []
+            snap = await self._snapshot(engine)
+            delta = self._encoder.encode(snap, ack=ack, full=full, ended={o[0] for o in outcomes})
+        finally:
+            self._polling = False
         answer = {"outcomes": outcomes, "refused": refused, "errors": errors, "snapshot": delta}
         return {k: v for k, v in answer.items() if v} or None
 
     async def wait_results(self, timeout_s: float) -> bool:
-        """True as soon as a result waits to be reported by :meth:`poll` (at once if one
-        already does), False after ``timeout_s`` without one."""
+        """True as soon as a result waits to be reported by :meth:`poll`, or the control
+        side's view of this instance is off (at once if either is already so), False after
+        ``timeout_s`` without."""
         try:
             await asyncio.wait_for(self._ready.wait(), timeout_s)
         except TimeoutError:
@@ -365,6 +401,9 @@ class RolloutActor:
         return {"instance_id": self.instance_id, "running": len(self._tasks), "syncs": self._syncs}
 
     async def close(self) -> None:
+        if self._drift is not None:
+            self._drift.cancel()
+            self._drift = None
         engine, self._engine = self._engine, None
         if engine is not None:
             await engine.close()

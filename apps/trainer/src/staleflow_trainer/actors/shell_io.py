@@ -6,7 +6,9 @@ interrupt, drop, release), polls instances, scores and trains in the background,
 dead instance into an ``InstanceLost`` event with what the store held for it. An instance's
 poll answer carries its snapshot as a delta (``engine_adapters.SnapshotEncoder``): one entry
 when a trajectory starts or changes pace, not one per running trajectory per poll; a
-``SnapshotDecoder`` per instance rebuilds the full snapshot here. It counts the
+``SnapshotDecoder`` per instance rebuilds the full snapshot here. An instance is polled only
+when it has something to say (see :meth:`ShellIO.poll_all`); between polls its view is
+extrapolated in time (:meth:`ShellIO.views`). It counts the
 bytes that cross this process per peer kind (pickled size of every call's arguments and
 answer), so the data-path benchmark can show they do not grow with response length.
 """
@@ -18,7 +20,7 @@ import contextlib
 import os
 import pickle
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -35,7 +37,7 @@ from trajectory_server.errors import TrajectoryServerError
 log = structlog.get_logger(__name__)
 
 #: how long one ``wait_results`` call to an instance waits before it is made again
-WATCH_S = 5.0
+WATCH_S = 30.0
 
 
 def is_actor_death(e: BaseException) -> bool:
@@ -66,9 +68,11 @@ def sync_retry_delay(failures_in_row: int, backoff_s: float) -> float:
     return float(min(30.0, backoff_s * 2 ** (failures_in_row - 1)))
 
 
-#: An instance that was idle at its last poll (nothing running or waiting) and has been sent no
-#: command since is polled only this often, to notice if it is lost; a command wakes it.
-QUIET_POLL_S = 5.0
+#: An instance that has been sent no command and whose watcher (``wait_results``) has not
+#: called since its last poll is polled again only after this long (an instance that has no
+#: ``wait_results``: only while it is idle, nothing running or waiting, at its last poll). A
+#: lost instance is noticed sooner: its watcher's call fails, which asks for a poll.
+QUIET_POLL_S = 30.0
 
 
 async def wait_or_timeout(event: asyncio.Event, timeout_s: float) -> None:
@@ -117,10 +121,13 @@ class ShellIO:
         self._bytes: dict[str, int] = {}
         self._decoders: dict[str, SnapshotDecoder] = {}
         # commands sent to each instance (bumped before and after each), the count and the
-        # clock at its last poll, and the instances that are quiet (see QUIET_POLL_S)
+        # clock at its last poll, the instances idle at their last poll with no command since,
+        # and those whose watcher asked for a poll (see QUIET_POLL_S)
         self._commands: dict[str, int] = {}
         self._polled: dict[str, tuple[int, float]] = {}
         self._quiet: set[str] = set()
+        self._signaled: set[str] = set()
+        self._answered: dict[str, float] = {}  # when an instance's poll answer arrived
         self._next_reward = 0
         #: group id -> dataset row of the groups this process submitted (diagnostics)
         self.submitted: dict[str, int] = {}
@@ -175,8 +182,12 @@ class ShellIO:
         full one)."""
         dec = self._decoder(iid)
         self._quiet.discard(iid)
+        # the view is stamped when the answer arrived, not when the slowest poll of the cycle
+        # did (the instance extrapolates from its snapshot's time)
+        arrived = self._answered.pop(iid, None)
+        stamp = at if arrived is None else at - max(0.0, time.monotonic() - arrived)
         try:
-            snap = dec.decode(delta, time_s=at, ended=ended)
+            snap = dec.decode(delta, time_s=stamp, ended=ended)
         except ValueError as e:
             log.warning("snapshot_delta_refused", instance=iid, error=str(e)[:200])
             return None
@@ -356,13 +367,26 @@ class ShellIO:
                 self._count("instances", _size(WATCH_S) + _size(ready))
                 if ready:
                     polled.clear()
-                    self._quiet.discard(iid)  # it has results: poll it now
-                    self.wake.set()
+                    self._ask_poll(iid)  # results, or its view is off
                     await polled.wait()
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # a dead instance: its next poll reports the loss
+        except Exception as e:  # a dead instance: the poll this asks for reports the loss
             log.debug("watch_stopped", instance=iid, error=repr(e)[:200])
+            self._ask_poll(iid)
+
+    def _ask_poll(self, iid: str) -> None:
+        self._signaled.add(iid)
+        self._quiet.discard(iid)
+        self.wake.set()
+
+    def _due(self, iid: str, now: float) -> bool:
+        polled = self._polled.get(iid)
+        if polled is None or polled[0] != self._commands.get(iid, 0) or iid in self._signaled:
+            return True
+        if now - polled[1] >= QUIET_POLL_S or self._decoder(iid).k is None:
+            return True
+        return iid not in self._quiet and not hasattr(self.rollouts[iid], "wait_results")
 
     def stop_watching(self, iid: str | None = None) -> None:
         """Cancel the watcher of ``iid`` (None: of every instance)."""
@@ -372,23 +396,26 @@ class ShellIO:
                 t.cancel()
 
     async def poll_all(self) -> dict[str, Any]:
-        """Poll every instance but the quiet ones (see QUIET_POLL_S); the answers by instance
-        (an exception: the call failed)."""
+        """Poll the instances that have something to say: sent a command since their last
+        poll, asked for one by their watcher (results, or the view of them is off), without a
+        view yet, or not polled for QUIET_POLL_S. The answers by instance (an exception: the
+        call failed); the others' views are :meth:`views`."""
         self._watch_all()
         now = time.monotonic()
-        iids = [
-            i
-            for i in self.rollouts
-            if i not in self._quiet or now - self._polled[i][1] >= QUIET_POLL_S
-        ]
+        iids = [i for i in self.rollouts if self._due(i, now)]
         for i in iids:
             self._polled[i] = (self._commands.get(i, 0), now)
+            self._signaled.discard(i)
         # each request acknowledges the last snapshot delta decoded (or asks for a full one);
         # an answer may be None (nothing happened, nothing changed)
         args = {i: self._decoder(i).request() for i in iids}
-        got = await asyncio.gather(
-            *(self.rollouts[i].poll.remote(**args[i]) for i in iids), return_exceptions=True
-        )
+
+        async def poll(i: str) -> Any:
+            answer = await self.rollouts[i].poll.remote(**args[i])
+            self._answered[i] = time.monotonic()  # its snapshot's age is counted from here
+            return answer
+
+        got = await asyncio.gather(*(poll(i) for i in iids), return_exceptions=True)
         out: dict[str, Any] = {}
         for iid, p in zip(iids, got, strict=True):
             if isinstance(p, BaseException) and not is_actor_death(p):
@@ -402,12 +429,25 @@ class ShellIO:
                 self._poll_done[iid].set()
         return out
 
+    def views(self, at: float, polled: Collection[str]) -> dict[str, InstanceSnapshot]:
+        """The extrapolated snapshots, at ``at``, of the instances not in ``polled`` that had
+        work at their last poll (``SnapshotDecoder.view``): no request is sent."""
+        out: dict[str, InstanceSnapshot] = {}
+        for iid in self.rollouts:
+            if iid in polled or iid in self._quiet:
+                continue
+            snap = self._decoder(iid).view(at)
+            if snap is not None:
+                out[iid] = InstanceSnapshot.from_engine(snap)
+        return out
+
     async def lose(self, iid: str, error: BaseException, at: float) -> InstanceLost:
         """``iid`` died: the store puts back in the queue what it held (with the response
         length the store holds for each); the instance leaves the run."""
         self.rollouts.pop(iid, None)
         self._decoders.pop(iid, None)
         self._quiet.discard(iid)
+        self._signaled.discard(iid)
         self.stop_watching(iid)
         requeued = list(await self.ts.instance_lost(iid))
         lengths = await self.lengths(requeued)
