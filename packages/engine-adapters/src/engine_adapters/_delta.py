@@ -77,6 +77,11 @@ def _header(snap: EngineSnapshot, n: int) -> dict[str, Any]:
     }
 
 
+def _progress(snap: EngineSnapshot) -> dict[str, int]:
+    """The fields of :data:`_PROGRESS` in ``snap``."""
+    return {"steps": snap.decode_steps, "kv": snap.kv_used_tokens}
+
+
 class _Pace:
     """A progress field (``steps`` or ``kv``) as both sides extrapolate it: the value last sent
     plus its rate (per second) times the seconds since, each side on its own clock (the
@@ -172,9 +177,10 @@ class SnapshotEncoder:
         tolerance of 0: any), the version or KV capacity changed, the waiting or running count
         moved by more than that share of the larger of them, the throughput by more than that
         share, or a progress field drifted past its allowance. Call it between requests to
-        learn when one is worth making (what it waves through, the next answer still carries);
-        it records the progress fields as checked (the next check's allowance is the change
-        since this one) and changes nothing the receiver mirrors."""
+        learn when one is worth making (what it waves through, the next answer still carries).
+        It records the progress fields as checked (the next check's allowance is the change
+        since this one) and flags those it found off (the next delta sends them whatever its
+        allowance by then); it changes nothing the receiver mirrors."""
         if self._k is None:
             return True
         steps = snap.decode_steps
@@ -196,7 +202,7 @@ class SnapshotEncoder:
                 due = due or f not in self._head or abs(v - self._head[f]) > scale
             else:
                 due = due or self._changed(f, v)
-        for f, v in (("steps", steps), ("kv", snap.kv_used_tokens)):
+        for f, v in _progress(snap).items():
             if self._off(f, v, snap.time_s, snap.kv_capacity_tokens):
                 self._flagged.add(f)  # sent with the answer this asks for, whatever its floor
                 due = True
@@ -234,7 +240,7 @@ class SnapshotEncoder:
             cur[tid] = entry
         left = [t for t in old if t not in cur and t not in ended]
         head = _header(snap, len(cur))
-        progress = {"steps": steps, "kv": snap.kv_used_tokens}
+        progress = _progress(snap)
         out: dict[str, Any]
         if full:  # the rates the sender knows go along: the receiver extrapolates at once
             out = {"full": 1, **head, **progress}
