@@ -336,6 +336,7 @@ class ReferenceCoordinator(Coordinator):
                 self.state.apply_snapshot(
                     snap, now=now, latest_version=self.protocol.published_version
                 )
+                self._note_running(snap)
                 self._prune(snap, prev_time)
             except SnapshotRejected as exc:
                 rejected.append(exc)

@@ -250,6 +250,12 @@ def test_no_migration_while_a_sync_is_issued_or_in_flight():
 # ---- preemption -----------------------------------------------------------------------------
 
 
+def _entries(ids, tokens=CAP // 6):
+    return tuple(
+        RunningEntry(trajectory_id=t, prompt_tokens=tokens, generated_tokens=0) for t in ids
+    )
+
+
 def test_preempted_requests_beyond_the_allowed_queue_are_aborted_back():
     coord, _, clock = make(
         instances=[("a", 0)], batch=8, group=2, theta=0.01, preemption_rule="abort"
@@ -257,11 +263,10 @@ def test_preempted_requests_beyond_the_allowed_queue_are_aborted_back():
     q = [new(f"t{k}", group=f"g{k // 2}") for k in range(10)]
     cmds = coord.step([snap("a")], q, now=0.0)
     assert len(routes(cmds)) == 10
-    # the engine runs t4..t9 and has t0..t3 waiting (preempted), KV full
-    running = tuple(
-        RunningEntry(trajectory_id=f"t{k}", prompt_tokens=CAP // 6, generated_tokens=0)
-        for k in range(4, 10)
-    )
+    # the engine runs t0..t9 a while, then preempts t0..t3 (KV full): 4 waiting
+    ran = _entries((f"t{k}" for k in range(10)), CAP // 10)
+    coord.step([snap("a", running=ran, t=0.5)], [], now=0.5)
+    running = _entries(f"t{k}" for k in range(4, 10))
     clock.t = 1.0
     cmds = coord.step([snap("a", running=running, waiting=4, t=1.0)], [], now=1.0)
     (it,) = interrupts(cmds)
@@ -273,6 +278,37 @@ def test_preempted_requests_beyond_the_allowed_queue_are_aborted_back():
     # the default bounce rule acts on running work instead, and only with nearly full KV
     coord, _, _ = make(instances=[("a", 0)], bounce_waiting_threshold=4)
     assert interrupts(coord.step([snap("a", n=2, waiting=4)], [], now=0.0)) == []
+
+
+def test_abort_rule_leaves_work_queued_behind_a_full_engine_alone():
+    """Vanilla routing hands work to an engine whatever its load; what it routes to a full
+    engine waits there as intended, and aborting it would only send it back to the same full
+    engines cycle after cycle (a route/abort ping-pong). Preempted work still goes back."""
+    coord, _, clock = make(
+        "vanilla-routing",
+        instances=[("a", 0), ("b", 0)],
+        batch=8,
+        group=2,
+        preemption_rule="abort",
+    )
+    full = {i: _entries([f"{i}-r{k}" for k in range(4)], CAP // 4) for i in ("a", "b")}
+    q = [new(f"t{k}", group=f"g{k // 2}") for k in range(8)]
+    sent = routes(coord.step([snap(i, running=full[i]) for i in full], q, now=0.0))
+    assert len(sent) == 8
+    on = {i: [t for t, j in sent.items() if j == i] for i in full}
+    # each engine is still full and queues the 4 it got: nothing was preempted
+    clock.t = 1.0
+    snaps = [snap(i, running=full[i], waiting=4, t=1.0) for i in full]
+    assert interrupts(coord.step(snaps, [], now=1.0)) == []
+    assert coord.instances["a"].waiting == 4
+    # one finished: the engine admits the first queued one, then preempts it (KV full again)
+    clock.t = 2.0
+    snaps = [snap(i, running=(*full[i][1:], *_entries(on[i][:1])), waiting=3, t=2.0) for i in full]
+    assert interrupts(coord.step(snaps, [], now=2.0)) == []
+    clock.t = 3.0
+    snaps = [snap(i, running=full[i][1:], waiting=4, t=3.0) for i in full]
+    cmds = coord.step(snaps, [], now=3.0)
+    assert sorted(it.trajectory_ids for it in interrupts(cmds)) == [(on["a"][0],), (on["b"][0],)]
 
 
 def test_preemption_rule_off():

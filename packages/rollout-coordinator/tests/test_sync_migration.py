@@ -153,6 +153,26 @@ def test_migration_only_moves_what_the_starving_instance_can_serve():
     assert [len(i.trajectory_ids) for i in interrupts(cmds)] == [5]
 
 
+def test_migration_acts_under_the_even_router():
+    """The vanilla-routing ablation replaces routing only: an instance the queue has no work
+    for is starving there too, and migration moves work to it."""
+    coord, _, _ = make("vanilla-routing", instances=[("idle", 0), ("busy", 0)])
+    cmds = coord.step([snap("idle"), snap("busy", n=12, tokens_each=3000)], [], now=0.0)
+    (it,) = interrupts(cmds)
+    assert (it.instance_id, it.reason, len(it.trajectory_ids)) == ("busy", "migration", 6)
+    # not while work the router could place is cut off by its route cap
+    coord, _, _ = make(
+        "vanilla-routing",
+        instances=[("idle", 0), ("busy", 0)],
+        batch=8,
+        group=2,
+        max_routes_per_cycle=1,
+    )
+    q = [new(f"t{k}", group=f"g{k // 2}") for k in range(4)]
+    cmds = coord.step([snap("idle"), snap("busy", n=12, tokens_each=3000)], q, now=0.0)
+    assert coord.last_cycle.routes == 1 and interrupts(cmds) == []
+
+
 def test_vanilla_migration_is_passive():
     coord, _, _ = make("vanilla-migration", instances=[("idle", 0), ("busy", 0)])
     assert interrupts(coord.step([snap("idle"), snap("busy", n=40)], [], now=0.0)) == []

@@ -167,6 +167,12 @@ class Coordinator:
         # per instance: trajectory id -> (V_traj, time routed); and the reverse index
         self._routed: dict[str, dict[str, tuple[int, float]]] = {}
         self._where: dict[str, str] = {}
+        # per instance, under the ``abort`` preemption rule: the routed trajectories meant to
+        # run there (routed while the instance had room, or shown running by a snapshot since).
+        # One of them in the engine's waiting queue was preempted, or refused because the
+        # instance had filled since its last snapshot; the others were queued on purpose.
+        self._meant: dict[str, set[str]] = {}
+        self._track_meant = self.config.preemption_rule == "abort"
         self._orphans: dict[str, int] = {}  # reserved, never handed out: tid -> V_traj
         self._aborted_since = self._dropped_since = 0  # by abort(), reported by the next step
         self.last_cycle = CycleReport(now=0.0)
@@ -186,12 +192,14 @@ class Coordinator:
     def add_instance(self, instance_id: str, *, kv_capacity_tokens: int, version: int = 0) -> None:
         self.state.add_instance(instance_id, version=version, kv_capacity_tokens=kv_capacity_tokens)
         self._routed[instance_id] = {}
+        self._meant[instance_id] = set()
 
     def remove_instance(self, instance_id: str) -> list[str]:
         """The instance is gone; returns the trajectories the coordinator had routed to it
         (the caller returns them to the queue). Routes held for its sync become orphans."""
         self.state.remove_instance(instance_id)
         lost = list(self._routed.pop(instance_id, {}))
+        self._meant.pop(instance_id, None)
         for tid in lost:
             self._where.pop(tid, None)
         # held for its sync, or released by a sync that finished but not yet emitted: never
@@ -249,20 +257,34 @@ class Coordinator:
         self._dropped_since += n_drop
         return commands
 
-    def _waiting_ids(self, instance_id: str) -> tuple[str, ...]:
-        """Routed to the instance, not running there (its engine's waiting queue), oldest
-        route first; routes held for its sync in flight are not on the engine yet."""
+    def _preempted_ids(self, instance_id: str) -> tuple[str, ...]:
+        """Routed to the instance and meant to run there, but in its engine's waiting queue:
+        preempted, or refused because the instance had filled since its last snapshot (not
+        work routed to an instance known to be full, which the engine queues as intended).
+        Oldest route first; empty unless the ``abort`` preemption rule is on, and while the
+        instance syncs."""
         inst = self.state.instances.get(instance_id)
-        routed = self._routed.get(instance_id)
-        if inst is None or not routed or inst.syncing:
+        meant = self._meant.get(instance_id)
+        if inst is None or not meant or inst.syncing:
             return ()
         running = {e.trajectory_id for e in inst.running_entries()}
-        return tuple(tid for tid in routed if tid not in running)
+        return tuple(t for t in self._routed[instance_id] if t in meant and t not in running)
+
+    def _note_running(self, snap: InstanceSnapshot) -> None:
+        """Routed trajectories the snapshot shows running are meant to run there."""
+        if self._track_meant and snap.running:
+            routed = self._routed[snap.instance_id]
+            self._meant[snap.instance_id].update(
+                t for e in snap.running if (t := e.trajectory_id) in routed
+            )
 
     def _forget(self, tid: str) -> None:
         iid = self._where.pop(tid, None)
         if iid is not None:
             self._routed.get(iid, {}).pop(tid, None)
+            meant = self._meant.get(iid)
+            if meant:
+                meant.discard(tid)
 
     def v_traj_of(self, trajectory_id: str) -> int | None:
         iid = self._where.get(trajectory_id)
@@ -306,7 +328,7 @@ class Coordinator:
             eta=self.protocol.config.eta,
             admitted_total=self._admitted_total,
             lost_total=self._lost_total,
-            waiting_ids=self._waiting_ids,
+            preempted_ids=self._preempted_ids,
         )
         port = _ProtocolPort(self)
         quota, self._gate = self.policy.admission(view, self._gate)
@@ -324,10 +346,13 @@ class Coordinator:
         held = 0
         instances, routed, where = self.state.instances, self._routed, self._where
         orphans = self._orphans
+        meant = self._meant if self._track_meant else None
         for r in routing.routes:
             iid, tid = r.instance_id, r.trajectory_id
             routed[iid][tid] = (r.version, now)
             where[tid] = iid
+            if meant is not None and instances[iid].is_running(tid):
+                meant[iid].add(tid)  # routed into room (not onto a waiting queue)
             if orphans:
                 orphans.pop(tid, None)
             if instances[iid].syncing:
@@ -392,6 +417,7 @@ class Coordinator:
         apply = self.state.apply_snapshot
         routed = self._routed
         latest = self.protocol.published_version
+        track_meant = self._track_meant
         for raw in snapshots:
             try:
                 if type(raw) is InstanceSnapshot:
@@ -406,6 +432,8 @@ class Coordinator:
                             field="snapshot",
                         ) from exc
                 prev_time = apply(snap, now=now, latest_version=latest)
+                if track_meant:
+                    self._note_running(snap)
                 # _prune's own early exit, here: it runs for every instance every cycle
                 if not snap.waiting and len(routed[snap.instance_id]) > len(snap.running) + 16:
                     self._prune(snap, prev_time)
@@ -422,10 +450,13 @@ class Coordinator:
         if snap.waiting or len(routed) <= len(snap.running) + 16:
             return
         running = {e.trajectory_id for e in snap.running}
+        meant = self._meant.get(snap.instance_id)
         for tid, (_v, t) in list(routed.items()):
             if t < prev_time and tid not in running:
                 del routed[tid]
                 self._where.pop(tid, None)
+                if meant:
+                    meant.discard(tid)
 
     def _abort(self, aborts: list[Abort], commands: list[Command], now: float) -> tuple[int, int]:
         if not aborts:
@@ -476,6 +507,7 @@ class Coordinator:
         for tid in list(self._routed[s.instance_id]):
             self._where.pop(tid, None)
         self._routed[s.instance_id] = {}
+        self._meant[s.instance_id] = set()
         return True
 
     def _unsend_released(

@@ -20,7 +20,7 @@ from rollout_coordinator._records import QueuedTrajectory, QueueView
 from rollout_coordinator._speculative import InstanceState
 
 
-def _no_waiting(instance_id: str) -> tuple[str, ...]:
+def _none_preempted(instance_id: str) -> tuple[str, ...]:
     return ()
 
 
@@ -40,9 +40,12 @@ class CycleView:
     #: Trajectories admitted (reserved) since start, and those lost (dropped/aborted) since.
     admitted_total: int = 0
     lost_total: int = 0
-    #: The trajectories the coordinator routed to an instance that its engine is not running
-    #: (its waiting queue: not admitted yet, or preempted), oldest route first.
-    waiting_ids: Callable[[str], tuple[str, ...]] = _no_waiting
+    #: The trajectories the coordinator routed to an instance to run there (into room, or
+    #: shown running by a snapshot since) that sit in its engine's waiting queue: preempted, or
+    #: refused because the instance filled since its snapshot. Not those routed to an
+    #: instance known to be full (queued on purpose). Oldest route first; filled under the
+    #: ``abort`` preemption rule only.
+    preempted_ids: Callable[[str], tuple[str, ...]] = _none_preempted
 
 
 class AdmissionPort(Protocol):

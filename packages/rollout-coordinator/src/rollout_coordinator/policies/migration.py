@@ -24,10 +24,15 @@ Preemption (``preemption_rule``):
   that queue. The coordinator interrupts the ones the engine would pick (the smallest — most
   recently started, cheapest to move), up to ``bounce_max_per_instance``, enough to bring KV
   usage back under the threshold, so they are re-routed rather than waiting behind the queue.
-* ``abort``: once an engine's waiting queue exceeds ``preempt_abort_waiting``, the excess
-  waiting trajectories are aborted back to the trajectory server (``Interrupt``, requeue, reason
-  ``bounce``) and re-routed. The router sends no new work to an instance with a waiting queue,
-  so what waits there was preempted by the engine; the oldest routes go first.
+* ``abort``: once an engine's waiting queue exceeds ``preempt_abort_waiting``, the waiting
+  trajectories that were meant to run there — the engine preempted them (a snapshot showed
+  them running), or refused them because it had filled since the snapshot they were routed
+  against — are aborted back to the trajectory server (``Interrupt``, requeue, reason
+  ``bounce``), oldest route first, as many as the queue exceeds the allowance by, and
+  re-routed. Work routed to an engine known to be full (the even router hands work to an
+  engine whatever its load, as a round-robin front end does) stays in that engine's queue,
+  as in a real deployment: aborting it would send it straight back to the same full
+  engines, cycle after cycle.
 * ``off``: nothing.
 """
 
@@ -128,7 +133,7 @@ def _abort_preempted(view: CycleView) -> list[Interrupt]:
     for iid, inst in view.instances.items():
         if inst.syncing or inst.waiting <= keep:
             continue
-        ids = view.waiting_ids(iid)[: inst.waiting - keep]
+        ids = view.preempted_ids(iid)[: inst.waiting - keep]
         if ids:
             out.append(
                 Interrupt(instance_id=iid, trajectory_ids=ids, reason=InterruptReason.BOUNCE)

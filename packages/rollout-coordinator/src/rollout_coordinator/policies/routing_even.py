@@ -5,6 +5,11 @@ trajectories: above the abort floor and admitted by the protocol) with the fewes
 (running + engine-waiting), ties by instance id. No KV-room or cost check: like verl's chunked
 dispatch and AReaL/ROLL's least-requests client, the request is handed to the engine, whose
 own scheduler queues it if it cannot run now. Bounded by ``max_routes_per_cycle``.
+
+When the queue runs out of work the router can place (no route cap or quota stopped it), the
+eligible instances that got nothing this cycle, have no engine waiting queue and KV usage
+below ``route_kv_limit`` are reported *hungry*: the queue holds no admissible work for them,
+so migration (where the policy has it) may move work to them.
 """
 
 from __future__ import annotations
@@ -37,13 +42,16 @@ def route_evenly(view: CycleView, port: AdmissionPort, quota: int | None) -> Rou
     items = view.queue.items
     n_items = len(items)
     i = 0
+    stopped_early = False
     while i < n_items:
         item = items[i]
         i += 1
         if not versions or len(routes) >= max_routes:
+            stopped_early = bool(versions)
             break
         is_new = item.v_traj is None
         if is_new and quota is not None and new_admitted >= quota:
+            stopped_early = True
             break
         if fresh_refused and is_new and item.group_id not in admitted:
             while i < n_items and items[i].v_traj is None and items[i].group_id not in admitted:
@@ -79,4 +87,17 @@ def route_evenly(view: CycleView, port: AdmissionPort, quota: int | None) -> Rou
         routes.append(
             Route(item.trajectory_id, best[1], version, item.group_id, is_new, buffer, tokens)
         )
-    return RoutingResult(routes=routes, hungry=frozenset(), new_admitted=new_admitted)
+    hungry: frozenset[str] = frozenset()
+    if not stopped_early:
+        got = {r.instance_id for r in routes}
+        limit = cfg.route_kv_limit
+        hungry = frozenset(
+            iid
+            for iid, inst in view.instances.items()
+            if iid not in got
+            and eligible(inst, floor)
+            and not inst.syncing
+            and inst.waiting == 0
+            and inst.kv_used < limit * inst.kv_capacity
+        )
+    return RoutingResult(routes=routes, hungry=hungry, new_admitted=new_admitted)
