@@ -31,10 +31,15 @@ snapshot entry (none if it starts and ends between two polls, as short ones do),
 its reward and its trainer ids, plus, each time it is interrupted, the interrupt, its outcome,
 its route and its entry again, and a share of the corrections while an engine's pace changes.
 None of it counts tokens; what still varies between lengths is how often trajectories are
-interrupted and re-admitted, which depends on the timing of syncs against generation. Writes
-``bench-results/control_bytes.json``.
+re-admitted (migrations, bounces, sync interruptions), which depends on scheduling, and how
+many polls the results are spread over. So the benchmark also prints the bytes per call
+(``ControlActor.io_stats()["by_call"]``), the mean and spread over ``--repeats`` runs per
+length (the lengths interleaved), and a least-squares fit of bytes per trajectory on length
+(per 1K tokens) alone and on length and re-admissions per trajectory, with 95 % error bars
+(from four runs on). Writes ``bench-results/control_bytes.json``.
 
-    .venv/bin/python benchmarks/bench_control_bytes.py [--lengths 16,256,2048] [--steps 4]
+    .venv/bin/python benchmarks/bench_control_bytes.py [--lengths 16,256,2048] [--steps 4] \
+        [--repeats 3] [--eta 1]
     .venv/bin/python benchmarks/bench_control_bytes.py --smoke   # 2 lengths, 2 steps
 """
 
