@@ -31,10 +31,15 @@ snapshot entry (none if it starts and ends between two polls, as short ones do),
 its reward and its trainer ids, plus, each time it is interrupted, the interrupt, its outcome,
 its route and its entry again, and a share of the corrections while an engine's pace changes.
 None of it counts tokens; what still varies between lengths is how often trajectories are
-interrupted and re-admitted, which depends on the timing of syncs against generation. Writes
-``bench-results/control_bytes.json``.
+re-admitted (migrations, bounces, sync interruptions), which depends on scheduling, and how
+many polls the results are spread over. So the benchmark also prints the bytes per call
+(``ControlActor.io_stats()["by_call"]``), the mean and spread over ``--repeats`` runs per
+length (the lengths interleaved), and a least-squares fit of bytes per trajectory on length
+(per 1K tokens) alone and on length and re-admissions per trajectory, with 95 % error bars
+(from four runs on). Writes ``bench-results/control_bytes.json``.
 
-    .venv/bin/python benchmarks/bench_control_bytes.py [--lengths 16,256,2048] [--steps 4]
+    .venv/bin/python benchmarks/bench_control_bytes.py [--lengths 16,256,2048] [--steps 4] \
+        [--repeats 3] [--eta 1]
     .venv/bin/python benchmarks/bench_control_bytes.py --smoke   # 2 lengths, 2 steps
 """
 
@@ -119,11 +124,62 @@ def run_length(run_dir: Path, length: int, steps: int, eta: int = 1) -> dict[str
         # by a sync, a migration or a bounce) and interrupted
         "routes_per_trajectory": routes / n,
         "interrupts_per_trajectory": int(counters["interrupts"]) / n,
+        # of which migrations and bounces (the rest: protocol aborts); and the trajectories a
+        # sync interrupted (they go back to the queue too)
+        "migrations_per_trajectory": int(counters["migrations"]) / n,
+        "bounces_per_trajectory": int(counters["bounces"]) / n,
+        "sync_interrupts_per_trajectory": int(counters["sync_interrupts"]) / n,
+        "syncs": int(counters["syncs"]),
+        # every way back to the queue and onto an instance again (each costs an interrupt or a
+        # sync's outcome, a route and an entry)
+        "readmissions_per_trajectory": (
+            int(counters["interrupts"]) + int(counters["sync_interrupts"])
+        )
+        / n,
         "instances_bytes_per_route": io.get("instances", 0) / max(1, routes),
         "bytes": {k: int(io.get(k, 0)) for k in KINDS},
         "bytes_per_trajectory": per,
+        # per call: route, interrupt, sync, poll (request), poll_answer, wait_results, ...
+        "bytes_per_trajectory_by_call": {
+            k: v / n for k, v in sorted(dict(io.get("by_call", {})).items())
+        },
         "total_bytes_per_trajectory": sum(per.values()),
     }
+
+
+def _fit(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """Least squares of ``key`` (bytes per trajectory) over every run on response length (per
+    1K tokens) alone, and on length and re-admissions per trajectory: intercept, slopes and
+    their standard errors; a model is None without runs enough to estimate its errors."""
+    import numpy as np
+
+    y = np.array([r[key] for r in runs], dtype=float)
+    kx = np.array([r["response_len"] / 1000 for r in runs], dtype=float)
+    ix = np.array([r["readmissions_per_trajectory"] for r in runs], dtype=float)
+
+    def solve(names: list[str], x: Any) -> dict[str, float] | None:
+        dof = len(y) - x.shape[1]
+        if dof <= 0 or np.linalg.matrix_rank(x) < x.shape[1]:
+            return None
+        coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+        resid = y - x @ coef
+        se = np.sqrt(np.diag(float(resid @ resid) / dof * np.linalg.inv(x.T @ x)))
+        out = {n: float(c) for n, c in zip(names, coef, strict=True)}
+        return out | {f"{n}_se": float(e) for n, e in zip(names, se, strict=True)}
+
+    ones = np.ones_like(y)
+    return {
+        "length_only": solve(["intercept", "per_1k_tokens"], np.column_stack([ones, kx])),
+        "with_readmissions": solve(
+            ["intercept", "per_1k_tokens", "per_readmission"], np.column_stack([ones, kx, ix])
+        ),
+    }
+
+
+def _mean_sd(xs: list[float]) -> tuple[float, float]:
+    m = sum(xs) / len(xs)
+    sd = (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 if len(xs) > 1 else 0.0
+    return m, sd
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -131,15 +187,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--lengths", default="16,256,2048", help="response lengths, comma list")
     ap.add_argument("--steps", type=int, default=4, help="training steps per run")
     ap.add_argument("--eta", type=int, default=1, help="staleness bound of the runs (>= 0)")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per length (>= 1)")
     ap.add_argument("--smoke", action="store_true", help="lengths 16,256 and 2 steps")
     ap.add_argument("--out", default=None, help="default: bench-results/control_bytes.json")
     a = ap.parse_args(argv)
     lengths = [16, 256] if a.smoke else [int(x) for x in a.lengths.split(",") if x]
     steps = 2 if a.smoke else a.steps
+    repeats = 1 if a.smoke else a.repeats
     if len(lengths) < 2 or any(x < 2 for x in lengths):
         ap.error(f"--lengths needs at least two lengths >= 2, got {a.lengths!r}")
     if a.eta < 0:
         ap.error(f"--eta must be >= 0, got {a.eta}")
+    if repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {a.repeats}")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
@@ -150,48 +210,90 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runs = []
     try:
         with tempfile.TemporaryDirectory(prefix="bench-control-bytes-") as d:
-            for length in lengths:
-                runs.append(run_length(Path(d) / f"L{length}", length, steps, a.eta))
+            for rep in range(repeats):  # lengths interleaved: a slow spell hits every length
+                for length in lengths:
+                    r = run_length(Path(d) / f"L{length}-{rep}", length, steps, a.eta)
+                    runs.append({**r, "repeat": rep})
     finally:
         if started:
             ray.shutdown()
-    short, long_ = runs[0], runs[-1]
-    ratio = {
-        k: (long_["bytes_per_trajectory"][k] / short["bytes_per_trajectory"][k])
-        if short["bytes_per_trajectory"][k]
-        else None
-        for k in KINDS
-    }
-    ratio["instances_per_route"] = (
-        long_["instances_bytes_per_route"] / short["instances_bytes_per_route"]
+    by_len = {L: [r for r in runs if r["response_len"] == L] for L in lengths}
+
+    def mean(L: int, get: Any) -> float:
+        return _mean_sd([float(get(r)) for r in by_len[L]])[0]
+
+    short, long_ = lengths[0], lengths[-1]
+    ratio: dict[str, float | None] = {}
+    for k in KINDS:
+        lo = mean(short, lambda r, k=k: r["bytes_per_trajectory"][k])
+        hi = mean(long_, lambda r, k=k: r["bytes_per_trajectory"][k])
+        ratio[k] = hi / lo if lo else None
+    ratio["instances_per_route"] = mean(long_, lambda r: r["instances_bytes_per_route"]) / mean(
+        short, lambda r: r["instances_bytes_per_route"]
+    )
+    ratio["total"] = mean(long_, lambda r: r["total_bytes_per_trajectory"]) / mean(
+        short, lambda r: r["total_bytes_per_trajectory"]
     )
     res = {
         "smoke": a.smoke,
         "eta": a.eta,
+        "repeats": repeats,
         "runs": runs,
-        "ratio_longest_over_shortest": {
-            **ratio,
-            "total": long_["total_bytes_per_trajectory"] / short["total_bytes_per_trajectory"],
-        },
-        "length_ratio": long_["response_len"] / short["response_len"],
+        "ratio_longest_over_shortest": ratio,  # of the means over the repeats
+        "length_ratio": long_ / short,
+        "fit_total": _fit(runs, "total_bytes_per_trajectory"),
+        "fit_instances": _fit(
+            [{**r, "instances": r["bytes_per_trajectory"]["instances"]} for r in runs],
+            "instances",
+        ),
     }
     out = Path(a.out) if a.out else ROOT / "bench-results" / "control_bytes.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1))
-    print(f"{'L':>6} {'traj':>5} {'tok/traj':>9} {'wall s':>7} {'cycles':>6} {'routes':>6} "
-          f"{'intr':>5} {'inst B/rt':>9} "
+    _print(res, lengths, by_len)
+    return res
+
+
+def _print(res: dict[str, Any], lengths: list[int], by_len: dict[int, list[Any]]) -> None:
+    runs = res["runs"]
+    print(f"{'L':>6} {'rep':>3} {'traj':>5} {'tok/traj':>9} {'wall s':>7} {'cycles':>6} "
+          f"{'routes':>6} {'intr':>5} {'inst B/rt':>9} "
           + " ".join(f"{k:>10}" for k in KINDS) + f" {'total':>10}   (per trajectory)")  # fmt: skip
     for r in runs:
-        print(f"{r['response_len']:>6} {r['trajectories']:>5} {r['tokens_per_trajectory']:>9.1f} "
-              f"{r['run_wall_s']:>7.1f} {r['journal_appends']:>6} "
-              f"{r['routes_per_trajectory']:>6.2f} {r['interrupts_per_trajectory']:>5.2f} "
-              f"{r['instances_bytes_per_route']:>9.1f} "
+        print(f"{r['response_len']:>6} {r['repeat']:>3} {r['trajectories']:>5} "
+              f"{r['tokens_per_trajectory']:>9.1f} {r['run_wall_s']:>7.1f} "
+              f"{r['journal_appends']:>6} {r['routes_per_trajectory']:>6.2f} "
+              f"{r['interrupts_per_trajectory']:>5.2f} {r['instances_bytes_per_route']:>9.1f} "
               + " ".join(f"{r['bytes_per_trajectory'][k]:>10.1f}" for k in KINDS)
               + f" {r['total_bytes_per_trajectory']:>10.1f}")  # fmt: skip
+    calls = sorted({c for r in runs for c in r["bytes_per_trajectory_by_call"]})
+    w = {c: max(8, len(c)) for c in calls}
+    print(f"{'L':>6} " + " ".join(f"{c:>{w[c]}}" for c in calls) + "   (mean B per trajectory)")
+    for L in lengths:
+        rs = by_len[L]
+        print(f"{L:>6} " + " ".join(
+            f"{_mean_sd([r['bytes_per_trajectory_by_call'].get(c, 0.0) for r in rs])[0]:>{w[c]}.1f}"
+            for c in calls))  # fmt: skip
+    print(f"{'L':>6} {'total B/traj mean ± sd':>24} {'instances mean ± sd':>22} "
+          f"{'re-admissions/traj':>18}")  # fmt: skip
+    for L in lengths:
+        rs = by_len[L]
+        t = _mean_sd([r["total_bytes_per_trajectory"] for r in rs])
+        i = _mean_sd([r["bytes_per_trajectory"]["instances"] for r in rs])
+        n = _mean_sd([r["readmissions_per_trajectory"] for r in rs])
+        print(f"{L:>6} {t[0]:>15.1f} ± {t[1]:>5.1f} {i[0]:>13.1f} ± {i[1]:>5.1f} {n[0]:>18.2f}")
     rr = res["ratio_longest_over_shortest"]
-    print(f"longest/shortest (L x{res['length_ratio']:.0f}): "
+    print(f"longest/shortest, of the means (L x{res['length_ratio']:.0f}): "
           + ", ".join(f"{k} {v:.2f}" if v is not None else f"{k} -" for k, v in rr.items()))  # fmt: skip
-    return res
+    for name in ("fit_total", "fit_instances"):
+        for model, f in res[name].items():
+            if f is None:
+                print(f"{name} {model}: not enough runs to estimate")
+                continue
+            terms = [k for k in f if k != "intercept" and not k.endswith("_se")]
+            print(f"{name} {model}: B/traj = {f['intercept']:.1f} "
+                  + " ".join(f"{f[k]:+.2f} ± {1.96 * f[k + '_se']:.2f} {k}" for k in terms)
+                  + "  (± 95 %)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -119,6 +119,7 @@ class ShellIO:
         self._poll_done: dict[str, asyncio.Event] = {}  # set when the instance was polled
         self._prompts: dict[int, list[int]] = {}
         self._bytes: dict[str, int] = {}
+        self._by_call: dict[str, int] = {}
         self._decoders: dict[str, SnapshotDecoder] = {}
         # commands sent to each instance (bumped before and after each), the count and the
         # clock at its last poll, the instances idle at their last poll with no command since,
@@ -210,11 +211,15 @@ class ShellIO:
         self._commands[iid] = self._commands.get(iid, 0) + 1
         self._quiet.discard(iid)
 
-    def _count(self, kind: str, n: int) -> None:
+    def _count(self, kind: str, n: int, call: str) -> None:
         self._bytes[kind] = self._bytes.get(kind, 0) + n
+        key = f"{kind}.{call}"
+        self._by_call[key] = self._by_call.get(key, 0) + n
 
-    def byte_stats(self) -> dict[str, int]:
-        return dict(self._bytes)
+    def byte_stats(self) -> dict[str, Any]:
+        """Bytes per peer kind, and under ``by_call`` per ``kind.call`` (a call's arguments
+        and its answer counted apart: ``poll`` and ``poll_answer``)."""
+        return {**self._bytes, "by_call": dict(self._by_call)}
 
     # ---- effects -------------------------------------------------------------------------
 
@@ -249,7 +254,7 @@ class ShellIO:
             if h is None:
                 return None
             args = (e.version, list(e.trajectory_ids))
-            self._count("instances", _size(args))
+            self._count("instances", _size(args), "route")
             self.touch(e.instance_id)
             try:
                 await h.submit.remote(*args)
@@ -262,7 +267,7 @@ class ShellIO:
         elif isinstance(e, fx.Interrupt):
             h = self.rollouts.get(e.instance_id)
             if h is not None:
-                self._count("instances", _size(list(e.trajectory_ids)))
+                self._count("instances", _size(list(e.trajectory_ids)), "interrupt")
                 self.touch(e.instance_id)
                 try:
                     await h.interrupt.remote(list(e.trajectory_ids))
@@ -297,7 +302,7 @@ class ShellIO:
             "data_source": rec.data_source,
             "extra_info": rec.extra_info,
         }
-        self._count("ts", _size((prompt, metadata)))
+        self._count("ts", _size((prompt, metadata)), "submit")
         try:
             await self.ts.submit_group(
                 g.group_id,
@@ -333,7 +338,7 @@ class ShellIO:
         if not ids:
             return
         fn = getattr(self.ts, op)
-        self._count("ts", _size(ids))
+        self._count("ts", _size(ids), op)
         try:
             await fn(ids, *args)
             return
@@ -364,7 +369,7 @@ class ShellIO:
         try:
             while self.rollouts.get(iid) is h:
                 ready = await wait.remote(WATCH_S)
-                self._count("instances", _size(WATCH_S) + _size(ready))
+                self._count("instances", _size(WATCH_S) + _size(ready), "wait_results")
                 if ready:
                     polled.clear()
                     self._ask_poll(iid)  # results, or its view is off
@@ -421,9 +426,9 @@ class ShellIO:
             if isinstance(p, BaseException) and not is_actor_death(p):
                 raise p
             if args[iid]:
-                self._count("instances", _size(args[iid]))
+                self._count("instances", _size(args[iid]), "poll")
             if not isinstance(p, BaseException):
-                self._count("instances", _size(p))
+                self._count("instances", _size(p), "poll_answer")
             out[iid] = p
             if iid in self._poll_done:
                 self._poll_done[iid].set()
@@ -467,8 +472,11 @@ class ShellIO:
     async def sync(self, iid: str, handle: Any, version: int) -> dict[str, Any]:
         """Have ``iid`` load ``version``; its outcome shows in the polls after this returns."""
         self.touch(iid)
+        self._count("instances", _size(version), "sync")
         try:
-            return dict(await handle.sync.remote(version))
+            answer = dict(await handle.sync.remote(version))
+            self._count("instances", _size(answer), "sync_answer")
+            return answer
         finally:
             self.touch(iid)
 
@@ -506,10 +514,10 @@ class ShellIO:
 
     async def _score_shard(self, i: int, shard: list[str]) -> list[list[Any]]:
         for attempt in (0, 1):
-            self._count("rewards", _size(shard))
+            self._count("rewards", _size(shard), "score")
             try:
                 rows = cast(list[list[Any]], await self.rewards[i].score.remote(shard))
-                self._count("rewards", _size(rows))
+                self._count("rewards", _size(rows), "score_answer")
                 return rows
             except Exception as err:
                 if not is_actor_death(err) or attempt or not self.reward_spec:
@@ -535,7 +543,7 @@ class ShellIO:
             "staleness": [list(s) for s in e.staleness],
             "rewards": [list(r) for r in e.rewards],
         }
-        self._count("trainer", _size(batch))
+        self._count("trainer", _size(batch), "train")
         metrics = dict(await self.trainer.train_batch.remote(batch))
-        self._count("trainer", _size(metrics))
+        self._count("trainer", _size(metrics), "train_answer")
         return metrics
