@@ -336,3 +336,23 @@ def test_pull_that_hits_a_dead_worker_reports_it_and_retries_on_replicas() -> No
         assert ps.status()["dead"] == ["w1"]  # the client's report made the server check
         v, got = c.pull(retries=0)
         assert v == 1 and same(got, model)
+
+
+def test_worker_output_goes_to_the_servers_stderr_not_its_stdout() -> None:
+    """A program that embeds the server owns its stdout (the trainer prints its progress
+    there): the storage workers' log lines go to the server process's stderr."""
+    import subprocess
+    import sys
+
+    code = (
+        "from param_server import ParamServer, ParamServerConfig\n"
+        "with ParamServer(ParamServerConfig(num_workers=1)) as ps:\n"
+        "    ps.status()\n"
+        "print('embedder-line')\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=90, check=True
+    )
+    assert "embedder-line" in p.stdout
+    assert "worker_ready" not in p.stdout, p.stdout  # the worker's line, not the server's
+    assert "worker_ready" in p.stderr, p.stderr[-2000:]

@@ -45,6 +45,15 @@ from .errors import (
 log = structlog.get_logger("param_server.service")
 
 
+def _stderr_fd() -> int:
+    """The file descriptor of this process's stderr (2 if ``sys.stderr`` has none, as under
+    some capturing test runners)."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return 2
+
+
 class ParamServer:
     """Versioned weights on storage worker processes; see the package README.
 
@@ -96,8 +105,10 @@ class ParamServer:
         env[ENV_FAULTS] = "1" if self.config.fault_injection else "0"
         env[ENV_POOL] = str(self.config.worker_pool_bytes)
         env[ENV_NET_DEVICES] = self.config.net_devices() or ""
+        # the worker's output (its log lines, the transport's warnings) goes to this process's
+        # stderr: its stdout belongs to whoever embeds the server
         self._procs[worker] = subprocess.Popen(
-            [sys.executable, "-m", "param_server._worker", worker], env=env
+            [sys.executable, "-m", "param_server._worker", worker], env=env, stdout=_stderr_fd()
         )
 
     def _wait_joined(self, workers: Sequence[str], timeout_s: float) -> None:
