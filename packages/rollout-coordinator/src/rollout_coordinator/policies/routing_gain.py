@@ -102,7 +102,7 @@ def instance_thetas(view: CycleView, iids: list[str]) -> list[float] | None:
     theta = cfg.theta
     due = view.abort_floor + 1
     oldest = view.oldest_routed
-    return [theta if (v := oldest(iid)) is not None and v <= due else slack for iid in iids]
+    return [theta if (v := oldest(iid)) is None or v <= due else slack for iid in iids]
 
 
 def route_by_marginal_gain(
