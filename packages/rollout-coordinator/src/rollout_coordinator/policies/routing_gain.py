@@ -93,8 +93,8 @@ def instance_thetas(view: CycleView, iids: list[str]) -> list[float] | None:
     instance uses ``theta``. With ``theta_slack``: an instance holding a trajectory routed at
     a V_traj ≤ the abort floor + 1 — work that can only be trained in the batch the trainer
     needs next, whose wait every extra trajectory on that instance lengthens — keeps
-    ``theta``; any other instance (its work can still land in a later buffer, or it has
-    none) uses ``theta_slack``."""
+    ``theta``, and so does an instance holding no routed work; any other instance (all its
+    work can still land in a later buffer) uses ``theta_slack``."""
     cfg = view.config
     slack = cfg.theta_slack
     if slack is None:
