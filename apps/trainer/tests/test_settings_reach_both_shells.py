@@ -36,6 +36,7 @@ CHANGES = {
     "coordinator.profile": "paper",
     "coordinator.cost_model": "qwen-7b-h20",
     "coordinator.theta": "0.5",
+    "coordinator.theta_slack": "0.1",
     "coordinator.route_kv_limit": "0.8",
     "coordinator.sync_kv_threshold": "0.6",
     "coordinator.migration_ratio": "7.0",

@@ -52,6 +52,13 @@ def route_by_marginal_gain(
         n_all = sum(i.n_running for i in view.instances.values())
         ref_len = sum(i.kv_used for i in view.instances.values()) // n_all if n_all else 1
 
+    def theta_of(iid: str) -> float:
+        # theta_slack: an instance holding work only the next batch can take keeps theta
+        if cfg.theta_slack is None:
+            return theta
+        oldest = view.oldest_routed(iid)
+        return theta if oldest is not None and oldest <= floor + 1 else cfg.theta_slack
+
     def gain(n: int, kv: float, length: int) -> float:
         # max(k2, x) written out: this runs a few times per instance and per route, and the
         # builtin call was most of its cost
@@ -90,11 +97,11 @@ def route_by_marginal_gain(
         nonlocal live
         skipped: list[tuple[float, str]] = []
         chosen: str | None = None
-        threshold = theta / (k4 + k1 * length + max(k2, b + k3))
+        den = k4 + k1 * length + max(k2, b + k3)
         while h and len(skipped) < _ROOM_TRIES:
             top = h[0]
             n, kv, cap = local[top[1]]
-            if n >= max_n or gain(n, kv, length) < threshold:
+            if n >= max_n or gain(n, kv, length) < theta_of(top[1]) / den:
                 heapq.heappop(h)  # saturated: no trajectory of this size is worth it
                 live -= 1
                 continue
@@ -180,13 +187,13 @@ def route_by_marginal_gain(
                 break
     hungry: frozenset[str] = frozenset()
     if not stopped_early:
-        threshold = theta * cm.empty_gain(ref_len)
+        empty = cm.empty_gain(ref_len)
         hungry = frozenset(
             iid
             for h in heaps.values()
             for _, iid in h
             if local[iid][1] + ref_len <= kv_limit * local[iid][2]
-            and gain(local[iid][0], local[iid][1], ref_len) >= threshold
+            and gain(local[iid][0], local[iid][1], ref_len) >= theta_of(iid) * empty
         )
     return RoutingResult(routes=routes, hungry=hungry, new_admitted=new_admitted)
 

@@ -71,6 +71,8 @@ def test_profile_in_a_mapping_and_overrides():
     ("field", "value"),
     [
         ("route_max_concurrency", 0),
+        ("theta_slack", 0.0),
+        ("theta_slack", 1.5),
         ("candidate_order", "newest"),
         ("partial_order", "random"),
         ("sync_require_starved", "yes"),
@@ -92,6 +94,37 @@ def test_new_fields_out_of_range_name_the_field(field, value):
 
 
 # ---- routing --------------------------------------------------------------------------------
+
+
+def _others(n, tokens=1000):
+    return tuple(
+        RunningEntry(trajectory_id=f"x{k}", prompt_tokens=tokens, generated_tokens=0)
+        for k in range(n)
+    )
+
+
+@pytest.mark.parametrize(("held_v_traj", "takes"), [(None, False), (2, False), (3, True)])
+def test_theta_slack_applies_only_where_all_routed_work_has_slack(held_v_traj, takes):
+    """θ 0.9 refuses a 22nd trajectory; θ_slack 0.05 takes it on an instance whose routed work
+    all has slack (V_traj 3 > abort floor + 1 = 2). One holding work that only the batch the
+    trainer needs next can take (V_traj 2), or holding no routed work, keeps θ."""
+    coord, proto, clock = make(
+        instances=[("a", 3)], start_version=3, eta=1, theta=0.9, theta_slack=0.05
+    )
+    assert proto.abort_floor == 1
+    running = _others(20)
+    if held_v_traj is not None:
+        proto.reserve("gp", "p0", held_v_traj)
+        assert routes(
+            coord.step([snap("a", version=3)], [partial("p0", held_v_traj)], now=0.0)
+        ) == {"p0": "a"}
+    running += (RunningEntry(trajectory_id="p0", prompt_tokens=500, generated_tokens=100),)
+    clock.t = 1.0
+    cmds = coord.step([snap("a", version=3, running=running, t=1.0)], [new("t0")], now=1.0)
+    assert routes(cmds) == ({"t0": "a"} if takes else {})
+    # without theta_slack, theta everywhere
+    coord, _, _ = make(instances=[("a", 3)], start_version=3, eta=1, theta=0.9)
+    assert routes(coord.step([snap("a", version=3, running=_others(20))], [new("t0")])) == {}
 
 
 def test_router_concurrency_cap():

@@ -52,6 +52,7 @@ STRATEGY_FIELDS = (
     "theta",
     "route_kv_limit",
     "route_max_concurrency",
+    "theta_slack",
     "candidate_order",
     "partial_order",
     "max_routes_per_cycle",
@@ -91,6 +92,9 @@ class CoordinatorConfig:
     )
     profile: str = _f("default", doc="strategy profile (rollout_coordinator PROFILES)")
     theta: float | None = _f(None, doc="min marginal-gain fraction to route")
+    theta_slack: float | Literal["off"] | None = _f(
+        None, doc="theta for an instance whose work all has slack in the eta window"
+    )
     route_kv_limit: float | None = _f(None, doc="route only while KV usage after it stays <=")
     route_max_concurrency: int | Literal["off"] | None = _f(None, doc="running cap per instance")
     candidate_order: str | None = _f(None, doc="new groups: oldest or reserve (newest) first")

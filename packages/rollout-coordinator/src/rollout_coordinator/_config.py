@@ -121,6 +121,13 @@ class CoordinatorConfig:
     #: Accept a route only if its marginal throughput gain is ≥ θ × an empty instance's gain.
     #: In (0, 1]; the reference runs use 0.2–0.5.
     theta: float = attrs.field(default=0.3, validator=_open_unit)
+    #: θ for an instance whose work all has slack in the η window: it holds routed work and
+    #: every trajectory routed to it can still be trained after the batch the trainer needs
+    #: next (its V_traj is above the abort floor + 1). Such an instance may take work at a
+    #: smaller gain (more running, each slower); one holding work the next batch waits for, or
+    #: holding none, keeps ``theta``. None: ``theta`` everywhere. In (0, 1]. A rule beyond the
+    #: paper's runs (see the throughput docs for what it measured).
+    theta_slack: float | None = attrs.field(default=None, validator=_optional_fraction)
     #: An instance has KV room for a trajectory if its KV usage *after* adding it stays ≤ this.
     route_kv_limit: float = attrs.field(default=0.9, validator=_open_unit)
     #: The cost-model router gives an instance no more work once it runs this many

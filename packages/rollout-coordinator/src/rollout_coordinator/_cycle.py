@@ -270,6 +270,10 @@ class Coordinator:
         running = {e.trajectory_id for e in inst.running_entries()}
         return tuple(t for t in self._routed[instance_id] if t in meant and t not in running)
 
+    def _oldest_routed(self, instance_id: str) -> int | None:
+        """The smallest V_traj routed to the instance and not heard back about."""
+        return min((v for v, _ in self._routed.get(instance_id, {}).values()), default=None)
+
     def _note_running(self, snap: InstanceSnapshot) -> None:
         """Routed trajectories the snapshot shows running are meant to run there."""
         if self._track_meant and snap.running:
@@ -329,6 +333,7 @@ class Coordinator:
             admitted_total=self._admitted_total,
             lost_total=self._lost_total,
             preempted_ids=self._preempted_ids,
+            oldest_routed=self._oldest_routed,
         )
         port = _ProtocolPort(self)
         quota, self._gate = self.policy.admission(view, self._gate)

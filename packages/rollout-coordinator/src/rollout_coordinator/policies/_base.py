@@ -24,6 +24,10 @@ def _none_preempted(instance_id: str) -> tuple[str, ...]:
     return ()
 
 
+def _none_routed(instance_id: str) -> int | None:
+    return None
+
+
 @attrs.frozen(kw_only=True)
 class CycleView:
     now: float
@@ -46,6 +50,9 @@ class CycleView:
     #: instance known to be full (queued on purpose). Oldest route first; filled under the
     #: ``abort`` preemption rule only.
     preempted_ids: Callable[[str], tuple[str, ...]] = _none_preempted
+    #: The smallest V_traj among the trajectories the coordinator routed to an instance and
+    #: has not heard back about (None: none).
+    oldest_routed: Callable[[str], int | None] = _none_routed
 
 
 class AdmissionPort(Protocol):

@@ -10,6 +10,8 @@ instances that can run the trajectory *now* — no engine waiting queue, KV usag
 the largest marginal throughput gain ``T(n+1, kv+len) − T(n, kv)`` wins, if that gain is ≥ θ ×
 an empty instance's gain ``T(1, len)``. An instance whose best gain falls below θ (or that
 reached the concurrency cap) is saturated and leaves the group for the rest of the cycle.
+With ``theta_slack`` set, an instance whose routed work all has slack in the η window (see
+:func:`instance_thetas`) uses it instead of θ.
 
 Which version group is tried first:
 
@@ -86,6 +88,23 @@ def gain_terms(n: Ints, kv: Ints, cm: CostModel) -> tuple[Floats, Floats]:
     return x1, t
 
 
+def instance_thetas(view: CycleView, iids: list[str]) -> list[float] | None:
+    """Per instance (in ``iids`` order) the θ its routes must pass, or None when every
+    instance uses ``theta``. With ``theta_slack``: an instance holding a trajectory routed at
+    a V_traj ≤ the abort floor + 1 — work that can only be trained in the batch the trainer
+    needs next, whose wait every extra trajectory on that instance lengthens — keeps
+    ``theta``, and so does an instance holding no routed work; any other instance (all its
+    work can still land in a later buffer) uses ``theta_slack``."""
+    cfg = view.config
+    slack = cfg.theta_slack
+    if slack is None:
+        return None
+    theta = cfg.theta
+    due = view.abort_floor + 1
+    oldest = view.oldest_routed
+    return [theta if (v := oldest(iid)) is None or v <= due else slack for iid in iids]
+
+
 def route_by_marginal_gain(
     view: CycleView, port: AdmissionPort, quota: int | None
 ) -> RoutingResult:
@@ -118,6 +137,7 @@ def route_by_marginal_gain(
     kv_l: list[int] = kv_arr.tolist()
     cap_l: list[int] = cap_arr.tolist()
     tv_l: list[int] = tv.tolist()
+    th_l = instance_thetas(view, iids)
     x1_arr, t_arr = gain_terms(n_arr, kv_arr, cm)
     x1_l: list[float] = x1_arr.tolist()
     t_l: list[float] = t_arr.tolist()
@@ -156,7 +176,8 @@ def route_by_marginal_gain(
         worth it); those without KV room stay, and after ``_ROOM_TRIES`` of them the search
         gives up."""
         nonlocal live
-        threshold = theta / (k4 + k1 * length + batch_one)
+        den = k4 + k1 * length + batch_one
+        threshold = theta / den
         members = g.members
         j = dead = skipped = 0
         chosen = -1
@@ -164,7 +185,8 @@ def route_by_marginal_gain(
             p = members[j]
             n = n_l[p]
             kv = kv_l[p]
-            if n >= max_n or (n + 1) / (k4 + k1 * (kv + length) + x1_l[p]) - t_l[p] < threshold:
+            limit = threshold if th_l is None else th_l[p] / den
+            if n >= max_n or (n + 1) / (k4 + k1 * (kv + length) + x1_l[p]) - t_l[p] < limit:
                 live -= 1
                 if skipped:
                     g.drop(j)  # behind one without room: it leaves on its own
@@ -277,7 +299,8 @@ def route_by_marginal_gain(
             kv_left = np.array(kv_l, dtype=np.int64)[idx]
             room = kv_left + ref_len <= kv_limit * cap_arr[idx]
             gain = (n_left + 1) / (k4 + k1 * (kv_left + ref_len) + np.array(x1_l)[idx])
-            worth = gain - np.array(t_l)[idx] >= theta * cm.empty_gain(ref_len)
+            th = theta if th_l is None else np.array(th_l)[idx]
+            worth = gain - np.array(t_l)[idx] >= th * cm.empty_gain(ref_len)
             hungry = frozenset(iids[p] for p in idx[room & worth].tolist())
     return RoutingResult(routes=routes, hungry=hungry, new_admitted=new_admitted)
 
