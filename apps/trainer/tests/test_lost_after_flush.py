@@ -24,6 +24,7 @@ from staleflow_trainer.actors.shell_io import ShellIO
 from staleflow_trainer.config import load_config, to_dict
 from staleflow_trainer.control import ControlCore, core_config
 from staleflow_trainer.control import effects as fx
+from staleflow_trainer.control.checks import ledger_problems
 from staleflow_trainer.control.events import (
     InstanceJoined,
     InstanceLost,
@@ -152,6 +153,7 @@ def _scored(actor: ControlActor, wal_dir: Path) -> set[str]:
     assert json.dumps(core.to_dict(), sort_keys=True) == json.dumps(
         actor.core.to_dict(), sort_keys=True
     )  # the journal replays to the same state
+    assert ledger_problems(actor.core) == []  # ledger and protocol agree, totals balance
     return out
 
 
