@@ -31,10 +31,13 @@ from trajectory_server.errors import UnknownTrajectory
 
 #: longest reason passed on (the TS and the protocol take it as an id)
 _REASON_CHARS = 200
+_QUEUED = LocationState.QUEUED
 
 
 @attrs.frozen(kw_only=True)
 class InStore:
+    """The trajectories asked about, sorted by what the TS holds of them."""
+
     finished: tuple[Outcome, ...] = ()
     queued: tuple[tuple[str, int], ...] = ()
     dropped: tuple[tuple[str, str], ...] = ()
@@ -71,9 +74,6 @@ async def in_store(ts: Any, ids: Sequence[str], instance_id: str) -> InStore:
             dropped.append((tid, why[:_REASON_CHARS]))
     return InStore(finished=tuple(finished), queued=tuple(queued), dropped=tuple(dropped),
                    running=tuple(running))  # fmt: skip
-
-
-_QUEUED = LocationState.QUEUED
 
 
 async def queued_lengths(ts: Any, ids: set[str] | Sequence[str]) -> dict[str, int]:
