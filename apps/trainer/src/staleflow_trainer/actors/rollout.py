@@ -48,6 +48,7 @@ from engine_adapters import (
     SnapshotEncoder,
     create_engine,
 )
+from staleflow_trainer.actors.fault_hooks import RolloutFaultHooks
 from trajectory_server import Completion, Segment
 from trajectory_server.errors import TrajectoryServerError
 
@@ -66,7 +67,7 @@ SNAPSHOT_TOLERANCE = 0.05
 DRIFT_CHECK_S = 0.1
 
 
-class RolloutActor:
+class RolloutActor(RolloutFaultHooks):
     """Wrap with ``ray.remote(max_concurrency=...)``; every method is async."""
 
     def __init__(
@@ -107,6 +108,7 @@ class RolloutActor:
         self._sync_lock = asyncio.Lock()
         self._syncs = 0
         self._log = log.bind(instance=instance_id)
+        self._init_rollout_hooks()
 
     def _require(self) -> EngineAdapter:
         if self._engine is None:
@@ -295,6 +297,7 @@ class RolloutActor:
             outcomes, self._outcomes = self._outcomes, []
             refused, self._refused = self._refused, []
             errors, self._errors = self._errors, []
+            await self._maybe_hold_poll(outcomes)  # fault tests only
             snap = await self._snapshot(engine)
             delta = self._encoder.encode(snap, ack=ack, full=full, ended={o[0] for o in outcomes})
         finally:
