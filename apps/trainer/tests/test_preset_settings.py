@@ -1,0 +1,51 @@
+"""A paper preset's coordinator settings reach every run ``staleflow compare`` (and so
+``benchmarks/bench_sim_matrix.py``) builds from it: staleflow, each ablation and each baseline
+get the same strategy fields; only the policy (and η) differs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import pytest
+
+from staleflow_trainer.compare import plan_runs
+from staleflow_trainer.config import POLICIES, load_config
+from staleflow_trainer.control.config import core_config
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+PRESETS = [
+    "sim-paper-30b-a3b.yaml",
+    "sim-paper-30b-a3b-40k.yaml",
+    "sim-paper-30b-a3b-rollout-bound.yaml",
+]
+
+
+def _strategy(cfg: object) -> dict[str, object]:
+    fields = attrs.asdict(core_config(cfg, rows=None).coordinator, recurse=False)
+    fields.pop("policy")
+    return fields
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_policy_of_a_comparison_runs_the_presets_coordinator_settings(name: str) -> None:
+    base = load_config(EXAMPLES / name, [])
+    runs = plan_runs(base, None, (1, 3))
+    assert {c.coordinator.policy for c in runs} == set(POLICIES)
+    want = _strategy(base)
+    for c in runs:
+        assert _strategy(c) == want, f"{c.coordinator.policy} at eta {c.protocol.eta}"
+
+
+def test_the_rollout_bound_preset_sets_theta_slack_and_the_kv_limit() -> None:
+    base = load_config(EXAMPLES / "sim-paper-30b-a3b-rollout-bound.yaml", [])
+    paper = load_config(
+        EXAMPLES / "sim-paper-30b-a3b-rollout-bound.yaml",
+        ["coordinator.theta_slack=off", "coordinator.route_kv_limit=null"],
+    )
+    got, profile = _strategy(base), _strategy(paper)
+    assert got["theta_slack"] is not None and profile["theta_slack"] is None
+    assert got["route_kv_limit"] < profile["route_kv_limit"]
+    for key in ("theta_slack", "route_kv_limit"):
+        got.pop(key), profile.pop(key)
+    assert got == profile  # every other field is the profile's
