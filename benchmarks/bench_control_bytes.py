@@ -16,7 +16,11 @@ ledger's trajectory count (every trajectory submitted) and the core's counters. 
 by side per length: how often a trajectory was routed and interrupted (a sync, a migration or
 a bounce interrupts it; it is routed again), the instance bytes per route, the bytes per
 trajectory per peer kind and in total, and the ratios longest / shortest (target: about 1 —
-the bytes do not grow with length).
+the bytes do not grow with length). The last line is the verdict on that bar, on the raw
+curve (re-admissions included): met when the mean total at the longest length exceeds the
+one at the shortest by at most 1.96 standard errors of that difference (from the runs'
+spread) and the per-1K-token slope of the fit on length alone is at most 1.96 of its
+standard errors above zero; no verdict from one run per length.
 
 An instance is polled only when it has something to say (``actors.shell_io``): a command went
 to it, or its ``wait_results`` call answered because a result is ready or because the
@@ -26,13 +30,20 @@ waiting count moved, progress drifted past ``SNAPSHOT_TOLERANCE``); between poll
 side extrapolates its view in time. A poll answer carries the snapshot as a delta
 (``engine_adapters.SnapshotEncoder``): a trajectory's entry when it starts running or changes
 pace (the samples of one prompt as one group), its end with the outcomes, and of the header
-only the fields that changed. What a trajectory costs is therefore its route, at most one
-snapshot entry (none if it starts and ends between two polls, as short ones do), its outcome,
-its reward and its trainer ids, plus, each time it is interrupted, the interrupt, its outcome,
-its route and its entry again, and a share of the corrections while an engine's pace changes.
-None of it counts tokens; what still varies between lengths is how often trajectories are
-re-admitted (migrations, bounces, sync interruptions), which depends on scheduling, and how
-many polls the results are spread over. So the benchmark also prints the bytes per call
+only the fields that changed (as numbers, not names). Ids travel packed by prompt (its id
+prefix once, then the sample numbers: routes, interrupts, outcomes, ids that left); an
+interrupt answers with the partial lengths in the order of the ids it was sent, so an
+interrupted trajectory's outcome does not travel again with a poll. What a trajectory costs
+is therefore its route, at most one snapshot entry (none if it starts and ends between two
+polls, as short ones do), its outcome, its reward and its trainer ids, plus, each time it is
+interrupted, the interrupt and its answer, its route and its entry again, and a share of the
+polls: each costs a ``wait_results`` answer, a request and an answer with at least a delta's
+counter. None of it counts tokens; what still varies between lengths is how often
+trajectories are re-admitted (migrations, bounces, sync interruptions), which depends on
+scheduling, and how many polls there are per trajectory: results spread over more polls when
+trajectories run longer, and the pace corrections (an engine whose pace changes, as the sim
+engines' does when the trainer takes the CPU) come per second of generation, not per
+trajectory. So the benchmark also prints the bytes per call
 (``ControlActor.io_stats()["by_call"]``), the mean and spread over ``--repeats`` runs per
 length (the lengths interleaved), and a least-squares fit of bytes per trajectory on length
 (per 1K tokens) alone and on length and re-admissions per trajectory, with 95 % error bars

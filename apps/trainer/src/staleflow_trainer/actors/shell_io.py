@@ -6,11 +6,13 @@ interrupt, drop, release), polls instances, scores and trains in the background,
 dead instance into an ``InstanceLost`` event with what the store held for it. An instance's
 poll answer carries its snapshot as a delta (``engine_adapters.SnapshotEncoder``): one entry
 when a trajectory starts or changes pace, not one per running trajectory per poll; a
-``SnapshotDecoder`` per instance rebuilds the full snapshot here. An instance is polled only
-when it has something to say (see :meth:`ShellIO.poll_all`); between polls its view is
-extrapolated in time (:meth:`ShellIO.views`). It counts the
-bytes that cross this process per peer kind (pickled size of every call's arguments and
-answer), so the data-path benchmark can show they do not grow with response length.
+``SnapshotDecoder`` per instance rebuilds the full snapshot here; an interrupt's answer carries
+the interrupted trajectories' outcomes (their lengths, in the order of the ids sent), so they do
+not travel again with a poll. Ids travel packed by prompt (``engine_adapters.pack_ids``). An
+instance is polled only when it has something to say (see :meth:`ShellIO.poll_all`); between
+polls its view is extrapolated in time (:meth:`ShellIO.views`). It counts the bytes that
+cross this process per peer kind (pickled size of every call's arguments and answer), so the
+data-path benchmark can show they do not grow with response length.
 """
 
 from __future__ import annotations
