@@ -97,3 +97,41 @@ def test_soak_short_128_instances() -> None:
     assert sim.faults["instance_deaths"] >= 50
     assert sim.faults["ledger_checks"] >= sim.faults["instance_deaths"]
     _assert_balanced(sim)
+
+
+def test_deaths_after_finished_work_the_core_had_not_seen() -> None:
+    """Engines killed right after they finished work, before their report reached the core
+    (the store holds the output; a real instance killed between writing its finishes to the
+    trajectory server and its poll answer): each loss carries those trajectories, which go
+    on to reward exactly once — none is routed again."""
+    from staleflow_trainer.control import effects as fx
+    from staleflow_trainer.control.events import Outcome
+
+    class Watched(FaultySimulation):
+        def __init__(self, cfg, plan):  # type: ignore[no-untyped-def]
+            self.finished_at_loss: set[str] = set()
+            self.routed_again: list[str] = []
+            super().__init__(cfg, plan)
+
+        def _lose_engine(self, iid: str, *, finished: list[Outcome] | None = None) -> None:
+            self.finished_at_loss |= {o.trajectory_id for o in finished or ()}
+            super()._lose_engine(iid, finished=finished)
+
+        def apply(self, effects: list[fx.Effect]) -> None:
+            for e in effects:
+                if isinstance(e, fx.Route):
+                    self.routed_again += [t for t in e.trajectory_ids if t in self.finished_at_loss]
+            super().apply(effects)
+
+    sim = Watched(
+        faulty_config(instances=8, steps=60, seed=0, response_len_median=128),
+        FaultPlan(seed=0, instance_death_rate=1.0, down_s=2.0, min_alive=2, death_after_finish=0.7),
+    )
+    sim.run()
+    assert sim.faults["deaths_after_finish"] >= 10
+    assert sim.faults["instance_deaths"] > sim.faults["deaths_after_finish"]  # others at once
+    assert sim.finished_at_loss and sim.routed_again == []
+    # every one still running in the core when its engine died went on to reward
+    assert 0 < sim.core.counters["lost_finished"] <= sim.faults["lost_finished"]
+    assert sim.core.counters["late_outcomes"] == 0
+    _assert_balanced(sim)

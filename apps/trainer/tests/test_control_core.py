@@ -259,7 +259,12 @@ class CoreMachine(RuleBasedStateMachine):
         self.world.syncing.pop(iid, None)
         self.world.reports.pop(iid, None)
         self.world.version.pop(iid)
-        self.feed(InstanceLost(at=self._tick(), instance_id=iid, requeued=[(t, 0) for t in run]))
+        # some may have finished in the store, their report lost with the instance
+        done = data.draw(st.lists(st.sampled_from(sorted(run)), unique=True)) if run else []
+        finished = [Outcome(trajectory_id=t, generated=run[t] + 1, finish="stop") for t in done]
+        requeued = [(t, 0) for t in run if t not in done]
+        self.feed(InstanceLost(at=self._tick(), instance_id=iid, requeued=requeued,
+                               finished=finished))  # fmt: skip
 
     @rule(n=st.integers(0, 9))
     def instance_joins(self, n: int) -> None:
@@ -395,6 +400,13 @@ def test_events_round_trip_through_the_journal_form(policy: str) -> None:
         Trained(at=4.0, version=1, metrics={"loss": 0.5}),
         InstanceJoined(at=5.0, instance_id="b", kv_capacity_tokens=7, version=1),
         InstanceLost(at=6.0, instance_id="b", requeued=[("g/1", 4)]),
+        InstanceLost(
+            at=7.0,
+            instance_id="c",
+            finished=[Outcome(trajectory_id="g/2", generated=5, finish="length")],
+            dropped=[("g/3", "why")],
+        ),
+        Reported(at=8.0, instance_id="a", dropped=[("g/4", "why")]),
     ]
     for e in events:
         assert event_from_dict(json.loads(json.dumps(event_to_dict(e)))) == e

@@ -40,6 +40,7 @@ import structlog
 
 from staleflow_trainer.actors import reconcile
 from staleflow_trainer.actors.fault_hooks import FaultHooks
+from staleflow_trainer.actors.in_store import InStore
 from staleflow_trainer.actors.reconcile import (
     STATE_FILE,
     checkpoint_records,
@@ -104,6 +105,7 @@ class ControlActor(FaultHooks):
             trainer=trainer,
             rewards=list(rewards),
             reward_spec=dict(reward_spec or {}),
+            held_by=lambda iid: self.core.ledger.held_by(iid),
         )
         self._resume_dir = Path(resume_dir) if resume_dir else None
         self._recover = bool(recover)
@@ -211,26 +213,27 @@ class ControlActor(FaultHooks):
             if isinstance(p, BaseException):
                 events.append(await self.io.lose(iid, p, at))
             else:
-                events.append(self._reported(iid, p, at))
+                events.append(self._reported(iid, p, at, await self.io.refused(iid, p)))
         for iid, snap in self.io.views(at, polls).items():  # not polled: extrapolated
             events.append(Reported(at=at, instance_id=iid, outcomes=[], snapshot=snap))
         events.append(Cycle(at=at))
         await self._feed_batch(events)
 
-    def _reported(self, iid: str, p: Mapping[str, Any] | None, at: float) -> Reported:
+    def _reported(self, iid: str, p: Mapping[str, Any] | None, at: float,
+                  refused: InStore) -> Reported:  # fmt: skip
         p = p or {}  # None: nothing happened there
         outcomes = [Outcome(trajectory_id=str(t), generated=int(g), finish=f)
                     for t, g, f in p.get("outcomes", ())]  # fmt: skip
         ended = [o.trajectory_id for o in outcomes]  # before the refused ones join them
-        for tid in p.get("refused", ()):  # the TS refused to route it there: still queued
-            e = self.core.ledger.get(tid)
-            outcomes.append(Outcome(trajectory_id=tid, generated=e.generated if e else 0))
+        # the TS refused to route these there: as it holds them (finished, queued or dropped)
+        outcomes += [*refused.finished, *(Outcome(trajectory_id=t, generated=g)
+                                          for t, g in refused.queued)]  # fmt: skip
         if p.get("errors"):
             self.core.counters["generate_errors"] = self.core.counters.get(
                 "generate_errors", 0
             ) + len(p["errors"])
             self._log.warning("instance_errors", instance=iid, errors=p["errors"][:3])
-        return Reported(at=at, instance_id=iid, outcomes=outcomes,
+        return Reported(at=at, instance_id=iid, outcomes=outcomes, dropped=refused.dropped,
                         snapshot=self.io.snapshot(iid, p.get("snapshot"), at, ended))  # fmt: skip
 
     async def _feed_batch(self, events: Sequence[Event]) -> None:
@@ -361,7 +364,7 @@ class ControlActor(FaultHooks):
         at = self.now()
         for iid, p in polls.items():
             if not isinstance(p, BaseException):
-                events.append(self._reported(iid, p, at))
+                events.append(self._reported(iid, p, at, await self.io.refused(iid, p)))
         await self._feed_batch(events)
 
     # --------------------------------------------------------------------------- membership

@@ -1,4 +1,5 @@
-"""The control actor's fault hooks: crash it at a named point, or hold it between steps.
+"""Fault hooks: crash the control actor at a named point, or hold it between steps; hold a
+rollout instance's poll answer once its finished output is in the trajectory server.
 
 Fault tests drive these over Ray; a normal run never arms them. A crash is the process
 exiting with no cleanup (what a crashed process leaves behind), after appending the point's
@@ -11,11 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-
-from staleflow_trainer.actors.reconcile import latest_checkpoint
 
 #: where :meth:`FaultHooks.inject_crash` can make the process exit
 CRASH_POINTS = ("after_journal", "mid_effects", "before_checkpoint")
@@ -55,6 +54,8 @@ class FaultHooks:
         self._hold_armed = True
 
     async def _hold(self, row: Mapping[str, Any]) -> None:
+        from staleflow_trainer.actors.reconcile import latest_checkpoint  # the rollout: unused
+
         self._hold_release.clear()
         self._held_at = {"steps_done": int(row["step"]), "version": int(row["version"]),
                          "train_in_flight": self.core.training is not None,
@@ -68,3 +69,32 @@ class FaultHooks:
 
     async def release_hold(self) -> None:
         self._hold_release.set()
+
+
+class RolloutFaultHooks:
+    """Mixed into the rollout actor: :meth:`hold_poll_after_finish` makes the next poll that
+    reports a finished trajectory write its output to the trajectory server and then never
+    answer — the window in which a killed instance leaves finished work its control actor has
+    not seen."""
+
+    def _init_rollout_hooks(self) -> None:
+        self._hold_poll_armed = False
+        self._poll_held: list[str] | None = None
+
+    async def hold_poll_after_finish(self) -> None:
+        """Hold the next poll answer that carries a finished trajectory (written to the TS)
+        until this process dies; :meth:`poll_held` then names them."""
+        self._hold_poll_armed = True
+
+    async def poll_held(self) -> list[str] | None:
+        """The finished trajectories of the poll answer being held (None: none held)."""
+        return None if self._poll_held is None else list(self._poll_held)
+
+    async def _maybe_hold_poll(self, outcomes: Sequence[Sequence[Any]]) -> None:
+        if not self._hold_poll_armed:
+            return
+        finished = [str(o[0]) for o in outcomes if o[2] is not None]
+        if finished:
+            self._hold_poll_armed = False
+            self._poll_held = finished
+            await asyncio.Event().wait()  # until the process is killed

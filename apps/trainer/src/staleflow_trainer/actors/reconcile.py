@@ -8,8 +8,9 @@ live instances and returns the events that bring the core level with them:
 
 * every instance the core knows is stopped (live ones write back what they ran; the TS puts
   back in the queue what dead ones held); each trajectory the core believes runs there is
-  reported with what the TS holds — finished (with its finish reason) or back in the queue
-  (with its response length) — and a dead instance leaves (``InstanceLost``);
+  reported with what the TS holds — finished (with its finish reason), back in the queue
+  (with its response length) or dropped there (the core drops its group;
+  :mod:`.in_store`) — and a dead instance leaves (``InstanceLost``);
 * live instances the core does not know join (``InstanceJoined``);
 * groups the core submitted that the TS lacks are submitted again, trajectories the TS holds
   that the core let go are dropped, consumed ones not yet released are released.
@@ -29,6 +30,7 @@ from typing import Any
 
 import structlog
 
+from staleflow_trainer.actors.in_store import in_store
 from staleflow_trainer.atomic_files import atomic_write_bytes, read_verified_bytes
 from staleflow_trainer.control import ControlCore
 from staleflow_trainer.control import effects as fx
@@ -142,9 +144,7 @@ async def world_to_core(
             io.rollouts.pop(iid, None)
     for iid in core.instances():
         await io.ts.instance_lost(iid)  # stale ownership (a dead or restarted process)
-        events.append(
-            Reported(at=now(), instance_id=iid, outcomes=await _as_in_store(core, io, iid))
-        )
+        events.append(await _as_in_store(core, io, iid, now()))
         events.append(InstanceLost(at=now(), instance_id=iid, setup=resumed or iid in live))
     for iid, info in infos.items():
         events.append(InstanceJoined(at=now(), instance_id=iid,
@@ -154,30 +154,12 @@ async def world_to_core(
     return events
 
 
-async def _as_in_store(core: ControlCore, io: Any, iid: str) -> list[Outcome]:
-    """What the TS holds of each trajectory the core believes runs on ``iid``."""
-    ids = core.ledger.held_by(iid)
-    if not ids:
-        return []
-    locs = await io.ts.locate(ids)
-    lengths = await io.lengths(ids)
-    finished_ids = [t for t, loc in zip(ids, locs, strict=True)
-                    if loc.state is LocationState.FINISHED]  # fmt: skip
-    finished = (
-        {ft.trajectory.trajectory_id: ft for ft in await io.ts.finished(finished_ids)}
-        if finished_ids
-        else {}
-    )
-    out = []
-    for tid in ids:
-        ft = finished.get(tid)
-        if ft is not None:
-            out.append(Outcome(trajectory_id=tid, generated=len(ft.trajectory.generated_token_ids),
-                               finish=str(ft.finish_reason)))  # fmt: skip
-        else:  # back in the queue (or never delivered): what the store holds
-            e = core.ledger.entries[tid]
-            out.append(Outcome(trajectory_id=tid, generated=lengths.get(tid, e.generated)))
-    return out
+async def _as_in_store(core: ControlCore, io: Any, iid: str, at: float) -> Reported:
+    """What the TS holds of each trajectory the core believes runs on ``iid``: finished (with
+    its finish reason), back in the queue (with its response length), or dropped there."""
+    st = await in_store(io.ts, core.ledger.held_by(iid), iid)
+    queued = [Outcome(trajectory_id=t, generated=g) for t, g in st.queued]
+    return Reported(at=at, instance_id=iid, outcomes=[*st.finished, *queued], dropped=st.dropped)
 
 
 def store_settlements(effects: Sequence[fx.Effect]) -> list[fx.Effect]:

@@ -54,6 +54,7 @@ from engine_adapters import (
     pack_ids,
     unpack_ids,
 )
+from staleflow_trainer.actors.fault_hooks import RolloutFaultHooks
 from trajectory_server import Completion, Segment
 from trajectory_server.errors import TrajectoryServerError
 
@@ -124,7 +125,7 @@ def unpack_poll(p: Sequence[Any] | None) -> dict[str, Any] | None:
             "refused": unpack_ids(refused or ()), "errors": list(errors or ())}  # fmt: skip
 
 
-class RolloutActor:
+class RolloutActor(RolloutFaultHooks):
     """Wrap with ``ray.remote(max_concurrency=...)``; every method is async."""
 
     def __init__(
@@ -168,6 +169,7 @@ class RolloutActor:
         self._sync_lock = asyncio.Lock()
         self._syncs = 0
         self._log = log.bind(instance=instance_id)
+        self._init_rollout_hooks()
 
     def _require(self) -> EngineAdapter:
         if self._engine is None:
@@ -362,6 +364,7 @@ class RolloutActor:
             outcomes, self._outcomes = self._outcomes, []
             refused, self._refused = self._refused, []
             errors, self._errors = self._errors, []
+            await self._maybe_hold_poll(outcomes)  # fault tests only
             ended = {o[0] for o in outcomes} | self._reported
             self._reported = set()
             if any(r.trajectory_id in ended for r in snap.running):

@@ -30,6 +30,7 @@ import structlog
 
 from engine_adapters import SnapshotDecoder, pack_ids, unpack_ids
 from rollout_coordinator import InstanceSnapshot
+from staleflow_trainer.actors.in_store import InStore, in_store, queued_lengths
 from staleflow_trainer.actors.rollout import poll_args, unpack_poll
 from staleflow_trainer.config import AppConfig
 from staleflow_trainer.control import effects as fx
@@ -101,8 +102,11 @@ class ShellIO:
         trainer: Any,
         rewards: list[Any],
         reward_spec: dict[str, Any],
+        held_by: Callable[[str], Sequence[str]] | None = None,
     ) -> None:
         self.cfg = cfg
+        #: the trajectories the control core believes run on an instance (none: unknown)
+        self.held_by: Callable[[str], Sequence[str]] = held_by or (lambda iid: ())
         self.model_path = model_path
         self.ts_address = ts_address
         self.ts_token = ts_token
@@ -493,18 +497,28 @@ class ShellIO:
         self.stop_watching(iid)
         requeued = list(await self.ts.instance_lost(iid))
         lengths = await self.lengths(requeued)
-        self.lost.append({"instance_id": iid, "requeued": requeued, "error": repr(error)[:300]})
+        # what the core believes ran there and the store did not put back: its output written
+        # back (finished, or returned) but its report lost with it, or dropped meanwhile
+        back = set(requeued)
+        st = await in_store(self.ts, [t for t in self.held_by(iid) if t not in back], iid)
+        self.lost.append({"instance_id": iid, "requeued": requeued, "error": repr(error)[:300],
+                          "finished": [o.trajectory_id for o in st.finished],
+                          "dropped": [t for t, _ in st.dropped]})  # fmt: skip
         log.warning("instance_lost", instance=iid, requeued=len(requeued),
+                    finished=len(st.finished), dropped=len(st.dropped),
                     error=repr(error)[:200])  # fmt: skip
-        return InstanceLost(at=at, instance_id=iid, requeued=[(t, lengths[t]) for t in requeued])
+        return InstanceLost(at=at, instance_id=iid,
+                            requeued=[*((t, lengths[t]) for t in requeued), *st.queued],
+                            finished=st.finished, dropped=st.dropped)  # fmt: skip
+
+    async def refused(self, iid: str, answer: Mapping[str, Any] | None) -> InStore:
+        """What the store holds of the trajectories it refused to route to ``iid`` (listed
+        by its poll ``answer``)."""
+        return await in_store(self.ts, (answer or {}).get("refused", ()), iid)
 
     async def lengths(self, ids: Sequence[str]) -> dict[str, int]:
         """Response lengths the store holds for queued trajectories."""
-        if not ids:
-            return {}
-        want = set(ids)
-        entries = await self.ts.queue_view(None)  # every level: a requeued partial keeps its V_traj
-        return {e.trajectory_id: int(e.generated_len) for e in entries if e.trajectory_id in want}
+        return await queued_lengths(self.ts, ids)
 
     async def sync(self, iid: str, handle: Any, version: int) -> dict[str, Any]:
         """Have ``iid`` load ``version``; its outcome shows in the polls after this returns."""

@@ -99,6 +99,8 @@ COUNTERS = (
     "instances_lost",
     "instances_joined",
     "lost_requeued",
+    "lost_finished",
+    "store_dropped",
     "late_outcomes",
     "sync_interrupts",
 )
@@ -291,6 +293,13 @@ class ControlCore:
         if finished:
             self.coordinator.on_finished(finished)
             out.append(fx.Score(trajectory_ids=finished))
+        for tid, reason in ev.dropped:  # the store cannot run it (dropped there): nor can we
+            e = self.ledger.get(tid)
+            if e is None or e.where is not Where.RUNNING or e.instance != iid:
+                continue  # settled, or moved, meanwhile
+            self.counters["store_dropped"] += 1
+            self._drop_ids([tid], reason)
+            self._drop_group(e.group, reason, out)  # its group can no longer complete
         if ev.snapshot is not None and iid in self.coordinator.instances:
             self._snapshots[iid] = ev.snapshot
             self.report.instance_load(iid, ev.at, ev.snapshot)
@@ -391,6 +400,16 @@ class ControlCore:
         iid = ev.instance_id
         if iid not in self.coordinator.instances:
             return
+        # what the store holds as finished or dropped of its work: settled as the report the
+        # instance's death swallowed would have settled it (not requeued: the store would
+        # refuse to route it again)
+        held = self.ledger.held.get(iid, {})
+        finished = [o for o in ev.finished if o.trajectory_id in held]
+        dropped = [d for d in ev.dropped if d[0] in held]
+        if finished or dropped:
+            self.counters["lost_finished"] += len(finished)
+            self._reported(Reported(at=ev.at, instance_id=iid, outcomes=finished,
+                                    dropped=dropped), out)  # fmt: skip
         self.coordinator.remove_instance(iid)  # routes held for it stay queued, reserved
         lengths = dict(ev.requeued)
         for tid in self.ledger.held_by(iid):

@@ -44,12 +44,15 @@ class Cycle:
 @attrs.frozen(kw_only=True, slots=True)
 class Reported:
     """An instance's results since its last report, and a snapshot taken after them (None when
-    the shell has no fresh one). Its output is already in the trajectory store."""
+    the shell has no fresh one). Its output is already in the trajectory store. ``dropped``:
+    trajectories routed there that the store holds as dropped (or does not know, or holds on
+    another instance), each with the reason — the core drops them and their groups."""
 
     at: float
     instance_id: str
     outcomes: tuple[Outcome, ...] = attrs.field(default=(), converter=_tuple)
     snapshot: InstanceSnapshot | None = None
+    dropped: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_tuple)
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -108,14 +111,19 @@ class InstanceJoined:
 class InstanceLost:
     """An instance is gone. ``requeued`` lists what the trajectory store put back in the queue
     for it, with the response length the store holds for each (output the instance had not
-    written back is lost). ``setup``: recovery takes the instance out of the run to bring it
-    back at once (or it belonged to the deployment a resumed run replaced) — not counted in
-    ``instances_lost``."""
+    written back is lost). ``finished`` and ``dropped``: what the store holds as finished (with
+    its response length and finish reason) or dropped (with the reason) of the trajectories the
+    core believed ran there — output the instance wrote back but whose report died with it;
+    they settle exactly as that report would have settled them. ``setup``: recovery takes the
+    instance out of the run to bring it back at once (or it belonged to the deployment a
+    resumed run replaced) — not counted in ``instances_lost``."""
 
     at: float
     instance_id: str
     requeued: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_tuple)
     setup: bool = False
+    finished: tuple[Outcome, ...] = attrs.field(default=(), converter=_tuple)
+    dropped: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_tuple)
 
 
 Event = (
@@ -142,12 +150,18 @@ def event_to_dict(e: Event) -> dict[str, Any]:
         d["instance_id"] = e.instance_id
         d["outcomes"] = [[o.trajectory_id, o.generated, o.finish] for o in e.outcomes]
         d["snapshot"] = None if e.snapshot is None else snapshot_to_dict(e.snapshot)
+        if e.dropped:
+            d["dropped"] = [list(x) for x in e.dropped]
     elif isinstance(e, Rewarded):
         d["rewards"] = [[r.trajectory_id, r.score, r.reason] for r in e.rewards]
     elif isinstance(e, InstanceLost):
         d["instance_id"] = e.instance_id
         d["requeued"] = [list(x) for x in e.requeued]
         d["setup"] = e.setup
+        if e.finished:
+            d["finished"] = [[o.trajectory_id, o.generated, o.finish] for o in e.finished]
+        if e.dropped:
+            d["dropped"] = [list(x) for x in e.dropped]
     elif isinstance(e, Trained):
         d["version"] = e.version
         d["metrics"] = dict(e.metrics)
@@ -167,11 +181,9 @@ def event_from_dict(d: Mapping[str, Any]) -> Event:
         return Reported(
             at=at,
             instance_id=str(d["instance_id"]),
-            outcomes=tuple(
-                Outcome(trajectory_id=str(t), generated=int(g), finish=f)
-                for t, g, f in d["outcomes"]
-            ),
+            outcomes=_outcomes(d["outcomes"]),
             snapshot=None if snap is None else snapshot_from_dict(snap),
+            dropped=_dropped(d),
         )
     if cls is Rewarded:
         return Rewarded(
@@ -187,9 +199,22 @@ def event_from_dict(d: Mapping[str, Any]) -> Event:
             instance_id=str(d["instance_id"]),
             requeued=tuple((str(t), int(g)) for t, g in d["requeued"]),
             setup=bool(d.get("setup", False)),
+            finished=_outcomes(d.get("finished", ())),
+            dropped=_dropped(d),
         )
     fields = {k: v for k, v in d.items() if k not in ("kind", "at")}
     return cls(at=at, **fields)  # type: ignore[no-any-return]
+
+
+def _outcomes(rows: Iterable[Any]) -> tuple[Outcome, ...]:
+    return tuple(
+        Outcome(trajectory_id=str(t), generated=int(g), finish=None if f is None else str(f))
+        for t, g, f in rows
+    )
+
+
+def _dropped(d: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple((str(t), str(r)) for t, r in d.get("dropped", ()))
 
 
 def snapshot_to_dict(s: InstanceSnapshot) -> dict[str, Any]:

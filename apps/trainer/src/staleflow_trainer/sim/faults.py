@@ -9,7 +9,11 @@ more timed events, drawn from a seeded RNG (:class:`FaultPlan`):
 * *instance death* — a live engine disappears; the core is told (``InstanceLost``) with what
   the store held for each trajectory it ran (output since the last report is lost). A
   *restart* brings it back ``down_s`` later, serving the latest published version
-  (``InstanceJoined``), as a replacement instance that pulled it would;
+  (``InstanceJoined``), as a replacement instance that pulled it would. A share
+  ``death_after_finish`` of deaths strike right after the engine finished work and before
+  its report reached the core (a real instance killed after writing finished output to the
+  trajectory store, its poll answer lost): the loss carries those finished trajectories
+  (``InstanceLost.finished``), which go on to reward instead of back to the queue;
 * *trainer crash* — the app restarts from the last checkpoint (one every
   ``checkpoint_every`` steps): the core is restored from the state it had then, exactly as
   ``staleflow train`` resumes. Every instance of that state is lost and rejoins fresh at the
@@ -32,12 +36,13 @@ import attrs
 
 from staleflow_trainer.control import ControlCore
 from staleflow_trainer.control.checks import ledger_problems
-from staleflow_trainer.control.events import InstanceLost
+from staleflow_trainer.control.events import InstanceLost, Outcome
 from staleflow_trainer.sim.shell import _PUSHED, Simulation
 
 _KILL = 100
 _REVIVE = 101
 _CRASH = 102
+_LOSE_UNREPORTED = 103
 
 
 @attrs.frozen(kw_only=True)
@@ -50,6 +55,11 @@ class FaultPlan:
     trainer_crash_rate: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
     min_alive: int = attrs.field(default=1, validator=attrs.validators.ge(1))
     check_every_fault: bool = True
+    #: share of instance deaths that strike after the engine's next completion, before the
+    #: core saw it (only engines with work; the others die at once)
+    death_after_finish: float = attrs.field(
+        default=0.0, validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)]
+    )
 
 
 class FaultySimulation(Simulation):
@@ -66,6 +76,8 @@ class FaultySimulation(Simulation):
                 "instance_deaths",
                 "instance_restarts",
                 "lost_requeued",
+                "deaths_after_finish",
+                "lost_finished",
                 "trainer_crashes",
                 "steps_rolled_back",
                 "ledger_checks",
@@ -73,6 +85,8 @@ class FaultySimulation(Simulation):
             0,
         )
         self.steps_trained = 0  # training steps completed, counting those later rolled back
+        self._doomed: set[str] = set()  # to die right after their next completion
+        self._unreported: dict[str, list[Outcome]] = {}  # finished, their report never sent
         super().__init__(cfg)
         self._schedule(_KILL, plan.instance_death_rate)
         self._schedule(_CRASH, plan.trainer_crash_rate)
@@ -92,6 +106,15 @@ class FaultySimulation(Simulation):
         elif kind == _CRASH:
             self._crash()
             self._schedule(_CRASH, self.plan.trainer_crash_rate)
+        elif kind == _LOSE_UNREPORTED:
+            finished = self._unreported.pop(payload, None)
+            if finished is None:  # the app restarted meanwhile
+                return
+            self._lose_engine(payload, finished=finished)
+            self._dead.add(payload)
+            self.faults["instance_deaths"] += 1
+            self.faults["deaths_after_finish"] += 1
+            self._at(self.now + self.plan.down_s, _REVIVE, payload)
         else:
             if kind == _PUSHED:
                 self.steps_trained += 1
@@ -106,25 +129,43 @@ class FaultySimulation(Simulation):
     # ---- faults ---------------------------------------------------------------------------
 
     def _kill(self) -> None:
-        live = sorted(self.engines)
+        live = sorted(i for i in self.engines if i not in self._doomed | set(self._unreported))
         if len(live) <= self.plan.min_alive:
             return
         iid = self._rng.choice(live)
+        after = self.plan.death_after_finish
+        if after and self._rng.random() < after and self.core.ledger.held_by(iid):
+            self._doomed.add(iid)  # dies at its next completion (see _report)
+            return
         self._lose_engine(iid)
         self._dead.add(iid)
         self.faults["instance_deaths"] += 1
         self._at(self.now + self.plan.down_s, _REVIVE, iid)
 
-    def _lose_engine(self, iid: str) -> None:
-        """The engine is gone: what it ran goes back to the queue with what the store held."""
+    def _report(self, iid: str, outcomes: list[Outcome]) -> None:
+        if iid not in self._doomed or not any(o.finish is not None for o in outcomes):
+            super()._report(iid, outcomes)
+            return
+        # the output is in the store, the report dies with the engine: it leaves once this
+        # moment's engine boundaries are handled (a timed event at the same time)
+        self._doomed.discard(iid)
+        self._unreported[iid] = outcomes
+        self._at(self.now, _LOSE_UNREPORTED, iid)
+
+    def _lose_engine(self, iid: str, *, finished: list[Outcome] | None = None) -> None:
+        """The engine is gone: what it ran goes back to the queue with what the store held;
+        ``finished``: what it finished (in the store) that the core has not seen."""
         del self.engines[iid]
         del self._next[iid]
         self._snap_at.pop(iid, None)
         self._changed.discard(iid)
         led = self.core.ledger
-        held = [(t, led.entries[t].generated) for t in led.held_by(iid)]
+        done = list(finished or ())
+        ids = {o.trajectory_id for o in done}
+        held = [(t, led.entries[t].generated) for t in led.held_by(iid) if t not in ids]
         self.faults["lost_requeued"] += len(held)
-        self.feed(InstanceLost(at=self.now, instance_id=iid, requeued=held))
+        self.faults["lost_finished"] += len(done)
+        self.feed(InstanceLost(at=self.now, instance_id=iid, requeued=held, finished=done))
 
     def _revive(self, iid: str) -> None:
         if iid not in self._dead:
@@ -150,6 +191,8 @@ class FaultySimulation(Simulation):
         self._timed[:] = [ev for ev in self._timed if ev[2] >= _KILL]
         heapq.heapify(self._timed)
         self.rec.trainer_phase(self.now, "waiting")
+        self._doomed.clear()
+        self._unreported.clear()
         alive = sorted(self.engines)
         for iid in alive:
             del self.engines[iid]

@@ -201,11 +201,15 @@ class Simulation:
         ]
         self._engine_changed(iid)
         if outcomes:
-            self.feed(Reported(at=self.now, instance_id=iid, outcomes=outcomes))
+            self._report(iid, outcomes)
         if was_loading and not eng.loading:
             self.feed(SyncDone(at=self.now, instance_id=iid, version=eng.version))
         self._dirty = True
         self._touch()
+
+    def _report(self, iid: str, outcomes: list[Outcome]) -> None:
+        """An engine's completions reach the core (its output is in the store)."""
+        self.feed(Reported(at=self.now, instance_id=iid, outcomes=outcomes))
 
     def _engine_changed(self, iid: str) -> None:
         self._changed.add(iid)
