@@ -28,7 +28,7 @@ import structlog
 
 from engine_adapters import SnapshotDecoder
 from rollout_coordinator import InstanceSnapshot
-from staleflow_trainer.actors.in_store import InStore, in_store, queued_lengths
+from staleflow_trainer.actors.in_store import InStore, in_store
 from staleflow_trainer.config import AppConfig
 from staleflow_trainer.control import effects as fx
 from staleflow_trainer.control.events import InstanceLost
@@ -459,29 +459,23 @@ class ShellIO:
         self._signaled.discard(iid)
         self.stop_watching(iid)
         requeued = list(await self.ts.instance_lost(iid))
-        lengths = await self.lengths(requeued)
-        # what the core believes ran there and the store did not put back: its output written
-        # back (finished, or returned) but its report lost with it, or dropped meanwhile
-        back = set(requeued)
-        st = await in_store(self.ts, [t for t in self.held_by(iid) if t not in back], iid)
+        # one answer for what the store put back and what the core believes ran there: the
+        # latter may have its output written back (finished, or returned) with its report
+        # lost, or be dropped meanwhile
+        st = await in_store(self.ts, [*requeued, *self.held_by(iid)], iid)
         self.lost.append({"instance_id": iid, "requeued": requeued, "error": repr(error)[:300],
                           "finished": [o.trajectory_id for o in st.finished],
                           "dropped": [t for t, _ in st.dropped]})  # fmt: skip
         log.warning("instance_lost", instance=iid, requeued=len(requeued),
                     finished=len(st.finished), dropped=len(st.dropped),
                     error=repr(error)[:200])  # fmt: skip
-        return InstanceLost(at=at, instance_id=iid,
-                            requeued=[*((t, lengths[t]) for t in requeued), *st.queued],
-                            finished=st.finished, dropped=st.dropped)  # fmt: skip
+        return InstanceLost(at=at, instance_id=iid, requeued=st.queued, finished=st.finished,
+                            dropped=st.dropped)  # fmt: skip
 
     async def refused(self, iid: str, answer: Mapping[str, Any] | None) -> InStore:
         """What the store holds of the trajectories it refused to route to ``iid`` (listed
         by its poll ``answer``)."""
         return await in_store(self.ts, (answer or {}).get("refused", ()), iid)
-
-    async def lengths(self, ids: Sequence[str]) -> dict[str, int]:
-        """Response lengths the store holds for queued trajectories."""
-        return await queued_lengths(self.ts, ids)
 
     async def sync(self, iid: str, handle: Any, version: int) -> dict[str, Any]:
         """Have ``iid`` load ``version``; its outcome shows in the polls after this returns."""

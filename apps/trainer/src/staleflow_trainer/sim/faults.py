@@ -110,11 +110,8 @@ class FaultySimulation(Simulation):
             finished = self._unreported.pop(payload, None)
             if finished is None:  # the app restarted meanwhile
                 return
-            self._lose_engine(payload, finished=finished)
-            self._dead.add(payload)
-            self.faults["instance_deaths"] += 1
+            self._die(payload, finished=finished)
             self.faults["deaths_after_finish"] += 1
-            self._at(self.now + self.plan.down_s, _REVIVE, payload)
         else:
             if kind == _PUSHED:
                 self.steps_trained += 1
@@ -137,7 +134,11 @@ class FaultySimulation(Simulation):
         if after and self._rng.random() < after and self.core.ledger.held_by(iid):
             self._doomed.add(iid)  # dies at its next completion (see _report)
             return
-        self._lose_engine(iid)
+        self._die(iid)
+
+    def _die(self, iid: str, *, finished: list[Outcome] | None = None) -> None:
+        """``iid`` dies now (see :meth:`_lose_engine`) and comes back ``down_s`` later."""
+        self._lose_engine(iid, finished=finished)
         self._dead.add(iid)
         self.faults["instance_deaths"] += 1
         self._at(self.now + self.plan.down_s, _REVIVE, iid)
