@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import importlib.util
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import wait_for
 
 from trajectory_server import routes_out_of_queue
 
@@ -42,13 +42,7 @@ def _conftest() -> Any:
 
 
 def _wait(pred: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+    return wait_for(pred, timeout_s, what, every_s=0.05)
 
 
 @pytest.fixture(scope="module")

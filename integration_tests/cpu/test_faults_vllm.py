@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 from security_probe import own_listeners, probe_security
+from waiting import wait_for
 
 from trajectory_server import routes_out_of_queue
 
@@ -46,16 +47,6 @@ BATCH, GROUP, ETA = 4, 4, 1
 # run 1 never reaches its target: the trainer kill (fault 4) ends it, whatever step the loop
 # (which keeps training while the driver injects a fault) has reached by then
 STEPS_RUN1, MORE_STEPS, CKPT_EVERY = 10_000, 2, 2
-
-
-def _wait(pred: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def _overrides(run_dir: Path, steps: int, resume: str) -> list[str]:
@@ -101,11 +92,11 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
 
     def fault1() -> None:  # kill a rollout instance mid-generation; a replacement joins
         victim = sorted(dep.rollouts)[-1]
-        held = _wait(
+        held = wait_for(
             lambda: ray.get(dep.coordinator.held_by.remote(victim)), 30, f"{victim} to generate"
         )
         dep.kill_instance(victim)
-        lost = _wait(
+        lost = wait_for(
             lambda: [
                 x for x in ray.get(dep.coordinator.lost_instances.remote())
                 if x["instance_id"] == victim
@@ -125,7 +116,7 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
         before = len(ray.get(dep.trainer.push_failures.remote()))
         dep_ps_status = ray.get(dep.ps.status.remote())
         ray.get(dep.ps.kill_worker.remote("w1"))
-        failures = _wait(
+        failures = wait_for(
             lambda: ray.get(dep.trainer.push_failures.remote())[before:], 120, "a failed push"
         )
         status_down = ray.get(dep.ps.status.remote())
