@@ -1,6 +1,6 @@
 """A killed ``staleflow train`` driver: the control loop stops at its next cycle, and the
 step records the driver never wrote travel in the checkpoint and fill ``metrics.jsonl`` on
-resume (no gap in the steps)."""
+resume (no gap in the steps). A failed trainer stops the loop the same way, with the error."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 import structlog
 
 from staleflow_trainer.actors.control import ControlActor
+from staleflow_trainer.errors import ComponentLost
 from staleflow_trainer.metrics import MetricsWriter, read_jsonl
 
 
@@ -66,6 +67,33 @@ def test_the_loop_stops_when_the_driver_is_gone() -> None:
 
     me = _actor(os.getpid())
     assert asyncio.run(me.run()) == {"cycles": 50}
+
+
+@pytest.mark.fault
+def test_the_loop_stops_once_the_trainer_failed() -> None:
+    """No cycle after the failure: no new routes, no polls, so the trajectory server stays
+    as the core last saw it (a resume starts from the checkpoint)."""
+    a = _actor(None)
+    a._trains_running = 0
+    seen: list[int] = []
+
+    async def train(e: Any) -> dict[str, Any]:
+        seen.append(a._trains_running)
+        raise RuntimeError("trainer process died")
+
+    async def cycle() -> None:
+        a.cycles += 1
+        if a.cycles == 3:
+            await a._train(SimpleNamespace(version=2))
+        if a.cycles >= 50:
+            a._stop = True
+
+    a.io.train, a._cycle = train, cycle
+    with pytest.raises(ComponentLost, match="trainer process died") as err:
+        asyncio.run(a.run())
+    assert err.value.component == "trainer"
+    assert a.cycles == 3
+    assert seen == [1] and a._trains_running == 0  # counted while the call ran
 
 
 def test_records_stay_unconfirmed_until_the_driver_wrote_them() -> None:

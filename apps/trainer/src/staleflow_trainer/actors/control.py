@@ -119,6 +119,7 @@ class ControlActor(FaultHooks):
         self._driver_pid = driver_pid  # on this node: the loop stops when it is gone
         self._stop = False
         self._running = False
+        self._trains_running = 0  # train calls sent and not answered
         self._checkpointed = False
         self._init_fault_hooks()
         self._restored: dict[str, Any] | None = None
@@ -181,6 +182,10 @@ class ControlActor(FaultHooks):
         self._running = True
         try:
             while not self.core.done and not self._stop:
+                if self.io.fatal is not None:  # a component is gone: no new work, no polls
+                    self._log.error("run_stopped", error=repr(self.io.fatal)[:500],
+                                    steps_done=self.core.steps_done)  # fmt: skip
+                    raise self.io.fatal
                 if not self._driver_alive():
                     self._log.error("driver_gone_stopping", driver_pid=self._driver_pid,
                                     steps_done=self.core.steps_done)  # fmt: skip
@@ -325,13 +330,17 @@ class ControlActor(FaultHooks):
             self._post(Rewarded(at=self.now(), rewards=rewards))
 
     async def _train(self, e: fx.Train) -> None:
+        self._trains_running += 1
         try:
             metrics = await self.io.train(e)
         except Exception as err:  # the trainer died or failed: the run cannot go on
             self._log.error("train_step_failed", error=repr(err)[:500])
             self.io.fatal = ComponentLost(f"the trainer failed during a step: {err!r:.500}",
                                           component="trainer")  # fmt: skip
+            self.io.wake.set()  # the loop stops at its next turn
             return
+        finally:
+            self._trains_running -= 1
         version = int(metrics.pop("version"))
         self._post(Trained(at=self.now(), version=version, metrics=metrics))
 

@@ -26,6 +26,7 @@ class FaultHooks:
     """Mixed into the control actor, which provides ``core``, ``_run_dir`` and ``_log``."""
 
     core: Any
+    _trains_running: int
     _run_dir: Path
     _log: Any
 
@@ -58,7 +59,8 @@ class FaultHooks:
 
         self._hold_release.clear()
         self._held_at = {"steps_done": int(row["step"]), "version": int(row["version"]),
-                         "train_in_flight": self.core.training is not None,
+                         "train_in_flight": self._trains_running > 0,
+                         "train_decided": self.core.training is not None,
                          "checkpoint": str(latest_checkpoint(self._run_dir))}  # fmt: skip
         self._log.info("held_between_steps", **self._held_at)
         await self._hold_release.wait()
