@@ -16,7 +16,11 @@ ledger's trajectory count (every trajectory submitted) and the core's counters. 
 by side per length: how often a trajectory was routed and interrupted (a sync, a migration or
 a bounce interrupts it; it is routed again), the instance bytes per route, the bytes per
 trajectory per peer kind and in total, and the ratios longest / shortest (target: about 1 —
-the bytes do not grow with length).
+the bytes do not grow with length). The last line is the verdict on that bar, on the raw
+curve (re-admissions included): met when the mean total at the longest length exceeds the
+one at the shortest by at most 1.96 standard errors of that difference (from the runs'
+spread) and the per-1K-token slope of the fit on length alone is at most 1.96 of its
+standard errors above zero; no verdict from one run per length.
 
 An instance is polled only when it has something to say (``actors.shell_io``): a command went
 to it, or its ``wait_results`` call answered because a result is ready or because the
@@ -26,13 +30,20 @@ waiting count moved, progress drifted past ``SNAPSHOT_TOLERANCE``); between poll
 side extrapolates its view in time. A poll answer carries the snapshot as a delta
 (``engine_adapters.SnapshotEncoder``): a trajectory's entry when it starts running or changes
 pace (the samples of one prompt as one group), its end with the outcomes, and of the header
-only the fields that changed. What a trajectory costs is therefore its route, at most one
-snapshot entry (none if it starts and ends between two polls, as short ones do), its outcome,
-its reward and its trainer ids, plus, each time it is interrupted, the interrupt, its outcome,
-its route and its entry again, and a share of the corrections while an engine's pace changes.
-None of it counts tokens; what still varies between lengths is how often trajectories are
-re-admitted (migrations, bounces, sync interruptions), which depends on scheduling, and how
-many polls the results are spread over. So the benchmark also prints the bytes per call
+only the fields that changed (as numbers, not names). Ids travel packed by prompt (its id
+prefix once, then the sample numbers: routes, interrupts, outcomes, ids that left); an
+interrupt answers with the partial lengths in the order of the ids it was sent, so an
+interrupted trajectory's outcome does not travel again with a poll. What a trajectory costs
+is therefore its route, at most one snapshot entry (none if it starts and ends between two
+polls, as short ones do), its outcome, its reward and its trainer ids, plus, each time it is
+interrupted, the interrupt and its answer, its route and its entry again, and a share of the
+polls: each costs a ``wait_results`` answer, a request and an answer with at least a delta's
+counter. None of it counts tokens; what still varies between lengths is how often
+trajectories are re-admitted (migrations, bounces, sync interruptions), which depends on
+scheduling, and how many polls there are per trajectory: results spread over more polls when
+trajectories run longer, and the pace corrections (an engine whose pace changes, as the sim
+engines' does when the trainer takes the CPU) come per second of generation, not per
+trajectory. So the benchmark also prints the bytes per call
 (``ControlActor.io_stats()["by_call"]``), the mean and spread over ``--repeats`` runs per
 length (the lengths interleaved), and a least-squares fit of bytes per trajectory on length
 (per 1K tokens) alone and on length and re-admissions per trajectory, with 95 % error bars
@@ -176,6 +187,38 @@ def _fit(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
     }
 
 
+def _verdict(by_len: dict[int, list[dict[str, Any]]], fit: dict[str, Any] | None) -> dict[str, Any]:
+    """Whether the total bytes per trajectory grow with response length, on the raw curve
+    (re-admissions included). "Does not grow" means both:
+
+    * ``ratio``: the mean at the longest length exceeds the mean at the shortest by no more
+      than the spread of the runs allows: the difference is at most 1.96 standard errors of
+      the difference (from the runs' standard deviations; a one-sided 97.5 % band);
+    * ``slope``: the per-1K-token slope of the least-squares fit on length alone is at most
+      1.96 of its standard errors above zero (its 95 % interval reaches zero or below).
+
+    ``met`` is None where the runs cannot tell (one run per length: no spread)."""
+    lengths = sorted(by_len)
+    lo = [float(r["total_bytes_per_trajectory"]) for r in by_len[lengths[0]]]
+    hi = [float(r["total_bytes_per_trajectory"]) for r in by_len[lengths[-1]]]
+    (m_lo, sd_lo), (m_hi, sd_hi) = _mean_sd(lo), _mean_sd(hi)
+    out: dict[str, Any] = {"ratio": m_hi / m_lo, "difference": m_hi - m_lo}
+    if len(lo) < 2 or len(hi) < 2 or fit is None:
+        return out | {"met": None, "why": "needs --repeats >= 2 (a spread to compare with)"}
+    se_d = (sd_lo**2 / len(lo) + sd_hi**2 / len(hi)) ** 0.5
+    slope, se = float(fit["per_1k_tokens"]), float(fit["per_1k_tokens_se"])
+    out |= {
+        "difference_bound": 1.96 * se_d,
+        "ratio_bound": 1 + 1.96 * se_d / m_lo,
+        "ratio_ok": m_hi - m_lo <= 1.96 * se_d,
+        "slope_per_1k_tokens": slope,
+        "slope_95": [slope - 1.96 * se, slope + 1.96 * se],
+        "slope_ok": slope <= 1.96 * se,
+    }
+    out["met"] = bool(out["ratio_ok"] and out["slope_ok"])
+    return out
+
+
 def _mean_sd(xs: list[float]) -> tuple[float, float]:
     m = sum(xs) / len(xs)
     sd = (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 if len(xs) > 1 else 0.0
@@ -242,11 +285,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "ratio_longest_over_shortest": ratio,  # of the means over the repeats
         "length_ratio": long_ / short,
         "fit_total": _fit(runs, "total_bytes_per_trajectory"),
+        "verdict": None,  # filled in below, from the fit on length alone
         "fit_instances": _fit(
             [{**r, "instances": r["bytes_per_trajectory"]["instances"]} for r in runs],
             "instances",
         ),
     }
+    res["verdict"] = _verdict(by_len, res["fit_total"]["length_only"])
     out = Path(a.out) if a.out else ROOT / "bench-results" / "control_bytes.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1))
@@ -294,6 +339,18 @@ def _print(res: dict[str, Any], lengths: list[int], by_len: dict[int, list[Any]]
             print(f"{name} {model}: B/traj = {f['intercept']:.1f} "
                   + " ".join(f"{f[k]:+.2f} ± {1.96 * f[k + '_se']:.2f} {k}" for k in terms)
                   + "  (± 95 %)")  # fmt: skip
+    v = res["verdict"]
+    if v["met"] is None:
+        print(f"bar (bytes per trajectory do not grow with length): no verdict, {v['why']}; "
+              f"longest/shortest {v['ratio']:.2f}")  # fmt: skip
+        return
+    lo, hi = v["slope_95"]
+    print(f"bar (bytes per trajectory do not grow with length): "
+          f"{'MET' if v['met'] else 'MISSED'} -- longest/shortest {v['ratio']:.2f} "
+          f"(+{v['difference']:.1f} B; the spread allows up to {v['ratio_bound']:.2f}, "
+          f"+{v['difference_bound']:.1f} B: {'ok' if v['ratio_ok'] else 'over'}), "
+          f"slope {v['slope_per_1k_tokens']:+.2f} B per 1K tokens, 95 % [{lo:+.2f}, {hi:+.2f}] "
+          f"({'reaches zero' if v['slope_ok'] else 'above zero'})")  # fmt: skip
 
 
 if __name__ == "__main__":

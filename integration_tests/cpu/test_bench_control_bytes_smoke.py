@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import bench_control_bytes
 import pytest
@@ -38,6 +39,8 @@ def test_bench_control_bytes_smoke(ray_session: None, tmp_path: Path) -> None:
     assert res["ratio_longest_over_shortest"]["total"] > 0
     # two runs cannot estimate a slope's error: the fits say so instead of printing one
     assert res["fit_total"] == {"length_only": None, "with_readmissions": None}
+    # nor a spread to judge the bar by: no verdict, and why
+    assert res["verdict"]["met"] is None and "--repeats" in res["verdict"]["why"]
     # no payload crosses the control process: what it exchanges with the store, the reward
     # workers and the trainer per trajectory does not grow with a 16x longer response
     for kind in ("ts", "rewards", "trainer"):
@@ -69,3 +72,35 @@ def test_fit_recovers_known_slopes() -> None:
     assert abs(both["per_readmission"] - 180) < 3 * both["per_readmission_se"]
     assert abs(both["intercept"] - 120) < 3 * both["intercept_se"]
     assert f["length_only"] is not None and f["length_only"]["per_1k_tokens"] > 5
+
+
+def test_verdict_tells_flat_from_growing() -> None:
+    """The bar's verdict on made-up runs: bytes that only scatter meet it, bytes that rise by
+    a few percent over the lengths miss it; a flat mean with a wide spread still meets it
+    (the spread is what a rise has to exceed), and says how wide the allowance is."""
+    import random
+
+    def runs(rise: float, noise: float) -> dict[int, list[dict[str, Any]]]:
+        rng = random.Random(5)
+        by_len: dict[int, list[dict[str, Any]]] = {}
+        for length in (16, 256, 1024, 2048, 4096):
+            by_len[length] = [
+                {
+                    "response_len": length,
+                    "readmissions_per_trajectory": 0.0,
+                    "total_bytes_per_trajectory": 100 + rise * length / 4096 + rng.gauss(0, noise),
+                }
+                for _ in range(3)
+            ]
+        return by_len
+
+    def verdict(by_len: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
+        flat = [r for rs in by_len.values() for r in rs]
+        fit = bench_control_bytes._fit(flat, "total_bytes_per_trajectory")["length_only"]
+        return bench_control_bytes._verdict(by_len, fit)
+
+    assert verdict(runs(rise=0, noise=2))["met"] is True
+    missed = verdict(runs(rise=20, noise=2))
+    assert missed["met"] is False and not missed["ratio_ok"] and not missed["slope_ok"]
+    wide = verdict(runs(rise=0, noise=15))
+    assert wide["met"] is True and wide["ratio_bound"] > 1.1

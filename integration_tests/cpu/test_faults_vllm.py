@@ -92,9 +92,14 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
 
     def fault1() -> None:  # kill a rollout instance mid-generation; a replacement joins
         victim = sorted(dep.rollouts)[-1]
-        held = wait_for(
-            lambda: ray.get(dep.coordinator.held_by.remote(victim)), 30, f"{victim} to generate"
+        # its next poll while it generates is held before it writes anything back: the kill
+        # lands mid-generation every time (responses are 3 tokens: a kill timed from outside
+        # can find everything already written back)
+        ray.get(dep.rollouts[victim].hold_poll_with_work.remote())
+        working = wait_for(
+            lambda: ray.get(dep.rollouts[victim].poll_held.remote()), 120, f"{victim} to generate"
         )
+        held = ray.get(dep.coordinator.held_by.remote(victim))
         dep.kill_instance(victim)
         lost = wait_for(
             lambda: [
@@ -103,7 +108,7 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
             ],
             60, "the loop to notice the lost instance",
         )  # fmt: skip
-        out["f1"] = {"victim": victim, "held": held, "lost": lost[0]}
+        out["f1"] = {"victim": victim, "working": working, "held": held, "lost": lost[0]}
         # the groups known now: the run's later coordinator replacements forget settled ones
         out["f1"]["groups"] = ray.get(dep.coordinator.groups.remote())
         out["f1"]["published_before_join"] = ray.get(dep.ps.status.remote())["latest"]
@@ -304,6 +309,8 @@ def test_fault1_instance_killed_mid_generation(sc: dict[str, Any]) -> None:
     victim, lost = f1["victim"], f1["lost"]
     # what it held went back to the queue (a LOST event in the TS for each), reservations kept
     assert lost["requeued"], "the killed instance was generating"
+    # what it was generating or had not written back when it died was running there in the TS
+    assert set(f1["working"]) <= set(f1["held"]) == set(lost["requeued"])
     for tid in lost["requeued"]:
         kinds = [e[0] for e in sc["histories1"][tid]]
         assert "lost" in kinds

@@ -159,7 +159,7 @@ class _Watched:
             await self.results.wait()
             return True
 
-        async def poll(**kw: Any) -> None:
+        async def poll(*args: Any) -> None:
             return None
 
         self.wait_results = _Remote(wait_results)

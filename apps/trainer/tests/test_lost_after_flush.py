@@ -17,9 +17,11 @@ from typing import Any
 
 import pytest
 
+from engine_adapters import pack_ids, unpack_ids
 from staleflow_trainer.actors import shell_io
 from staleflow_trainer.actors.control import ControlActor
 from staleflow_trainer.actors.in_store import in_store
+from staleflow_trainer.actors.rollout import pack_outcomes
 from staleflow_trainer.actors.shell_io import ShellIO
 from staleflow_trainer.config import load_config, to_dict
 from staleflow_trainer.control import ControlCore, core_config
@@ -69,9 +71,10 @@ class _Instance:
         self.poll = _Remote(self._poll)
         self.interrupt = _Remote(self._interrupt)
 
-    async def _interrupt(self, ids: list[str] | None) -> int:
+    async def _interrupt(self, packed: list[Any] | None, report: bool = False) -> Any:
         if self.dead:
             raise _Dead(self.iid)
+        ids = None if packed is None else unpack_ids(packed)
         stop = [t for t in self.running if ids is None or t in ids]
         for tid in stop:
             self.running.remove(tid)
@@ -79,11 +82,18 @@ class _Instance:
             self.store.return_partial(self.iid, [Segment(
                 trajectory_id=tid, start=held, token_ids=[], logprobs=[], versions=[])])  # fmt: skip
             self.stopped.append([tid, held, None])
-        return len(stop)
+        if not report:
+            return len(stop)
+        # like the real actor: the answer carries the partial lengths (in the order asked),
+        # and those outcomes do not come with the next poll
+        lengths = {o[0]: o[1] for o in self.stopped}
+        self.stopped = [o for o in self.stopped if o[0] not in (ids or ())]
+        return [lengths.get(t) for t in ids or ()]
 
-    async def _submit(self, version: int, ids: list[str]) -> int:
+    async def _submit(self, version: int, packed: list[Any]) -> int:
         if self.dead:
             raise _Dead(self.iid)
+        ids = unpack_ids(packed)
         for tid in ids:
             try:
                 self.store.route(self.iid, [tid], version)
@@ -93,7 +103,7 @@ class _Instance:
                 self.refusals += 1
         return len(ids)
 
-    async def _poll(self, **_: Any) -> dict[str, Any] | None:
+    async def _poll(self, *_: Any) -> list[Any] | None:
         if self.dead:
             raise _Dead(self.iid)
         outcomes = []
@@ -113,8 +123,11 @@ class _Instance:
             self.finished_unreported = [o[0] for o in outcomes]
             raise _Dead(self.iid)
         refused, self.refused = self.refused, []
-        answer = {"outcomes": outcomes, "refused": refused}
-        return {k: v for k, v in answer.items() if v} or None
+        # the rollout actor's answer: [delta, outcomes, refused], trailing empty ones left out
+        answer = [None, pack_outcomes([tuple(o) for o in outcomes]), pack_ids(refused)]
+        while answer and not answer[-1]:
+            answer.pop()
+        return answer or None
 
 
 def _actor(tmp_path: Path, store: TrajectoryStore) -> tuple[ControlActor, dict[str, _Instance]]:

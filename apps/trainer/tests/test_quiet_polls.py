@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from engine_adapters import EngineSnapshot, RunningTrajectory, SnapshotEncoder
+from engine_adapters import EngineSnapshot, RunningTrajectory, SnapshotEncoder, unpack_ids
 from staleflow_trainer.actors import shell_io
 from staleflow_trainer.actors.shell_io import QUIET_POLL_S, ShellIO
 from staleflow_trainer.config import load_config
@@ -42,7 +42,7 @@ class FakeInstance:
         self.submit = _Method(self._submit)
         self.sync = _Method(self._sync)
 
-    async def _poll(self, ack: int | None = None, full: bool = False) -> dict[str, Any] | None:
+    async def _poll(self, ack: int | None = None, full: bool = False) -> list[Any] | None:
         self.polls += 1
         self.seq += 1
         snap = EngineSnapshot(
@@ -53,9 +53,10 @@ class FakeInstance:
             throughput_tokens_per_s=0.0, decode_steps=0,
         )  # fmt: skip
         delta = self.enc.encode(snap, ack=ack, full=full)
-        return None if delta is None else {"snapshot": delta}
+        return None if delta is None else [delta]
 
-    async def _submit(self, version: int, ids: list[str]) -> int:
+    async def _submit(self, version: int, packed: list[Any]) -> int:
+        ids = unpack_ids(packed)
         self.running.extend(ids)
         return len(ids)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from typing import Any
 
 import attrs
@@ -21,7 +22,10 @@ from engine_adapters import (
     SamplingParams,
     SnapshotDecoder,
     SnapshotEncoder,
+    pack_ids,
+    unpack_ids,
 )
+from engine_adapters._delta import _CODE
 from engine_adapters.sim import CostModel, SimConfig, SimEngineCore
 
 
@@ -59,6 +63,11 @@ def snap(running: dict[str, tuple[int, int]], *, steps: int, seq: int = 1) -> En
     )
 
 
+def F(d: Any) -> dict[str, Any]:
+    """A delta's fields by name (they travel as numbers)."""
+    return SnapshotDecoder.fields(d)
+
+
 class Link:
     """One instance's encoder and the control side's decoder; each request carries what the
     decoder's ``request()`` says (an acknowledgement or a call for a full snapshot)."""
@@ -70,7 +79,7 @@ class Link:
 
     def send(self, s: EngineSnapshot, ended: set[str] | None = None) -> dict[str, Any] | None:
         d = self.enc.encode(s, **self.dec.request(), ended=ended or set())
-        self.added += sum(len(g) - 3 for g in d.get("add", ())) if d else 0
+        self.added += sum(len(g) - 3 for g in F(d).get("add", ())) if d else 0
         return d
 
     def poll(self, s: EngineSnapshot, ended: set[str] | None = None) -> EngineSnapshot | None:
@@ -83,7 +92,7 @@ def test_steady_decoding_sends_each_trajectory_once_and_then_nothing() -> None:
     for k in range(50):
         s = snap({"a": (10, 3 * k), "b": (7, 3 * k + 3)}, steps=100 + 3 * k, seq=k + 1)
         d = link.send(s)
-        sent.append(set(d or ()))
+        sent.append(set(F(d) if d else ()))
         got = link.dec.decode(d, time_s=s.time_s)
         assert got is not None and view(got) == view(s)
     assert link.added == 2
@@ -100,7 +109,7 @@ def test_a_change_of_pace_is_followed_within_a_few_polls() -> None:
         steps += 2 if k < 20 else 5  # the engine speeds up (fewer running)
         s = snap({"a": (10, steps)}, steps=steps, seq=k + 1)
         d = link.send(s)
-        if d is not None and "steps" in d:
+        if d is not None and "steps" in F(d):
             corrections.append(k)
         got = link.dec.decode(d, time_s=s.time_s)
         assert got is not None and view(got) == view(s)  # exact at every poll meanwhile
@@ -117,8 +126,8 @@ def test_with_a_tolerance_the_extrapolation_stays_within_it() -> None:
         last, steps = steps, steps + rng.randint(8, 12)  # a jittery pace
         s = attrs_evolve(snap({"a": (10, steps)}, steps=steps, seq=k + 1), kv=10 + steps)
         d = link.send(s)
-        answers += d is not None and "steps" in d
-        if d is not None and "steps" in d:
+        answers += d is not None and "steps" in F(d)
+        if d is not None and "steps" in F(d):
             base = steps
         got = link.dec.decode(d, time_s=s.time_s)
         assert got is not None
@@ -155,7 +164,7 @@ def test_the_samples_of_a_group_share_one_entry() -> None:
     s = snap(running, steps=5, seq=2)
     d = link.send(s)
     assert d is not None
-    assert sorted(d["add"], key=str) == sorted(
+    assert sorted(F(d)["add"], key=str) == sorted(
         [[12, -5, "g7", *range(8)], [12, -5, None, "x/01", "plain"]], key=str
     )  # "x/01" would not come back the same from a number: it goes whole
     got = link.dec.decode(d, time_s=s.time_s)
@@ -181,11 +190,11 @@ def test_preemption_and_resume_resend_once_each() -> None:
     link.poll(snap({"a": (10, 5), "b": (10, 5)}, steps=5, seq=2))
     s = snap({"a": (10, 8)}, steps=8, seq=3)  # b preempted: leaves running, no outcome
     d = link.send(s)
-    assert d is not None and d["left"] == ["b"] and "add" not in d
+    assert d is not None and F(d)["left"] == ["b"] and "add" not in F(d)
     assert view(link.dec.decode(d, time_s=s.time_s) or s) == view(s)
     s = snap({"a": (10, 12), "b": (10, 5)}, steps=12, seq=4)  # b resumed with what it had
     d = link.send(s)
-    assert d is not None and d["add"] == [[10, 5 - 12, None, "b"]]
+    assert d is not None and F(d)["add"] == [[10, 5 - 12, None, "b"]]
     assert view(link.dec.decode(d, time_s=s.time_s) or s) == view(s)
     # a stall inside the engine (count stops following the steps) is resent, not guessed
     s = snap({"a": (10, 12), "b": (10, 6)}, steps=13, seq=5)
@@ -197,7 +206,7 @@ def test_outcomes_replace_left_and_a_resubmitted_id_is_sent_again() -> None:
     link.poll(snap({"a": (10, 0), "b": (10, 0)}, steps=0, seq=1))
     s = snap({"b": (10, 4)}, steps=4, seq=2)
     d = link.send(s, ended={"a"})
-    assert d is not None and "left" not in d and "add" not in d  # a's end is in the outcomes
+    assert d is not None and "left" not in F(d) and "add" not in F(d)  # a's end is in the outcomes
     assert view(link.dec.decode(d, time_s=s.time_s, ended={"a"}) or s) == view(s)
     # b's outcome and b again (routed back here) in one answer: the decoder drops it, then
     # re-adds it from the entry
@@ -209,12 +218,12 @@ def test_a_lost_answer_gets_a_full_snapshot_next() -> None:
     link = Link()
     link.poll(snap({"a": (10, 0)}, steps=0, seq=1))
     lost = link.send(snap({"a": (10, 3), "b": (5, 0)}, steps=3, seq=2))
-    assert lost is not None and "full" not in lost
+    assert lost is not None and "full" not in F(lost)
     # the next request acknowledges nothing new: the encoder cannot build on `lost`, even if
     # nothing changed since (a None would repeat the snapshot before it)
     s = snap({"a": (10, 3), "b": (5, 0)}, steps=3, seq=3)
     d = link.send(s)
-    assert d is not None and d["full"] == 1
+    assert d is not None and F(d)["full"] == 1
     assert view(link.dec.decode(d, time_s=s.time_s) or s) == view(s)
 
 
@@ -226,7 +235,7 @@ def test_an_answer_never_decoded_gets_a_full_snapshot_next() -> None:
     assert link.enc.encode(snap({"a": (10, 2)}, steps=2, seq=3)) is not None
     s = snap({"a": (10, 2)}, steps=2, seq=4)
     d = link.send(s)  # acknowledges the delta before the dropped one
-    assert d is not None and d["full"] == 1
+    assert d is not None and F(d)["full"] == 1
     assert view(link.dec.decode(d, time_s=s.time_s) or s) == view(s)
 
 
@@ -236,7 +245,7 @@ def test_a_delta_out_of_order_is_refused() -> None:
     enc = link.enc
     enc.encode(snap({"a": (10, 1)}, steps=1, seq=2), ack=link.dec.k)  # lost in transit
     stray = enc.encode(snap({"a": (10, 2), "b": (5, 0)}, steps=2, seq=3), ack=link.dec.k + 1)
-    assert stray is not None and "full" not in stray
+    assert stray is not None and "full" not in F(stray)
     assert link.dec.decode(stray, time_s=3.0) is None  # k skips one: refused, not guessed
     assert link.dec.request() == {"full": True}
     s = snap({"a": (10, 3), "c": (1, 0)}, steps=3, seq=4)
@@ -250,15 +259,15 @@ def test_an_instance_restart_sends_a_full_snapshot() -> None:
     link.enc = SnapshotEncoder()  # a new process under the same instance id
     s = snap({"c": (4, 0)}, steps=0, seq=1)
     d = link.send(s)
-    assert d is not None and d["full"] == 1
+    assert d is not None and F(d)["full"] == 1
     got = link.dec.decode(d, time_s=s.time_s)
     assert got is not None and view(got) == view(s)  # nothing of the old process survives
     # its delta counter starts anywhere: a follower of the old process's is refused
     link.enc = SnapshotEncoder()
     first = link.enc.encode(snap({"d": (4, 0)}, steps=0, seq=1))
     assert first is not None
-    follower = link.enc.encode(snap({"d": (4, 1)}, steps=1, seq=2), ack=first["k"])
-    assert follower is not None and follower["k"] != link.dec.k + 1  # (1 in 2**30 it is)
+    follower = link.enc.encode(snap({"d": (4, 1)}, steps=1, seq=2), ack=F(first)["k"])
+    assert follower is not None and F(follower)["k"] != link.dec.k + 1  # (1 in 2**30 it is)
     assert link.dec.decode(follower, time_s=2.0) is None
 
 
@@ -268,8 +277,10 @@ def test_a_count_that_does_not_add_up_is_refused() -> None:
     d = link.send(snap({"a": (10, 1)}, steps=1, seq=2))
     assert d is not None
     with pytest.raises(ValueError, match="n=2"):
-        link.dec.decode({**d, "n": 2}, time_s=2.0)
+        link.dec.decode({**d, _CODE["n"]: 2}, time_s=2.0)
     assert link.dec.request() == {"full": True}
+    with pytest.raises(ValueError, match="not snapshot delta fields"):
+        link.dec.decode({**d, "n": 2}, time_s=2.0)
 
 
 # --- property: random running sets, paces, ends, lost answers and restarts -------------------
@@ -477,7 +488,7 @@ def test_a_field_due_found_off_is_sent_even_if_its_floor_grew_meanwhile() -> Non
     # exceeds the view's error (140), but the field due() found off is sent anyway
     late = at(4.7, 510)
     d = link.send(late)
-    assert d is not None and d["steps"] == 510
+    assert d is not None and F(d)["steps"] == 510
     got = link.dec.decode(d, time_s=late.time_s)
     assert got is not None and got.decode_steps == 510
 
@@ -493,3 +504,34 @@ def test_with_a_tolerance_a_few_starts_among_many_running_wait_for_the_next_answ
     assert link.enc.due(snap(more, steps=0, seq=2))  # 5 of 69: over
     got = link.poll(snap(few, steps=0, seq=2))  # whatever is asked, the answer is exact
     assert got is not None and view(got) == view(snap(few, steps=0, seq=2))
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.builds(lambda g, n: f"g{g}/{n}", st.integers(0, 3), st.integers(0, 20)),
+            st.sampled_from(["plain", "g1", "g1/01", "x/y/3", "7", "a/"]),
+        ),
+        max_size=30,
+    )
+)
+def test_packed_ids_unpack_to_the_same_ids_grouped_by_prefix(ids: list[str]) -> None:
+    packed = pack_ids(ids)
+    got = unpack_ids(packed)
+    assert sorted(got) == sorted(ids)  # the same ids, as many times each
+    assert unpack_ids(got) == got  # a plain list of ids unpacks to itself
+    # grouped: the samples of one prompt send their prefix once, other ids go whole
+    numbered = [re.fullmatch(r"(.*)/(0|[1-9][0-9]*)", t) for t in ids]
+    prefixes = {m.group(1) for m in numbered if m}
+    whole = sum(1 for m in numbered if not m)
+    assert sum(isinstance(x, str) for x in packed) == len(prefixes) + whole
+
+
+def test_packed_ids_are_compact_and_malformed_ones_are_refused() -> None:
+    ids = [f"g000123/{i}" for i in range(0, 8, 2)]
+    assert pack_ids(ids) == ["g000123", 0, 2, 4, 6]
+    assert unpack_ids(["a", "g7", 1, "b"]) == ["a", "g7/1", "b"]
+    with pytest.raises(ValueError, match="follows no prefix"):
+        unpack_ids([3, "g7"])
+    with pytest.raises(ValueError, match="follows no prefix"):
+        unpack_ids(["g7", True])

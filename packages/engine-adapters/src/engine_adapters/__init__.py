@@ -15,7 +15,7 @@ from engine_adapters._contract import (
     SamplingParams,
     write_profile_jsonl,
 )
-from engine_adapters._delta import SnapshotDecoder, SnapshotEncoder
+from engine_adapters._delta import SnapshotDecoder, SnapshotEncoder, pack_ids, unpack_ids
 from engine_adapters._registry import BACKENDS, create_engine, load_backend
 from engine_adapters.errors import (
     BackendNotInstalled,
@@ -50,5 +50,7 @@ __all__ = [
     "UnknownTrajectory",
     "create_engine",
     "load_backend",
+    "pack_ids",
+    "unpack_ids",
     "write_profile_jsonl",
 ]

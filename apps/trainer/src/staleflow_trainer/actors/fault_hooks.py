@@ -77,10 +77,15 @@ class RolloutFaultHooks:
     """Mixed into the rollout actor: :meth:`hold_poll_after_finish` makes the next poll that
     reports a finished trajectory write its output to the trajectory server and then never
     answer — the window in which a killed instance leaves finished work its control actor has
-    not seen."""
+    not seen. :meth:`hold_poll_with_work` holds a poll before it writes anything, while the
+    instance has work the TS has not got back — an instance killed mid-generation."""
+
+    _tasks: Mapping[str, Any]
+    _to_write: Sequence[tuple[Any, bool]]
 
     def _init_rollout_hooks(self) -> None:
         self._hold_poll_armed = False
+        self._hold_work_armed = False
         self._poll_held: list[str] | None = None
 
     async def hold_poll_after_finish(self) -> None:
@@ -88,9 +93,24 @@ class RolloutFaultHooks:
         until this process dies; :meth:`poll_held` then names them."""
         self._hold_poll_armed = True
 
+    async def hold_poll_with_work(self) -> None:
+        """Hold the next poll made while a generation runs here or a result waits to be
+        written, before it writes anything, until this process dies; :meth:`poll_held` then
+        names that work (the TS still has it running here). The control loop waits on the
+        poll meanwhile."""
+        self._hold_work_armed = True
+
     async def poll_held(self) -> list[str] | None:
-        """The finished trajectories of the poll answer being held (None: none held)."""
+        """The trajectories of the poll being held (None: none held): the finished ones
+        (:meth:`hold_poll_after_finish`) or those it holds work of (:meth:`hold_poll_with_work`)."""
         return None if self._poll_held is None else list(self._poll_held)
+
+    async def _maybe_hold_work(self) -> None:
+        if not self._hold_work_armed or not (self._tasks or self._to_write):
+            return
+        self._hold_work_armed = False
+        self._poll_held = sorted({*self._tasks, *(r.trajectory_id for r, _ in self._to_write)})
+        await asyncio.Event().wait()  # until the process is killed
 
     async def _maybe_hold_poll(self, outcomes: Sequence[Sequence[Any]]) -> None:
         if not self._hold_poll_armed:

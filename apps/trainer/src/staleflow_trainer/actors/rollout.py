@@ -6,7 +6,9 @@ trajectory server (TS) directly:
 
 * ``submit(version, ids)`` routes the trajectories to this instance in the TS (ownership moves
   here, V_traj is bound), reads their payloads from the answer and starts one ``generate``
-  task each; ids the TS refuses are reported by the next ``poll`` as ``refused``;
+  task each; ids the TS refuses are reported by the next ``poll`` as ``refused``. Ids travel
+  packed (``engine_adapters.pack_ids``: the samples of one prompt as its id prefix and their
+  numbers);
 * results are written to the TS in batches — ``finish`` for finished trajectories,
   ``return_partial`` for interrupted ones, each carrying only the tokens generated here
   (``start`` = what the store already held) — before they are reported;
@@ -15,13 +17,15 @@ trajectory server (TS) directly:
   generates), False after ``timeout_s``: the control shell polls an instance when it says so
   or was sent a command, and extrapolates its view in between;
 * ``poll(ack, full)`` writes what is pending, then returns the outcomes since the last poll (id,
-  response length, finish reason or None), each exactly once, and a snapshot taken after them
-  as a delta from the last one sent (``engine_adapters.SnapshotEncoder``): the header fields
-  that changed and the trajectories that started, changed pace or left, never a list of every
-  running trajectory each poll; None when nothing happened (an engine that decodes at a steady
-  pace included: the control side extrapolates its progress in time, see
-  ``SNAPSHOT_TOLERANCE``);
-* ``interrupt(ids)`` stops trajectories and writes their partial output back before returning;
+  response length, finish reason or None; grouped by id prefix, :func:`pack_outcomes`), each
+  exactly once, and a snapshot taken after them as a delta from the last one sent
+  (``engine_adapters.SnapshotEncoder``): the header fields that changed and the trajectories
+  that started, changed pace or left, never a list of every running trajectory each poll;
+  None when nothing happened (an engine that decodes at a steady pace included: the control
+  side extrapolates its progress in time, see ``SNAPSHOT_TOLERANCE``);
+* ``interrupt(ids, report)`` stops trajectories and writes their partial output back before
+  returning; with ``report`` it answers with their response lengths (in the order of the ids
+  sent, so no id comes back), and their outcomes do not come with the next poll;
 * ``sync(version)`` interrupts everything, pulls ``version`` from the parameter server over NIXL
   and loads it in place (the engine never serves half-loaded weights);
 * ``quiesce()`` waits out a sync, interrupts everything and polls (a recovering control
@@ -47,6 +51,8 @@ from engine_adapters import (
     SamplingParams,
     SnapshotEncoder,
     create_engine,
+    pack_ids,
+    unpack_ids,
 )
 from staleflow_trainer.actors.fault_hooks import RolloutFaultHooks
 from trajectory_server import Completion, Segment
@@ -65,6 +71,58 @@ SNAPSHOT_TOLERANCE = 0.05
 #: past the tolerance); if so, ``wait_results`` answers True and the control side polls it.
 #: Between those polls the control side extrapolates the view in time and sends no request.
 DRIFT_CHECK_S = 0.1
+
+
+def pack_outcomes(outcomes: Sequence[tuple[str, int, str | None]]) -> list[Any] | None:
+    """Outcomes ``(id, response length, finish reason or None)`` as ``[ids, lengths,
+    finishes]``: the ids packed (``engine_adapters.pack_ids``), the lengths and finish reasons
+    in the unpacked order (``finishes`` one value when they are all the same); None for none.
+    :func:`unpack_outcomes` reverses it (in that order)."""
+    if not outcomes:
+        return None
+    ids = pack_ids(t for t, _, _ in outcomes)
+    each: dict[str, list[tuple[str, int, str | None]]] = {}
+    for o in outcomes:
+        each.setdefault(o[0], []).append(o)
+    ordered = [each[t].pop(0) for t in unpack_ids(ids)]  # by group, as the ids unpack
+    finishes = [f for _, _, f in ordered]
+    return [
+        ids,
+        [g for _, g, _ in ordered],
+        finishes[0] if len(set(finishes)) == 1 else finishes,
+    ]
+
+
+def unpack_outcomes(packed: Sequence[Any] | None) -> list[tuple[str, int, str | None]]:
+    """The outcomes of a :func:`pack_outcomes` list."""
+    if not packed:
+        return []
+    ids, lengths, finishes = packed
+    ids = unpack_ids(ids)
+    if not isinstance(finishes, list):
+        finishes = [finishes] * len(ids)
+    if not len(ids) == len(lengths) == len(finishes):
+        raise ValueError(f"packed outcomes do not line up: {len(ids)} ids, {len(lengths)} "
+                         f"lengths, {len(finishes)} finish reasons")  # fmt: skip
+    return [(t, int(g), f) for t, g, f in zip(ids, lengths, finishes, strict=True)]
+
+
+def poll_args(request: Mapping[str, Any]) -> tuple[Any, ...]:
+    """A ``SnapshotDecoder.request()`` as :meth:`RolloutActor.poll`'s arguments."""
+    if request.get("full"):
+        return (None, True)
+    return (int(request["ack"]),) if "ack" in request else ()
+
+
+def unpack_poll(p: Sequence[Any] | None) -> dict[str, Any] | None:
+    """A :meth:`RolloutActor.poll` answer (``[delta, outcomes, refused, errors]``, trailing
+    empty ones left out) as ``snapshot``, ``outcomes`` (``[id, length, finish]`` each),
+    ``refused`` and ``errors``; None for None (nothing happened)."""
+    if p is None:
+        return None
+    delta, outcomes, refused, errors = [*p, None, None, None, None][:4]
+    return {"snapshot": delta, "outcomes": [list(o) for o in unpack_outcomes(outcomes)],
+            "refused": unpack_ids(refused or ()), "errors": list(errors or ())}  # fmt: skip
 
 
 class RolloutActor(RolloutFaultHooks):
@@ -95,7 +153,10 @@ class RolloutActor(RolloutFaultHooks):
         self._known: dict[str, int] = {}  # response tokens the TS held when it was routed here
         self._max_new: dict[str, int] = {}
         self._to_write: list[tuple[GenerateResult, bool]] = []  # (result, finished)
-        self._outcomes: list[list[Any]] = []
+        self._outcomes: list[tuple[str, int, str | None]] = []  # (id, length, finish)
+        # ids whose outcome an interrupt's answer carried since the last poll: their end
+        # travels beside the next snapshot delta as if it were the poll's own
+        self._reported: set[str] = set()
         self._refused: list[str] = []
         self._errors: list[dict[str, Any]] = []
         # its first delta is a full snapshot; then the control side extrapolates the step
@@ -141,12 +202,13 @@ class RolloutActor(RolloutFaultHooks):
 
     # ------------------------------------------------------------------------------- generation
 
-    async def submit(self, version: int, trajectory_ids: Sequence[str]) -> int:
+    async def submit(self, version: int, trajectory_ids: Sequence[Any]) -> int:
         """Take these queued trajectories from the TS (routing them here at ``version``, their
-        V_traj for a partial) and start generating; returns how many started."""
+        V_traj for a partial) and start generating; returns how many started. The ids may
+        come packed (``engine_adapters.pack_ids``)."""
         engine = self._require()
         ts = await self._store()
-        ids = [str(t) for t in trajectory_ids]
+        ids = unpack_ids(trajectory_ids)
         try:
             payloads = list(await ts.route(self.instance_id, ids, int(version)))
         except TrajectoryServerError as e:  # all or nothing: retry one by one
@@ -276,34 +338,46 @@ class RolloutActor(RolloutFaultHooks):
                                          "error": str(e1)[:200]})  # fmt: skip
         for seg, r in ok:
             self._outcomes.append(
-                [
-                    r.trajectory_id,
-                    len(r.token_ids),
-                    seg.finish_reason.value if finished else None,
-                ]
+                (r.trajectory_id, len(r.token_ids), seg.finish_reason.value if finished else None)
             )
 
-    async def poll(self, ack: int | None = None, full: bool = False) -> dict[str, Any] | None:
-        """Outcomes since the last poll (each exactly once; already in the TS), ids the TS
-        refused to route here, and a snapshot taken after them as a delta from the last one
-        sent, decoded with ``engine_adapters.SnapshotDecoder`` given the outcomes' ids
-        (``ack``, ``full``: what the decoder's ``request()`` says). Empty fields are left out;
-        None when there is nothing at all (no outcome, nothing changed)."""
+    async def poll(self, ack: int | None = None, full: bool = False) -> list[Any] | None:
+        """What happened since the last poll: ``[delta, outcomes, refused, errors]``, the
+        trailing empty ones left out, None when there is nothing at all (no outcome, nothing
+        changed). ``outcomes``: those since the last poll, each exactly once and already in
+        the TS (:func:`pack_outcomes`); ``refused``: ids the TS refused to route here
+        (``engine_adapters.pack_ids``); ``delta``: a snapshot taken after the outcomes, as a
+        delta from the last one sent, decoded with ``engine_adapters.SnapshotDecoder`` given
+        the ended ids (the outcomes' and those an ``interrupt(..., report=True)`` answer
+        carried since the last poll); ``ack``, ``full``: what the decoder's ``request()``
+        says."""
         engine = self._require()
         self._ready.clear()  # what arrives from here on sets it again
         self._polling = True
         try:
+            await self._maybe_hold_work()  # fault tests only
+            await self._flush()
+            snap = await self._snapshot(engine)
+            # trajectories that ended before or while the snapshot was taken are reported
+            # now, as outcomes, not as ids that left without one (and their outcome next time)
+            await asyncio.sleep(0)
             await self._flush()
             outcomes, self._outcomes = self._outcomes, []
             refused, self._refused = self._refused, []
             errors, self._errors = self._errors, []
             await self._maybe_hold_poll(outcomes)  # fault tests only
-            snap = await self._snapshot(engine)
-            delta = self._encoder.encode(snap, ack=ack, full=full, ended={o[0] for o in outcomes})
+            ended = {o[0] for o in outcomes} | self._reported
+            self._reported = set()
+            if any(r.trajectory_id in ended for r in snap.running):
+                running = tuple(r for r in snap.running if r.trajectory_id not in ended)
+                snap = attrs.evolve(snap, running=running)
+            delta = self._encoder.encode(snap, ack=ack, full=full, ended=ended)
         finally:
             self._polling = False
-        answer = {"outcomes": outcomes, "refused": refused, "errors": errors, "snapshot": delta}
-        return {k: v for k, v in answer.items() if v} or None
+        answer = [delta, pack_outcomes(outcomes), pack_ids(refused), errors]
+        while answer and not answer[-1]:
+            answer.pop()
+        return answer or None
 
     async def wait_results(self, timeout_s: float) -> bool:
         """True as soon as a result waits to be reported by :meth:`poll`, or the control
@@ -315,15 +389,19 @@ class RolloutActor(RolloutFaultHooks):
             return False
         return True
 
-    async def interrupt(self, trajectory_ids: Sequence[str] | None = None) -> int:
-        """Stop these trajectories (None = all); their partial output is in the TS when this
-        returns (their outcomes come with the next poll). Finished ones are skipped."""
+    async def interrupt(
+        self, trajectory_ids: Sequence[Any] | None = None, report: bool = False
+    ) -> Any:
+        """Stop these trajectories (None = all; the ids may come packed, see
+        ``engine_adapters.pack_ids``); their partial output is in the TS when this returns.
+        Finished ones are skipped. Returns how many were stopped; their outcomes come with the
+        next poll. With ``report``, it returns instead each id's outcome, in the order of the
+        (unpacked) ids: its response length if it came back unfinished, ``[length, finish
+        reason]`` if it had finished, None if its outcome was reported before (or it never
+        ran here); those outcomes do not come with the next poll."""
         engine = self._require()
-        ids = (
-            list(self._tasks)
-            if trajectory_ids is None
-            else [t for t in trajectory_ids if t in self._tasks]
-        )
+        asked = None if trajectory_ids is None else unpack_ids(trajectory_ids)
+        ids = list(self._tasks) if asked is None else [t for t in asked if t in self._tasks]
         if ids:
             try:
                 await engine.interrupt(ids)
@@ -339,9 +417,25 @@ class RolloutActor(RolloutFaultHooks):
             if tasks:
                 await asyncio.wait(tasks, timeout=30)
         await self._flush()
-        return len(ids)
+        if not report:
+            return len(ids)
+        order = ids if asked is None else asked
+        want = set(order)
+        taken: dict[str, tuple[str, int, str | None]] = {}
+        kept = []
+        for o in self._outcomes:
+            if o[0] in want and o[0] not in taken:
+                taken[o[0]] = o
+            else:
+                kept.append(o)
+        self._outcomes = kept
+        self._reported.update(taken)
+        return [
+            None if o is None else o[1] if o[2] is None else [o[1], o[2]]
+            for o in (taken.get(t) for t in order)
+        ]
 
-    async def quiesce(self) -> dict[str, Any] | None:
+    async def quiesce(self) -> list[Any] | None:
         """Wait out a sync in progress (so the version reported is final), stop everything,
         and :meth:`poll`."""
         async with self._sync_lock:

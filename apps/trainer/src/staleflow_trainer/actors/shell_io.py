@@ -6,11 +6,13 @@ interrupt, drop, release), polls instances, scores and trains in the background,
 dead instance into an ``InstanceLost`` event with what the store held for it. An instance's
 poll answer carries its snapshot as a delta (``engine_adapters.SnapshotEncoder``): one entry
 when a trajectory starts or changes pace, not one per running trajectory per poll; a
-``SnapshotDecoder`` per instance rebuilds the full snapshot here. An instance is polled only
-when it has something to say (see :meth:`ShellIO.poll_all`); between polls its view is
-extrapolated in time (:meth:`ShellIO.views`). It counts the
-bytes that cross this process per peer kind (pickled size of every call's arguments and
-answer), so the data-path benchmark can show they do not grow with response length.
+``SnapshotDecoder`` per instance rebuilds the full snapshot here; an interrupt's answer carries
+the interrupted trajectories' outcomes (their lengths, in the order of the ids sent), so they do
+not travel again with a poll. Ids travel packed by prompt (``engine_adapters.pack_ids``). An
+instance is polled only when it has something to say (see :meth:`ShellIO.poll_all`); between
+polls its view is extrapolated in time (:meth:`ShellIO.views`). It counts the bytes that
+cross this process per peer kind (pickled size of every call's arguments and answer), so the
+data-path benchmark can show they do not grow with response length.
 """
 
 from __future__ import annotations
@@ -26,19 +28,20 @@ from typing import Any, cast
 import numpy as np
 import structlog
 
-from engine_adapters import SnapshotDecoder
+from engine_adapters import SnapshotDecoder, pack_ids, unpack_ids
 from rollout_coordinator import InstanceSnapshot
 from staleflow_trainer.actors.in_store import InStore, in_store
+from staleflow_trainer.actors.rollout import poll_args, unpack_poll
 from staleflow_trainer.config import AppConfig
 from staleflow_trainer.control import effects as fx
-from staleflow_trainer.control.events import InstanceLost
+from staleflow_trainer.control.events import InstanceLost, Outcome, Reported
 from trajectory_server import SamplingParams
 from trajectory_server.errors import TrajectoryServerError
 
 log = structlog.get_logger(__name__)
 
-#: how long one ``wait_results`` call to an instance waits before it is made again
-WATCH_S = 30.0
+#: how long (seconds) one ``wait_results`` call to an instance waits before it is made again
+WATCH_S = 30
 
 
 def is_actor_death(e: BaseException) -> bool:
@@ -125,6 +128,10 @@ class ShellIO:
         self._bytes: dict[str, int] = {}
         self._by_call: dict[str, int] = {}
         self._decoders: dict[str, SnapshotDecoder] = {}
+        # outcomes that interrupts' answers carried, not yet handed on as events; the ids per
+        # instance whose end its next snapshot delta is decoded with (see ``snapshot``)
+        self._interrupted: list[tuple[str, list[Outcome]]] = []
+        self._ended: dict[str, set[str]] = {}
         # commands sent to each instance (bumped before and after each), the count and the
         # clock at its last poll, the instances idle at their last poll with no command since,
         # and those whose watcher asked for a poll (see QUIET_POLL_S)
@@ -178,7 +185,7 @@ class ShellIO:
         return dec
 
     def snapshot(
-        self, iid: str, delta: Mapping[str, Any] | None, at: float, ended: Sequence[str]
+        self, iid: str, delta: Mapping[int, Any] | None, at: float, ended: Sequence[str]
     ) -> InstanceSnapshot | None:
         """The snapshot an instance's poll answer carries (a delta from the last one decoded,
         None: unchanged; ``ended``: the answer's outcome ids), stamped with this process's
@@ -187,6 +194,7 @@ class ShellIO:
         full one)."""
         dec = self._decoder(iid)
         self._quiet.discard(iid)
+        ended = [*ended, *self._ended.pop(iid, ())]  # interrupts' answers carried these
         # the view is stamped when the answer arrived, not when the slowest poll of the cycle
         # did (the instance extrapolates from its snapshot's time)
         arrived = self._answered.pop(iid, None)
@@ -229,10 +237,12 @@ class ShellIO:
 
     async def carry_all(
         self, effects: Sequence[fx.Effect], now: Callable[[], float]
-    ) -> list[InstanceLost]:
+    ) -> list[InstanceLost | Reported]:
         """Carry out simple effects: those for one instance (or none) one after another, in
-        order, those for different instances at the same time. An instance found dead leaves
-        the run (:meth:`lose`); its ``InstanceLost`` events are returned."""
+        order, those for different instances at the same time. Returned: the outcomes that
+        interrupts answered with, as ``Reported`` events (no snapshot; the instance's next
+        poll does not repeat them), then for each instance found dead (it leaves the run,
+        :meth:`lose`) its ``InstanceLost``."""
         chains: dict[str, list[fx.Effect]] = {}
         for e in effects:
             chains.setdefault(str(getattr(e, "instance_id", "")), []).append(e)
@@ -245,7 +255,13 @@ class ShellIO:
             return first
 
         got = await asyncio.gather(*(chain(es) for es in chains.values()))
-        return [await self.lose(iid, err, now()) for iid, err in filter(None, got)]
+        out: list[InstanceLost | Reported] = []
+        at = now()
+        for iid, outcomes in self._interrupted:  # an instance lost later reports them first
+            out.append(Reported(at=at, instance_id=iid, outcomes=outcomes))
+        self._interrupted = []
+        out.extend([await self.lose(iid, err, now()) for iid, err in filter(None, got)])
+        return out
 
     async def carry(self, e: fx.Effect) -> tuple[str, BaseException] | None:
         """Carry out one simple effect; returns ``(instance, error)`` if an instance died."""
@@ -257,7 +273,7 @@ class ShellIO:
             h = self.rollouts.get(e.instance_id)
             if h is None:
                 return None
-            args = (e.version, list(e.trajectory_ids))
+            args = (e.version, pack_ids(e.trajectory_ids))
             self._count("instances", _size(args), "route")
             self.touch(e.instance_id)
             try:
@@ -271,10 +287,13 @@ class ShellIO:
         elif isinstance(e, fx.Interrupt):
             h = self.rollouts.get(e.instance_id)
             if h is not None:
-                self._count("instances", _size(list(e.trajectory_ids)), "interrupt")
+                packed = pack_ids(e.trajectory_ids)
+                self._count("instances", _size((packed, True)), "interrupt")
                 self.touch(e.instance_id)
                 try:
-                    await h.interrupt.remote(list(e.trajectory_ids))
+                    answer = await h.interrupt.remote(packed, True)
+                    self._count("instances", _size(answer), "interrupt_answer")
+                    self._took(e.instance_id, unpack_ids(packed), answer)
                 except Exception as err:
                     if not is_actor_death(err):
                         raise
@@ -294,6 +313,23 @@ class ShellIO:
         elif isinstance(e, fx.Release):
             await self._ts_tolerant("release", list(e.trajectory_ids))
         return None
+
+    def _took(self, iid: str, ids: Sequence[str], answer: Sequence[Any]) -> None:
+        """An interrupt's answer: per id (in the order sent) its response length (unfinished),
+        ``[length, finish reason]`` or None (its outcome came, or comes, with a poll)."""
+        if len(answer) != len(ids):
+            raise ValueError(f"{iid!r} answered an interrupt of {len(ids)} ids with "
+                             f"{len(answer)} outcomes")  # fmt: skip
+        outcomes = [
+            Outcome(trajectory_id=t, generated=int(a), finish=None)
+            if isinstance(a, int)
+            else Outcome(trajectory_id=t, generated=int(a[0]), finish=str(a[1]))
+            for t, a in zip(ids, answer, strict=True)
+            if a is not None
+        ]
+        if outcomes:
+            self._interrupted.append((iid, outcomes))
+            self._ended.setdefault(iid, set()).update(o.trajectory_id for o in outcomes)
 
     async def _submit(self, g: fx.GroupSpec) -> None:
         rec = self._records[g.row]
@@ -417,10 +453,10 @@ class ShellIO:
             self._signaled.discard(i)
         # each request acknowledges the last snapshot delta decoded (or asks for a full one);
         # an answer may be None (nothing happened, nothing changed)
-        args = {i: self._decoder(i).request() for i in iids}
+        args = {i: poll_args(self._decoder(i).request()) for i in iids}
 
         async def poll(i: str) -> Any:
-            answer = await self.rollouts[i].poll.remote(**args[i])
+            answer = await self.rollouts[i].poll.remote(*args[i])
             self._answered[i] = time.monotonic()  # its snapshot's age is counted from here
             return answer
 
@@ -433,6 +469,7 @@ class ShellIO:
                 self._count("instances", _size(args[iid]), "poll")
             if not isinstance(p, BaseException):
                 self._count("instances", _size(p), "poll_answer")
+                p = unpack_poll(p)
             out[iid] = p
             if iid in self._poll_done:
                 self._poll_done[iid].set()
