@@ -15,14 +15,13 @@ version = steps, metrics rows 1..steps exactly once, each batch trained once).
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import random
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
+from tiny_setup import tiny_config
 
 from staleflow_trainer.actors.fault_hooks import CRASH_RECORD
 from trajectory_server import routes_out_of_queue
@@ -34,16 +33,6 @@ pytestmark = [pytest.mark.fault, pytest.mark.ray, pytest.mark.sim, pytest.mark.t
 # steps that the last one still finds a checkpoint to hit (each is armed only once the last
 # one's replacement runs, and the points after_journal and mid_effects are reached at once)
 BATCH, GROUP, ETA, STEPS = 4, 4, 1, 32
-
-
-def _conftest() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "_crash_conftest", Path(__file__).resolve().parents[1] / "conftest.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +48,7 @@ def crashed(
     from staleflow_trainer.wiring import Deployment
 
     run_dir = tmp_path_factory.mktemp("coord_crash_sim")
-    cfg = _conftest().tiny_config(
+    cfg = tiny_config(
         run_dir,
         f"trainer.steps={STEPS}",
         "run.checkpoint_every=3",

@@ -13,13 +13,12 @@ trajectory consumed, in flight or dropped with a reason); no route was refused.
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
+from tiny_setup import tiny_config
 from waiting import wait_for
 
 from trajectory_server import routes_out_of_queue
@@ -29,16 +28,6 @@ pytestmark = [pytest.mark.fault, pytest.mark.ray, pytest.mark.sim, pytest.mark.t
 BATCH, GROUP, ETA, STEPS = 4, 4, 1, 8
 #: a run that has not completed by then is stopped (a refusal loop never completes)
 WATCHDOG_S = 240.0
-
-
-def _conftest() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "_lost_flush_conftest", Path(__file__).resolve().parents[1] / "conftest.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _wait(pred: Callable[[], Any], timeout_s: float, what: str) -> Any:
@@ -57,7 +46,7 @@ def lost(
     from staleflow_trainer.wiring import Deployment
 
     run_dir = tmp_path_factory.mktemp("lost_after_flush_sim")
-    cfg = _conftest().tiny_config(
+    cfg = tiny_config(
         run_dir,
         f"trainer.steps={STEPS}",
         "run.checkpoint_every=0",

@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 from security_probe import own_listeners, probe_security
+from tiny_setup import tiny_config
 from waiting import wait_for
 
 from trajectory_server import routes_out_of_queue
@@ -247,16 +248,7 @@ def sc(
     engine_required: Callable[[str], None],
 ) -> dict[str, Any]:
     engine_required("vllm")
-    import importlib.util
-
-    # conftest helpers are not importable by name under --import-mode=importlib
-    spec = importlib.util.spec_from_file_location(
-        "_faults_conftest", Path(__file__).resolve().parents[1] / "conftest.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return _scenario(tmp_path_factory.mktemp("faults_vllm"), mod.tiny_config)
+    return _scenario(tmp_path_factory.mktemp("faults_vllm"), tiny_config)
 
 
 # ------------------------------------------------------------------------------ ledger check

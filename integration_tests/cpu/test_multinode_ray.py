@@ -7,29 +7,18 @@ their configured bind host and token (the trajectory server with ``allow_remote`
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from tiny_setup import tiny_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.sim, pytest.mark.timeout(900)]
 
 STEPS = 2
 ROLES = {"control": "sf_control", "rollout": "sf_rollout", "trainer": "sf_trainer",
          "reward": "sf_trainer"}  # fmt: skip
-
-
-def _conftest() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "_multinode_conftest", Path(__file__).resolve().parents[1] / "conftest.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +65,7 @@ def run(
 
     from staleflow_trainer.wiring import Deployment
 
-    cfg = _conftest().tiny_config(
+    cfg = tiny_config(
         tmp_path_factory.mktemp("multinode"),
         f"trainer.steps={STEPS}",
         "run.checkpoint_every=2",

@@ -19,12 +19,11 @@ control loops once disagreed, both shells must show the same outcome:
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
+from tiny_setup import tiny_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.sim, pytest.mark.timeout(900)]
 
@@ -49,16 +48,6 @@ SCENARIO = (
 )
 
 
-def _conftest() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "_shells_conftest", Path(__file__).resolve().parents[1] / "conftest.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def shells(
     ray_session: None,
@@ -72,7 +61,7 @@ def shells(
     from staleflow_trainer.sim import Simulation
     from staleflow_trainer.wiring import Deployment
 
-    cfg = _conftest().tiny_config(tmp_path_factory.mktemp("shells"), *SCENARIO, backend="sim")
+    cfg = tiny_config(tmp_path_factory.mktemp("shells"), *SCENARIO, backend="sim")
     out: dict[str, dict[str, Any]] = {}
     sim = Simulation(cfg)
     sim.run()
