@@ -175,7 +175,12 @@ class CoreMachine(RuleBasedStateMachine):
         if self.world.halted or self.core.done:
             return
         self.journal.append(event_to_dict(event))
-        self.world.apply(self.core.handle(event))
+        effects = self.core.handle(event)
+        halts = [i for i, e in enumerate(effects) if isinstance(e, fx.Halt)]
+        # nothing after a halt: the shell stops there, so the core's state must not count on
+        # effects that are never carried out (a batch consumed with no Train, ...)
+        assert halts in ([], [len(effects) - 1]), effects
+        self.world.apply(effects)
 
     def _tick(self) -> float:
         self.t += 0.25
@@ -431,3 +436,31 @@ def test_setup_joins_and_recovery_rejoins_are_not_membership_changes() -> None:
                InstanceJoined(at=3.0, instance_id="a", kv_capacity_tokens=8, version=1,
                               setup=True)):  # fmt: skip
         assert event_from_dict(json.loads(json.dumps(event_to_dict(ev)))) == ev
+
+
+def test_nothing_follows_a_halt() -> None:
+    """A reward failure that halts the run, in the same event as the rewards that complete a
+    batch: the Halt is the last effect (a shell stops there), and no batch is consumed for a
+    Train that would never be carried out."""
+    import attrs
+
+    core = ControlCore(attrs.evolve(make_config(eta=1), reward_failures_in_row=1),
+                       prompt_len=prompt_len)  # fmt: skip
+    world = World()
+    world.running["a"], world.version["a"] = {}, 0
+    world.apply(core.handle(InstanceJoined(at=0.0, instance_id="a", kv_capacity_tokens=10_000,
+                                           version=0)))  # fmt: skip
+    for t in range(1, 20):  # route what is admitted and finish it
+        world.apply(core.handle(Cycle(at=float(t))))
+        run = world.running["a"]
+        outs = [Outcome(trajectory_id=tid, generated=3, finish="stop") for tid in sorted(run)]
+        run.clear()
+        if outs:
+            world.apply(core.handle(Reported(at=float(t), instance_id="a", outcomes=outs)))
+    ids = sorted(world.to_score)
+    assert len(ids) >= 3 * 2  # three groups of two: a batch of two groups is complete
+    rewards = [Reward(trajectory_id=t, score=1.0) for t in ids[:-1]]
+    effects = core.handle(Rewarded(at=30.0, rewards=[*rewards, Reward(
+        trajectory_id=ids[-1], score=None, reason="boom")]))  # fmt: skip
+    assert isinstance(effects[-1], fx.Halt), effects
+    assert core.training is None and not any(isinstance(e, fx.Train) for e in effects)

@@ -174,6 +174,8 @@ class ControlCore:
             self._lost(event, out)
         else:  # pragma: no cover - the Event union is closed
             raise TypeError(f"not an event: {event!r}")
+        if self.halted is not None:  # the shell stops at the Halt: nothing may follow it
+            return out
         self._after_change(out)
         if not isinstance(event, Cycle | SyncDone | InstanceJoined):
             self._maybe_train(out)
