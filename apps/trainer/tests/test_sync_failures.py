@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from staleflow_trainer.actors.control import ControlActor
-from staleflow_trainer.actors.shell_io import sync_retry_delay
+from staleflow_trainer.actors.liveness import sync_retry_delay
 from staleflow_trainer.config import load_config, to_dict
 from staleflow_trainer.control import effects as fx
 from staleflow_trainer.control.config import core_config

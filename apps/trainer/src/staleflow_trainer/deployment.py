@@ -18,8 +18,8 @@ from typing import Any
 
 import structlog
 
+from staleflow_trainer.actors.liveness import is_actor_death
 from staleflow_trainer.actors.reconcile import TS_FILE, checkpoint_records
-from staleflow_trainer.actors.shell_io import is_actor_death
 from staleflow_trainer.atomic_files import make_run_dir
 from staleflow_trainer.config import AppConfig, dump_config, is_loopback, to_dict
 from staleflow_trainer.errors import ComponentLost

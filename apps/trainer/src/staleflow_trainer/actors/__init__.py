@@ -10,7 +10,8 @@ parameter server over NIXL, never through Ray.
   (:mod:`staleflow_trainer.control`) behind a write-ahead journal of the events it is fed;
   polls instances, feeds events, carries out effects (with :mod:`.shell_io`); recovers by
   replaying the journal and reconciling the other processes with the core (:mod:`.reconcile`);
-  its fault hooks (crash at a named point, hold between steps) are in :mod:`.fault_hooks`.
+  its fault hooks (crash at a named point, hold between steps) are in :mod:`.fault_hooks`;
+  :mod:`.liveness` tells a dead peer from a failing one and paces retries.
 * :mod:`~staleflow_trainer.actors.rollout` — ``RolloutActor``: one engine adapter (vllm | sglang |
   sim); submit by id / poll / interrupt / sync (pull from the PS, load in place) / probe.
 * :mod:`~staleflow_trainer.actors.param_host` — ``ParamServerHost``: owns the ``ParamServer`` and

@@ -41,18 +41,18 @@ import structlog
 from staleflow_trainer.actors import reconcile
 from staleflow_trainer.actors.fault_hooks import FaultHooks
 from staleflow_trainer.actors.in_store import InStore
-from staleflow_trainer.actors.reconcile import (
-    STATE_FILE,
-    checkpoint_records,
-    latest_checkpoint,
-)
-from staleflow_trainer.actors.shell_io import (
-    ShellIO,
+from staleflow_trainer.actors.liveness import (
     is_actor_death,
     process_alive,
     sync_retry_delay,
     wait_or_timeout,
 )
+from staleflow_trainer.actors.reconcile import (
+    STATE_FILE,
+    checkpoint_records,
+    latest_checkpoint,
+)
+from staleflow_trainer.actors.shell_io import ShellIO
 from staleflow_trainer.actors.write_ahead import WAL_DIR, WriteAheadLog
 from staleflow_trainer.atomic_files import read_verified_bytes
 from staleflow_trainer.config import AppConfig, from_dict

@@ -18,8 +18,6 @@ data-path benchmark can show they do not grow with response length.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import pickle
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -31,6 +29,7 @@ import structlog
 from engine_adapters import SnapshotDecoder, pack_ids, unpack_ids
 from rollout_coordinator import InstanceSnapshot
 from staleflow_trainer.actors.in_store import InStore, in_store
+from staleflow_trainer.actors.liveness import is_actor_death
 from staleflow_trainer.actors.rollout import poll_args, unpack_poll
 from staleflow_trainer.config import AppConfig
 from staleflow_trainer.control import effects as fx
@@ -44,46 +43,11 @@ log = structlog.get_logger(__name__)
 WATCH_S = 30
 
 
-def is_actor_death(e: BaseException) -> bool:
-    """True for Ray's "this actor is gone" errors (killed, crashed, its node died)."""
-    try:
-        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
-    except ImportError:  # pragma: no cover - the shell only runs under Ray
-        return False
-    return isinstance(e, (RayActorError, ActorDiedError, ActorUnavailableError))
-
-
-def process_alive(pid: int) -> bool:
-    """Whether a process with ``pid`` exists on this node."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists: another user's
-        return True
-    return True
-
-
-def sync_retry_delay(failures_in_row: int, backoff_s: float) -> float:
-    """Seconds to wait before a sync after ``failures_in_row`` failed ones: 0 for the first
-    try, then ``backoff_s`` doubling per failure, capped at 30 s."""
-    if failures_in_row <= 0 or backoff_s <= 0:
-        return 0.0
-    return float(min(30.0, backoff_s * 2 ** (failures_in_row - 1)))
-
-
 #: An instance that has been sent no command and whose watcher (``wait_results``) has not
 #: called since its last poll is polled again only after this long (an instance that has no
 #: ``wait_results``: only while it is idle, nothing running or waiting, at its last poll). A
 #: lost instance is noticed sooner: its watcher's call fails, which asks for a poll.
 QUIET_POLL_S = 30.0
-
-
-async def wait_or_timeout(event: asyncio.Event, timeout_s: float) -> None:
-    """Return when ``event`` is set or after ``timeout_s`` (at once if it is not positive)."""
-    if timeout_s > 0:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout_s)
 
 
 def _size(x: Any) -> int:

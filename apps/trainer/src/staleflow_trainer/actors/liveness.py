@@ -1,0 +1,44 @@
+"""Whether a peer is still there, and when to try it again: Ray's "this actor is gone" errors,
+a process check on this node, the backoff between failed syncs, and a wait on an event with a
+timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+
+
+def is_actor_death(e: BaseException) -> bool:
+    """True for Ray's "this actor is gone" errors (killed, crashed, its node died)."""
+    try:
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+    except ImportError:  # pragma: no cover - the shell only runs under Ray
+        return False
+    return isinstance(e, (RayActorError, ActorDiedError, ActorUnavailableError))
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with ``pid`` exists on this node."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists: another user's
+        return True
+    return True
+
+
+def sync_retry_delay(failures_in_row: int, backoff_s: float) -> float:
+    """Seconds to wait before a sync after ``failures_in_row`` failed ones: 0 for the first
+    try, then ``backoff_s`` doubling per failure, capped at 30 s."""
+    if failures_in_row <= 0 or backoff_s <= 0:
+        return 0.0
+    return float(min(30.0, backoff_s * 2 ** (failures_in_row - 1)))
+
+
+async def wait_or_timeout(event: asyncio.Event, timeout_s: float) -> None:
+    """Return when ``event`` is set or after ``timeout_s`` (at once if it is not positive)."""
+    if timeout_s > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout_s)
