@@ -61,6 +61,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -158,13 +159,13 @@ def run_length(run_dir: Path, length: int, steps: int, eta: int = 1) -> dict[str
     }
 
 
-def _fit(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
-    """Least squares of ``key`` (bytes per trajectory) over every run on response length (per
-    1K tokens) alone, and on length and re-admissions per trajectory: intercept, slopes and
+def _fit(runs: list[dict[str, Any]], get: Callable[[dict[str, Any]], float]) -> dict[str, Any]:
+    """Least squares of ``get(run)`` (bytes per trajectory) over every run on response length
+    (per 1K tokens) alone, and on length and re-admissions per trajectory: intercept, slopes and
     their standard errors; a model is None without runs enough to estimate its errors."""
     import numpy as np
 
-    y = np.array([r[key] for r in runs], dtype=float)
+    y = np.array([get(r) for r in runs], dtype=float)
     kx = np.array([r["response_len"] / 1000 for r in runs], dtype=float)
     ix = np.array([r["readmissions_per_trajectory"] for r in runs], dtype=float)
 
@@ -284,12 +285,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "runs": runs,
         "ratio_longest_over_shortest": ratio,  # of the means over the repeats
         "length_ratio": long_ / short,
-        "fit_total": _fit(runs, "total_bytes_per_trajectory"),
+        "fit_total": _fit(runs, lambda r: r["total_bytes_per_trajectory"]),
         "verdict": None,  # filled in below, from the fit on length alone
-        "fit_instances": _fit(
-            [{**r, "instances": r["bytes_per_trajectory"]["instances"]} for r in runs],
-            "instances",
-        ),
+        "fit_instances": _fit(runs, lambda r: r["bytes_per_trajectory"]["instances"]),
     }
     res["verdict"] = _verdict(by_len, res["fit_total"]["length_only"])
     out = Path(a.out) if a.out else ROOT / "bench-results" / "control_bytes.json"

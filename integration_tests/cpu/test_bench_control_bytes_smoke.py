@@ -65,7 +65,7 @@ def test_fit_recovers_known_slopes() -> None:
                     "y": 120 + 180 * readmit + rng.gauss(0, 2),
                 }
             )
-    f = bench_control_bytes._fit(runs, "y")
+    f = bench_control_bytes._fit(runs, lambda r: r["y"])
     both = f["with_readmissions"]
     assert both is not None
     assert abs(both["per_1k_tokens"]) < 3 * both["per_1k_tokens_se"] + 0.5
@@ -96,7 +96,9 @@ def test_verdict_tells_flat_from_growing() -> None:
 
     def verdict(by_len: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
         flat = [r for rs in by_len.values() for r in rs]
-        fit = bench_control_bytes._fit(flat, "total_bytes_per_trajectory")["length_only"]
+        fit = bench_control_bytes._fit(flat, lambda r: r["total_bytes_per_trajectory"])[
+            "length_only"
+        ]
         return bench_control_bytes._verdict(by_len, fit)
 
     assert verdict(runs(rise=0, noise=2))["met"] is True
