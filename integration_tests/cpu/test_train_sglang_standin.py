@@ -12,10 +12,10 @@ runs the adapter against a real SGLang server on machines that have one.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from tiny_setup import tiny_config
 
 from staleflow_trainer.metrics import REQUIRED_KEYS, read_jsonl
 
@@ -48,22 +48,6 @@ def standins() -> Iterator[list[str]]:
             s.stop()
 
 
-def _tiny_config(run_dir: Path, *overrides: str) -> Any:
-    from staleflow_trainer.config import load_config
-
-    examples = Path(__file__).resolve().parents[2] / "examples"
-    return load_config(
-        examples / "tiny.yaml",
-        [
-            f"run_dir={run_dir}",
-            "metrics.tensorboard=false",
-            "metrics.progress_bar=false",
-            "coordinator.snapshot_interval_s=0.1",
-            *overrides,
-        ],
-    )
-
-
 @pytest.fixture(scope="module")
 def run(
     ray_session: None, standins: list[str], tmp_path_factory: pytest.TempPathFactory
@@ -71,7 +55,7 @@ def run(
     from staleflow_trainer.wiring import Deployment
 
     run_dir = tmp_path_factory.mktemp("train_sglang")
-    cfg = _tiny_config(
+    cfg = tiny_config(
         run_dir,
         "rollout.backend=sglang",
         f"rollout.sglang_url={','.join(standins)}",
