@@ -44,7 +44,9 @@ scheduling, and how many polls there are per trajectory: results spread over mor
 trajectories run longer, and the pace corrections (an engine whose pace changes, as the sim
 engines' does when the trainer takes the CPU) come per second of generation, not per
 trajectory. So the benchmark also prints the bytes per call
-(``ControlActor.io_stats()["by_call"]``), the mean and spread over ``--repeats`` runs per
+(``ControlActor.io_stats()["by_call"]``), the instance polls per trajectory by why each was
+sent (``io_stats()["polls"]``, see ``actors.shell_io.POLL_REASONS``: after a command, asked by
+the instance's watcher, quiet, ...), the mean and spread over ``--repeats`` runs per
 length (the lengths interleaved), and a least-squares fit of bytes per trajectory on length
 (per 1K tokens) alone and on length and re-admissions per trajectory, with 95 % error bars
 (from four runs on). Writes ``bench-results/control_bytes.json``.
@@ -156,6 +158,9 @@ def run_length(run_dir: Path, length: int, steps: int, eta: int = 1) -> dict[str
             k: v / n for k, v in sorted(dict(io.get("by_call", {})).items())
         },
         "total_bytes_per_trajectory": sum(per.values()),
+        # instance polls per trajectory, by why each was sent (shell_io.POLL_REASONS); each
+        # costs a request and an answer, and an "asked" one a wait_results answer too
+        "polls_per_trajectory": {k: v / n for k, v in sorted(dict(io.get("polls", {})).items())},
     }
 
 
@@ -317,6 +322,14 @@ def _print(res: dict[str, Any], lengths: list[int], by_len: dict[int, list[Any]]
         print(f"{L:>6} " + " ".join(
             f"{_mean_sd([r['bytes_per_trajectory_by_call'].get(c, 0.0) for r in rs])[0]:>{w[c]}.1f}"
             for c in calls))  # fmt: skip
+    reasons = sorted({k for r in runs for k in r["polls_per_trajectory"]})
+    print(f"{'L':>6} " + " ".join(f"{k:>9}" for k in reasons)
+          + "   (mean instance polls per trajectory, by why each was sent)")  # fmt: skip
+    for L in lengths:
+        rs = by_len[L]
+        print(f"{L:>6} " + " ".join(
+            f"{_mean_sd([r['polls_per_trajectory'].get(k, 0.0) for r in rs])[0]:>9.3f}"
+            for k in reasons))  # fmt: skip
     print(f"{'L':>6} {'total B/traj mean ± sd':>24} {'instances mean ± sd':>22} "
           f"{'re-admissions/traj':>18}")  # fmt: skip
     for L in lengths:

@@ -12,6 +12,8 @@ from typing import Any
 import bench_control_bytes
 import pytest
 
+from staleflow_trainer.actors.shell_io import POLL_REASONS
+
 pytestmark = [pytest.mark.ray, pytest.mark.sim, pytest.mark.timeout(900)]
 
 
@@ -35,6 +37,10 @@ def test_bench_control_bytes_smoke(ray_session: None, tmp_path: Path) -> None:
             assert part == pytest.approx(r["bytes_per_trajectory"][k]), (k, by_call)
         assert {"instances.route", "instances.poll_answer", "trainer.train"} <= set(by_call)
         assert r["readmissions_per_trajectory"] >= r["interrupts_per_trajectory"] >= 0
+        # polls by why each was sent: every instance's first, and those after the routes
+        polls = r["polls_per_trajectory"]
+        assert set(polls) <= set(POLL_REASONS), polls
+        assert polls["no_view"] * r["trajectories"] >= 2 and polls["command"] > 0, polls
     assert res["length_ratio"] == 16
     assert res["ratio_longest_over_shortest"]["total"] > 0
     # two runs cannot estimate a slope's error: the fits say so instead of printing one

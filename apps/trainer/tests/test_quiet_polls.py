@@ -17,7 +17,7 @@ import pytest
 
 from engine_adapters import EngineSnapshot, RunningTrajectory, SnapshotEncoder, unpack_ids
 from staleflow_trainer.actors import shell_io
-from staleflow_trainer.actors.shell_io import QUIET_POLL_S, ShellIO
+from staleflow_trainer.actors.shell_io import POLL_REASONS, QUIET_POLL_S, ShellIO
 from staleflow_trainer.config import load_config
 from staleflow_trainer.control import effects as fx
 
@@ -110,6 +110,10 @@ async def test_an_idle_instance_is_polled_again_only_after_a_command_or_the_quie
     inst.running.clear()  # its work ended
     await _cycle(io)
     assert await _cycle(io) == {}  # idle again: quiet
+    # each poll counted by why it was sent: the first, the quiet period's, the command's,
+    # and two while it had work (no watcher to ask for them)
+    assert io.byte_stats()["polls"] == {"no_view": 1, "quiet": 1, "command": 1, "unwatched": 2}
+    assert set(io.byte_stats()["polls"]) <= set(POLL_REASONS)
 
 
 async def test_a_command_sent_while_a_poll_is_in_flight_keeps_the_instance_polled(
@@ -186,5 +190,6 @@ async def test_an_instance_with_work_is_polled_when_it_asks_and_viewed_in_betwee
         assert "i0" in await _cycle(io)
         await _settle()
         assert "i0" in await _cycle(io)
+        assert io.byte_stats()["polls"] == {"no_view": 1, "command": 1, "asked": 3, "quiet": 1}
     finally:
         io.stop_watching()

@@ -50,6 +50,16 @@ WATCH_S = 30
 QUIET_POLL_S = 30.0
 
 
+#: Why an instance is polled in a cycle (``ShellIO.byte_stats()["polls"]`` counts each):
+POLL_REASONS = {
+    "no_view": "never polled yet, or its last snapshot delta was refused (a full one is due)",
+    "command": "a command (route, interrupt, sync) went to it since its last poll",
+    "asked": "its watcher's wait_results answered: results wait, or its view is off",
+    "quiet": f"not polled for QUIET_POLL_S ({QUIET_POLL_S:g} s)",
+    "unwatched": "it has no wait_results and had work at its last poll: polled every cycle",
+}
+
+
 def _size(x: Any) -> int:
     return len(pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL))
 
@@ -91,6 +101,7 @@ class ShellIO:
         self._prompts: dict[int, list[int]] = {}
         self._bytes: dict[str, int] = {}
         self._by_call: dict[str, int] = {}
+        self._polls: dict[str, int] = {}  # polls sent, by reason (POLL_REASONS)
         self._decoders: dict[str, SnapshotDecoder] = {}
         # outcomes that interrupts' answers carried, not yet handed on as events; the ids per
         # instance whose end its next snapshot delta is decoded with (see ``snapshot``)
@@ -193,9 +204,10 @@ class ShellIO:
         self._by_call[key] = self._by_call.get(key, 0) + n
 
     def byte_stats(self) -> dict[str, Any]:
-        """Bytes per peer kind, and under ``by_call`` per ``kind.call`` (a call's arguments
-        and its answer counted apart: ``poll`` and ``poll_answer``)."""
-        return {**self._bytes, "by_call": dict(self._by_call)}
+        """Bytes per peer kind, under ``by_call`` per ``kind.call`` (a call's arguments and
+        its answer counted apart: ``poll`` and ``poll_answer``), and under ``polls`` the polls
+        sent by reason (:data:`POLL_REASONS`)."""
+        return {**self._bytes, "by_call": dict(self._by_call), "polls": dict(self._polls)}
 
     # ---- effects -------------------------------------------------------------------------
 
@@ -389,13 +401,20 @@ class ShellIO:
         self._quiet.discard(iid)
         self.wake.set()
 
-    def _due(self, iid: str, now: float) -> bool:
+    def _due(self, iid: str, now: float) -> str | None:
+        """Why ``iid`` is polled this cycle (a key of :data:`POLL_REASONS`), None if not."""
         polled = self._polled.get(iid)
-        if polled is None or polled[0] != self._commands.get(iid, 0) or iid in self._signaled:
-            return True
-        if now - polled[1] >= QUIET_POLL_S or self._decoder(iid).k is None:
-            return True
-        return iid not in self._quiet and not hasattr(self.rollouts[iid], "wait_results")
+        if polled is None or self._decoder(iid).k is None:
+            return "no_view"
+        if polled[0] != self._commands.get(iid, 0):
+            return "command"
+        if iid in self._signaled:
+            return "asked"
+        if now - polled[1] >= QUIET_POLL_S:
+            return "quiet"
+        if iid not in self._quiet and not hasattr(self.rollouts[iid], "wait_results"):
+            return "unwatched"
+        return None
 
     def stop_watching(self, iid: str | None = None) -> None:
         """Cancel the watcher of ``iid`` (None: of every instance)."""
@@ -411,8 +430,10 @@ class ShellIO:
         call failed); the others' views are :meth:`views`."""
         self._watch_all()
         now = time.monotonic()
-        iids = [i for i in self.rollouts if self._due(i, now)]
-        for i in iids:
+        due = {i: why for i in self.rollouts if (why := self._due(i, now)) is not None}
+        iids = list(due)
+        for i, why in due.items():
+            self._polls[why] = self._polls.get(why, 0) + 1
             self._polled[i] = (self._commands.get(i, 0), now)
             self._signaled.discard(i)
         # each request acknowledges the last snapshot delta decoded (or asks for a full one);
