@@ -302,6 +302,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return res
 
 
+def _print_means(
+    lengths: list[int], by_len: dict[int, list[Any]], field: str, digits: int, what: str
+) -> None:
+    """A table of the runs' per-key dict ``field``: one column per key, one row per length,
+    each cell the mean over that length's runs (0 where a run lacks the key)."""
+    keys = sorted({k for rs in by_len.values() for r in rs for k in r[field]})
+    w = {k: max(8, len(k)) for k in keys}
+    print(f"{'L':>6} " + " ".join(f"{k:>{w[k]}}" for k in keys) + f"   ({what})")
+    for L in lengths:
+        means = {k: _mean_sd([r[field].get(k, 0.0) for r in by_len[L]])[0] for k in keys}
+        print(f"{L:>6} " + " ".join(f"{means[k]:>{w[k]}.{digits}f}" for k in keys))
+
+
 def _print(res: dict[str, Any], lengths: list[int], by_len: dict[int, list[Any]]) -> None:
     runs = res["runs"]
     print(f"{'L':>6} {'rep':>3} {'traj':>5} {'tok/traj':>9} {'wall s':>7} {'cycles':>6} "
@@ -314,22 +327,9 @@ def _print(res: dict[str, Any], lengths: list[int], by_len: dict[int, list[Any]]
               f"{r['interrupts_per_trajectory']:>5.2f} {r['instances_bytes_per_route']:>9.1f} "
               + " ".join(f"{r['bytes_per_trajectory'][k]:>10.1f}" for k in KINDS)
               + f" {r['total_bytes_per_trajectory']:>10.1f}")  # fmt: skip
-    calls = sorted({c for r in runs for c in r["bytes_per_trajectory_by_call"]})
-    w = {c: max(8, len(c)) for c in calls}
-    print(f"{'L':>6} " + " ".join(f"{c:>{w[c]}}" for c in calls) + "   (mean B per trajectory)")
-    for L in lengths:
-        rs = by_len[L]
-        print(f"{L:>6} " + " ".join(
-            f"{_mean_sd([r['bytes_per_trajectory_by_call'].get(c, 0.0) for r in rs])[0]:>{w[c]}.1f}"
-            for c in calls))  # fmt: skip
-    reasons = sorted({k for r in runs for k in r["polls_per_trajectory"]})
-    print(f"{'L':>6} " + " ".join(f"{k:>9}" for k in reasons)
-          + "   (mean instance polls per trajectory, by why each was sent)")  # fmt: skip
-    for L in lengths:
-        rs = by_len[L]
-        print(f"{L:>6} " + " ".join(
-            f"{_mean_sd([r['polls_per_trajectory'].get(k, 0.0) for r in rs])[0]:>9.3f}"
-            for k in reasons))  # fmt: skip
+    _print_means(lengths, by_len, "bytes_per_trajectory_by_call", 1, "mean B per trajectory")
+    _print_means(lengths, by_len, "polls_per_trajectory", 3,
+                 "mean instance polls per trajectory, by why each was sent")  # fmt: skip
     print(f"{'L':>6} {'total B/traj mean ± sd':>24} {'instances mean ± sd':>22} "
           f"{'re-admissions/traj':>18}")  # fmt: skip
     for L in lengths:

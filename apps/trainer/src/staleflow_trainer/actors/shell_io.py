@@ -424,10 +424,9 @@ class ShellIO:
                 t.cancel()
 
     async def poll_all(self) -> dict[str, Any]:
-        """Poll the instances that have something to say: sent a command since their last
-        poll, asked for one by their watcher (results, or the view of them is off), without a
-        view yet, or not polled for QUIET_POLL_S. The answers by instance (an exception: the
-        call failed); the others' views are :meth:`views`."""
+        """Poll the instances that have something to say (for a reason of
+        :data:`POLL_REASONS`, counted there). The answers by instance (an exception: the call
+        failed); the others' views are :meth:`views`."""
         self._watch_all()
         now = time.monotonic()
         due = {i: why for i in self.rollouts if (why := self._due(i, now)) is not None}
