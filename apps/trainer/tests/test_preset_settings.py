@@ -37,15 +37,20 @@ def test_every_policy_of_a_comparison_runs_the_presets_coordinator_settings(name
         assert _strategy(c) == want, f"{c.coordinator.policy} at eta {c.protocol.eta}"
 
 
-def test_the_rollout_bound_preset_sets_theta_slack_and_the_kv_limit() -> None:
+def test_the_rollout_bound_preset_sets_theta_slack_due_first_and_the_kv_limit() -> None:
     base = load_config(EXAMPLES / "sim-paper-30b-a3b-rollout-bound.yaml", [])
     paper = load_config(
         EXAMPLES / "sim-paper-30b-a3b-rollout-bound.yaml",
-        ["coordinator.theta_slack=off", "coordinator.route_kv_limit=null"],
+        [
+            "coordinator.theta_slack=off",
+            "coordinator.due_first=false",
+            "coordinator.route_kv_limit=null",
+        ],
     )
     got, profile = _strategy(base), _strategy(paper)
     assert got["theta_slack"] is not None and profile["theta_slack"] is None
+    assert got["due_first"] is True and profile["due_first"] is False
     assert got["route_kv_limit"] < profile["route_kv_limit"]
-    for key in ("theta_slack", "route_kv_limit"):
+    for key in ("theta_slack", "due_first", "route_kv_limit"):
         got.pop(key), profile.pop(key)
     assert got == profile  # every other field is the profile's

@@ -91,9 +91,14 @@ def route_by_marginal_gain(
     new_admitted = 0
     stopped_early = False
     live = len(local)
+    # due_first: instance θ refused -> the length it was refused for (back for a shorter
+    # one), and how often θ refused it this cycle (after 4 times it stays out)
+    refused: dict[str, int] = {}
+    refusals: dict[str, int] = {}
 
-    def pick(h: list[tuple[float, str]], length: int) -> str | None:
-        """Best instance in one version group with room and gain ≥ θ; saturated ones leave."""
+    def pick(h: list[tuple[float, str]], length: int, due: bool) -> str | None:
+        """Best instance in one version group with room and gain ≥ θ (any gain when
+        ``due``); saturated ones leave (with ``due_first``, until a shorter trajectory)."""
         nonlocal live
         skipped: list[tuple[float, str]] = []
         chosen: str | None = None
@@ -101,9 +106,13 @@ def route_by_marginal_gain(
         while h and len(skipped) < _ROOM_TRIES:
             top = h[0]
             n, kv, cap = local[top[1]]
-            if n >= max_n or gain(n, kv, length) < theta_of(top[1]) / den:
+            if n >= max_n or (not due and gain(n, kv, length) < theta_of(top[1]) / den):
                 heapq.heappop(h)  # saturated: no trajectory of this size is worth it
                 live -= 1
+                if cfg.due_first and n < max_n:
+                    refusals[top[1]] = refusals.get(top[1], 0) + 1
+                    if refusals[top[1]] < 4:
+                        refused[top[1]] = length
                 continue
             if kv + length > kv_limit * cap:
                 skipped.append(heapq.heappop(h))
@@ -116,7 +125,7 @@ def route_by_marginal_gain(
         return chosen
 
     for item in items:
-        if live <= 0:
+        if live <= 0 and not refused:
             break
         if len(routes) >= max_routes:
             stopped_early = True
@@ -126,6 +135,12 @@ def route_by_marginal_gain(
         if is_new and quota is not None and new_admitted >= quota:
             break  # new prompts are last in the queue: nothing else to route
         length = item.prompt_len + item.generated_len
+        for iid in [i for i, at in refused.items() if at > length]:
+            del refused[iid]  # refused only for longer ones: back in its group
+            n_run, kv = local[iid][:2]
+            heapq.heappush(heaps[version_of[iid]], (-gain(n_run, kv, ref_len), iid))
+            live += 1
+        due = cfg.due_first and not is_new and port.due(item)
         start = bisect.bisect_left(versions, floor + 1 if v_traj is None else v_traj)
         candidates = versions[start:]
         if is_new and newest_first:
@@ -137,7 +152,7 @@ def route_by_marginal_gain(
                 candidates = []  # aborted or unknown to the protocol: never route it
             else:
                 resumable_checked = True
-                candidates = _best_group(candidates, heaps, pick, local, length, gain, ref_len)
+                candidates = _best_group(candidates, heaps, pick, local, length, gain, ref_len, due)
         for v in candidates:
             h = heaps[v]
             if not h:
@@ -149,7 +164,7 @@ def route_by_marginal_gain(
                 if not port.can_resume(item, v):
                     break  # aborted or unknown to the protocol: never route it
                 resumable_checked = True
-            picked = pick(h, length)
+            picked = pick(h, length, due)
             if picked is None:
                 continue
             iid = picked
@@ -201,11 +216,12 @@ def route_by_marginal_gain(
 def _best_group(
     candidates: list[int],
     heaps: dict[int, list[tuple[float, str]]],
-    pick: Callable[[list[tuple[float, str]], int], str | None],
+    pick: Callable[[list[tuple[float, str]], int, bool], str | None],
     local: dict[str, list[int]],
     length: int,
     gain: Callable[[int, float, int], float],
     ref_len: int,
+    due: bool,
 ) -> list[int]:
     """The one version group whose best acceptable instance has the largest gain ([] if none).
 
@@ -217,7 +233,7 @@ def _best_group(
         h = heaps[v]
         if not h:
             continue
-        iid = pick(h, length)
+        iid = pick(h, length, due)
         if iid is None:
             continue
         n, kv = local[iid][0], local[iid][1]

@@ -42,6 +42,7 @@ def _config(rng: random.Random, policy: str) -> CoordinatorConfig:
     overrides: dict[str, Any] = {
         "theta": rng.choice([0.05, 0.3, 0.6]),
         "theta_slack": rng.choice([None, None, 0.05, 0.6]),
+        "due_first": rng.choice([False, True]),
         "route_kv_limit": rng.choice([0.5, 0.9, 1.0]),
         "route_max_concurrency": rng.choice([None, None, 6, 40]),
         "candidate_order": rng.choice(["oldest", "reserve"]),

@@ -52,6 +52,7 @@ def test_paper_profile_holds_the_published_runs_values():
     assert CoordinatorConfig.from_profile("default") == CoordinatorConfig()
     robust = CoordinatorConfig.from_profile("robust")
     assert (robust.sync_lag_fraction, robust.partial_order) == (0.5, "gain")
+    assert robust.due_first and not cfg.due_first and not CoordinatorConfig().due_first
     assert set(PROFILES) == {"default", "paper", "robust"}
 
 
@@ -76,6 +77,7 @@ def test_profile_in_a_mapping_and_overrides():
         ("candidate_order", "newest"),
         ("partial_order", "random"),
         ("sync_require_starved", "yes"),
+        ("due_first", "yes"),
         ("sync_max_lag", 0),
         ("sync_lag_fraction", 0.0),
         ("sync_lag_fraction", 1.5),
@@ -125,6 +127,64 @@ def test_theta_slack_applies_only_where_all_routed_work_has_slack(held_v_traj, t
     # without theta_slack, theta everywhere
     coord, _, _ = make(instances=[("a", 3)], start_version=3, eta=1, theta=0.9)
     assert routes(coord.step([snap("a", version=3, running=_others(20))], [new("t0")])) == {}
+
+
+def _loaded(iid="a"):
+    # 20 running, 40K of the 100K KV tokens: a 500-token trajectory passes θ 0.3, one with a
+    # 30.5K-token context has a negative marginal gain (its context slows every step)
+    return snap(iid, n=20, tokens_each=2000)
+
+
+@pytest.mark.parametrize("due_first", [False, True])
+def test_a_long_partial_refused_by_theta_leaves_shorter_work_routable(due_first):
+    """The paper's rule drops an instance θ refuses from the whole cycle, so one long partial
+    at the head of the queue blocks everything behind it. With ``due_first`` the instance
+    stays a candidate for shorter trajectories."""
+    coord, proto, _ = make(instances=[("a", 0)], eta=2, theta=0.3, due_first=due_first)
+    assert proto.reserve("gl", "L0", 0) == 2  # not the buffer the trainer takes next
+    queue = [partial("L0", 0, group="gl", gen=30_000), new("t0")]
+    cmds = coord.step([_loaded()], queue, now=0.0)
+    assert routes(cmds) == ({"t0": "a"} if due_first else {})
+
+
+def test_theta_refusals_under_due_first_are_bounded_per_cycle(monkeypatch):
+    """Lengths that go up and down do not make a cycle cost one pass over the instances per
+    trajectory: an instance θ refused 4 times leaves for the cycle. Here θ 0.1 refuses each
+    long partial and accepts each short prompt, for which the instance lacks KV room (a skip,
+    not a refusal): 3 returns, then it stays out."""
+    from rollout_coordinator.policies import routing_gain
+
+    coord, proto, _ = make(instances=[("a", 0)], batch=8, eta=2, theta=0.1, due_first=True)
+    queue = []
+    for k in range(10):
+        assert proto.reserve(f"gl{k}", f"L{k}", 0) != proto.next_buffer  # none is due
+        queue += [partial(f"L{k}", 0, group=f"gl{k}", gen=30_000), new(f"t{k}", f"g{k}", 6000)]
+    returns = []
+    real = routing_gain._Group.insert
+    monkeypatch.setattr(
+        routing_gain._Group, "insert", lambda g, *a: (returns.append(a[1]), real(g, *a))
+    )
+    cmds = coord.step([snap("a", n=20, tokens_each=4250)], queue, now=0.0)  # 85 % of the KV
+    assert routes(cmds) == {} and len(returns) == 3
+
+
+@pytest.mark.parametrize("due_first", [False, True])
+def test_due_work_skips_theta(due_first):
+    """A partial whose group is reserved in the buffer the trainer takes next goes to an
+    instance with KV room under ``due_first`` although θ would refuse it there."""
+    coord, proto, _ = make(instances=[("a", 0)], eta=1, theta=0.3, due_first=due_first)
+    for k in range(4):  # buffer 1 fills with reservations first (the latest free one)
+        assert proto.reserve(f"f{k}", f"f{k}/0", 0) == 1
+    assert proto.reserve("gd", "D0", 0) == proto.next_buffer == 0
+    cmds = coord.step([_loaded()], [partial("D0", 0, group="gd", gen=30_000)], now=0.0)
+    assert routes(cmds) == ({"D0": "a"} if due_first else {})
+    # no KV room is no KV room, due or not
+    coord, proto, _ = make(instances=[("a", 0)], eta=1, theta=0.3, due_first=True)
+    for k in range(4):
+        proto.reserve(f"f{k}", f"f{k}/0", 0)
+    proto.reserve("gd", "D0", 0)
+    full = snap("a", n=20, tokens_each=4000)  # 80K: + 30.5K is over 90 %
+    assert routes(coord.step([full], [partial("D0", 0, group="gd", gen=30_000)])) == {}
 
 
 def test_router_concurrency_cap():

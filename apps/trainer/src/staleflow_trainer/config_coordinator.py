@@ -53,6 +53,7 @@ STRATEGY_FIELDS = (
     "route_kv_limit",
     "route_max_concurrency",
     "theta_slack",
+    "due_first",
     "candidate_order",
     "partial_order",
     "max_routes_per_cycle",
@@ -94,6 +95,9 @@ class CoordinatorConfig:
     theta: float | None = _f(None, doc="min marginal-gain fraction to route")
     theta_slack: float | Literal["off"] | None = _f(
         None, doc="theta for an instance whose work all has slack in the eta window"
+    )
+    due_first: bool | None = _f(
+        None, doc="work the next batch waits for skips theta; theta refuses per length"
     )
     route_kv_limit: float | None = _f(None, doc="route only while KV usage after it stays <=")
     route_max_concurrency: int | Literal["off"] | None = _f(None, doc="running cap per instance")

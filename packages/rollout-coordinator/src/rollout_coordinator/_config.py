@@ -18,12 +18,13 @@ A *profile* is a named set of field values (:data:`PROFILES`), applied with
   instance per cycle, never while a sync is issued or in flight; a request the engine preempts
   is aborted back to the trajectory server once the engine's waiting queue exceeds 3; new
   groups go to the version whose latest reservable buffer is latest.
-* ``robust`` — ``paper`` plus two rules beyond it: a stale instance syncs at once when it lags
-  the latest published version by ``⌈η/2⌉`` (greedy global sync at η ≤ 2; no instance rides an
-  old version to the abort floor, so syncs cannot pile up into a herd there; see
-  :mod:`rollout_coordinator.policies.sync_per_instance`), and queued partial trajectories go
-  to the instance with the best marginal gain among every version that can serve them, not to
-  the oldest version first.
+* ``robust`` — ``paper`` plus three rules beyond it: a stale instance syncs at once when it
+  lags the latest published version by ``⌈η/2⌉`` (greedy global sync at η ≤ 2; no instance
+  rides an old version to the abort floor, so syncs cannot pile up into a herd there; see
+  :mod:`rollout_coordinator.policies.sync_per_instance`); queued partial trajectories go to
+  the instance with the best marginal gain among every version that can serve them, not to
+  the oldest version first; and ``due_first`` (work the trainer waits for skips θ, and θ
+  refuses an instance only for trajectories at least as long as the one it refused).
 """
 
 from __future__ import annotations
@@ -128,6 +129,14 @@ class CoordinatorConfig:
     #: holding none, keeps ``theta``. None: ``theta`` everywhere. In (0, 1]. A rule beyond the
     #: paper's runs (see the throughput docs for what it measured).
     theta_slack: float | None = attrs.field(default=None, validator=_optional_fraction)
+    #: Serve what the trainer waits for first: a queued partial whose group is reserved in
+    #: the buffer the trainer takes next is *due*, and θ never refuses it (it goes to the best
+    #: instance with KV room, whatever the gain); and an instance θ refuses for a trajectory
+    #: of ``L`` tokens stays a candidate for shorter ones later in the queue (without this,
+    #: one long partial at the head of the queue leaves every loaded instance out of the
+    #: whole cycle). False: the paper's rule (θ for every trajectory; an instance θ refuses
+    #: leaves the cycle). A rule beyond the paper's runs (see the throughput docs).
+    due_first: bool = attrs.field(default=False, validator=_bool)
     #: An instance has KV room for a trajectory if its KV usage *after* adding it stays ≤ this.
     route_kv_limit: float = attrs.field(default=0.9, validator=_open_unit)
     #: The cost-model router gives an instance no more work once it runs this many
@@ -256,5 +265,5 @@ PAPER: dict[str, Any] = {
 PROFILES: dict[str, dict[str, Any]] = {
     "default": {},
     "paper": PAPER,
-    "robust": {**PAPER, "sync_lag_fraction": 0.5, "partial_order": "gain"},
+    "robust": {**PAPER, "sync_lag_fraction": 0.5, "partial_order": "gain", "due_first": True},
 }

@@ -34,6 +34,7 @@ coordinator (its admission caches assume so).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -79,12 +80,13 @@ class CycleReport:
 class _ProtocolPort:
     """The protocol as the routing strategies see it, with per-cycle admission caches."""
 
-    __slots__ = ("_closed", "_coord", "_proto")
+    __slots__ = ("_closed", "_coord", "_due", "_proto")
 
     def __init__(self, coord: Coordinator) -> None:
         self._coord = coord
         self._proto = coord.protocol
         self._closed: set[int] = set()  # versions where a fresh group is not admitted
+        self._due: dict[str, bool] = {}  # group -> reserved in the next buffer (this cycle)
 
     def admissible(self, group_id: str, version: int) -> bool:
         fresh = group_id not in self._coord._known_groups
@@ -115,6 +117,17 @@ class _ProtocolPort:
         self._coord._known_groups.add(item.group_id)
         self._coord._admitted_total += 1
         return buffer
+
+    def due(self, item: QueuedTrajectory) -> bool:
+        answer = self._due.get(item.group_id)
+        if answer is None:
+            proto = self._proto
+            answer = False  # one FIFO (GcFifo) reserves no buffer ahead
+            if isinstance(proto, StalenessProtocol):
+                with contextlib.suppress(ProtocolError):  # unknown to it: not due
+                    answer = proto.group(item.group_id).buffer == proto.next_buffer
+            self._due[item.group_id] = answer
+        return answer
 
     def can_resume(self, item: QueuedTrajectory, version: int) -> bool:
         try:

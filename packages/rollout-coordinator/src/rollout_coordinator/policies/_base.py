@@ -70,6 +70,11 @@ class AdmissionPort(Protocol):
         """May this queued partial run on an instance serving ``version``?"""
         ...
 
+    def due(self, item: QueuedTrajectory) -> bool:
+        """Is this queued partial's group reserved in the buffer the trainer takes next (the
+        step waits for it)? No side effects."""
+        ...
+
     @property
     def admitted_groups(self) -> Container[str]:
         """The groups a member of which has been admitted (the others are *fresh*)."""

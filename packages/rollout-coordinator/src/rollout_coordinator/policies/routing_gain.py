@@ -13,6 +13,19 @@ reached the concurrency cap) is saturated and leaves the group for the rest of t
 With ``theta_slack`` set, an instance whose routed work all has slack in the η window (see
 :func:`instance_thetas`) uses it instead of θ.
 
+With ``due_first``, a queued partial whose group is reserved in the buffer the trainer takes
+next (``AdmissionPort.due``: the step waits for it) skips the θ test: it goes to the best
+instance with KV room whatever its gain. And an instance θ refuses for a trajectory of ``L``
+tokens leaves its group only for trajectories of ``L`` tokens or more: it rejoins (at its
+place in the order) when a shorter one comes up. A longer trajectory has a lower gain (its
+context slows every step of the instance), so a refusal says nothing about shorter ones.
+Without the rule one long trajectory refuses every loaded instance for the whole cycle: a
+long partial at the head of the queue (where the oldest versions, and the work the trainer
+waits for, sit) stops all routing, and one long prompt leaves every new prompt after it
+unrouted. An instance refused ``_REFUSALS`` times in a cycle leaves for the cycle, so a
+queue whose lengths go up and down costs a few passes over the instances, not one per
+trajectory.
+
 Which version group is tried first:
 
 * new trajectories, ``candidate_order="oldest"``: smaller versions first (they are the ones
@@ -53,6 +66,8 @@ order.
 from __future__ import annotations
 
 import bisect
+import heapq
+import math
 from bisect import bisect_left
 from collections.abc import Callable
 from itertools import chain, pairwise
@@ -65,6 +80,10 @@ from rollout_coordinator._commands import Route
 from rollout_coordinator.cost_model import CostModel
 from rollout_coordinator.policies._base import AdmissionPort, CycleView, RoutingResult
 
+#: due_first: after this many θ refusals in one cycle an instance leaves for the cycle (each
+#: refusal for a longer trajectory than the next one brings it back: the bound keeps the cost
+#: of a cycle at a few passes over the instances, whatever the order of lengths in the queue)
+_REFUSALS = 4
 _ROOM_TRIES = 4  # instances tried per version group when the best lacks KV room
 _COUNTERS = attrgetter("target_version", "waiting", "n_running", "kv_used", "kv_capacity")
 
@@ -167,17 +186,24 @@ def route_by_marginal_gain(
     # of them is counted at once.
     fresh_refused = False
     admitted = port.admitted_groups
+    # due_first: the instances θ refused, as (-length refused, position): one rejoins its
+    # version group for a shorter trajectory, unless θ has refused it _REFUSALS times this
+    # cycle (then it leaves for the cycle, as every refused one does without due_first).
+    due_first = cfg.due_first
+    refused: list[tuple[int, int]] = []
+    refusals: dict[int, int] = {}
     n_items = len(items)
     resume_at = 0
 
-    def pick(g: _Group, length: int) -> int:
-        """Index in the version group ``g`` of its best instance with room and gain ≥ θ, or
-        -1. Saturated instances met on the way leave the group (no trajectory of this size is
-        worth it); those without KV room stay, and after ``_ROOM_TRIES`` of them the search
-        gives up."""
+    def pick(g: _Group, length: int, due: bool) -> int:
+        """Index in the version group ``g`` of its best instance with room and gain ≥ θ (any
+        gain when ``due``), or -1. Saturated instances met on the way leave the group (no
+        trajectory of this size is worth it: with ``due_first`` until a shorter one, else
+        for the cycle); those without KV room stay, and after
+        ``_ROOM_TRIES`` of them the search gives up."""
         nonlocal live
         den = k4 + k1 * length + batch_one
-        threshold = theta / den
+        threshold = -math.inf if due else theta / den
         members = g.members
         j = dead = skipped = 0
         chosen = -1
@@ -185,9 +211,13 @@ def route_by_marginal_gain(
             p = members[j]
             n = n_l[p]
             kv = kv_l[p]
-            limit = threshold if th_l is None else th_l[p] / den
+            limit = threshold if th_l is None or due else th_l[p] / den
             if n >= max_n or (n + 1) / (k4 + k1 * (kv + length) + x1_l[p]) - t_l[p] < limit:
                 live -= 1
+                if due_first and n < max_n:
+                    count = refusals[p] = refusals.get(p, 0) + 1
+                    if count < _REFUSALS:
+                        heapq.heappush(refused, (-length, p))
                 if skipped:
                     g.drop(j)  # behind one without room: it leaves on its own
                 else:
@@ -208,10 +238,20 @@ def route_by_marginal_gain(
                 chosen -= dead
         return chosen
 
+    def revive(length: int) -> None:
+        """Instances θ refused only for trajectories longer than ``length`` rejoin their
+        version groups (their counters have not changed: nothing is routed to them)."""
+        nonlocal live
+        while refused and -refused[0][0] > length:
+            p = heapq.heappop(refused)[1]
+            key = t_l[p] - (n_l[p] + 1) / (k4 + k1 * (kv_l[p] + ref_len) + x1_l[p])
+            groups[tv_l[p]].insert(key, p, iids)
+            live += 1
+
     for i, item in enumerate(items):
         if i < resume_at:
             continue
-        if live <= 0:
+        if live <= 0 and not refused:
             break
         if len(routes) >= max_routes:
             stopped_early = True
@@ -229,9 +269,14 @@ def route_by_marginal_gain(
             if misses >= miss_limit:
                 stopped_early = True
                 break
+            if refused:  # as if each skipped one had been tried: who it would bring back
+                revive(min(it.prompt_len + it.generated_len for it in items[i:j]))
             resume_at = j
             continue
         length = item.prompt_len + item.generated_len
+        if refused and -refused[0][0] > length:
+            revive(length)
+        due = due_first and not is_new and port.due(item)
         if v_traj != run_v or not run:  # the queue comes in runs of one V_traj
             start = bisect.bisect_left(versions, floor + 1 if v_traj is None else v_traj)
             run = versions[start:]
@@ -246,7 +291,7 @@ def route_by_marginal_gain(
                 candidates = []  # aborted or unknown to the protocol: never route it
             else:
                 resumable_checked = True
-                candidates = _best_group(candidates, groups, pick, gain_at, length)
+                candidates = _best_group(candidates, groups, pick, gain_at, length, due)
         for v in candidates:
             g = groups[v]
             if not g.members:
@@ -258,7 +303,7 @@ def route_by_marginal_gain(
                 if not port.can_resume(item, v):
                     break  # aborted or unknown to the protocol: never route it
                 resumable_checked = True
-            at = pick(g, length)
+            at = pick(g, length, due)
             if at < 0:
                 continue
             p = g.members[at]
@@ -285,7 +330,9 @@ def route_by_marginal_gain(
             misses = 0
         else:
             if is_new and not fresh_refused and item.group_id not in admitted:
-                fresh_refused = all(not groups[v].members or port.refuses_fresh(v) for v in run)
+                fresh_refused = all(
+                    (not groups[v].members and not refused) or port.refuses_fresh(v) for v in run
+                )
             misses += 1
             if misses >= miss_limit:
                 stopped_early = True
@@ -328,10 +375,14 @@ class _Group:
 
     def move(self, j: int, key: float, iids: list[str]) -> None:
         """The member at ``j`` has a new key: put it where the order places it."""
+        p = self.members[j]
+        del self.keys[j]
+        del self.members[j]
+        self.insert(key, p, iids)
+
+    def insert(self, key: float, p: int, iids: list[str]) -> None:
+        """Add the instance at position ``p`` with ``key`` where the order places it."""
         keys, members = self.keys, self.members
-        p = members[j]
-        del keys[j]
-        del members[j]
         i = bisect_left(keys, key)
         iid = iids[p]
         while i < len(keys) and keys[i] == key and iids[members[i]] < iid:
@@ -362,9 +413,10 @@ def _version_groups(versions: Ints, keys: Floats, pos: Ints, iids: list[str]) ->
 def _best_group(
     candidates: list[int],
     groups: dict[int, _Group],
-    pick: Callable[[_Group, int], int],
+    pick: Callable[[_Group, int, bool], int],
     gain_at: Callable[[int, int], float],
     length: int,
+    due: bool,
 ) -> list[int]:
     """The one version group whose best acceptable instance has the largest gain ([] if none).
     Picks stay in their groups, so the caller's own pick in the chosen group finds the same
@@ -374,7 +426,7 @@ def _best_group(
         g = groups[v]
         if not g.members:
             continue
-        at = pick(g, length)
+        at = pick(g, length, due)
         if at < 0:
             continue
         gain = gain_at(g.members[at], length)
