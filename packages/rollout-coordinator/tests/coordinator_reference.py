@@ -31,6 +31,7 @@ from rollout_coordinator.policies import routing_gain
 from rollout_coordinator.policies._base import AdmissionPort, CycleView, RoutingResult, eligible
 
 _ROOM_TRIES = 4
+_REFUSALS = 4  # due_first: an instance θ refuses this many times in a cycle stays out
 
 
 def route_by_marginal_gain(
@@ -92,7 +93,7 @@ def route_by_marginal_gain(
     stopped_early = False
     live = len(local)
     # due_first: instance θ refused -> the length it was refused for (back for a shorter
-    # one), and how often θ refused it this cycle (after 4 times it stays out)
+    # one), and how often θ refused it this cycle (after _REFUSALS times it stays out)
     refused: dict[str, int] = {}
     refusals: dict[str, int] = {}
 
@@ -111,7 +112,7 @@ def route_by_marginal_gain(
                 live -= 1
                 if cfg.due_first and n < max_n:
                     refusals[top[1]] = refusals.get(top[1], 0) + 1
-                    if refusals[top[1]] < 4:
+                    if refusals[top[1]] < _REFUSALS:
                         refused[top[1]] = length
                 continue
             if kv + length > kv_limit * cap:

@@ -32,8 +32,8 @@ from rollout_coordinator._state import coordinator_to_dict
 from rollout_coordinator.cost_model import PRESETS
 from rollout_coordinator.policies import POLICIES, build_policy, routing_gain
 from rollout_coordinator.policies.routing_gain import gain_terms
-from rollout_coordinator.testing import Clock
-from staleness_protocol import GcFifo, GcFifoConfig, ProtocolConfig, StalenessProtocol
+from rollout_coordinator.testing import Clock, new, partial
+from staleness_protocol import Admission, GcFifo, GcFifoConfig, ProtocolConfig, StalenessProtocol
 
 START = 4  # published version at the start
 
@@ -263,6 +263,99 @@ def test_scenarios_exercise_the_paths() -> None:
             seen["held"] += r.held_routes
             seen["hungry"] += r.hungry
     assert all(v > 0 for v in seen.values()), seen
+
+
+def test_due_first_matches_the_reference_on_long_tailed_queues(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under ``due_first`` both routers skip θ for the same due partials and bring the same
+    refused instances back: one cycle over a queue of partials with a long tail of lengths
+    (some of them due) and new prompts, on instances of mixed load, with random settings.
+    The scenarios above rarely refuse an instance and then meet a shorter trajectory; these
+    do, and the test checks that they did."""
+    from rollout_coordinator import _cycle
+
+    calls = {"due": 0, "insert": 0, "move": 0}
+    due, insert, move = (
+        _cycle._ProtocolPort.due,
+        routing_gain._Group.insert,
+        routing_gain._Group.move,
+    )
+
+    def counted(name: str, real: Any) -> Any:
+        def wrapper(*a: Any) -> Any:
+            out = real(*a)
+            calls[name] += bool(out) if name == "due" else 1
+            return out
+
+        return wrapper
+
+    monkeypatch.setattr(_cycle._ProtocolPort, "due", counted("due", due))
+    monkeypatch.setattr(routing_gain._Group, "insert", counted("insert", insert))
+    monkeypatch.setattr(routing_gain._Group, "move", counted("move", move))
+    cap = 200_000
+    for seed in range(40):
+        rng = random.Random(seed)
+        cfg = CoordinatorConfig(
+            due_first=True,
+            theta=rng.choice([0.05, 0.3, 0.6]),
+            partial_order=rng.choice(["version", "gain"]),
+            candidate_order=rng.choice(["oldest", "reserve"]),
+            route_kv_limit=rng.choice([0.9, 1.0]),
+            route_max_concurrency=rng.choice([None, 40]),
+        )
+        proto = StalenessProtocol(
+            ProtocolConfig(batch_size=16, group_size=2, eta=2), start_version=START
+        )
+        twin = StalenessProtocol.from_dict(proto.to_dict())
+        clock = Clock(1.0)
+        fast, ref = Coordinator(cfg, proto, clock), ReferenceCoordinator(cfg, twin, clock)
+        snaps = []
+        for k in range(rng.randint(4, 16)):
+            iid, v = f"i{k:02d}", START - rng.choice([0, 0, 1])
+            for c in (fast, ref):
+                c.add_instance(iid, kv_capacity_tokens=cap, version=v)
+            running = tuple(
+                RunningEntry(
+                    trajectory_id=f"{iid}/{m}",
+                    prompt_tokens=500,
+                    generated_tokens=rng.randint(0, 5000),
+                )
+                for m in range(rng.randint(0, 40))
+            )
+            snaps.append(
+                InstanceSnapshot(
+                    instance_id=iid,
+                    seq=1,
+                    time_s=1.0,
+                    version=v,
+                    running=running,
+                    waiting=0,
+                    kv_used_tokens=min(cap, sum(e.tokens for e in running)),
+                    kv_capacity_tokens=cap,
+                    throughput_tokens_per_s=0.0,
+                )
+            )
+        queue = []
+        for g in range(rng.randint(5, 30)):  # version START - 2 reserves the next buffer: due
+            v = START - rng.choice([0, 1, 2])
+            for m in range(2):
+                tid = f"pg{g}/{m}"
+                if proto.can_reserve(f"pg{g}", v) is not Admission.ADMIT:
+                    break
+                for p in (proto, twin):
+                    p.reserve(f"pg{g}", tid, v)
+                gen = min(40_000, int(500 * rng.paretovariate(1.2)))
+                queue.append(partial(tid, v, group=f"pg{g}", length=500, gen=gen))
+        queue += [
+            new(f"ng{g}/0", f"ng{g}", rng.randint(100, 3000)) for g in range(rng.randint(0, 60))
+        ]
+        view = QueueView.from_unordered(queue)
+        assert fast.step(snaps, view, now=1.0) == ref.step(snaps, view, now=1.0), seed
+        assert coordinator_to_dict(fast) == coordinator_to_dict(ref), seed
+        assert proto.to_dict() == twin.to_dict(), seed
+    # due partials met, and refused instances brought back (each move inserts once)
+    assert calls["due"] > 0 and calls["insert"] > calls["move"], calls
 
 
 @pytest.mark.parametrize("preset", ["qwen3-30b-a3b-h20", "qwen-7b-h20", "qwen-14b-h20"])

@@ -149,16 +149,19 @@ def test_a_long_partial_refused_by_theta_leaves_shorter_work_routable(due_first)
 
 def test_theta_refusals_under_due_first_are_bounded_per_cycle(monkeypatch):
     """Lengths that go up and down do not make a cycle cost one pass over the instances per
-    trajectory: an instance θ refused 4 times leaves for the cycle. Here θ 0.1 refuses each
-    long partial and accepts each short prompt, for which the instance lacks KV room (a skip,
-    not a refusal): 3 returns, then it stays out."""
+    trajectory: an instance θ refused 4 times leaves for the cycle. Partials of one version,
+    as many generated tokens each (the queue's order among them is free), alternate a long
+    prompt, which θ 0.1 refuses, and a short one, which it accepts but for which the instance
+    lacks KV room (a skip, not a refusal): 3 returns, then it stays out."""
     from rollout_coordinator.policies import routing_gain
 
-    coord, proto, _ = make(instances=[("a", 0)], batch=8, eta=2, theta=0.1, due_first=True)
+    coord, proto, _ = make(instances=[("a", 0)], batch=16, eta=2, theta=0.1, due_first=True)
     queue = []
     for k in range(10):
-        assert proto.reserve(f"gl{k}", f"L{k}", 0) != proto.next_buffer  # none is due
-        queue += [partial(f"L{k}", 0, group=f"gl{k}", gen=30_000), new(f"t{k}", f"g{k}", 6000)]
+        for tid, prompt in ((f"L{k}", 30_000), (f"S{k}", 5_500)):
+            assert proto.reserve(f"g{tid}", tid, 0) != proto.next_buffer  # none is due
+            queue.append(partial(tid, 0, group=f"g{tid}", length=prompt, gen=500))
+    assert list(QueueView.from_unordered(queue).items) == queue  # already in queue order
     returns = []
     real = routing_gain._Group.insert
     monkeypatch.setattr(

@@ -97,7 +97,7 @@ class CoordinatorConfig:
         None, doc="theta for an instance whose work all has slack in the eta window"
     )
     due_first: bool | None = _f(
-        None, doc="work the next batch waits for skips theta; theta refuses per length"
+        None, doc="due work skips theta; a theta refusal holds for longer work only"
     )
     route_kv_limit: float | None = _f(None, doc="route only while KV usage after it stays <=")
     route_max_concurrency: int | Literal["off"] | None = _f(None, doc="running cap per instance")

@@ -130,12 +130,12 @@ class CoordinatorConfig:
     #: paper's runs (see the throughput docs for what it measured).
     theta_slack: float | None = attrs.field(default=None, validator=_optional_fraction)
     #: Serve what the trainer waits for first: a queued partial whose group is reserved in
-    #: the buffer the trainer takes next is *due*, and θ never refuses it (it goes to the best
-    #: instance with KV room, whatever the gain); and an instance θ refuses for a trajectory
-    #: of ``L`` tokens stays a candidate for shorter ones later in the queue (without this,
-    #: one long partial at the head of the queue leaves every loaded instance out of the
-    #: whole cycle). False: the paper's rule (θ for every trajectory; an instance θ refuses
-    #: leaves the cycle). A rule beyond the paper's runs (see the throughput docs).
+    #: the buffer the trainer takes next is *due*, and θ never refuses it (it goes where a
+    #: partial of its version goes, to the first instance with KV room, whatever the gain);
+    #: and an instance θ refuses for a trajectory of ``L`` tokens stays a candidate for
+    #: shorter ones later in the queue (see :mod:`~rollout_coordinator.policies.routing_gain`).
+    #: False: the paper's rule (θ for every trajectory; an instance θ refuses leaves the
+    #: cycle). A rule beyond the paper's runs (see the throughput docs).
     due_first: bool = attrs.field(default=False, validator=_bool)
     #: An instance has KV room for a trajectory if its KV usage *after* adding it stays ≤ this.
     route_kv_limit: float = attrs.field(default=0.9, validator=_open_unit)

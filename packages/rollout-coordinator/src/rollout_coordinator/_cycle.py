@@ -53,7 +53,14 @@ from rollout_coordinator.errors import (
     SyncInProgress,
 )
 from rollout_coordinator.policies import CycleView, GateState, Policy, build_policy
-from staleness_protocol import Abort, Admission, GcFifoConfig, ProtocolError, StalenessProtocol
+from staleness_protocol import (
+    Abort,
+    Admission,
+    GcFifoConfig,
+    GroupState,
+    ProtocolError,
+    StalenessProtocol,
+)
 
 _log = structlog.get_logger("rollout_coordinator")
 
@@ -121,11 +128,10 @@ class _ProtocolPort:
     def due(self, item: QueuedTrajectory) -> bool:
         answer = self._due.get(item.group_id)
         if answer is None:
-            proto = self._proto
-            answer = False  # one FIFO (GcFifo) reserves no buffer ahead
-            if isinstance(proto, StalenessProtocol):
-                with contextlib.suppress(ProtocolError):  # unknown to it: not due
-                    answer = proto.group(item.group_id).buffer == proto.next_buffer
+            answer = False  # unknown to the protocol; a FIFO (GcFifo) reserves nothing ahead
+            with contextlib.suppress(ProtocolError):
+                rec = self._proto.group(item.group_id)
+                answer = rec.state is GroupState.RESERVED and rec.buffer == self._proto.next_buffer
             self._due[item.group_id] = answer
         return answer
 

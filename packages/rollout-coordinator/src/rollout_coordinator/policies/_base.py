@@ -71,8 +71,8 @@ class AdmissionPort(Protocol):
         ...
 
     def due(self, item: QueuedTrajectory) -> bool:
-        """Is this queued partial's group reserved in the buffer the trainer takes next (the
-        step waits for it)? No side effects."""
+        """Is this queued partial's group reserved in the buffer the trainer takes next? It
+        lands there or is aborted, and that training step waits for it. No side effects."""
         ...
 
     @property

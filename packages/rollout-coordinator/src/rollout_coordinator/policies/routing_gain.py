@@ -9,22 +9,25 @@ instances that can run the trajectory *now* — no engine waiting queue, KV usag
 ≤ ``route_kv_limit``, fewer than ``route_max_concurrency`` running — compete, and the one with
 the largest marginal throughput gain ``T(n+1, kv+len) − T(n, kv)`` wins, if that gain is ≥ θ ×
 an empty instance's gain ``T(1, len)``. An instance whose best gain falls below θ (or that
-reached the concurrency cap) is saturated and leaves the group for the rest of the cycle.
+reached the concurrency cap) is saturated and leaves the group for the rest of the cycle
+(without ``due_first``; with it, see below).
 With ``theta_slack`` set, an instance whose routed work all has slack in the η window (see
 :func:`instance_thetas`) uses it instead of θ.
 
 With ``due_first``, a queued partial whose group is reserved in the buffer the trainer takes
-next (``AdmissionPort.due``: the step waits for it) skips the θ test: it goes to the best
-instance with KV room whatever its gain. And an instance θ refuses for a trajectory of ``L``
-tokens leaves its group only for trajectories of ``L`` tokens or more: it rejoins (at its
-place in the order) when a shorter one comes up. A longer trajectory has a lower gain (its
-context slows every step of the instance), so a refusal says nothing about shorter ones.
-Without the rule one long trajectory refuses every loaded instance for the whole cycle: a
-long partial at the head of the queue (where the oldest versions, and the work the trainer
-waits for, sit) stops all routing, and one long prompt leaves every new prompt after it
-unrouted. An instance refused ``_REFUSALS`` times in a cycle leaves for the cycle, so a
-queue whose lengths go up and down costs a few passes over the instances, not one per
-trajectory.
+next (``AdmissionPort.due``) skips the θ test: it goes where any partial of its version goes
+(the version groups in ``partial_order``, each best first), to the first instance with KV
+room, whatever its gain there. And an instance θ refuses for a trajectory of ``L`` tokens
+leaves its group only for trajectories of ``L`` tokens or more: it rejoins (at its place in
+the order) when a shorter one comes up. A longer trajectory has a lower gain (its context
+slows every step of the instance) and a lower threshold (θ × an empty instance's gain falls
+too, but more slowly for any instance whose KV holds less than about a million tokens), so a
+refusal holds for longer trajectories and says nothing about shorter ones. Without the rule
+one long trajectory refuses every loaded instance for the whole cycle: a long partial at the
+head of the queue (where the oldest versions, and the work the trainer waits for, sit) stops
+all routing, and one long prompt leaves every new prompt after it unrouted. An instance
+refused ``_REFUSALS`` times in a cycle leaves for the cycle, so a queue whose lengths go up
+and down costs a few passes over the instances, not one per trajectory.
 
 Which version group is tried first:
 
@@ -45,7 +48,8 @@ Cost: each version group is a list sorted best first, keyed by the gain at a ref
 depends on it); the θ test and the KV check use the exact length. A route moves its instance
 to its new place in the list (a binary search); instances that saturate at the head of a
 group leave it together (one slice deletion), and each instance saturates at most once per
-cycle, so most instances cost one gain evaluation and no reordering. The scan stops after
+cycle (``_REFUSALS`` times with ``due_first``), so most instances cost one gain evaluation and
+no reordering. The scan stops after
 ``route_miss_limit`` consecutive trajectories that found nothing, or at
 ``max_routes_per_cycle``. Once every candidate version of new work has no instance left or
 refuses fresh groups (the port's cached refusal), a run of new trajectories of fresh groups
@@ -113,15 +117,17 @@ def instance_thetas(view: CycleView, iids: list[str]) -> list[float] | None:
     a V_traj ≤ the abort floor + 1 — work that can only be trained in the batch the trainer
     needs next, whose wait every extra trajectory on that instance lengthens — keeps
     ``theta``, and so does an instance holding no routed work; any other instance (all its
-    work can still land in a later buffer) uses ``theta_slack``."""
+    work can still land in a later buffer) uses ``theta_slack``. (This judges routed work by
+    its version alone, which is all the coordinator keeps of it; ``due_first`` asks the
+    protocol where a queued partial's group is reserved.)"""
     cfg = view.config
     slack = cfg.theta_slack
     if slack is None:
         return None
     theta = cfg.theta
-    due = view.abort_floor + 1
+    last_chance = view.abort_floor + 1
     oldest = view.oldest_routed
-    return [theta if (v := oldest(iid)) is None or v <= due else slack for iid in iids]
+    return [theta if (v := oldest(iid)) is None or v <= last_chance else slack for iid in iids]
 
 
 def route_by_marginal_gain(
@@ -180,18 +186,20 @@ def route_by_marginal_gain(
     batch_one = max(k2, b + k3)  # the batch term of T(1, ·)
     run: list[int] = []  # the candidate versions for V_traj = run_v
     run_v: int | None = None
-    # Set when every candidate version of new trajectories has no instance left or refuses
-    # fresh groups: from then on a new trajectory of a fresh group misses without asking
-    # (groups only lose members within a cycle and refusals last until it ends), and a run
-    # of them is counted at once.
+    # Set when every candidate version of new trajectories has no instance left (none to come
+    # back: see ``refused``) or refuses fresh groups: from then on a new trajectory of a fresh
+    # group misses without asking (such groups stay empty and refusals last until the cycle
+    # ends), and a run of them is counted at once.
     fresh_refused = False
     admitted = port.admitted_groups
     # due_first: the instances θ refused, as (-length refused, position): one rejoins its
     # version group for a shorter trajectory, unless θ has refused it _REFUSALS times this
     # cycle (then it leaves for the cycle, as every refused one does without due_first).
+    # ``refused_at``: how many of them each version has.
     due_first = cfg.due_first
     refused: list[tuple[int, int]] = []
     refusals: dict[int, int] = {}
+    refused_at: dict[int, int] = {}
     n_items = len(items)
     resume_at = 0
 
@@ -215,9 +223,10 @@ def route_by_marginal_gain(
             if n >= max_n or (n + 1) / (k4 + k1 * (kv + length) + x1_l[p]) - t_l[p] < limit:
                 live -= 1
                 if due_first and n < max_n:
-                    count = refusals[p] = refusals.get(p, 0) + 1
-                    if count < _REFUSALS:
+                    times = refusals[p] = refusals.get(p, 0) + 1
+                    if times < _REFUSALS:
                         heapq.heappush(refused, (-length, p))
+                        refused_at[tv_l[p]] = refused_at.get(tv_l[p], 0) + 1
                 if skipped:
                     g.drop(j)  # behind one without room: it leaves on its own
                 else:
@@ -244,6 +253,7 @@ def route_by_marginal_gain(
         nonlocal live
         while refused and -refused[0][0] > length:
             p = heapq.heappop(refused)[1]
+            refused_at[tv_l[p]] -= 1
             key = t_l[p] - (n_l[p] + 1) / (k4 + k1 * (kv_l[p] + ref_len) + x1_l[p])
             groups[tv_l[p]].insert(key, p, iids)
             live += 1
@@ -331,7 +341,8 @@ def route_by_marginal_gain(
         else:
             if is_new and not fresh_refused and item.group_id not in admitted:
                 fresh_refused = all(
-                    (not groups[v].members and not refused) or port.refuses_fresh(v) for v in run
+                    (not groups[v].members and not refused_at.get(v)) or port.refuses_fresh(v)
+                    for v in run
                 )
             misses += 1
             if misses >= miss_limit:
