@@ -240,12 +240,12 @@ def attrs_evolve_rejected(report: Any, rejected: Any) -> Any:
 @pytest.mark.parametrize("policy", POLICIES)
 def test_fast_cycle_matches_reference(policy: str) -> None:
     cycles = 0
-    for seed in range(12):
+    for seed in range(48):  # a rule both get wrong in a few settings can show in 1 of ~70
         sc = Scenario(seed * 7919 + len(policy), policy)
         for _ in range(6):
             sc.cycle()
             cycles += 1
-    assert cycles == 72
+    assert cycles == 288
 
 
 def test_scenarios_exercise_the_paths() -> None:
