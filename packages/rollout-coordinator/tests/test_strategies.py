@@ -171,23 +171,26 @@ def test_theta_refusals_under_due_first_are_bounded_per_cycle(monkeypatch):
     assert routes(cmds) == {} and len(returns) == 3
 
 
-@pytest.mark.parametrize("due_first", [False, True])
-def test_due_work_skips_theta(due_first):
-    """A partial whose group is reserved in the buffer the trainer takes next goes to an
-    instance with KV room under ``due_first`` although θ would refuse it there."""
+def _due_partial(due_first):
+    """A coordinator with one instance, and a queued 30.5K-token partial whose group is
+    reserved in the buffer the trainer takes next."""
     coord, proto, _ = make(instances=[("a", 0)], eta=1, theta=0.3, due_first=due_first)
     for k in range(4):  # buffer 1 fills with reservations first (the latest free one)
         assert proto.reserve(f"f{k}", f"f{k}/0", 0) == 1
     assert proto.reserve("gd", "D0", 0) == proto.next_buffer == 0
-    cmds = coord.step([_loaded()], [partial("D0", 0, group="gd", gen=30_000)], now=0.0)
-    assert routes(cmds) == ({"D0": "a"} if due_first else {})
+    return coord, partial("D0", 0, group="gd", gen=30_000)
+
+
+@pytest.mark.parametrize("due_first", [False, True])
+def test_due_work_skips_theta(due_first):
+    """A partial whose group is reserved in the buffer the trainer takes next goes to an
+    instance with KV room under ``due_first`` although θ would refuse it there."""
+    coord, due = _due_partial(due_first)
+    assert routes(coord.step([_loaded()], [due], now=0.0)) == ({"D0": "a"} if due_first else {})
     # no KV room is no KV room, due or not
-    coord, proto, _ = make(instances=[("a", 0)], eta=1, theta=0.3, due_first=True)
-    for k in range(4):
-        proto.reserve(f"f{k}", f"f{k}/0", 0)
-    proto.reserve("gd", "D0", 0)
+    coord, due = _due_partial(True)
     full = snap("a", n=20, tokens_each=4000)  # 80K: + 30.5K is over 90 %
-    assert routes(coord.step([full], [partial("D0", 0, group="gd", gen=30_000)])) == {}
+    assert routes(coord.step([full], [due])) == {}
 
 
 def test_router_concurrency_cap():

@@ -49,11 +49,10 @@ depends on it); the θ test and the KV check use the exact length. A route moves
 to its new place in the list (a binary search); instances that saturate at the head of a
 group leave it together (one slice deletion), and each instance saturates at most once per
 cycle (``_REFUSALS`` times with ``due_first``), so most instances cost one gain evaluation and
-no reordering. The scan stops after
-``route_miss_limit`` consecutive trajectories that found nothing, or at
-``max_routes_per_cycle``. Once every candidate version of new work has no instance left or
-refuses fresh groups (the port's cached refusal), a run of new trajectories of fresh groups
-is counted as that many misses in one pass, without an admission check each.
+no reordering. The scan stops after ``route_miss_limit`` consecutive trajectories that found
+nothing, or at ``max_routes_per_cycle``. Once every candidate version of new work has no
+instance left or refuses fresh groups (the port's cached refusal), a run of new trajectories
+of fresh groups is counted as that many misses in one pass, without an admission check each.
 
 Every instance is ranked every cycle and most of them leave their group saturated, so the
 per-instance work is kept small: the ranking keys, and the hungry set at the end, are computed
@@ -206,9 +205,9 @@ def route_by_marginal_gain(
     def pick(g: _Group, length: int, due: bool) -> int:
         """Index in the version group ``g`` of its best instance with room and gain ≥ θ (any
         gain when ``due``), or -1. Saturated instances met on the way leave the group (no
-        trajectory of this size is worth it: with ``due_first`` until a shorter one, else
-        for the cycle); those without KV room stay, and after
-        ``_ROOM_TRIES`` of them the search gives up."""
+        trajectory of this size is worth it: with ``due_first`` until a shorter one, else for
+        the cycle); those without KV room stay, and after ``_ROOM_TRIES`` of them the search
+        gives up."""
         nonlocal live
         den = k4 + k1 * length + batch_one
         threshold = -math.inf if due else theta / den
@@ -254,8 +253,7 @@ def route_by_marginal_gain(
         while refused and -refused[0][0] > length:
             p = heapq.heappop(refused)[1]
             refused_at[tv_l[p]] -= 1
-            key = t_l[p] - (n_l[p] + 1) / (k4 + k1 * (kv_l[p] + ref_len) + x1_l[p])
-            groups[tv_l[p]].insert(key, p, iids)
+            groups[tv_l[p]].insert(-gain_at(p, ref_len), p, iids)  # its ranking key
             live += 1
 
     for i, item in enumerate(items):
@@ -284,7 +282,7 @@ def route_by_marginal_gain(
             resume_at = j
             continue
         length = item.prompt_len + item.generated_len
-        if refused and -refused[0][0] > length:
+        if refused:
             revive(length)
         due = due_first and not is_new and port.due(item)
         if v_traj != run_v or not run:  # the queue comes in runs of one V_traj
