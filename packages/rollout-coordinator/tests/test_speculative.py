@@ -9,6 +9,7 @@ from rollout_coordinator import (
     InconsistentSnapshot,
     InstanceSnapshot,
     InvalidSnapshot,
+    Route,
     RunningEntry,
     SpeculativeState,
     StaleSnapshot,
@@ -87,6 +88,27 @@ def test_interrupt_removes_running_and_ignores_unknown(state):
     st = state.get("i0")
     assert counters(st)[3:6] == (1, 200, 0)
     assert [e.trajectory_id for e in st.running_entries()] == ["b"]
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["route", "route_all"])
+def test_interrupted_then_routed_back_before_a_snapshot_runs_once(state, batch):
+    """A trajectory the last snapshot lists, interrupted (a migration) and routed back to the
+    same instance before its next snapshot, runs there once: as the new entry."""
+    state.apply_snapshot(snap(running=(entry("t", 100, 10),), kv=110), now=1.0, latest_version=0)
+    state.interrupt("i0", ["t"], now=2.0)
+    if batch:
+        r = Route(trajectory_id="t", instance_id="i0", version=0, group_id="g", new=False,
+                  reserved_buffer=None, tokens=120)  # fmt: skip
+        state.route_all([r], now=3.0)
+    else:
+        state.route("i0", entry("t", 120), now=3.0)
+    st = state.get("i0")
+    assert [(e.trajectory_id, e.tokens) for e in st.running_entries()] == [("t", 120)]
+    assert (st.n_running, st.kv_used) == (1, 120) and st.is_running("t")
+    gone = state.interrupt("i0", ["t"], now=4.0)
+    assert [(e.trajectory_id, e.tokens) for e in gone] == [("t", 120)]
+    assert (st.n_running, st.kv_used, list(st.running_entries())) == (0, 0, [])
+    assert not st.is_running("t")
 
 
 def test_snapshot_older_than_local_update_is_rejected_and_state_kept(state):

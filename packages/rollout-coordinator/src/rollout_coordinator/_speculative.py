@@ -260,8 +260,9 @@ class SpeculativeState:
         if s.waiting > 0 or s.kv_used + tokens > s.kv_capacity:
             s.waiting += 1
             return False
+        # a snapshot entry this id had stays hidden: an interrupted trajectory routed back here
+        # before the next snapshot runs once, as the new entry
         s._added[entry.trajectory_id] = (entry.prompt_tokens, entry.generated_tokens, entry.v_traj)
-        s._removed.discard(entry.trajectory_id)
         s.n_running += 1
         s.kv_used += tokens
         return True
@@ -281,9 +282,7 @@ class SpeculativeState:
                 s.waiting += 1
                 continue
             tid = r.trajectory_id
-            s._added[tid] = (tokens, 0, r.version)
-            if s._removed:
-                s._removed.discard(tid)
+            s._added[tid] = (tokens, 0, r.version)  # see route(): a hidden entry stays hidden
             s.n_running += 1
             s.kv_used += tokens
 
