@@ -35,7 +35,9 @@ def test_bench_control_bytes_smoke(ray_session: None, tmp_path: Path) -> None:
         for k in bench_control_bytes.KINDS:
             part = sum(v for c, v in by_call.items() if c.startswith(k + "."))
             assert part == pytest.approx(r["bytes_per_trajectory"][k]), (k, by_call)
-        assert {"instances.route", "instances.poll_answer", "trainer.train"} <= set(by_call)
+        assert {"instances.route", "instances.poll_answer", "trainer.train", "ts.free"} <= set(
+            by_call
+        )
         assert r["readmissions_per_trajectory"] >= r["interrupts_per_trajectory"] >= 0
         # polls by why each was sent: every instance's first, and those after the routes
         polls = r["polls_per_trajectory"]

@@ -298,6 +298,26 @@ def test_finish_then_release(store: TrajectoryStore) -> None:
     assert store.stats().released == 1
 
 
+def test_free_does_what_release_does_without_the_payloads(store: TrajectoryStore) -> None:
+    store.route("i0", ["a/0", "a/1", "b/0"], 1)
+    store.finish("i0", [done("a/0", 0, [5, 6], version=1), done("a/1", 0, [7], version=1)])
+    twin = TrajectoryStore.from_dict(store.to_dict())
+    before = store.to_dict()
+    with pytest.raises(WrongState) as ei:  # all or nothing: b/0 is still running
+        store.free(["a/0", "b/0"])
+    assert ei.value.trajectory_id == "b/0" and store.to_dict() == before
+    assert store.free(["a/0", "a/1"]) == 2
+    twin.release(["a/0", "a/1"])
+    assert store.to_dict() == twin.to_dict()  # the same ledger, the same events
+    assert store.location("a/0").state is LocationState.FINISHED
+    assert store.finished() == () and store.stats().released == 2
+    with pytest.raises(WrongState) as again:
+        store.free(["a/1"])
+    assert "already released" in str(again.value)
+    with pytest.raises(InvalidRecord):
+        store.free(["a/0", "a/0"])
+
+
 def test_drop_from_every_place(store: TrajectoryStore) -> None:
     store.submit_group("c", [1], 1)
     store.route("i0", ["a/0", "a/1"], 0)

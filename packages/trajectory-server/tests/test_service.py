@@ -109,6 +109,44 @@ async def test_lifecycle_over_tcp() -> None:
         svc.store.check_invariants()
 
 
+async def test_free_sends_no_tokens_back_and_the_client_counts_wire_bytes() -> None:
+    """``free`` answers a count whatever the length; ``release`` answers the payloads. The
+    client's ``wire_bytes`` counts both directions per request type, as the socket carried
+    them."""
+    async with TrajectoryService(token=TOKEN) as svc:
+        client = await TrajectoryClient.connect(*svc.address, token=TOKEN)
+        try:
+            got: dict[int, dict[str, dict[str, int]]] = {}
+            for g, n in (("a", 8), ("b", 8000)):  # ids of one length: only n differs
+                await client.submit_group(
+                    g, [1, 2, 3], 2, sampling=SamplingParams(max_new_tokens=n)
+                )
+                await client.route("i0", [f"{g}/0", f"{g}/1"], 0)
+                done = [
+                    Completion(trajectory_id=f"{g}/{k}", start=0, token_ids=[7] * n,
+                               logprobs=[-0.5] * n, versions=[0] * n, finish_reason="length")
+                    for k in (0, 1)
+                ]  # fmt: skip
+                await client.finish("i0", done)
+                before = client.wire_bytes()
+                assert await client.free([f"{g}/0"]) == 1
+                assert len(await client.release([f"{g}/1"])) == 1
+                after = client.wire_bytes()
+                got[n] = {
+                    t: {k: after[t][k] - before.get(t, {}).get(k, 0) for k in after[t]}
+                    for t in ("free", "release")
+                }
+        finally:
+            await client.close()
+    for n, by_type in got.items():
+        assert by_type["free"]["requests"] == by_type["release"]["requests"] == 1
+        assert by_type["release"]["received"] > n * (4 + 8 + 4)  # the payload came back
+    assert got[8]["free"] == got[8000]["free"]  # the same bytes either way
+    assert got[8000]["free"]["received"] < 64
+    assert [svc.store.location(t).state.value for t in ("a/0", "b/0")] == ["finished"] * 2
+    assert svc.store.stats().released == 4
+
+
 @pytest.mark.parametrize("wire", [True, False])
 async def test_lifecycle_in_process(wire: bool) -> None:
     client = InProcessTrajectoryClient(TrajectoryStore(), wire=wire)

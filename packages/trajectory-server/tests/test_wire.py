@@ -66,6 +66,7 @@ REQUESTS = [
     w.DropGroup(group_id="g", reason="filtered"),
     w.InstanceLost(instance_id="i3"),
     w.Release(trajectory_ids=("a",)),
+    w.Free(trajectory_ids=("a", "b")),
     w.GetFinished(trajectory_ids=None),
     w.GetFinished(trajectory_ids=("a",)),
     w.QueueView(limit=None, level=ALL_LEVELS),
@@ -121,6 +122,15 @@ def test_results_round_trip_through_a_real_store() -> None:
     )
     stats = w.Stats()
     assert w.decode_result(stats, w.encode_result(stats, d.execute(stats))) == store.stats()
+
+
+def test_free_answers_a_count_and_refuses_anything_else() -> None:
+    req = w.Free(trajectory_ids=("a",))
+    assert w.decode_result(req, w.encode_result(req, 3)) == 3
+    for bad in (None, -1, True, "3", [1]):
+        with pytest.raises(MalformedMessage) as ei:
+            w.decode_result(req, bad)
+        assert ei.value.field == "free.result"
 
 
 def _frame(**overrides: Any) -> bytes:

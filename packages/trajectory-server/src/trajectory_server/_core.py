@@ -357,6 +357,20 @@ class TrajectoryStore:
 
     def release(self, trajectory_ids: Sequence[str]) -> tuple[FinishedTrajectory, ...]:
         """Hand out finished payloads and free them (they stay ``finished`` in the ledger)."""
+        ids = self._releasable(trajectory_ids)
+        out = tuple(self._finished_record(tid) for tid in ids)
+        self._free(ids)
+        return out
+
+    def free(self, trajectory_ids: Sequence[str]) -> int:
+        """Free finished payloads without handing them out (whoever needed them read them with
+        :meth:`finished`): what :meth:`release` does, answered with the count alone, so a
+        caller that holds ids only never receives the tokens. Returns how many were freed."""
+        ids = self._releasable(trajectory_ids)
+        self._free(ids)
+        return len(ids)
+
+    def _releasable(self, trajectory_ids: Sequence[str]) -> list[str]:
         ids = self._unique_ids(trajectory_ids)
         for tid in ids:
             if tid not in self._finished:
@@ -369,14 +383,15 @@ class TrajectoryStore:
                     state=where.state.value,
                     owner=where.instance_id,
                 )
-        out = tuple(self._finished_record(tid) for tid in ids)
+        return ids
+
+    def _free(self, ids: list[str]) -> None:
         for tid in ids:
             del self._finished[tid]
             del self._finished_by[tid]
             del self._payload[tid]
             self._released.add(tid)
             self._log(tid, EventKind.RELEASED)
-        return out
 
     # -- queries ---------------------------------------------------------------------------------
 

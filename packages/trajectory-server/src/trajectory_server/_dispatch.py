@@ -124,6 +124,8 @@ class Dispatcher:
             return s.instance_lost(req.instance_id)
         if isinstance(req, _wire.Release):
             return s.release(req.trajectory_ids)
+        if isinstance(req, _wire.Free):
+            return s.free(req.trajectory_ids)
         if isinstance(req, _wire.GetFinished):
             return s.finished(req.trajectory_ids)
         if isinstance(req, _wire.QueueView):

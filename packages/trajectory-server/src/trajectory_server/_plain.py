@@ -21,6 +21,7 @@ from trajectory_server._records import (
     QueueEntry,
     SamplingParams,
     Segment,
+    StoreStats,
     Trajectory,
     is_int,
 )
@@ -341,6 +342,48 @@ def event_from_plain(r: Reader) -> LedgerEvent:
         version=r.integer("version", None),
         generated_len=r.integer("generated_len"),
         reason=r.text("reason", None),
+    )
+    r.done()
+    return out
+
+
+def stats_to_plain(s: StoreStats) -> dict[str, Any]:
+    return {
+        "queued_by_level": [[lv, n] for lv, n in s.queued_by_level.items()],
+        "queued": s.queued,
+        "running": s.running,
+        "finished": s.finished,
+        "dropped": s.dropped,
+        "released": s.released,
+        "running_by_instance": s.running_by_instance,
+        "tokens_held": s.tokens_held,
+    }
+
+
+def stats_from_plain(value: Any, path: str) -> StoreStats:
+    r = Reader(value, path)
+    levels = {}
+    for i, pair in enumerate(r.items("queued_by_level")):
+        if not (
+            isinstance(pair, list)
+            and len(pair) == 2
+            and (pair[0] is None or is_int(pair[0]))
+            and is_int(pair[1])
+        ):
+            r.fail(f"{path}.queued_by_level[{i}]", "must be [level|null, count]")
+        levels[pair[0]] = pair[1]
+    by_instance = r.mapping("running_by_instance")
+    if not all(isinstance(k, str) and is_int(v) for k, v in by_instance.items()):
+        r.fail(f"{path}.running_by_instance", "must map instance ids to counts")
+    out = StoreStats(
+        queued_by_level=levels,
+        queued=r.integer("queued"),
+        running=r.integer("running"),
+        finished=r.integer("finished"),
+        dropped=r.integer("dropped"),
+        released=r.integer("released"),
+        running_by_instance=by_instance,
+        tokens_held=r.integer("tokens_held"),
     )
     r.done()
     return out

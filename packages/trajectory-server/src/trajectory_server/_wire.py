@@ -11,14 +11,13 @@ and a response frame::
 
 where an error body is ``{"error": <class name>, "message": str, "context": {...}}`` and the
 client raises that class again. Token ids, logprobs and versions travel as msgpack ``bin``
-fields holding packed little-endian int32/float64 (see :mod:`trajectory_server._packed`), which
-is ~10x smaller and faster than lists of ints.
-
-Decoding checks, in order: the size limit, msgpack well-formedness within :data:`FRAME_LIMITS`
-(no msgpack container or string may claim more entries or bytes than those bounds), the envelope
-fields, the schema version, the message type, then every body field's presence and type (unknown
-fields are rejected); errors name the field (``route.trajectory_ids[2]``). Over TCP, none of
-this runs before the connection has authenticated (:mod:`trajectory_server._handshake`).
+fields of packed little-endian int32/float64 (:mod:`trajectory_server._packed`): ~10x smaller
+and faster than lists of ints. Decoding checks, in order: the size limit, msgpack
+well-formedness within :data:`FRAME_LIMITS` (no container or string may claim more entries or
+bytes than those bounds), the envelope, the schema version, the message type, then every body
+field's presence and type (unknown fields are rejected); errors name the field
+(``route.trajectory_ids[2]``). Over TCP, none of this runs before the connection has
+authenticated (:mod:`trajectory_server._handshake`).
 """
 
 from __future__ import annotations
@@ -37,7 +36,6 @@ from trajectory_server._records import (
     Completion,
     SamplingParams,
     Segment,
-    StoreStats,
     Trajectory,
     is_int,
 )
@@ -138,6 +136,12 @@ class Release:
 
 
 @attrs.frozen(kw_only=True)
+class Free:
+    TYPE: ClassVar[str] = "free"
+    trajectory_ids: tuple[str, ...]
+
+
+@attrs.frozen(kw_only=True)
 class GetFinished:
     TYPE: ClassVar[str] = "finished"
     trajectory_ids: tuple[str, ...] | None = None
@@ -207,6 +211,7 @@ Request = (
     | DropGroup
     | InstanceLost
     | Release
+    | Free
     | GetFinished
     | QueueView
     | Stats
@@ -305,7 +310,7 @@ def _decode_body(cls: type, r: _plain.Reader) -> Any:
         out = DropGroup(group_id=r.text("group_id"), reason=r.text("reason"))
     elif cls in (InstanceLost, HeldBy):
         out = cls(instance_id=r.text("instance_id"))
-    elif cls in (Release, Locate, Get):
+    elif cls in (Release, Free, Locate, Get):
         out = cls(trajectory_ids=tuple(r.texts("trajectory_ids")))
     elif cls is GetFinished:
         out = GetFinished(trajectory_ids=_opt_str_list(r, "trajectory_ids"))
@@ -339,6 +344,7 @@ REQUEST_TYPES: dict[str, type] = {
         DropGroup,
         InstanceLost,
         Release,
+        Free,
         GetFinished,
         QueueView,
         Stats,
@@ -369,48 +375,6 @@ def _list_of(value: Any, path: str, decode: Callable[[_plain.Reader], Any]) -> t
     return tuple(decode(_plain.Reader(v, f"{path}[{i}]")) for i, v in enumerate(value))
 
 
-def _stats_to_plain(s: StoreStats) -> dict[str, Any]:
-    return {
-        "queued_by_level": [[lv, n] for lv, n in s.queued_by_level.items()],
-        "queued": s.queued,
-        "running": s.running,
-        "finished": s.finished,
-        "dropped": s.dropped,
-        "released": s.released,
-        "running_by_instance": s.running_by_instance,
-        "tokens_held": s.tokens_held,
-    }
-
-
-def _stats_from_plain(value: Any, path: str) -> StoreStats:
-    r = _plain.Reader(value, path)
-    levels = {}
-    for i, pair in enumerate(r.items("queued_by_level")):
-        if not (
-            isinstance(pair, list)
-            and len(pair) == 2
-            and (pair[0] is None or is_int(pair[0]))
-            and is_int(pair[1])
-        ):
-            r.fail(f"{path}.queued_by_level[{i}]", "must be [level|null, count]")
-        levels[pair[0]] = pair[1]
-    by_instance = r.mapping("running_by_instance")
-    if not all(isinstance(k, str) and is_int(v) for k, v in by_instance.items()):
-        r.fail(f"{path}.running_by_instance", "must map instance ids to counts")
-    out = StoreStats(
-        queued_by_level=levels,
-        queued=r.integer("queued"),
-        running=r.integer("running"),
-        finished=r.integer("finished"),
-        dropped=r.integer("dropped"),
-        released=r.integer("released"),
-        running_by_instance=by_instance,
-        tokens_held=r.integer("tokens_held"),
-    )
-    r.done()
-    return out
-
-
 def encode_result(req: Any, result: Any) -> Any:
     if isinstance(req, Route | Get):
         return [_plain.trajectory_to_plain(t, True) for t in result]
@@ -419,7 +383,7 @@ def encode_result(req: Any, result: Any) -> Any:
     if isinstance(req, QueueView | ReturnPartial):
         return [_plain.entry_to_plain(e) for e in result]
     if isinstance(req, Stats):
-        return _stats_to_plain(result)
+        return _plain.stats_to_plain(result)
     if isinstance(req, Locate):
         return [_plain.location_to_plain(loc) for loc in result]
     if isinstance(req, History):
@@ -440,13 +404,17 @@ def decode_result(req: Any, body: Any) -> Any:
             raise MalformedMessage(f"{path}: must be a list", field=path)
         return tuple(_plain.entry_from_plain(v, f"{path}[{i}]") for i, v in enumerate(body))
     if isinstance(req, Stats):
-        return _stats_from_plain(body, path)
+        return _plain.stats_from_plain(body, path)
     if isinstance(req, Locate):
         return _list_of(body, path, _plain.location_from_plain)
     if isinstance(req, History):
         return _list_of(body, path, _plain.event_from_plain)
     if isinstance(req, Submit | SubmitGroup | DropGroup | InstanceLost | HeldBy | Group):
         return _ids(body, path)
+    if isinstance(req, Free):
+        if not is_int(body) or body < 0:
+            raise MalformedMessage(f"{path}: must be an int >= 0", field=path)
+        return body
     if isinstance(req, Drop):
         if body is not None:
             raise MalformedMessage(f"{path}: must be null", field=path)

@@ -51,8 +51,27 @@ from trajectory_server.errors import (
 class _Client(abc.ABC):
     """The shared API; subclasses implement :meth:`_call`."""
 
+    def __init__(self) -> None:
+        # bytes on the wire by request type: [requests, sent, received] (see wire_bytes)
+        self._wire_bytes: dict[str, list[int]] = {}
+
     @abc.abstractmethod
     async def _call(self, req: Any) -> Any: ...
+
+    def wire_bytes(self) -> dict[str, dict[str, int]]:
+        """The bytes this client sent and received, by request type: ``{type: {"requests",
+        "sent", "received"}}``, each frame with its length prefix, the handshake left out
+        (an in-process client with ``wire=False`` encodes nothing and counts nothing)."""
+        got = getattr(self, "_wire_bytes", {})
+        return {
+            t: dict(zip(("requests", "sent", "received"), c, strict=True)) for t, c in got.items()
+        }
+
+    def _counted(self, kind: str, sent: int, received: int) -> None:
+        c = self._wire_bytes.setdefault(kind, [0, 0, 0])
+        c[0] += 1
+        c[1] += sent
+        c[2] += received
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         pass
@@ -121,6 +140,11 @@ class _Client(abc.ABC):
     async def release(self, trajectory_ids: Sequence[str]) -> tuple[FinishedTrajectory, ...]:
         return await self._call(_wire.Release(trajectory_ids=tuple(trajectory_ids)))  # type: ignore[no-any-return]
 
+    async def free(self, trajectory_ids: Sequence[str]) -> int:
+        """Free finished payloads read elsewhere (:meth:`finished`) without receiving them: what
+        :meth:`release` does, answered with the count freed."""
+        return await self._call(_wire.Free(trajectory_ids=tuple(trajectory_ids)))  # type: ignore[no-any-return]
+
     async def finished(
         self, trajectory_ids: Sequence[str] | None = None
     ) -> tuple[FinishedTrajectory, ...]:
@@ -175,6 +199,7 @@ class InProcessTrajectoryClient(_Client):
         token: str | None = None,
         wire: bool = True,
     ) -> None:
+        super().__init__()
         self.dispatcher = store if isinstance(store, Dispatcher) else Dispatcher(store)
         self.token = token
         self.wire = wire
@@ -195,7 +220,9 @@ class InProcessTrajectoryClient(_Client):
             self.dispatcher.authorize(self.token)
             return self.dispatcher.execute(req)
         rid = next(self._ids)
-        data = self.dispatcher.handle_frame(_wire.encode_request(req, rid, self.token))
+        sent = _wire.encode_request(req, rid, self.token)
+        data = self.dispatcher.handle_frame(sent)
+        self._counted(req.TYPE, LENGTH.size + len(sent), LENGTH.size + len(data))
         return _unwrap(req, rid, _wire.decode_response(data))
 
 
@@ -212,6 +239,7 @@ class TrajectoryClient(_Client):
         timeout_s: float | None,
         idle_timeout_s: float | None = None,
     ) -> None:
+        super().__init__()
         self._reader = reader
         self._writer = writer
         self.token = token
@@ -311,6 +339,7 @@ class TrajectoryClient(_Client):
             async with self._write_lock:
                 self._writer.write(LENGTH.pack(len(data)))
                 self._writer.write(data)
+                self._counted(req.TYPE, LENGTH.size + len(data), 0)
                 self._last_sent = asyncio.get_running_loop().time()
                 await self._writer.drain()
             return await asyncio.wait_for(future, timeout=self.timeout_s)
@@ -343,6 +372,7 @@ class TrajectoryClient(_Client):
                         raise frame.body  # the server refused the connection (e.g. too large)
                     continue  # the caller timed out and left
                 req, future = pending
+                self._wire_bytes[req.TYPE][2] += LENGTH.size + size
                 if future.done():
                     continue
                 try:

@@ -10,9 +10,11 @@ when a trajectory starts or changes pace, not one per running trajectory per pol
 the interrupted trajectories' outcomes (their lengths, in the order of the ids sent), so they do
 not travel again with a poll. Ids travel packed by prompt (``engine_adapters.pack_ids``). An
 instance is polled only when it has something to say (see :meth:`ShellIO.poll_all`); between
-polls its view is extrapolated in time (:meth:`ShellIO.views`). It counts the bytes that
-cross this process per peer kind (pickled size of every call's arguments and answer), so the
-data-path benchmark can show they do not grow with response length.
+polls its view is extrapolated in time (:meth:`ShellIO.views`). Finished payloads are freed in
+the trajectory server with ``free``, which answers a count (``release`` would send them back).
+It counts the bytes that cross this process per peer kind (for a Ray call the pickled size of
+its arguments and of its answer; for the trajectory server the bytes on its socket, as its
+client counts them), so the data-path benchmark can show they do not grow with response length.
 """
 
 from __future__ import annotations
@@ -205,9 +207,14 @@ class ShellIO:
 
     def byte_stats(self) -> dict[str, Any]:
         """Bytes per peer kind, under ``by_call`` per ``kind.call`` (a call's arguments and
-        its answer counted apart: ``poll`` and ``poll_answer``), and under ``polls`` the polls
-        sent by reason (:data:`POLL_REASONS`)."""
-        return {**self._bytes, "by_call": dict(self._by_call), "polls": dict(self._polls)}
+        its answer counted apart: ``poll`` and ``poll_answer``; for the trajectory server by
+        request type, from its client's socket counts), and under ``polls`` the polls sent by
+        reason (:data:`POLL_REASONS`)."""
+        kinds, by_call = dict(self._bytes), dict(self._by_call)
+        for t, c in (self.ts.wire_bytes() if self.ts is not None else {}).items():
+            kinds["ts"] = kinds.get("ts", 0) + c["sent"] + c["received"]
+            by_call[f"ts.{t}"], by_call[f"ts.{t}_answer"] = c["sent"], c["received"]
+        return {**kinds, "by_call": by_call, "polls": dict(self._polls)}
 
     # ---- effects -------------------------------------------------------------------------
 
@@ -253,7 +260,7 @@ class ShellIO:
             self._count("instances", _size(args), "route")
             self.touch(e.instance_id)
             try:
-                await h.submit.remote(*args)
+                self._count("instances", _size(await h.submit.remote(*args)), "route_answer")
             except Exception as err:
                 if is_actor_death(err):
                     return e.instance_id, err
@@ -287,7 +294,7 @@ class ShellIO:
             except TrajectoryServerError as err:
                 log.debug("drop_group_noop", group_id=e.group_id, error=str(err)[:200])
         elif isinstance(e, fx.Release):
-            await self._ts_tolerant("release", list(e.trajectory_ids))
+            await self._ts_tolerant("free", list(e.trajectory_ids))
         return None
 
     def _took(self, iid: str, ids: Sequence[str], answer: Sequence[Any]) -> None:
@@ -318,7 +325,6 @@ class ShellIO:
             "data_source": rec.data_source,
             "extra_info": rec.extra_info,
         }
-        self._count("ts", _size((prompt, metadata)), "submit")
         try:
             await self.ts.submit_group(
                 g.group_id,
@@ -354,7 +360,6 @@ class ShellIO:
         if not ids:
             return
         fn = getattr(self.ts, op)
-        self._count("ts", _size(ids), op)
         try:
             await fn(ids, *args)
             return
