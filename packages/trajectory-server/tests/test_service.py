@@ -147,6 +147,43 @@ async def test_free_sends_no_tokens_back_and_the_client_counts_wire_bytes() -> N
     assert svc.store.stats().released == 4
 
 
+async def _finish_both_ways(c: Any) -> list[Any]:
+    await c.submit_group("e", [1, 2], 2, sampling=SamplingParams(max_new_tokens=4000))
+    await c.route("i0", ["e/0", "e/1"], 0)
+    done = [
+        Completion(trajectory_id=f"e/{k}", start=0, token_ids=[3] * 4000, logprobs=[-0.5] * 4000,
+                   versions=[0] * 4000, finish_reason="length")
+        for k in (0, 1)
+    ]  # fmt: skip
+    return [await c.finish("i0", done[:1], echo=False), await c.finish("i0", done[1:])]
+
+
+@pytest.mark.parametrize("how", ["tcp", "in-process", "direct"])
+async def test_finish_without_echo_answers_a_count(how: str) -> None:
+    """``finish(..., echo=False)`` finishes the same way and answers how many finished, not
+    the records: an engine that just wrote the tokens gets nothing back."""
+    if how == "tcp":
+        async with TrajectoryService() as svc:
+            c: Any = await TrajectoryClient.connect(*svc.address)
+            try:
+                quiet, echoed = await _finish_both_ways(c)
+            finally:
+                await c.close()
+            store = svc.store
+    else:
+        c = InProcessTrajectoryClient(TrajectoryStore(), wire=how == "in-process")
+        quiet, echoed = await _finish_both_ways(c)
+        store = c.store
+    assert quiet == 1
+    assert echoed[0].trajectory.generated_len == 4000
+    assert [store.location(t).state.value for t in ("e/0", "e/1")] == ["finished"] * 2
+    assert store.finished(["e/0"])[0].trajectory.generated_len == 4000
+    if how != "direct":
+        sizes = c.wire_bytes()["finish"]
+        assert sizes["requests"] == 2 and sizes["received"] > 4000 * 16  # the echo only
+        assert sizes["received"] < 4000 * 16 + 1000  # and a few bytes for the count
+
+
 @pytest.mark.parametrize("wire", [True, False])
 async def test_lifecycle_in_process(wire: bool) -> None:
     client = InProcessTrajectoryClient(TrajectoryStore(), wire=wire)

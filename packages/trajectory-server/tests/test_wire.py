@@ -62,6 +62,7 @@ REQUESTS = [
     w.Route(instance_id="i0", trajectory_ids=("a", "b"), version=3),
     w.ReturnPartial(instance_id="i0", segments=(SEG,)),
     w.Finish(instance_id="i0", completions=(DONE,)),
+    w.Finish(instance_id="i0", completions=(DONE,), echo=False),
     w.Drop(trajectory_ids=("a",), reason="filtered"),
     w.DropGroup(group_id="g", reason="filtered"),
     w.InstanceLost(instance_id="i3"),
@@ -124,13 +125,25 @@ def test_results_round_trip_through_a_real_store() -> None:
     assert w.decode_result(stats, w.encode_result(stats, d.execute(stats))) == store.stats()
 
 
-def test_free_answers_a_count_and_refuses_anything_else() -> None:
-    req = w.Free(trajectory_ids=("a",))
+@pytest.mark.parametrize(
+    "req", [w.Free(trajectory_ids=("a",)), w.Finish(instance_id="i", completions=(), echo=False)]
+)
+def test_count_answers_refuse_anything_else(req: Any) -> None:
+    """``free`` and ``finish`` with ``echo=False`` answer a count."""
     assert w.decode_result(req, w.encode_result(req, 3)) == 3
     for bad in (None, -1, True, "3", [1]):
         with pytest.raises(MalformedMessage) as ei:
             w.decode_result(req, bad)
-        assert ei.value.field == "free.result"
+        assert ei.value.field == f"{req.TYPE}.result"
+
+
+def test_finish_echo_must_be_a_bool() -> None:
+    body = msgpack.unpackb(w.encode_request(w.Finish(instance_id="i", completions=()), 1))
+    assert "echo" not in body["body"]  # the default is not sent: older servers read it
+    body["body"]["echo"] = 1
+    with pytest.raises(MalformedMessage) as ei:
+        w.decode_request(msgpack.packb(body, use_bin_type=True))
+    assert ei.value.field == "finish.echo"
 
 
 def _frame(**overrides: Any) -> bytes:

@@ -104,7 +104,8 @@ class Dispatcher:
         if isinstance(req, _wire.ReturnPartial):
             return s.return_partial(req.instance_id, req.segments)
         if isinstance(req, _wire.Finish):
-            return s.finish(req.instance_id, req.completions)
+            done = s.finish(req.instance_id, req.completions)
+            return done if req.echo else len(done)
         if isinstance(req, _wire.Submit):
             return s.submit(req.trajectories)
         if isinstance(req, _wire.SubmitGroup):

@@ -107,6 +107,7 @@ class Finish:
     TYPE: ClassVar[str] = "finish"
     instance_id: str
     completions: tuple[Completion, ...]
+    echo: bool = True  # False: the answer is the count finished, not the records
 
 
 @attrs.frozen(kw_only=True)
@@ -264,6 +265,7 @@ def _encode_body(req: Any) -> dict[str, Any]:
         return {
             "instance_id": req.instance_id,
             "completions": [_plain.segment_to_plain(s, True) for s in req.completions],
+            **({} if req.echo else {"echo": False}),
         }
     if isinstance(req, QueueView):
         return {"limit": req.limit, "level": "all" if req.level is ALL_LEVELS else req.level}
@@ -300,9 +302,14 @@ def _decode_body(cls: type, r: _plain.Reader) -> Any:
             segments=_records(r, "segments", _plain.segment_from_plain),
         )
     elif cls is Finish:
+        echo = r.obj.get("echo", True)
+        r.seen.add("echo")
+        if not isinstance(echo, bool):
+            r.fail(f"{r.path}.echo", f"must be true or false, got {echo!r:.40}")
         out = Finish(
             instance_id=r.text("instance_id"),
             completions=_records(r, "completions", _plain.completion_from_plain),
+            echo=echo,
         )
     elif cls is Drop:
         out = Drop(trajectory_ids=tuple(r.texts("trajectory_ids")), reason=r.text("reason"))
@@ -376,6 +383,8 @@ def _list_of(value: Any, path: str, decode: Callable[[_plain.Reader], Any]) -> t
 
 
 def encode_result(req: Any, result: Any) -> Any:
+    if isinstance(req, Finish) and not req.echo:
+        return result  # the count finished (the dispatcher's answer)
     if isinstance(req, Route | Get):
         return [_plain.trajectory_to_plain(t, True) for t in result]
     if isinstance(req, Finish | Release | GetFinished):
@@ -395,6 +404,10 @@ def encode_result(req: Any, result: Any) -> Any:
 
 def decode_result(req: Any, body: Any) -> Any:
     path = f"{req.TYPE}.result"
+    if isinstance(req, Free) or (isinstance(req, Finish) and not req.echo):
+        if not is_int(body) or body < 0:
+            raise MalformedMessage(f"{path}: must be an int >= 0", field=path)
+        return body
     if isinstance(req, Route | Get):
         return _list_of(body, path, _plain.trajectory_from_plain)
     if isinstance(req, Finish | Release | GetFinished):
@@ -411,10 +424,6 @@ def decode_result(req: Any, body: Any) -> Any:
         return _list_of(body, path, _plain.event_from_plain)
     if isinstance(req, Submit | SubmitGroup | DropGroup | InstanceLost | HeldBy | Group):
         return _ids(body, path)
-    if isinstance(req, Free):
-        if not is_int(body) or body < 0:
-            raise MalformedMessage(f"{path}: must be an int >= 0", field=path)
-        return body
     if isinstance(req, Drop):
         if body is not None:
             raise MalformedMessage(f"{path}: must be null", field=path)

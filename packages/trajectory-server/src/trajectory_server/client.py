@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 from trajectory_server import _handshake, _wire
 from trajectory_server._core import ALL_LEVELS, TrajectoryStore
@@ -122,10 +122,27 @@ class _Client(abc.ABC):
         req = _wire.ReturnPartial(instance_id=instance_id, segments=tuple(segments))
         return await self._call(req)  # type: ignore[no-any-return]
 
+    @overload
     async def finish(
         self, instance_id: str, completions: Sequence[Completion]
-    ) -> tuple[FinishedTrajectory, ...]:
-        req = _wire.Finish(instance_id=instance_id, completions=tuple(completions))
+    ) -> tuple[FinishedTrajectory, ...]: ...
+
+    @overload
+    async def finish(
+        self, instance_id: str, completions: Sequence[Completion], *, echo: Literal[True]
+    ) -> tuple[FinishedTrajectory, ...]: ...
+
+    @overload
+    async def finish(
+        self, instance_id: str, completions: Sequence[Completion], *, echo: Literal[False]
+    ) -> int: ...
+
+    async def finish(
+        self, instance_id: str, completions: Sequence[Completion], *, echo: bool = True
+    ) -> tuple[FinishedTrajectory, ...] | int:
+        """Running -> finished; answers the finished records whole, or with ``echo=False``
+        only how many finished (an engine that wrote the tokens needs nothing back)."""
+        req = _wire.Finish(instance_id=instance_id, completions=tuple(completions), echo=echo)
         return await self._call(req)  # type: ignore[no-any-return]
 
     async def drop(self, trajectory_ids: Sequence[str], reason: str) -> None:

@@ -35,6 +35,7 @@ trajectory server (TS) directly:
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -317,7 +318,8 @@ class RolloutActor(RolloutFaultHooks):
                     seg = Segment(trajectory_id=tid, start=start, token_ids=toks, logprobs=lps,
                                   versions=vers)  # fmt: skip
                     partial.append((seg, r))
-            await self._write(ts.finish, done, finished=True)
+            # the store answers a count: the tokens it holds need not come back
+            await self._write(functools.partial(ts.finish, echo=False), done, finished=True)
             await self._write(ts.return_partial, partial, finished=False)
 
     async def _write(self, op: Any, items: list[Any], *, finished: bool) -> None:
