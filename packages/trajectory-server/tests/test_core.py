@@ -288,7 +288,9 @@ def test_finish_then_release(store: TrajectoryStore) -> None:
         "held": {"i0": ("b/0",)},
     }
     assert store.finished() == fin
+    assert store.finished_ids() == ("a/0",)
     assert store.release(["a/0"]) == fin
+    assert store.finished_ids() == ()
     assert store.finished() == ()
     assert store.location("a/0").state is LocationState.FINISHED
     with pytest.raises(UnknownTrajectory):

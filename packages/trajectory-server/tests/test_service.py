@@ -86,6 +86,7 @@ async def run_lifecycle(c: Any) -> None:
     stats = await c.stats()
     assert (stats.queued, stats.running, stats.finished, stats.dropped) == (2, 0, 1, 0)
     assert stats.queued_by_level == {2: 1, None: 1}
+    assert await c.finished_ids() == ("g/0",)
     assert (await c.release(["g/0"]))[0].finish_reason.value == "stop"
     await c.drop_group("g", "filtered")
     assert [loc.state.value for loc in await c.locate(["g/0", "g/1", "g/2"])] == [

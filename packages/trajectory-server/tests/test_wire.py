@@ -69,6 +69,7 @@ REQUESTS = [
     w.Release(trajectory_ids=("a",)),
     w.Free(trajectory_ids=("a", "b")),
     w.GetFinished(trajectory_ids=None),
+    w.FinishedIds(),
     w.GetFinished(trajectory_ids=("a",)),
     w.QueueView(limit=None, level=ALL_LEVELS),
     w.QueueView(limit=3, level=None),

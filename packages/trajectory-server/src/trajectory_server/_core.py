@@ -409,6 +409,10 @@ class TrajectoryStore:
             )
         return self._payload[trajectory_id]
 
+    def finished_ids(self) -> tuple[str, ...]:
+        """The ids :meth:`finished` would answer with no argument, without their payloads."""
+        return tuple(self._finished)
+
     def finished(
         self, trajectory_ids: Sequence[str] | None = None
     ) -> tuple[FinishedTrajectory, ...]:

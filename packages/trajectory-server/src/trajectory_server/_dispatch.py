@@ -127,6 +127,8 @@ class Dispatcher:
             return s.release(req.trajectory_ids)
         if isinstance(req, _wire.Free):
             return s.free(req.trajectory_ids)
+        if isinstance(req, _wire.FinishedIds):
+            return s.finished_ids()
         if isinstance(req, _wire.GetFinished):
             return s.finished(req.trajectory_ids)
         if isinstance(req, _wire.QueueView):

@@ -156,6 +156,11 @@ class QueueView:
 
 
 @attrs.frozen(kw_only=True)
+class FinishedIds:
+    TYPE: ClassVar[str] = "finished_ids"
+
+
+@attrs.frozen(kw_only=True)
 class Stats:
     TYPE: ClassVar[str] = "stats"
 
@@ -214,6 +219,7 @@ Request = (
     | Release
     | Free
     | GetFinished
+    | FinishedIds
     | QueueView
     | Stats
     | Locate
@@ -353,6 +359,7 @@ REQUEST_TYPES: dict[str, type] = {
         Release,
         Free,
         GetFinished,
+        FinishedIds,
         QueueView,
         Stats,
         Locate,
@@ -397,7 +404,9 @@ def encode_result(req: Any, result: Any) -> Any:
         return [_plain.location_to_plain(loc) for loc in result]
     if isinstance(req, History):
         return [_plain.event_to_plain(e) for e in result]
-    if isinstance(req, Submit | SubmitGroup | DropGroup | InstanceLost | HeldBy | Group):
+    if isinstance(
+        req, Submit | SubmitGroup | DropGroup | InstanceLost | HeldBy | Group | FinishedIds
+    ):
         return list(result)
     return result  # Drop: None; SaveCheckpoint: str; Ping: dict
 
@@ -422,7 +431,9 @@ def decode_result(req: Any, body: Any) -> Any:
         return _list_of(body, path, _plain.location_from_plain)
     if isinstance(req, History):
         return _list_of(body, path, _plain.event_from_plain)
-    if isinstance(req, Submit | SubmitGroup | DropGroup | InstanceLost | HeldBy | Group):
+    if isinstance(
+        req, Submit | SubmitGroup | DropGroup | InstanceLost | HeldBy | Group | FinishedIds
+    ):
         return _ids(body, path)
     if isinstance(req, Drop):
         if body is not None:

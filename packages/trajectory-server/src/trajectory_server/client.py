@@ -168,6 +168,10 @@ class _Client(abc.ABC):
         ids = None if trajectory_ids is None else tuple(trajectory_ids)
         return await self._call(_wire.GetFinished(trajectory_ids=ids))  # type: ignore[no-any-return]
 
+    async def finished_ids(self) -> tuple[str, ...]:
+        """The ids of the unreleased finished trajectories, without their payloads."""
+        return await self._call(_wire.FinishedIds())  # type: ignore[no-any-return]
+
     async def queue_view(
         self, limit: int | None = None, *, level: Any = ALL_LEVELS
     ) -> tuple[QueueEntry, ...]:

@@ -189,7 +189,7 @@ async def _fix_store(core: ControlCore, io: Any) -> None:
             ]))  # fmt: skip
     training = set(core.training.flat_ids) if core.training is not None else set()
     queued = [e.trajectory_id for e in await io.ts.queue_view(None)]  # every level
-    finished = [ft.trajectory.trajectory_id for ft in await io.ts.finished()]
+    finished = list(await io.ts.finished_ids())  # ids only: no payload comes here
     gone = [t for t in queued + finished if _let_go(core, t) and t not in training]
     drop = [t for t in gone if t in set(queued) or core.ledger.get(t) is not None]
     release = [t for t in gone if t not in set(drop)]
