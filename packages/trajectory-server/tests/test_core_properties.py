@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -165,6 +166,23 @@ class StoreMachine(RuleBasedStateMachine):
         out = self.store.release([tid])
         assert out[0].trajectory.generated_len == self.held[tid]
         self.where[tid] = "released"
+
+    @precondition(lambda self: self.ids_in("finished"))
+    @rule(data=st.data())
+    def free(self, data: st.DataObject) -> None:
+        done = self.ids_in("finished")
+        pick = data.draw(st.lists(st.sampled_from(done), min_size=1, max_size=3, unique=True))
+        assert sorted(self.store.finished_ids()) == sorted(done)
+        if data.draw(st.booleans()):  # one id that is not finished: all or nothing
+            other = [t for t in self.where if t not in done]
+            if other:
+                before = self.store.to_dict()
+                with pytest.raises(StateError):
+                    self.store.free([*pick, data.draw(st.sampled_from(other))])
+                assert self.store.to_dict() == before
+        assert self.store.free(pick) == len(pick)
+        for tid in pick:
+            self.where[tid] = "released"
 
     @rule(binary=st.booleans())
     def checkpoint_restore(self, binary: bool) -> None:

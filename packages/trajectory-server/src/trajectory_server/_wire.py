@@ -308,14 +308,10 @@ def _decode_body(cls: type, r: _plain.Reader) -> Any:
             segments=_records(r, "segments", _plain.segment_from_plain),
         )
     elif cls is Finish:
-        echo = r.obj.get("echo", True)
-        r.seen.add("echo")
-        if not isinstance(echo, bool):
-            r.fail(f"{r.path}.echo", f"must be true or false, got {echo!r:.40}")
         out = Finish(
             instance_id=r.text("instance_id"),
             completions=_records(r, "completions", _plain.completion_from_plain),
-            echo=echo,
+            echo=r.flag("echo", True),
         )
     elif cls is Drop:
         out = Drop(trajectory_ids=tuple(r.texts("trajectory_ids")), reason=r.text("reason"))

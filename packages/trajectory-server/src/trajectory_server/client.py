@@ -137,6 +137,11 @@ class _Client(abc.ABC):
         self, instance_id: str, completions: Sequence[Completion], *, echo: Literal[False]
     ) -> int: ...
 
+    @overload
+    async def finish(
+        self, instance_id: str, completions: Sequence[Completion], *, echo: bool
+    ) -> tuple[FinishedTrajectory, ...] | int: ...
+
     async def finish(
         self, instance_id: str, completions: Sequence[Completion], *, echo: bool = True
     ) -> tuple[FinishedTrajectory, ...] | int:
@@ -393,7 +398,7 @@ class TrajectoryClient(_Client):
                         raise frame.body  # the server refused the connection (e.g. too large)
                     continue  # the caller timed out and left
                 req, future = pending
-                self._wire_bytes[req.TYPE][2] += LENGTH.size + size
+                self._wire_bytes.setdefault(req.TYPE, [0, 0, 0])[2] += LENGTH.size + size
                 if future.done():
                     continue
                 try:

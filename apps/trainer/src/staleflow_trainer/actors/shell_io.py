@@ -37,7 +37,7 @@ from staleflow_trainer.config import AppConfig
 from staleflow_trainer.control import effects as fx
 from staleflow_trainer.control.events import InstanceLost, Outcome, Reported
 from trajectory_server import SamplingParams
-from trajectory_server.errors import TrajectoryServerError
+from trajectory_server.errors import StateError, TrajectoryServerError
 
 log = structlog.get_logger(__name__)
 
@@ -211,7 +211,8 @@ class ShellIO:
         request type, from its client's socket counts), and under ``polls`` the polls sent by
         reason (:data:`POLL_REASONS`)."""
         kinds, by_call = dict(self._bytes), dict(self._by_call)
-        for t, c in (self.ts.wire_bytes() if self.ts is not None else {}).items():
+        counted = getattr(self.ts, "wire_bytes", None)  # None: no client yet, or a test's fake
+        for t, c in (counted() if counted is not None else {}).items():
             kinds["ts"] = kinds.get("ts", 0) + c["sent"] + c["received"]
             by_call[f"ts.{t}"], by_call[f"ts.{t}_answer"] = c["sent"], c["received"]
         return {**kinds, "by_call": by_call, "polls": dict(self._polls)}
@@ -356,7 +357,8 @@ class ShellIO:
         return [int(np.clip(base + j, 1, cap)) for j in rng.integers(-1, 2, size=members)]
 
     async def _ts_tolerant(self, op: str, ids: list[str], *args: Any) -> None:
-        """A TS call on many ids that tolerates the ones already in the target state."""
+        """A TS call on many ids that tolerates the ones already in the target state (a
+        ``StateError``: dropped or freed before); any other refusal is logged as a warning."""
         if not ids:
             return
         fn = getattr(self.ts, op)
@@ -368,8 +370,10 @@ class ShellIO:
         for tid in ids:
             try:
                 await fn([tid], *args)
-            except TrajectoryServerError as err:
+            except StateError as err:
                 log.debug(f"{op}_noop", trajectory_id=tid, error=str(err)[:200])
+            except TrajectoryServerError as err:  # not about the id: the call itself failed
+                log.warning(f"{op}_failed", trajectory_id=tid, error=repr(err)[:200])
 
     # ---- instances -----------------------------------------------------------------------
 
