@@ -22,6 +22,7 @@ from trajectory_server.client import InProcessTrajectoryClient, TrajectoryClient
 from trajectory_server.errors import (
     CheckpointError,
     ConfigError,
+    InvalidRecord,
     MalformedMessage,
     MessageTooLarge,
     NotQueued,
@@ -183,6 +184,20 @@ async def test_finish_without_echo_answers_a_count(how: str) -> None:
         sizes = c.wire_bytes()["finish"]
         assert sizes["requests"] == 2 and sizes["received"] > 4000 * 16  # the echo only
         assert sizes["received"] < 4000 * 16 + 1000  # and a few bytes for the count
+
+
+async def test_one_string_is_not_a_list_of_ids() -> None:
+    """A client refuses one string where a list of ids goes, as the store does, instead of
+    splitting it into one-character ids."""
+    store = TrajectoryStore()
+    store.submit_group("g", [1], 2)
+    c = InProcessTrajectoryClient(store)
+    before = store.to_dict()
+    for call in (c.route("i0", "g/0", 0), c.drop("g/0", "r"), c.free("g/0"), c.locate("g/0")):
+        with pytest.raises(InvalidRecord) as ei:
+            await call
+        assert ei.value.field == "trajectory_ids"
+    assert store.to_dict() == before
 
 
 @pytest.mark.parametrize("wire", [True, False])

@@ -41,11 +41,22 @@ from trajectory_server._records import (
 from trajectory_server._service import LENGTH
 from trajectory_server.errors import (
     ConfigError,
+    InvalidRecord,
     MessageTooLarge,
     ServiceClosed,
     TrajectoryServerError,
     TransportError,
 )
+
+
+def _id_tuple(trajectory_ids: Iterable[str]) -> tuple[str, ...]:
+    """The ids as a tuple; one string is refused as the store refuses it (not split into
+    characters, which could name other trajectories)."""
+    if isinstance(trajectory_ids, str):
+        raise InvalidRecord(
+            "trajectory_ids must be a sequence of ids, not one string", field="trajectory_ids"
+        )
+    return tuple(trajectory_ids)
 
 
 class _Client(abc.ABC):
@@ -112,7 +123,7 @@ class _Client(abc.ABC):
         self, instance_id: str, trajectory_ids: Sequence[str], version: int
     ) -> tuple[Trajectory, ...]:
         req = _wire.Route(
-            instance_id=instance_id, trajectory_ids=tuple(trajectory_ids), version=version
+            instance_id=instance_id, trajectory_ids=_id_tuple(trajectory_ids), version=version
         )
         return await self._call(req)  # type: ignore[no-any-return]
 
@@ -151,7 +162,7 @@ class _Client(abc.ABC):
         return await self._call(req)  # type: ignore[no-any-return]
 
     async def drop(self, trajectory_ids: Sequence[str], reason: str) -> None:
-        await self._call(_wire.Drop(trajectory_ids=tuple(trajectory_ids), reason=reason))
+        await self._call(_wire.Drop(trajectory_ids=_id_tuple(trajectory_ids), reason=reason))
 
     async def drop_group(self, group_id: str, reason: str) -> tuple[str, ...]:
         return await self._call(_wire.DropGroup(group_id=group_id, reason=reason))  # type: ignore[no-any-return]
@@ -160,17 +171,17 @@ class _Client(abc.ABC):
         return await self._call(_wire.InstanceLost(instance_id=instance_id))  # type: ignore[no-any-return]
 
     async def release(self, trajectory_ids: Sequence[str]) -> tuple[FinishedTrajectory, ...]:
-        return await self._call(_wire.Release(trajectory_ids=tuple(trajectory_ids)))  # type: ignore[no-any-return]
+        return await self._call(_wire.Release(trajectory_ids=_id_tuple(trajectory_ids)))  # type: ignore[no-any-return]
 
     async def free(self, trajectory_ids: Sequence[str]) -> int:
         """Free finished payloads read elsewhere (:meth:`finished`) without receiving them: what
         :meth:`release` does, answered with the count freed."""
-        return await self._call(_wire.Free(trajectory_ids=tuple(trajectory_ids)))  # type: ignore[no-any-return]
+        return await self._call(_wire.Free(trajectory_ids=_id_tuple(trajectory_ids)))  # type: ignore[no-any-return]
 
     async def finished(
         self, trajectory_ids: Sequence[str] | None = None
     ) -> tuple[FinishedTrajectory, ...]:
-        ids = None if trajectory_ids is None else tuple(trajectory_ids)
+        ids = None if trajectory_ids is None else _id_tuple(trajectory_ids)
         return await self._call(_wire.GetFinished(trajectory_ids=ids))  # type: ignore[no-any-return]
 
     async def finished_ids(self) -> tuple[str, ...]:
@@ -189,7 +200,7 @@ class _Client(abc.ABC):
         return (await self.stats()).queued_by_level
 
     async def locate(self, trajectory_ids: Sequence[str]) -> tuple[Location, ...]:
-        return await self._call(_wire.Locate(trajectory_ids=tuple(trajectory_ids)))  # type: ignore[no-any-return]
+        return await self._call(_wire.Locate(trajectory_ids=_id_tuple(trajectory_ids)))  # type: ignore[no-any-return]
 
     async def location(self, trajectory_id: str) -> Location:
         return (await self.locate([trajectory_id]))[0]
