@@ -13,8 +13,8 @@ so a run's wall time is mostly training and control, not generation.
 After each run it reads ``ControlActor.io_stats()`` (per peer kind: ``instances``,
 ``rewards``, ``trainer``, the pickled size of every Ray call's arguments and answer; ``ts``,
 the bytes on the control process's trajectory-server socket, both ways, as its client counts
-them, every frame with its length prefix, the connection's handshake left out), the ledger's trajectory count (every trajectory
-submitted) and the core's counters. Printed side
+them, every frame with its length prefix, the connection's handshake left out), the ledger's
+trajectory count (every trajectory submitted) and the core's counters. Printed side
 by side per length: how often a trajectory was routed and interrupted (a sync, a migration or
 a bounce interrupts it; it is routed again), the instance bytes per route, the bytes per
 trajectory per peer kind and in total, and the ratios longest / shortest (target: about 1 —

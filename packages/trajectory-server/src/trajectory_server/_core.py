@@ -55,6 +55,7 @@ from trajectory_server._records import (
     Trajectory,
     check_id,
     check_version,
+    id_tuple,
     is_int,
 )
 from trajectory_server._segments import extend
@@ -527,11 +528,7 @@ class TrajectoryStore:
         return where
 
     def _unique_ids(self, trajectory_ids: Sequence[str]) -> list[str]:
-        if isinstance(trajectory_ids, str):
-            raise InvalidRecord(
-                "trajectory_ids must be a sequence of ids, not one string", field="trajectory_ids"
-            )
-        ids = list(trajectory_ids)
+        ids = list(id_tuple(trajectory_ids))
         if len(set(ids)) != len(ids):
             dup = next(t for t in ids if ids.count(t) > 1)
             raise InvalidRecord(

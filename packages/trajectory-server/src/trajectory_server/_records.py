@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -50,6 +50,16 @@ def _check_int(
         raise InvalidRecord(
             f"{name} must be <= {maximum}, got {value!r:.80}", field=name, value=value
         )
+
+
+def id_tuple(trajectory_ids: Iterable[str]) -> tuple[str, ...]:
+    """The ids as a tuple; one string is refused (not split into one-character ids, which could
+    name other trajectories)."""
+    if isinstance(trajectory_ids, str):
+        raise InvalidRecord(
+            "trajectory_ids must be a sequence of ids, not one string", field="trajectory_ids"
+        )
+    return tuple(trajectory_ids)
 
 
 def check_version(name: str, value: object) -> None:

@@ -36,27 +36,17 @@ from trajectory_server._records import (
     Segment,
     StoreStats,
     Trajectory,
+    id_tuple,
     json_value,
 )
 from trajectory_server._service import LENGTH
 from trajectory_server.errors import (
     ConfigError,
-    InvalidRecord,
     MessageTooLarge,
     ServiceClosed,
     TrajectoryServerError,
     TransportError,
 )
-
-
-def _id_tuple(trajectory_ids: Iterable[str]) -> tuple[str, ...]:
-    """The ids as a tuple; one string is refused as the store refuses it (not split into
-    characters, which could name other trajectories)."""
-    if isinstance(trajectory_ids, str):
-        raise InvalidRecord(
-            "trajectory_ids must be a sequence of ids, not one string", field="trajectory_ids"
-        )
-    return tuple(trajectory_ids)
 
 
 class _Client(abc.ABC):
@@ -73,10 +63,8 @@ class _Client(abc.ABC):
         """The bytes this client sent and received, by request type: ``{type: {"requests",
         "sent", "received"}}``, each frame with its length prefix, the handshake left out
         (an in-process client with ``wire=False`` encodes nothing and counts nothing)."""
-        got = getattr(self, "_wire_bytes", {})
-        return {
-            t: dict(zip(("requests", "sent", "received"), c, strict=True)) for t, c in got.items()
-        }
+        names = ("requests", "sent", "received")
+        return {t: dict(zip(names, c, strict=True)) for t, c in self._wire_bytes.items()}
 
     def _counted(self, kind: str, sent: int, received: int) -> None:
         c = self._wire_bytes.setdefault(kind, [0, 0, 0])
@@ -123,7 +111,7 @@ class _Client(abc.ABC):
         self, instance_id: str, trajectory_ids: Sequence[str], version: int
     ) -> tuple[Trajectory, ...]:
         req = _wire.Route(
-            instance_id=instance_id, trajectory_ids=_id_tuple(trajectory_ids), version=version
+            instance_id=instance_id, trajectory_ids=id_tuple(trajectory_ids), version=version
         )
         return await self._call(req)  # type: ignore[no-any-return]
 
@@ -162,7 +150,7 @@ class _Client(abc.ABC):
         return await self._call(req)  # type: ignore[no-any-return]
 
     async def drop(self, trajectory_ids: Sequence[str], reason: str) -> None:
-        await self._call(_wire.Drop(trajectory_ids=_id_tuple(trajectory_ids), reason=reason))
+        await self._call(_wire.Drop(trajectory_ids=id_tuple(trajectory_ids), reason=reason))
 
     async def drop_group(self, group_id: str, reason: str) -> tuple[str, ...]:
         return await self._call(_wire.DropGroup(group_id=group_id, reason=reason))  # type: ignore[no-any-return]
@@ -171,17 +159,17 @@ class _Client(abc.ABC):
         return await self._call(_wire.InstanceLost(instance_id=instance_id))  # type: ignore[no-any-return]
 
     async def release(self, trajectory_ids: Sequence[str]) -> tuple[FinishedTrajectory, ...]:
-        return await self._call(_wire.Release(trajectory_ids=_id_tuple(trajectory_ids)))  # type: ignore[no-any-return]
+        return await self._call(_wire.Release(trajectory_ids=id_tuple(trajectory_ids)))  # type: ignore[no-any-return]
 
     async def free(self, trajectory_ids: Sequence[str]) -> int:
         """Free finished payloads read elsewhere (:meth:`finished`) without receiving them: what
         :meth:`release` does, answered with the count freed."""
-        return await self._call(_wire.Free(trajectory_ids=_id_tuple(trajectory_ids)))  # type: ignore[no-any-return]
+        return await self._call(_wire.Free(trajectory_ids=id_tuple(trajectory_ids)))  # type: ignore[no-any-return]
 
     async def finished(
         self, trajectory_ids: Sequence[str] | None = None
     ) -> tuple[FinishedTrajectory, ...]:
-        ids = None if trajectory_ids is None else _id_tuple(trajectory_ids)
+        ids = None if trajectory_ids is None else id_tuple(trajectory_ids)
         return await self._call(_wire.GetFinished(trajectory_ids=ids))  # type: ignore[no-any-return]
 
     async def finished_ids(self) -> tuple[str, ...]:
@@ -200,7 +188,7 @@ class _Client(abc.ABC):
         return (await self.stats()).queued_by_level
 
     async def locate(self, trajectory_ids: Sequence[str]) -> tuple[Location, ...]:
-        return await self._call(_wire.Locate(trajectory_ids=_id_tuple(trajectory_ids)))  # type: ignore[no-any-return]
+        return await self._call(_wire.Locate(trajectory_ids=id_tuple(trajectory_ids)))  # type: ignore[no-any-return]
 
     async def location(self, trajectory_id: str) -> Location:
         return (await self.locate([trajectory_id]))[0]
