@@ -20,6 +20,7 @@ from staleflow_trainer.config import load_config, to_dict
 from staleflow_trainer.control import ControlCore, core_config
 from staleflow_trainer.control import effects as fx
 from staleflow_trainer.control.events import InstanceLost, Rewarded
+from staleflow_trainer.data import EncodedPrompts
 from staleflow_trainer.sim.shell import Simulation
 
 SIM_TINY = Path(__file__).resolve().parents[3] / "examples" / "sim-tiny.yaml"
@@ -62,7 +63,7 @@ class _Store:
 
 def _io(rollouts: dict[str, Any]) -> ShellIO:
     cfg = load_config(SIM_TINY, [])
-    io = ShellIO(cfg, model_path="unused", ts_address=("127.0.0.1", 1), ts_token="t",
+    io = ShellIO(cfg, prompts=EncodedPrompts((), ()), ts_address=("127.0.0.1", 1), ts_token="t",
                  rollouts=rollouts, trainer=None, rewards=[], reward_spec={})  # fmt: skip
     io.ts = _Store()
     return io
@@ -105,7 +106,7 @@ async def test_an_event_from_background_work_starts_the_next_cycle_at_once(
     # a 60 s tick: only the posted event can start the second cycle within the test's bound
     over = [f"run.run_dir={tmp_path}", "coordinator.snapshot_interval_s=60"]
     cfg = load_config(SIM_TINY, over)
-    actor = ControlActor(cfg=to_dict(cfg), model_path="unused", ts_address=("127.0.0.1", 1),
+    actor = ControlActor(cfg=to_dict(cfg), prompts=EncodedPrompts((), ()), ts_address=("127.0.0.1", 1),
                          ts_token="t", rollouts={}, trainer=None, rewards=[])  # fmt: skip
     sim = Simulation(cfg)
     actor.core = ControlCore(core_config(cfg, rows=None),

@@ -153,6 +153,7 @@ def _scenario(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> dic
     from staleflow_trainer.actors.rollout import RolloutActor
     from staleflow_trainer.actors.trainer_actor import TrainerActor
     from staleflow_trainer.config import load_config, to_dict
+    from staleflow_trainer.data import encode_records
     from staleflow_trainer.prepare import engine_kwargs
     from staleflow_trainer.tiny_model import resolve_model_path
     from trajectory_server.actor import TrajectoryServerActor
@@ -180,6 +181,7 @@ def _scenario(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> dic
         ],
     )
     model = resolve_model_path(cfg)
+    prompts = encode_records(cfg, str(model))
     cluster = _Loop()
     ts = TrajectoryServerActor(token="tok", checkpoint_path=str(tmp_path / "ts.bin"))
     ts_addr = cluster.run(ts.start())
@@ -212,7 +214,7 @@ def _scenario(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> dic
             for r in rollouts.values():
                 cluster.run(r.start())
             actor = ControlActor(
-                cfg=to_dict(cfg), model_path=str(model), ts_address=ts_addr, ts_token="tok",
+                cfg=to_dict(cfg), prompts=prompts, ts_address=ts_addr, ts_token="tok",
                 rollouts=handles, trainer=_Handle(trainer, cluster),
                 rewards=[_Handle(reward, cluster)], recover=gen > 0,
             )  # fmt: skip

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import json
+import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -203,3 +206,60 @@ def test_preflight_names_the_file_of_an_over_long_prompt(
         preflight(cfg, tiny_model_dir)
     assert info.value.path == str(p) and info.value.row == 1
     assert str(info.value).startswith(f"{p}: row 1: prompt has")
+
+
+def test_preflight_hands_on_the_prompts_as_the_engines_see_them(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """What the driver checked is what the control process submits: each row's record, its
+    token ids (the tokenizer's, no special tokens added) and the end-of-sequence id."""
+    from transformers import AutoTokenizer
+
+    from staleflow_trainer.prepare import preflight
+
+    p = _jsonl(tmp_path, [{"prompt": "1+1=", "ground_truth": "2"},
+                          {"prompt": "12+3=", "ground_truth": "15"}])  # fmt: skip
+    cfg = load_config(None, [f"data.path={p}", "data.max_prompt_len=16"])
+    prompts = preflight(cfg, tiny_model_dir)
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    assert len(prompts) == 2
+    assert [r.ground_truth for r in prompts.records] == ["2", "15"]
+    for row, text in enumerate(["1+1=", "12+3="]):
+        assert prompts.ids(row) == tuple(tok(text, add_special_tokens=False)["input_ids"])
+    assert prompts.eos_token_id == tok.eos_token_id
+    # it travels to the control process pickled (through Ray's object store)
+    assert pickle.loads(pickle.dumps(prompts)) == prompts
+
+
+def test_encoded_prompts_refuse_records_and_ids_that_do_not_line_up() -> None:
+    from staleflow_trainer.data import EncodedPrompts, PromptRecord
+
+    rec = PromptRecord(index=0, prompt="1+1=", ground_truth="2")
+    with pytest.raises(ValueError, match="1 records but 2 encoded prompts"):
+        EncodedPrompts([rec], [(1,), (2,)])
+
+
+def test_the_control_process_loads_no_tokenizer(tmp_path: Path) -> None:
+    """The control process takes the prompts the driver encoded: its shell starts and hands
+    out prompt ids without importing ``transformers`` or ``torch`` (seconds at start-up)."""
+    code = f"""
+import asyncio, sys
+from trajectory_server.client import TrajectoryClient
+from staleflow_trainer.actors.shell_io import ShellIO
+from staleflow_trainer.config import load_config
+from staleflow_trainer.data import EncodedPrompts, PromptRecord
+
+async def connect(*a, **k):
+    return object()
+
+TrajectoryClient.connect = connect
+cfg = load_config(None, ["run_dir={tmp_path}"])
+rec = PromptRecord(index=0, prompt="1+1=", ground_truth="2")
+io = ShellIO(cfg, prompts=EncodedPrompts([rec], [(5, 6, 7)], 2), ts_address=("127.0.0.1", 1),
+             ts_token="t", rollouts={{}}, trainer=None, rewards=[], reward_spec={{}})
+asyncio.run(io.start())
+print(io.rows, io.prompt_ids(0), io.prompt_len(0), "transformers" in sys.modules,
+      "torch" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "[5,", "6,", "7]", "3", "False", "False"]

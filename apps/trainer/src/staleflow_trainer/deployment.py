@@ -71,6 +71,7 @@ class Deployment:
         self._ts_addr: Any = None
         self._ts_token: str | None = None
         self._cfg_dict: dict[str, Any] = {}
+        self._prompts: Any = None  # the encoded prompts in Ray's object store (a reference)
         self._opts: Callable[..., dict[str, Any]] | None = None
         self._started_ray = False
         self._t0 = time.monotonic()
@@ -93,9 +94,9 @@ class Deployment:
         self.resume_dir = resolve_resume(cfg)
         with progress.phase("model", "preparing the model and checking the prompts"):
             self.model_path = model_dir(cfg)
-            rows = preflight(cfg, self.model_path)  # bad data fails here: before Ray starts
+            prompts = preflight(cfg, self.model_path)  # bad data fails here: before Ray starts
             if self.resume_dir is not None:  # so does a damaged checkpoint
-                verify_checkpoint(self.resume_dir, rows=rows)
+                verify_checkpoint(self.resume_dir, rows=len(prompts))
         ckpt_root = self.run_dir / "checkpoints"
         ts_ckpt = ckpt_root / TS_FILE
         if self.resume_dir is None:
@@ -109,6 +110,9 @@ class Deployment:
         ray_what = f"joining {cfg.ray.address}" if cfg.ray.address else "starting a local Ray"
         with progress.phase("ray", ray_what):
             self._started_ray = init_ray(cfg, progress)
+        # the control process (and any that replaces it) takes the prompts from the object
+        # store, on whichever node it runs: no dataset file, no tokenizer there
+        self._prompts = ray.put(prompts)
         cfg_dict = to_dict(cfg)
         pg = self._placement_group()
 
@@ -300,7 +304,7 @@ class Deployment:
             .options(**role_options(self.cfg, "control", num_cpus=0, max_concurrency=64))
             .remote(
                 cfg=self._cfg_dict,
-                model_path=str(self.model_path),
+                prompts=self._prompts,
                 ts_address=self._ts_addr,
                 ts_token=self._ts_token,
                 rollouts=self.rollouts,

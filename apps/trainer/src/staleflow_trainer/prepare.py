@@ -16,6 +16,7 @@ import structlog
 
 from staleflow_trainer.actors.reconcile import STATE_FILE, latest_checkpoint
 from staleflow_trainer.config import AppConfig, is_loopback
+from staleflow_trainer.data.tokenize import EncodedPrompts
 from staleflow_trainer.errors import CheckpointError, ConfigError
 from staleflow_trainer.progress import StartupProgress
 from staleflow_trainer.startup import ray_init_with_retry
@@ -102,14 +103,13 @@ def model_dir(cfg: AppConfig) -> Path:
     return resolve_model_path(cfg)
 
 
-def preflight(cfg: AppConfig, model_path: Path) -> int:
+def preflight(cfg: AppConfig, model_path: Path) -> EncodedPrompts:
     """Load and tokenize every prompt before anything starts: a missing column, an empty
     prompt or one longer than ``data.max_prompt_len`` (which fits the model context, see the
-    config rules) is a DataError naming the row and field. Returns the number of prompts."""
-    from transformers import AutoTokenizer
-
-    from staleflow_trainer.data import encode_prompts, load_records
-    from staleflow_trainer.errors import DataError, RewardError
+    config rules) is a DataError naming the row and field. Returns the prompts encoded, for
+    the control process (which then loads neither the dataset nor a tokenizer)."""
+    from staleflow_trainer.data import encode_records
+    from staleflow_trainer.errors import RewardError
     from staleflow_trainer.reward.plugin import load_reward_fn
 
     try:  # a reward function that cannot be imported fails here, not in every worker
@@ -117,20 +117,7 @@ def preflight(cfg: AppConfig, model_path: Path) -> int:
     except RewardError as e:
         raise ConfigError(f"reward.fn: {e}", key="reward.fn",
                           allowed="an importable 'pkg.module:function'") from e  # fmt: skip
-    records = load_records(cfg)
-    tok = AutoTokenizer.from_pretrained(str(model_path))
-    encoded = encode_prompts(
-        records,
-        tok,
-        max_prompt_len=cfg.data.max_prompt_len,
-        apply_chat_template=cfg.data.apply_chat_template,
-        source=str(cfg.data.path) if cfg.data.path else None,
-    )
-    for rec, ids in zip(records, encoded, strict=True):
-        if not ids:
-            raise DataError(f"row {rec.index}: prompt encodes to no tokens", row=rec.index,
-                            field="prompt")  # fmt: skip
-    return len(records)
+    return encode_records(cfg, str(model_path))
 
 
 def engine_kwargs(cfg: AppConfig, i: int, model_path: Path) -> dict[str, Any]:

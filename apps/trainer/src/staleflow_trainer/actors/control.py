@@ -72,6 +72,7 @@ from staleflow_trainer.control.events import (
     event_from_dict,
     event_to_dict,
 )
+from staleflow_trainer.data.tokenize import EncodedPrompts
 from staleflow_trainer.errors import ComponentLost
 
 log = structlog.get_logger(__name__)
@@ -84,7 +85,7 @@ class ControlActor(FaultHooks):
         self,
         *,
         cfg: Mapping[str, Any],
-        model_path: str,
+        prompts: EncodedPrompts,
         ts_address: Sequence[Any],
         ts_token: str,
         rollouts: Mapping[str, Any],
@@ -98,7 +99,7 @@ class ControlActor(FaultHooks):
         self.cfg: AppConfig = from_dict(cfg)
         self.io = ShellIO(
             self.cfg,
-            model_path=model_path,
+            prompts=prompts,
             ts_address=tuple(ts_address),
             ts_token=ts_token,
             rollouts=dict(rollouts),

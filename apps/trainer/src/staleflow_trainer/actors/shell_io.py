@@ -36,6 +36,7 @@ from staleflow_trainer.actors.rollout import poll_args, unpack_poll
 from staleflow_trainer.config import AppConfig
 from staleflow_trainer.control import effects as fx
 from staleflow_trainer.control.events import InstanceLost, Outcome, Reported
+from staleflow_trainer.data.tokenize import EncodedPrompts
 from trajectory_server import SamplingParams
 from trajectory_server.errors import StateError, TrajectoryServerError
 
@@ -71,7 +72,7 @@ class ShellIO:
         self,
         cfg: AppConfig,
         *,
-        model_path: str,
+        prompts: EncodedPrompts,
         ts_address: tuple[Any, ...],
         ts_token: str,
         rollouts: dict[str, Any],
@@ -83,7 +84,7 @@ class ShellIO:
         self.cfg = cfg
         #: the trajectories the control core believes run on an instance (none: unknown)
         self.held_by: Callable[[str], Sequence[str]] = held_by or (lambda iid: ())
-        self.model_path = model_path
+        self.prompts = prompts
         self.ts_address = ts_address
         self.ts_token = ts_token
         self.rollouts = rollouts
@@ -91,7 +92,7 @@ class ShellIO:
         self.rewards = rewards
         self.reward_spec = reward_spec
         self.ts: Any = None
-        self.rows = 0
+        self.rows = len(prompts)
         self.lost: list[dict[str, Any]] = []
         self.fatal: BaseException | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -100,7 +101,6 @@ class ShellIO:
         self.wake = asyncio.Event()
         self._watchers: dict[str, asyncio.Task[None]] = {}
         self._poll_done: dict[str, asyncio.Event] = {}  # set when the instance was polled
-        self._prompts: dict[int, list[int]] = {}
         self._bytes: dict[str, int] = {}
         self._by_call: dict[str, int] = {}
         self._polls: dict[str, int] = {}  # polls sent, by reason (POLL_REASONS)
@@ -124,36 +124,15 @@ class ShellIO:
     # ---- set-up --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        from transformers import AutoTokenizer
-
-        from staleflow_trainer.data import load_records
         from trajectory_server.client import TrajectoryClient
 
-        self._tok = AutoTokenizer.from_pretrained(self.model_path)
-        self._eos = self._tok.eos_token_id
-        self._records = load_records(self.cfg)
-        self.rows = len(self._records)
         self.ts = await TrajectoryClient.connect(*self.ts_address, token=self.ts_token)
 
     def prompt_ids(self, row: int) -> list[int]:
-        ids = self._prompts.get(row)
-        if ids is None:
-            from staleflow_trainer.data import encode_prompts
-
-            rec = self._records[row]
-            ids = list(
-                encode_prompts(
-                    [rec],
-                    self._tok,
-                    max_prompt_len=self.cfg.data.max_prompt_len,
-                    apply_chat_template=self.cfg.data.apply_chat_template,
-                )[0]
-            )
-            self._prompts[row] = ids
-        return ids
+        return list(self.prompts.ids(row))
 
     def prompt_len(self, row: int) -> int:
-        return len(self.prompt_ids(row))
+        return len(self.prompts.ids(row))
 
     def _decoder(self, iid: str) -> SnapshotDecoder:
         dec = self._decoders.get(iid)
@@ -316,10 +295,11 @@ class ShellIO:
             self._ended.setdefault(iid, set()).update(o.trajectory_id for o in outcomes)
 
     async def _submit(self, g: fx.GroupSpec) -> None:
-        rec = self._records[g.row]
+        rec = self.prompts.records[g.row]
         s = self.cfg.rollout.sampling
         serial = int(g.group_id[1:]) + 1  # the seed a group always had
         prompt = self.prompt_ids(g.row)
+        eos = self.prompts.eos_token_id
         metadata = {
             "index": rec.index,
             "ground_truth": rec.ground_truth,
@@ -335,7 +315,7 @@ class ShellIO:
                     temperature=s.temperature,
                     top_p=s.top_p,
                     max_new_tokens=s.max_new_tokens,
-                    stop_token_ids=() if self._eos is None else (int(self._eos),),
+                    stop_token_ids=() if eos is None else (eos,),
                     seed=(self.cfg.run.seed * 1_000_003 + serial * 64) % (2**31),
                 ),
                 metadata=metadata,
