@@ -146,6 +146,8 @@ def _crash_here(self: Any, point: str) -> None:
 
 
 def _scenario(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
     import param_server
     from staleflow_trainer.actors.control import ControlActor
     from staleflow_trainer.actors.fault_hooks import CRASH_POINTS
@@ -181,7 +183,7 @@ def _scenario(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> dic
         ],
     )
     model = resolve_model_path(cfg)
-    prompts = encode_records(cfg, str(model))
+    prompts = encode_records(cfg, AutoTokenizer.from_pretrained(str(model)))
     cluster = _Loop()
     ts = TrajectoryServerActor(token="tok", checkpoint_path=str(tmp_path / "ts.bin"))
     ts_addr = cluster.run(ts.start())

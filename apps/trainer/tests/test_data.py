@@ -220,7 +220,7 @@ def test_preflight_hands_on_the_prompts_as_the_engines_see_them(
     p = _jsonl(tmp_path, [{"prompt": "1+1=", "ground_truth": "2"},
                           {"prompt": "12+3=", "ground_truth": "15"}])  # fmt: skip
     cfg = load_config(None, [f"data.path={p}", "data.max_prompt_len=16"])
-    prompts = preflight(cfg, tiny_model_dir)
+    prompts, _ = preflight(cfg, tiny_model_dir)
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     assert len(prompts) == 2
     assert [r.ground_truth for r in prompts.records] == ["2", "15"]

@@ -72,6 +72,7 @@ class Deployment:
         self._ts_token: str | None = None
         self._cfg_dict: dict[str, Any] = {}
         self._prompts: Any = None  # the encoded prompts in Ray's object store (a reference)
+        self._decoder: Any = None  # the tokenizer's backend there, for reward workers, or None
         self._opts: Callable[..., dict[str, Any]] | None = None
         self._started_ray = False
         self._t0 = time.monotonic()
@@ -94,7 +95,7 @@ class Deployment:
         self.resume_dir = resolve_resume(cfg)
         with progress.phase("model", "preparing the model and checking the prompts"):
             self.model_path = model_dir(cfg)
-            prompts = preflight(cfg, self.model_path)  # bad data fails here: before Ray starts
+            prompts, decoder = preflight(cfg, self.model_path)  # bad data fails here
             if self.resume_dir is not None:  # so does a damaged checkpoint
                 verify_checkpoint(self.resume_dir, rows=len(prompts))
         ckpt_root = self.run_dir / "checkpoints"
@@ -113,6 +114,9 @@ class Deployment:
         # the control process (and any that replaces it) takes the prompts from the object
         # store, on whichever node it runs: no dataset file, no tokenizer there
         self._prompts = ray.put(prompts)
+        # the reward workers decode with the tokenizer's backend when it decodes alike (no
+        # transformers in them); None: they load the tokenizer
+        self._decoder = None if decoder is None else ray.put(decoder)
         cfg_dict = to_dict(cfg)
         pg = self._placement_group()
 
@@ -290,6 +294,7 @@ class Deployment:
             "retries": cfg.reward.retries,
             "timeout_s": cfg.reward.timeout_s,
             "tokenizer_path": str(self.model_path),
+            "decoder": self._decoder,
             "ts_address": self._ts_addr,
             "ts_token": self._ts_token,
         }

@@ -103,13 +103,18 @@ def model_dir(cfg: AppConfig) -> Path:
     return resolve_model_path(cfg)
 
 
-def preflight(cfg: AppConfig, model_path: Path) -> EncodedPrompts:
+def preflight(cfg: AppConfig, model_path: Path) -> tuple[EncodedPrompts, str | None]:
     """Load and tokenize every prompt before anything starts: a missing column, an empty
     prompt or one longer than ``data.max_prompt_len`` (which fits the model context, see the
     config rules) is a DataError naming the row and field. Returns the prompts encoded, for
-    the control process (which then loads neither the dataset nor a tokenizer)."""
+    the control process (which then loads neither the dataset nor a tokenizer), and the
+    tokenizer's backend for the reward workers to decode responses with, None where it does
+    not decode as the tokenizer does (``reward.decode.portable_backend``)."""
+    from transformers import AutoTokenizer
+
     from staleflow_trainer.data import encode_records
     from staleflow_trainer.errors import RewardError
+    from staleflow_trainer.reward.decode import portable_backend
     from staleflow_trainer.reward.plugin import load_reward_fn
 
     try:  # a reward function that cannot be imported fails here, not in every worker
@@ -117,7 +122,11 @@ def preflight(cfg: AppConfig, model_path: Path) -> EncodedPrompts:
     except RewardError as e:
         raise ConfigError(f"reward.fn: {e}", key="reward.fn",
                           allowed="an importable 'pkg.module:function'") from e  # fmt: skip
-    return encode_records(cfg, str(model_path))
+    tok = AutoTokenizer.from_pretrained(str(model_path))
+    prompts = encode_records(cfg, tok)
+    backend = portable_backend(tok, (prompts.ids(i) for i in range(len(prompts))))
+    log.debug("reward_decoding", backend="tokenizers" if backend else "transformers")
+    return prompts, backend
 
 
 def engine_kwargs(cfg: AppConfig, i: int, model_path: Path) -> dict[str, Any]:

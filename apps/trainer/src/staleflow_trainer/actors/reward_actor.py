@@ -1,6 +1,10 @@
 """A reward worker: reads finished trajectories from the trajectory server by id, decodes the
 responses and scores them with the configured plug-in.
 
+``decoder``: the tokenizer's backend as the driver checked it (``reward.decode``); the worker
+then decodes without importing ``transformers``. None: it loads the tokenizer at
+``tokenizer_path``.
+
 Failures (an exception, a non-score, a timeout) are retried by :class:`RewardRunner`; a
 trajectory that still fails comes back with no score and the reason, and the control core
 drops its group through the protocol. A trajectory the store no longer holds as finished
@@ -14,6 +18,7 @@ from typing import Any
 
 from staleflow_trainer.actors.ts_link import StoreLink
 from staleflow_trainer.reward import RewardRunner
+from staleflow_trainer.reward.decode import ResponseDecoder
 
 
 class RewardActor:
@@ -28,11 +33,10 @@ class RewardActor:
         tokenizer_path: str,
         ts_address: Sequence[Any],
         ts_token: str | None,
+        decoder: str | None = None,
     ) -> None:
-        from transformers import AutoTokenizer
-
         self._runner = RewardRunner(fn, retries=retries, timeout_s=timeout_s)
-        self._tok = AutoTokenizer.from_pretrained(tokenizer_path)
+        self._decoder = ResponseDecoder(backend=decoder, tokenizer_path=tokenizer_path)
         self._ts = StoreLink(ts_address, ts_token)
 
     def _read(self, ids: list[str]) -> dict[str, Any]:
@@ -62,7 +66,7 @@ class RewardActor:
                 out.append([tid, None, "not a finished trajectory in the store"])
                 continue
             md = dict(t.metadata)
-            text = str(self._tok.decode(list(t.generated_token_ids), skip_special_tokens=True))
+            text = self._decoder.decode(t.generated_token_ids)
             o = self._runner.score(
                 trajectory_id=tid,
                 data_source=str(md.get("data_source", "unknown")),

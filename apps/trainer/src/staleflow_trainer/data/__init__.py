@@ -34,21 +34,18 @@ def load_records(cfg: Any) -> list[PromptRecord]:  # cfg: staleflow_trainer.conf
     return toy_records(cfg.data.toy_task, size=cfg.data.toy_size, seed=cfg.run.seed)
 
 
-def encode_records(cfg: Any, tokenizer_path: str) -> EncodedPrompts:
-    """The run's prompts (:func:`load_records`) tokenized with the tokenizer at
-    ``tokenizer_path`` as the engines see them (``data.apply_chat_template``); a prompt that
-    encodes to nothing or to more than ``data.max_prompt_len`` tokens is a DataError naming
-    its row and field."""
-    from transformers import AutoTokenizer
-
+def encode_records(cfg: Any, tokenizer: Any) -> EncodedPrompts:
+    """The run's prompts (:func:`load_records`) tokenized with ``tokenizer`` (a Hugging Face
+    tokenizer) as the engines see them (``data.apply_chat_template``); a prompt that encodes
+    to nothing or to more than ``data.max_prompt_len`` tokens is a DataError naming its row
+    and field."""
     records = load_records(cfg)
-    tok = AutoTokenizer.from_pretrained(tokenizer_path)
     encoded = encode_prompts(
         records,
-        tok,
+        tokenizer,
         max_prompt_len=cfg.data.max_prompt_len,
         apply_chat_template=cfg.data.apply_chat_template,
         source=str(cfg.data.path) if cfg.data.path else None,
     )
-    eos = tok.eos_token_id
+    eos = tokenizer.eos_token_id
     return EncodedPrompts(records, encoded, None if eos is None else int(eos))
