@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from staleflow_trainer.reward.decode import ResponseDecoder, portable_backend
+from staleflow_trainer.reward.decode import ResponseDecoder, _checked, portable_backend
 
 
-def _byte_level_bpe(clean_up: bool = False) -> Any:
+def _byte_level_bpe(clean_up: bool = False, cls: Any = None) -> Any:
     """A small byte-level BPE tokenizer with a special token, as Qwen and Llama tokenizers
     are built (trained here on a few sentences: no model hub)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -26,7 +26,7 @@ def _byte_level_bpe(clean_up: bool = False) -> Any:
     trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|im_end|>", "<pad>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
     tok.train_from_iterator(text * 20, trainer)
-    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call,unused-ignore]
+    return (cls or PreTrainedTokenizerFast)(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
         pad_token="<pad>",
@@ -53,21 +53,57 @@ def test_the_backend_decodes_as_the_tokenizer_does(tiny_model_dir: Path) -> None
             assert dec.decode(ids) == tok.decode(ids, skip_special_tokens=True)
 
 
-def test_a_tokenizer_that_cleans_up_spaces_keeps_transformers(tiny_model_dir: Path) -> None:
-    assert portable_backend(_byte_level_bpe(clean_up=True)) is None
+def _word_piece(clean_up: bool) -> Any:
+    """A WordPiece tokenizer (BERT's kind), whose space clean-up transformers does run."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["[UNK]", "[SEP]", "so", ",", "3", "+", "=", "7", "."])}
+    tok = Tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(cleanup=False)  # the clean-up left to transformers
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", sep_token="[SEP]",
+                                   clean_up_tokenization_spaces=clean_up)  # fmt: skip
+
+
+def test_a_tokenizer_whose_clean_up_runs_keeps_transformers(tiny_model_dir: Path) -> None:
+    cleans = _word_piece(clean_up=True)
+    assert cleans.decode([2, 3, 4]) != cleans.backend_tokenizer.decode([2, 3, 4])  # "so," / "so ,"
+    assert portable_backend(cleans) is None
+    assert portable_backend(_word_piece(clean_up=False)) is not None
+    # transformers skips the clean-up for BPE models: the backend still decodes alike
+    bpe = _byte_level_bpe(clean_up=True)
+    backend = portable_backend(bpe)
+    assert backend is not None
+    dec = ResponseDecoder(backend=backend, tokenizer_path="unused")
+    for ids in _random_ids(len(bpe)):
+        assert dec.decode(ids) == bpe.decode(ids, skip_special_tokens=True)
     dec = ResponseDecoder(backend=None, tokenizer_path=str(tiny_model_dir))
     assert not dec.portable
     assert dec.decode([5, 6]) == dec._tokenizer.decode([5, 6], skip_special_tokens=True)
 
 
-def test_any_difference_found_by_the_check_keeps_transformers() -> None:
-    """A tokenizer whose decode does more than its backend (here it appends to the text, as a
-    Python-side clean-up would) fails the check."""
+def test_a_tokenizer_class_that_rewrites_decoding_keeps_transformers() -> None:
+    """A subclass with its own ``_decode`` (as some speech tokenizers merge repeated ids) is
+    refused before any sample is decoded."""
+    from transformers import PreTrainedTokenizerFast
+
+    class Merges(PreTrainedTokenizerFast):
+        def _decode(self, token_ids: Any, **kw: Any) -> str:
+            ids = [t for i, t in enumerate(token_ids) if i == 0 or t != token_ids[i - 1]]
+            return str(super()._decode(ids, **kw))
+
+    assert portable_backend(_byte_level_bpe(cls=Merges)) is None
+    slow = type("Slow", (), {"is_fast": False, "clean_up_tokenization_spaces": False})()
+    assert portable_backend(slow) is None
+
+
+def test_the_sample_check_finds_a_difference() -> None:
+    """Past the class checks, any sample decoded differently keeps ``transformers`` (here a
+    decode that rewrites the text, as a Python-side clean-up would)."""
     real = _byte_level_bpe()
 
     class Differs:
-        is_fast = True
-        clean_up_tokenization_spaces = False
         backend_tokenizer = real.backend_tokenizer
 
         def __len__(self) -> int:
@@ -78,10 +114,8 @@ def test_any_difference_found_by_the_check_keeps_transformers() -> None:
             return text.replace(" !", "!")
 
     ids = real("then (7 * 6) = 42 !", add_special_tokens=False)["input_ids"]
-    assert portable_backend(Differs(), [ids]) is None
-    assert portable_backend(real, [ids]) is not None
-    slow = type("Slow", (), {"is_fast": False, "clean_up_tokenization_spaces": False})()
-    assert portable_backend(slow) is None
+    assert _checked(Differs(), [ids]) is None
+    assert _checked(real, [ids]) is not None
 
 
 def test_a_reward_worker_with_the_backend_imports_no_transformers(tiny_model_dir: Path) -> None:
@@ -92,12 +126,15 @@ def test_a_reward_worker_with_the_backend_imports_no_transformers(tiny_model_dir
     code = (
         "import sys\n"
         "from staleflow_trainer.actors.reward_actor import RewardActor\n"
-        "from staleflow_trainer.reward.decode import ResponseDecoder\n"
-        "d = ResponseDecoder(backend=sys.stdin.read(), tokenizer_path='unused')\n"
-        "print(repr(d.decode([5, 6, 7])), 'transformers' in sys.modules, 'torch' in sys.modules)"
+        "a = RewardActor(fn='staleflow_trainer.reward.default:compute_score', retries=0,\n"
+        "    timeout_s=1.0, tokenizer_path='unused', ts_address=('127.0.0.1', 1),\n"
+        "    ts_token=None, decoder=sys.stdin.read())\n"
+        "print(a._decoder.portable, repr(a._decoder.decode([5, 6, 7])),\n"
+        "      'transformers' in sys.modules, 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], input=backend, capture_output=True,
                          text=True, check=True)  # fmt: skip
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
-    assert out.stdout.split() == [repr(tok.decode([5, 6, 7], skip_special_tokens=True)),
+    assert "decodes_with=tokenizers" in out.stdout  # its start-up log line says so
+    assert out.stdout.splitlines()[-1].split() == ["True", repr(tok.decode([5, 6, 7], skip_special_tokens=True)),
                                   "False", "False"]  # fmt: skip

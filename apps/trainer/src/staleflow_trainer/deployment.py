@@ -554,6 +554,7 @@ class Deployment:
                 ray.kill(h)
         self.rollouts, self.rewards = {}, []
         self.coordinator = self.trainer = self.ps = self.ts = None
+        self._prompts = self._decoder = None  # their copies in the object store go too
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False

@@ -16,9 +16,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import structlog
+
 from staleflow_trainer.actors.ts_link import StoreLink
 from staleflow_trainer.reward import RewardRunner
 from staleflow_trainer.reward.decode import ResponseDecoder
+
+log = structlog.get_logger(__name__)
 
 
 class RewardActor:
@@ -37,6 +41,8 @@ class RewardActor:
     ) -> None:
         self._runner = RewardRunner(fn, retries=retries, timeout_s=timeout_s)
         self._decoder = ResponseDecoder(backend=decoder, tokenizer_path=tokenizer_path)
+        log.info("reward_worker_started",
+                 decodes_with="tokenizers" if self._decoder.portable else "transformers")  # fmt: skip
         self._ts = StoreLink(ts_address, ts_token)
 
     def _read(self, ids: list[str]) -> dict[str, Any]:

@@ -132,7 +132,7 @@ class ShellIO:
         return list(self.prompts.ids(row))
 
     def prompt_len(self, row: int) -> int:
-        return len(self.prompts.ids(row))
+        return self.prompts.length(row)
 
     def _decoder(self, iid: str) -> SnapshotDecoder:
         dec = self._decoders.get(iid)

@@ -89,9 +89,8 @@ class EncodedPrompts:
     """A run's prompts, loaded and tokenized once (by the driver, which checks them before
     anything starts): each row's record and token ids, and the tokenizer's end-of-sequence
     id (None: it has none). The control process receives this instead of loading the
-    dataset and a tokenizer itself, so it needs neither the data files nor ``transformers``,
-    and starts in about a second. The ids are held in one flat array (4 bytes a token, in
-    memory and pickled)."""
+    dataset and a tokenizer itself, so it needs neither the data files nor ``transformers``.
+    The ids are held in one flat array (4 bytes a token, in memory and pickled)."""
 
     records: tuple[PromptRecord, ...]
     eos_token_id: int | None
@@ -116,6 +115,17 @@ class EncodedPrompts:
     def __len__(self) -> int:
         return len(self.records)
 
+    def _span(self, row: int) -> tuple[int, int]:
+        if not 0 <= row < len(self.records):
+            raise IndexError(f"prompt row {row} is not in 0..{len(self.records) - 1}")
+        return self._offsets[row], self._offsets[row + 1]
+
     def ids(self, row: int) -> tuple[int, ...]:
         """Row ``row``'s prompt token ids."""
-        return tuple(self._flat[self._offsets[row] : self._offsets[row + 1]])
+        a, b = self._span(row)
+        return tuple(self._flat[a:b])
+
+    def length(self, row: int) -> int:
+        """How many tokens row ``row``'s prompt has."""
+        a, b = self._span(row)
+        return b - a
