@@ -3,7 +3,11 @@
 node (the control actor, the trajectory server, the parameter server), a rollout node (the
 instances) and a trainer node (the trainer, the reward workers) — runs a short training run
 unchanged. The trajectory and parameter servers are reached from the other nodes through
-their configured bind host and token (the trajectory server with ``allow_remote``)."""
+their configured bind host and token (the trajectory server with ``allow_remote``).
+
+The reward worker is killed before the run starts: the control process replaces it from the
+spec it was given (the tokenizer backend the driver put in the object store included) on the
+trainer node, and every score comes from the replacement."""
 
 from __future__ import annotations
 
@@ -79,6 +83,7 @@ def run(
     out: dict[str, Any] = {}
     dep = Deployment(cfg).start()
     try:
+        ray.kill(dep.rewards[0], no_restart=True)
         out["summary"] = dep.run()
         out["ledger"] = dep.ledger()
         nodes = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
@@ -87,6 +92,9 @@ def run(
             for a in state.actors().values()
             if a["State"] == "ALIVE"
         ]
+        out["reward_actors"] = sorted(
+            a["State"] for a in state.actors().values() if a["ActorClassName"] == "RewardActor"
+        )
     finally:
         dep.close()
     return out
@@ -96,6 +104,11 @@ def test_a_run_completes_on_several_nodes(run: dict[str, Any]) -> None:
     assert run["summary"]["steps_done"] == STEPS
     assert run["ledger"]["problems"] == []
     assert run["ledger"]["consumed"] == STEPS * 8 * 8
+
+
+def test_a_lost_reward_worker_is_replaced_and_scores_everything(run: dict[str, Any]) -> None:
+    assert run["reward_actors"] == ["ALIVE", "DEAD"]
+    assert run["summary"]["counters"]["reward_dropped"] == 0
 
 
 def test_each_role_runs_on_its_node(run: dict[str, Any]) -> None:
