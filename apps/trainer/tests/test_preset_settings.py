@@ -54,3 +54,16 @@ def test_the_rollout_bound_preset_sets_theta_slack_due_first_and_the_kv_limit() 
     for key in ("theta_slack", "due_first", "route_kv_limit"):
         got.pop(key), profile.pop(key)
     assert got == profile  # every other field is the profile's
+
+
+@pytest.mark.parametrize("raw", ["off", '"off"'])
+def test_preemption_rule_off_reaches_the_coordinator_as_off(raw: str) -> None:
+    # "off" is a preemption rule of its own (the package's value), not "unset the field" as
+    # for theta_slack; YAML 1.1 reads the unquoted word as false.
+    cfg = load_config(
+        EXAMPLES / "sim-paper-30b-a3b-rollout-bound.yaml", [f"coordinator.preemption_rule={raw}"]
+    )
+    assert _strategy(cfg)["preemption_rule"] == "off"
+    assert _strategy(load_config(EXAMPLES / "sim-paper-30b-a3b-rollout-bound.yaml", []))[
+        "preemption_rule"
+    ] == "abort"

@@ -77,6 +77,10 @@ STRATEGY_FIELDS = (
 )
 
 
+#: Strategy fields whose package value "off" is a choice of its own, not None.
+_OFF_IS_A_VALUE = ("preemption_rule",)
+
+
 @_section("coordinator")
 @attrs.frozen(kw_only=True)
 class CoordinatorConfig:
@@ -114,7 +118,8 @@ class CoordinatorConfig:
     migration_min_running: int | None = _f(None)
     migration_amount: str | None = _f(None, doc="half_gap or all")
     migration_during_sync: bool | None = _f(None)
-    preemption_rule: str | None = _f(None, doc="bounce, abort or off")
+    # Literal["off"] too: YAML 1.1 reads an unquoted off as false, which it turns back into "off"
+    preemption_rule: str | Literal["off"] | None = _f(None, doc="bounce, abort or off")
     preempt_abort_waiting: int | None = _f(None)
     bounce_waiting_threshold: int | None = _f(None)
     bounce_kv_threshold: float | None = _f(None)
@@ -158,5 +163,5 @@ class CoordinatorConfig:
         for name in STRATEGY_FIELDS:
             value = getattr(self, name)
             if value is not None:
-                out[name] = None if value == "off" else value
+                out[name] = None if value == "off" and name not in _OFF_IS_A_VALUE else value
         return out
