@@ -64,6 +64,9 @@ def test_preemption_rule_off_reaches_the_coordinator_as_off(raw: str) -> None:
         EXAMPLES / "sim-paper-30b-a3b-rollout-bound.yaml", [f"coordinator.preemption_rule={raw}"]
     )
     assert _strategy(cfg)["preemption_rule"] == "off"
-    assert _strategy(load_config(EXAMPLES / "sim-paper-30b-a3b-rollout-bound.yaml", []))[
-        "preemption_rule"
-    ] == "abort"
+    assert (
+        _strategy(load_config(EXAMPLES / "sim-paper-30b-a3b-rollout-bound.yaml", []))[
+            "preemption_rule"
+        ]
+        == "abort"
+    )

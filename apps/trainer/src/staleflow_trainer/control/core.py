@@ -473,16 +473,19 @@ class ControlCore:
         batch = proto.consume()
         ids: list[tuple[str, ...]] = []
         rewards: list[tuple[float, ...]] = []
+        lengths: list[tuple[int, ...]] = []
         tokens = response = 0
         for members in batch.trajectory_ids:
             ids.append(tuple(str(t) for t in members))
-            rs = []
+            rs, ls = [], []
             for t in members:
                 e = self.ledger.consume(str(t))
                 tokens += e.tokens
                 response += e.generated
                 rs.append(cast(float, e.reward))
+                ls.append(e.generated)
             rewards.append(tuple(rs))
+            lengths.append(tuple(ls))
         self.training = fx.Train(
             version=batch.version,
             group_ids=tuple(str(g) for g in batch.group_ids),
@@ -491,6 +494,7 @@ class ControlCore:
             rewards=tuple(rewards),
             tokens=tokens,
             response_tokens=response,
+            response_lengths=tuple(lengths),
         )
         self.report.consumed(self.now, self.now - self._idle_since)
         out.append(self.training)

@@ -92,7 +92,9 @@ class Train:
 
     ``trajectory_ids[g]`` are the kept members of ``group_ids[g]``, ``staleness`` and
     ``rewards`` per trajectory in the same order; ``tokens`` (prompt + response) and
-    ``response_tokens`` are the batch's totals (the simulator times the step by them).
+    ``response_tokens`` are the batch's totals (the simulator times the step by them);
+    ``response_lengths`` the members' response lengths in the same order (the step record
+    writes them: a group trace the simulator can replay).
     """
 
     version: int
@@ -102,6 +104,7 @@ class Train:
     rewards: tuple[tuple[float, ...], ...] = attrs.field(converter=_tuple)
     tokens: int = 0
     response_tokens: int = 0
+    response_lengths: tuple[tuple[int, ...], ...] = attrs.field(default=(), converter=_tuple)
 
     @property
     def flat_ids(self) -> list[str]:

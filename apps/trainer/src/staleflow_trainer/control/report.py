@@ -10,6 +10,8 @@ key                        meaning
 ``time_s``, ``step_s``     when the step finished; seconds since the previous step finished
 ``tokens``                 trained tokens of the step's batch (prompt + response)
 ``response_tokens``        trained response tokens; ``samples`` trained trajectories
+``response_lengths``       the batch's response lengths, one list per group (a group trace:
+                           ``sim.workload.kind: group_trace`` replays a run's workload)
 ``tokens_per_s``           trained tokens per second: ``tokens / step_s`` (never 0 for a trained batch)
 ``gen_tokens``             tokens the instances generated since the previous step (kept or later
                            discarded)
@@ -195,6 +197,7 @@ class StepReport:
             "step_s": step_s,
             "tokens": batch.tokens,
             "response_tokens": batch.response_tokens,
+            "response_lengths": [list(g) for g in batch.response_lengths],
             "samples": len(rewards),
             "tokens_per_s": batch.tokens / step_s,
             "gen_tokens": self.gen,

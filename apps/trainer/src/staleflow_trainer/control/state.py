@@ -96,6 +96,7 @@ def _train_to_dict(t: fx.Train) -> dict[str, Any]:
         "rewards": [list(r) for r in t.rewards],
         "tokens": t.tokens,
         "response_tokens": t.response_tokens,
+        "response_lengths": [list(g) for g in t.response_lengths],
     }
 
 
@@ -108,4 +109,6 @@ def _train_from_dict(d: Mapping[str, Any]) -> fx.Train:
         rewards=tuple(tuple(float(r) for r in rs) for rs in d["rewards"]),
         tokens=int(d["tokens"]),
         response_tokens=int(d["response_tokens"]),
+        # absent from journals written before the field existed
+        response_lengths=tuple(tuple(int(n) for n in g) for g in d.get("response_lengths", ())),
     )
