@@ -12,7 +12,8 @@ What it does, per staleness bound η (``--etas``, default 0, 1, 3):
    ``train_s`` minus the push), the push (median ``trainer.push_s``), an instance's weight sync
    (median ``syncing`` span of the timeline), the model's bytes; and the workload: the mean
    prompt length, and every trained group's response lengths (the step records'
-   ``response_lengths``) as a group trace.
+   ``response_lengths``) as a group trace, which the simulator resamples (each simulated group
+   is one of them, drawn with replacement).
 4. **Simulate** the same config (``staleflow simulate``, ``rollout.backend=sim``) with the fitted
    cost model as the engines' speed and the calibration above, same η, steps and seed.
 5. **Compare** over the measured steps: mean step time, trained tokens/s and samples/s, and the
@@ -69,6 +70,7 @@ def _common(run_dir: Path, eta: int, steps: int) -> list[str]:
         f"rollout.sampling.max_new_tokens={MAX_NEW_TOKENS}",
         f"rollout.max_model_len={MAX_MODEL_LEN}",
         "run.checkpoint_every=0",
+        "run.resume=never",  # a kept directory's earlier run is never taken for this one
         "metrics.tensorboard=false",
         "metrics.progress_bar=false",
     ]
@@ -146,14 +148,17 @@ def calibrate(run_dir: Path, warmup: int, work: Path) -> dict[str, Any]:
 
 
 def _kv_capacity_tokens() -> int:
-    """The real engines' KV capacity: ``rollout.kv_cache_gib`` over the tiny model's bytes per
-    token in float32 (vLLM-CPU's dtype here): layers × KV heads × head size × 2 (K, V) × 4."""
+    """The real engines' KV capacity: the GiB the engines get (``rollout.kv_cache_gib``, whole
+    GiB as ``prepare`` passes it to vLLM-CPU) over the tiny model's bytes per token: layers ×
+    KV heads × head size × 2 (K, V) × the bytes of ``model.dtype``. (It never binds here: 64
+    responses of at most 80 tokens.)"""
     from staleflow_trainer.config import load_config
 
     cfg = load_config(CONFIG, [])
     t = cfg.model.tiny
-    per_token = t.num_layers * t.num_kv_heads * (t.hidden_size // t.num_heads) * 2 * 4
-    return int(cfg.rollout.kv_cache_gib * (1 << 30)) // per_token
+    width = {"float32": 4, "bfloat16": 2, "float16": 2}[cfg.model.dtype]
+    per_token = t.num_layers * t.num_kv_heads * (t.hidden_size // t.num_heads) * 2 * width
+    return max(1, round(cfg.rollout.kv_cache_gib)) * (1 << 30) // per_token
 
 
 def simulate(run_dir: Path, eta: int, steps: int, warmup: int, cost: Path,
@@ -194,20 +199,24 @@ def _scaled(work: Path, fitted: dict[str, Any], factor: float) -> Path:
 
 
 def pace_factor(work: Path, steps: int, warmup: int, fitted: dict[str, Any],
-                sync_run: tuple[dict[str, Any], dict[str, Any]]) -> float:  # fmt: skip
+                sync_run: tuple[dict[str, Any], dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
     """The factor on the fitted cost model at which the simulated η = 0 run waits for its
     batches as long as the real one did (at η = 0 the trainer's wait is the rollout, with the
-    control cycle and the syncs, which the factor does not scale: a few fixed-point rounds)."""
+    control cycle and the syncs, which the factor does not scale: a few fixed-point rounds).
+    Returns the factor, the rounds run and the last round's real ÷ simulated wait (1 within
+    2 %: converged)."""
     real, cal = sync_run
-    factor = 1.0
+    factor, ratio, rounds = 1.0, float("nan"), 0
     for i in range(PACE_ROUNDS):
         d = work / f"sim-pace-{i}"
         simulate(d, 0, steps, warmup, _scaled(work, fitted, factor), cal)
         ratio = real["wait_s"] / max(measure(d, warmup)["wait_s"], 1e-9)
-        factor *= ratio
+        rounds = i + 1
         if abs(ratio - 1) < 0.02:
             break
-    return factor
+        factor *= ratio
+    return {"factor": factor, "rounds": rounds, "last_wait_ratio": ratio,
+            "converged": abs(ratio - 1) < 0.02}  # fmt: skip
 
 
 def measure(run_dir: Path, warmup: int) -> dict[str, Any]:
@@ -221,6 +230,9 @@ def measure(run_dir: Path, warmup: int) -> dict[str, Any]:
         "steps": len(rows),
         "step_s": statistics.fmean(r["step_s"] for r in rows),
         "wait_s": statistics.fmean(r["trainer_wait_s"] for r in rows),
+        "train_s": statistics.fmean(r["train_s"] for r in rows),
+        # trajectories interrupted (migrations, bounces, protocol aborts) a step
+        "interrupts": statistics.fmean(r["interrupts"] for r in rows),
         "tokens_per_s": sum(r["tokens"] for r in rows) / sum(r["step_s"] for r in rows),
         "samples_per_s": sum(r["samples"] for r in rows) / sum(r["step_s"] for r in rows),
         "staleness_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
@@ -263,7 +275,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if warmup < 0 or steps <= warmup:
         ap.error(f"--steps ({a.steps}) must exceed --warmup ({a.warmup}), which must be >= 0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    rows = []
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-sim-vs-real-") as d:
         work = Path(a.keep or d)
         cost = work / "cost_model.json"
@@ -281,10 +293,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             real, sim = runs[eta][0], measure(sim_dir, warmup)
             rows.append({"eta": eta, "real": real, "sim": sim, "calibration": cal,
                          **compare(real, sim)})  # fmt: skip
-        speed = None
+        pace: dict[str, Any] | None = None
         if 0 in runs:  # the engines' real pace here, from the synchronous run (see the docstring)
-            speed = pace_factor(work, steps, warmup, fitted, runs[0])
-            scaled = _scaled(work, fitted, speed)
+            pace = pace_factor(work, steps, warmup, fitted, runs[0])
+            scaled = _scaled(work, fitted, pace["factor"])
             for row in rows:
                 eta = row["eta"]
                 simulate(work / f"sim-scaled-eta{eta}", eta, steps, warmup, scaled, runs[eta][1])
@@ -298,7 +310,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "steps": steps,
         "warmup": warmup,
         "cost_model": {k: fitted[k] for k in ("k1", "k2", "k3", "k4", "b") if k in fitted},
-        "speed_factor": speed,
+        "speed_factor": None if pace is None else pace["factor"],
+        "pace_fit": pace,
         "rows": rows,
         "target_step_s_error": TARGET,
         "met": worst <= TARGET,
@@ -325,8 +338,10 @@ def _print(res: dict[str, Any]) -> None:
     for r in res["rows"]:
         print(_row(f"{r['eta']}", r["real"], r["sim"], r))
     if res["speed_factor"] is not None:
+        p = res["pace_fit"]
         print(f"the profile's cost model x {res['speed_factor']:.2f} (the engines' pace in the "
-              f"eta = 0 run; that row is calibrated, the others predicted):")  # fmt: skip
+              f"eta = 0 run, {'converged' if p['converged'] else 'NOT converged'} in "
+              f"{p['rounds']} rounds; that row is calibrated, the others predicted):")  # fmt: skip
         for r in res["rows"]:
             print(_row(f"{r['eta']} scaled", r["real"], r["scaled"]["sim"], r["scaled"]))
     for r in res["rows"]:

@@ -2,10 +2,11 @@
 model, one real ``staleflow train`` of the tiny example (responses up to 64 tokens, η = 1, 6
 steps) and ``staleflow simulate`` of the same config with that cost model and the run's
 calibration (trainer, push, sync, the trained groups' response lengths). The full benchmark
-reports the simulator's error at η = 0, 1, 3; this keeps the path running and holds the
-simulator to a generous tolerance: on this shared 2-core machine it is measured to under-predict
-the step time by about 60 % (see docs/throughput.md), and a simulator that ignored the cost
-model, the trainer's calibration or η would be off by far more than the bounds below."""
+reports the simulator's error at η = 0, 1, 3; this keeps the path running, checks the wiring
+(the simulated run reads the fitted cost model and the calibration, and its rollout model acts:
+the same simulation with the engines 4x slower waits longer for its batches), and holds the
+times to a generous tolerance: on this 2-core machine the simulator is measured to
+under-predict the step time by about 60 % (see docs/throughput.md)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import bench_sim_vs_real
 import pytest
+import yaml
 
 pytestmark = [pytest.mark.vllm, pytest.mark.nixl, pytest.mark.ray, pytest.mark.timeout(900)]
 
@@ -42,6 +44,22 @@ def test_bench_sim_vs_real_smoke(tmp_path: Path, engine_required: object) -> Non
     assert len(groups) == 4 * 8 and all(len(g) == 8 for g in groups)
     cal = row["calibration"]
     assert cal["trainer_time_a_s"] > 0 and cal["syncs_measured"] > 0
+    # the simulated run read the fitted cost model and the calibration
+    work = tmp_path / "w"
+    sim_cfg = yaml.safe_load((work / "sim-eta1" / "config.yaml").read_text())
+    assert sim_cfg["sim"]["cost_model"] == str(work / "cost_model.json")
+    assert sim_cfg["sim"]["trainer_time_a_s"] == pytest.approx(cal["trainer_time_a_s"])
+    assert sim_cfg["sim"]["workload"]["kind"] == "group_trace"
+    # ... its training is the calibrated one (to the second's rounding of the clock)
+    assert sim["train_s"] == pytest.approx(real["train_s"], rel=0.25), row
+    # ... and its rollout model acts: engines 4x slower make the trainer wait longer
+    fitted = json.loads((work / "cost_model.json").read_text())
+    again = bench_sim_vs_real.calibrate(work / "real-eta1", 2, work)
+    bench_sim_vs_real.simulate(
+        work / "sim-slow", 1, 6, 2, bench_sim_vs_real._scaled(work, fitted, 4.0), again
+    )
+    slow = bench_sim_vs_real.measure(work / "sim-slow", 2)
+    assert slow["wait_s"] > sim["wait_s"] + 0.05 and slow["step_s"] > sim["step_s"], (slow, sim)
     # generous: the measured error is about -60 % here (CPU shared by 2 engines, the trainer
     # and the control process; the profile times one engine alone)
     assert 0.1 < sim["step_s"] / real["step_s"] < 3.0, row

@@ -47,7 +47,8 @@ UNBOUNDED_POLICIES = ("all-vanilla", "vanilla-sync")
 #: The strategy fields of ``rollout_coordinator.CoordinatorConfig`` the ``coordinator`` section
 #: may set. Each defaults to null: the value of ``coordinator.profile`` (the package holds the
 #: defaults, the ranges and the profiles; the app only passes what the user set). ``off`` unsets
-#: a field a profile turns on (its package value None).
+#: a field a profile turns on (its package value None), except where ``off`` is a value of the
+#: field's own (``_OFF_IS_A_VALUE``: ``preemption_rule``).
 STRATEGY_FIELDS = (
     "theta",
     "route_kv_limit",
@@ -158,7 +159,8 @@ class CoordinatorConfig:
             ) from None
 
     def strategy_overrides(self) -> dict[str, Any]:
-        """The strategy fields set here (null ones left to the profile; ``off`` → None)."""
+        """The strategy fields set here (null ones left to the profile; ``off`` → None, except
+        for the fields in ``_OFF_IS_A_VALUE``)."""
         out: dict[str, Any] = {}
         for name in STRATEGY_FIELDS:
             value = getattr(self, name)
