@@ -9,6 +9,7 @@ is loaded, so a missing or malformed file fails there, naming ``coordinator.cost
 
 from __future__ import annotations
 
+import typing
 from typing import Any, ClassVar, Literal
 
 import attrs
@@ -47,8 +48,8 @@ UNBOUNDED_POLICIES = ("all-vanilla", "vanilla-sync")
 #: The strategy fields of ``rollout_coordinator.CoordinatorConfig`` the ``coordinator`` section
 #: may set. Each defaults to null: the value of ``coordinator.profile`` (the package holds the
 #: defaults, the ranges and the profiles; the app only passes what the user set). ``off`` unsets
-#: a field a profile turns on (its package value None), except where ``off`` is a value of the
-#: field's own (``_OFF_IS_A_VALUE``: ``preemption_rule``).
+#: a field a profile turns on where the package field takes None (:data:`_UNSETTABLE`);
+#: elsewhere it is passed on as it is (``preemption_rule: off`` is a rule of its own).
 STRATEGY_FIELDS = (
     "theta",
     "route_kv_limit",
@@ -78,8 +79,12 @@ STRATEGY_FIELDS = (
 )
 
 
-#: Strategy fields whose package value "off" is a choice of its own, not None.
-_OFF_IS_A_VALUE = ("preemption_rule",)
+#: The strategy fields whose package field takes None (off), read from its type annotations.
+_UNSETTABLE = frozenset(
+    a.name
+    for a in attrs.fields(attrs.resolve_types(_PackageCoordinatorConfig))
+    if type(None) in typing.get_args(a.type)
+)
 
 
 @_section("coordinator")
@@ -159,11 +164,11 @@ class CoordinatorConfig:
             ) from None
 
     def strategy_overrides(self) -> dict[str, Any]:
-        """The strategy fields set here (null ones left to the profile; ``off`` → None, except
-        for the fields in ``_OFF_IS_A_VALUE``)."""
+        """The strategy fields set here (null ones left to the profile; ``off`` → None where
+        the package field takes None)."""
         out: dict[str, Any] = {}
         for name in STRATEGY_FIELDS:
             value = getattr(self, name)
             if value is not None:
-                out[name] = None if value == "off" and name not in _OFF_IS_A_VALUE else value
+                out[name] = None if value == "off" and name in _UNSETTABLE else value
         return out
