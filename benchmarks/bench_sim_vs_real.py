@@ -98,8 +98,9 @@ def fit_cost_model(work: Path) -> Path:
 
 
 def _records(run_dir: Path, warmup: int) -> list[dict[str, Any]]:
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
-    measured = [r for r in rows if r["step"] > warmup]
+    from staleflow_trainer.metrics import read_jsonl
+
+    measured = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["step"] > warmup]
     if not measured:
         raise RuntimeError(f"{run_dir}: no steps after the {warmup} warm-up steps")
     return measured
@@ -107,6 +108,8 @@ def _records(run_dir: Path, warmup: int) -> list[dict[str, Any]]:
 
 def calibrate(run_dir: Path, warmup: int, work: Path) -> dict[str, Any]:
     """The simulator settings a real run's measured steps give (see the module docstring)."""
+    from staleflow_trainer.metrics import read_jsonl
+
     rows = _records(run_dir, warmup)
     tokens = np.array([r["tokens"] for r in rows], dtype=float)
     push = np.array([r["trainer"].get("push_s", 0.0) for r in rows], dtype=float)
@@ -120,7 +123,7 @@ def calibrate(run_dir: Path, warmup: int, work: Path) -> dict[str, Any]:
     first = rows[0]["time_s"] - rows[0]["step_s"]
     spans = [
         t["end_s"] - t["start_s"]
-        for t in map(json.loads, (run_dir / "timeline.jsonl").read_text().splitlines())
+        for t in read_jsonl(run_dir / "timeline.jsonl")
         if t["state"] == "syncing" and t["start_s"] >= first
     ]
     model_bytes = sum(p.stat().st_size for p in (run_dir / "model").glob("*.safetensors"))
@@ -148,17 +151,19 @@ def calibrate(run_dir: Path, warmup: int, work: Path) -> dict[str, Any]:
 
 
 def _kv_capacity_tokens() -> int:
-    """The real engines' KV capacity: the GiB the engines get (``rollout.kv_cache_gib``, whole
-    GiB as ``prepare`` passes it to vLLM-CPU) over the tiny model's bytes per token: layers ×
-    KV heads × head size × 2 (K, V) × the bytes of ``model.dtype``. (It never binds here: 64
-    responses of at most 80 tokens.)"""
+    """The real engines' KV capacity: the whole GiB ``prepare.engine_kwargs`` gives vLLM-CPU
+    over the tiny model's bytes per token: layers × KV heads × head size × 2 (K, V) × the
+    element size of ``model.dtype``. (It never binds here: 64 responses of at most 80 tokens.)"""
+    import torch
+
     from staleflow_trainer.config import load_config
+    from staleflow_trainer.prepare import engine_kwargs
 
     cfg = load_config(CONFIG, [])
     t = cfg.model.tiny
-    width = {"float32": 4, "bfloat16": 2, "float16": 2}[cfg.model.dtype]
+    width = torch.empty(0, dtype=getattr(torch, cfg.model.dtype)).element_size()
     per_token = t.num_layers * t.num_kv_heads * (t.hidden_size // t.num_heads) * 2 * width
-    return max(1, round(cfg.rollout.kv_cache_gib)) * (1 << 30) // per_token
+    return int(engine_kwargs(cfg, 0, ROOT)["cpu_kv_cache_gib"]) * (1 << 30) // per_token
 
 
 def simulate(run_dir: Path, eta: int, steps: int, warmup: int, cost: Path,
