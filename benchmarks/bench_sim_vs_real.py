@@ -118,8 +118,12 @@ def calibrate(run_dir: Path, warmup: int, work: Path) -> dict[str, Any]:
         b, a = np.polyfit(tokens, train, 1)
     else:
         b, a = 0.0, float(train.mean())
+    # least squares under a >= 0 and b >= 0: refit the intercept with b >= 0, and
+    # if it is still negative, refit the slope through the origin
     b = max(float(b), 0.0)
-    a = max(float(np.mean(train - b * tokens)), 0.0)  # refit the intercept with b >= 0
+    a = float(np.mean(train - b * tokens))
+    if a < 0:
+        a, b = 0.0, float(tokens @ train / (tokens @ tokens))
     first = rows[0]["time_s"] - rows[0]["step_s"]
     spans = [
         t["end_s"] - t["start_s"]
