@@ -187,3 +187,31 @@ async def test_an_instance_with_results_starts_the_next_cycle_at_once() -> None:
 async def _until(cond: Any) -> None:
     while not cond():
         await asyncio.sleep(0.01)
+
+
+class _Scorer:
+    def __init__(self, dead: bool, calls: list[list[str]]) -> None:
+        async def score(ids: list[str]) -> list[list[Any]]:
+            await asyncio.sleep(0)  # both calls are in flight before either fails
+            if dead:
+                raise _Dead("reward")
+            calls.append(ids)
+            return [[t, 1.0, None] for t in ids]
+
+        self.score = _Remote(score)
+
+
+async def test_a_dead_reward_worker_is_replaced_once_by_concurrent_calls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(shell_io, "is_actor_death", lambda e: isinstance(e, _Dead))
+    calls: list[list[str]] = []
+    io = _io({})
+    io.rewards, io.reward_spec = [_Scorer(True, calls)], {"spec": 1}
+    built: list[_Scorer] = []
+    monkeypatch.setattr(io, "_new_reward_worker", lambda: built.append(_Scorer(False, calls))
+                        or built[-1])  # fmt: skip
+    a, b = await asyncio.gather(io.score(["g1/0", "g1/1"]), io.score(["g2/0"]))
+    assert len(built) == 1 and io.rewards == built  # not one replacement per failed call
+    assert a == [[["g1/0", 1.0, None], ["g1/1", 1.0, None]]] and b == [[["g2/0", 1.0, None]]]
+    assert sorted(map(tuple, calls)) == [("g1/0", "g1/1"), ("g2/0",)]

@@ -533,25 +533,29 @@ class ShellIO:
     async def _score_shard(self, i: int, shard: list[str]) -> list[list[Any]]:
         for attempt in (0, 1):
             self._count("rewards", _size(shard), "score")
+            worker = self.rewards[i]
             try:
-                rows = cast(list[list[Any]], await self.rewards[i].score.remote(shard))
+                rows = cast(list[list[Any]], await worker.score.remote(shard))
                 self._count("rewards", _size(rows), "score_answer")
                 return rows
             except Exception as err:
                 if not is_actor_death(err) or attempt or not self.reward_spec:
                     return [[t, None, f"reward worker failed: {err!r}"[:200]] for t in shard]
+                if self.rewards[i] is not worker:
+                    continue  # a concurrent call replaced it already: score on that one
                 log.warning("reward_worker_replaced", worker=i, error=repr(err)[:200])
-                import ray
-
-                from staleflow_trainer.actors.reward_actor import RewardActor
-                from staleflow_trainer.prepare import role_options
-
-                self.rewards[i] = (
-                    ray.remote(RewardActor)
-                    .options(**role_options(self.cfg, "reward", num_cpus=0))
-                    .remote(**self.reward_spec)
-                )
+                self.rewards[i] = self._new_reward_worker()
         return []  # pragma: no cover - the loop returns
+
+    def _new_reward_worker(self) -> Any:
+        """A reward worker built from the spec the run's first ones were given."""
+        import ray
+
+        from staleflow_trainer.actors.reward_actor import RewardActor
+        from staleflow_trainer.prepare import role_options
+
+        options = role_options(self.cfg, "reward", num_cpus=0)
+        return ray.remote(RewardActor).options(**options).remote(**self.reward_spec)
 
     async def train(self, e: fx.Train) -> dict[str, Any]:
         batch = {
