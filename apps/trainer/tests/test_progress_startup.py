@@ -372,3 +372,25 @@ def test_simulate_prints_the_tensorboard_command(
     out = capsys.readouterr().out
     assert f"tensorboard --logdir {run / 'tensorboard'}" in out
     assert any((run / "tensorboard").iterdir())
+
+
+def test_train_report_never_breaks_a_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from staleflow_trainer.wiring import RunSummary, _report
+
+    run = tmp_path / ("a-long-run-directory-name-" * 4)
+    plots = tuple(str(run / "plots" / f"{n}.png") for n in ("staleness_hist", "throughput",
+                                                             "reward", "timeline"))  # fmt: skip
+    _report(
+        RunSummary(
+            run_dir=str(run), steps_done=3, version=3, wall_s=12.0,
+            metrics_path=str(run / "metrics.jsonl"), checkpoint=str(run / "checkpoints" / "s3"),
+            resumed_from=None, plots=plots,
+        )
+    )  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.endswith(f" {run / 'metrics.jsonl'}") for line in lines), lines
+    assert any(line.endswith(f" {run / 'checkpoints' / 's3'}") for line in lines), lines
+    (plot_line,) = [line for line in lines if line.startswith("plots:")]
+    assert plot_line.endswith("(staleness_hist.png, throughput.png, reward.png, timeline.png)")

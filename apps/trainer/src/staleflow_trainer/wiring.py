@@ -107,7 +107,7 @@ def train(cfg: AppConfig, *, command: str = "staleflow train CONFIG") -> RunSumm
 def _report(s: RunSummary) -> None:
     from rich.console import Console
 
-    c = Console()
+    c = Console(soft_wrap=True)  # a path is never broken across lines (copy and paste it)
     c.print(
         f"[bold green]done[/]: {s.steps_done} steps (version {s.version}) in {s.wall_s:.0f} s"
         + (f", resumed from {s.resumed_from}" if s.resumed_from else "")
@@ -122,7 +122,7 @@ def _report(s: RunSummary) -> None:
         )
     tb = Path(s.run_dir) / "tensorboard"
     if tb.is_dir():
-        c.print(f"tensorboard:   {tb}  (view it: tensorboard --logdir {tb})", soft_wrap=True)
+        c.print(f"tensorboard:   {tb}  (view it: tensorboard --logdir {tb})")
     if s.ledger.get("problems"):
         c.print(f"[bold red]ledger problems[/]: {s.ledger['problems'][:5]}")
 
@@ -161,7 +161,7 @@ def profile(cfg: AppConfig, *, steps: int = 8) -> int:
     write_profile_jsonl(measured, out)
     from rich.console import Console
 
-    Console().print(
+    Console(soft_wrap=True).print(
         f"{len(measured)} profile points -> {out}\n"
         f"fit them with: staleflow fit-cost-model {out} -o {cfg.run_dir / 'cost_model.json'}"
     )
