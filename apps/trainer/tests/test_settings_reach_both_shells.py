@@ -97,6 +97,14 @@ def test_a_shell_setting_is_read_by_both_shells(key: str) -> None:
         assert attr in text, f"the {name} shell does not read {key}"
 
 
+def test_every_coordinator_package_setting_can_be_set_in_the_app() -> None:
+    """The app's ``coordinator`` section takes every field of the package's config: the
+    strategy fields, and ``policy`` and ``cost_model`` as settings of their own."""
+    app = set(attrs.fields_dict(attrs.fields_dict(AppConfig)["coordinator"].type))
+    missing = set(attrs.fields_dict(PackageCoordinatorConfig)) - set(STRATEGY_FIELDS) - app
+    assert not missing, f"add to STRATEGY_FIELDS and the app's coordinator section: {missing}"
+
+
 @pytest.mark.parametrize("name", STRATEGY_FIELDS)
 def test_a_strategy_setting_reaches_the_coordinator_of_both_shells(name: str) -> None:
     """Each strategy field is one of the coordinator package's own settings, and a value set in
