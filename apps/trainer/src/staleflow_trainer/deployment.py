@@ -196,6 +196,11 @@ class Deployment:
         ]
         starts = {iid: h.start.remote() for iid, h in self.rollouts.items()}
         pushed = self.trainer.push.remote()  # version 0, or the resumed version
+        # the control process starts (and imports) while the engines and the trainer do; its
+        # set-up waits for them below
+        self.coordinator = self._make_coordinator(
+            resume_dir=None if self.resume_dir is None else str(self.resume_dir)
+        )
         progress.line(
             "engines", f"starting {n} {cfg.rollout.backend} engine(s): {', '.join(starts)}"
         )
@@ -212,9 +217,6 @@ class Deployment:
             version = int(ray.get(pushed)["version"])
         if version > 0:  # resumed: every instance serves the trainer's version first
             ray.get([h.sync.remote(version) for h in self.rollouts.values()])
-        self.coordinator = self._make_coordinator(
-            resume_dir=None if self.resume_dir is None else str(self.resume_dir)
-        )
         with progress.phase("control", "setting up the control core"):
             info = ray.get(self.coordinator.setup.remote())
         self.steps_at_start = int(info["steps_done"])
