@@ -110,8 +110,11 @@ def prepare_ref(ref: str, cache: Path) -> tuple[Path, str]:
     if not Path(uv).exists():
         raise BenchError("uv is not installed (the ref's environment is made with uv sync)")
     t0 = time.perf_counter()
+    # compiled as this tree's environment is (its workspace sets compile-bytecode): an older
+    # ref's modules would otherwise compile from source in every process, and its start-up
+    # and any import inside a timed region would measure that, not the code
     subprocess.run(
-        [uv, "sync", "--locked", "--all-packages", "--quiet"],
+        [uv, "sync", "--locked", "--all-packages", "--quiet", "--compile-bytecode"],
         cwd=tree,
         env=_clean_env(),
         check=True,
