@@ -70,33 +70,28 @@ def run_once(
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
-def _fields(result: Mapping[str, Any]) -> set[str]:
-    """The step-record and summary keys of one side's result (``steps.<key>``, ``summary.<key>``)."""
-    keys = {f"steps.{k}" for rec in result["steps"] for k in rec}
-    return keys | {f"summary.{k}" for k in result["summary"]}
-
-
 def same_run(
     before: Mapping[str, Any], after: Mapping[str, Any]
 ) -> tuple[bool, dict[str, list[str]]]:
     """Whether two sides computed the same run: equal in every field both write (step records,
-    timeline, summary); and the fields only one side writes, per side."""
-    fb, fa = _fields(before), _fields(after)
-    only = {"before": sorted(fb - fa), "after": sorted(fa - fb)}
-    common = {k.split(".", 1)[1] for k in fb & fa if k.startswith("steps.")}
-    common_summary = {k.split(".", 1)[1] for k in fb & fa if k.startswith("summary.")}
+    timeline, summary); and the fields only one side writes, per side (``steps.<key>``,
+    ``summary.<key>``)."""
+    result = {"before": before, "after": after}
+    step_keys = {side: {k for rec in result[side]["steps"] for k in rec} for side in SIDES}
+    summary_keys = {side: set(result[side]["summary"]) for side in SIDES}
+    steps_both = step_keys["before"] & step_keys["after"]
+    summary_both = summary_keys["before"] & summary_keys["after"]
+    only = {
+        side: sorted([f"steps.{k}" for k in step_keys[side] - steps_both]
+                     + [f"summary.{k}" for k in summary_keys[side] - summary_both])
+        for side in SIDES
+    }  # fmt: skip
 
-    def steps(r: Mapping[str, Any]) -> list[dict[str, Any]]:
-        return [{k: v for k, v in rec.items() if k in common} for rec in r["steps"]]
+    def shared(r: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        steps = [{k: v for k, v in rec.items() if k in steps_both} for rec in r["steps"]]
+        return steps, {k: v for k, v in r["summary"].items() if k in summary_both}
 
-    def summary(r: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in r["summary"].items() if k in common_summary}
-
-    equal = (
-        steps(before) == steps(after)
-        and before["timeline"] == after["timeline"]
-        and summary(before) == summary(after)
-    )
+    equal = shared(before) == shared(after) and before["timeline"] == after["timeline"]
     return equal, only
 
 
