@@ -7,6 +7,8 @@ app from its last checkpoint (about 4-5 minutes here in all):
 * reward plug-in ``staleflow_trainer.reward.testing:raise_or_hang`` all along (fault 5);
 * after step 1: SIGKILL-equivalent ``ray.kill`` of a rollout instance while it generates, then a
   replacement joins (fault 1);
+* after step 2: SIGKILL of the other original instance's vLLM EngineCore process, its rollout
+  actor alive: the actor ends its own process and the loop loses the instance (fault 1b);
 * after step 2: a PS storage worker is killed; the next push fails and is retried; a pull of
   the latest version still succeeds from the replica; the worker restarts (fault 2);
 * after step 3: the coordinator actor hands over and is replaced (fault 3, graceful);
@@ -118,6 +120,27 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
         probe = ray.get(dep.rollouts[new].probe.remote([1, 2], 1))
         out["f1"]["replacement_version"] = probe["version"]
 
+    def fault1b() -> None:  # kill a vLLM EngineCore under its live rollout actor
+        victim = next(i for i in sorted(dep.rollouts) if i != out["f1"]["replacement"])
+        h = dep.rollouts[victim]
+        try:
+            pids = ray.get(h.kill_engine.remote())
+        except ray.exceptions.RayActorError:  # it ended itself before the answer left
+            pids = None
+        lost = wait_for(
+            lambda: [
+                x for x in ray.get(dep.coordinator.lost_instances.remote())
+                if x["instance_id"] == victim
+            ],
+            60, "the loop to notice the dead engine",
+        )  # fmt: skip
+        try:
+            ray.get(h.stats.remote(), timeout=10)
+            alive = True
+        except Exception:
+            alive = False
+        out["f1b"] = {"victim": victim, "pids": pids, "lost": lost[0], "actor_alive": alive}
+
     def fault2() -> None:  # kill a PS storage worker; push fails, pull from replica works
         before = len(ray.get(dep.trainer.push_failures.remote()))
         dep_ps_status = ray.get(dep.ps.status.remote())
@@ -173,7 +196,7 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
         ray.kill(dep.trainer, no_restart=True)
         dep.release_hold()
 
-    plan = {1: fault1, 2: fault2, 3: fault3, 4: fault3_crash, 6: fault4}
+    plan = {1: fault1, 2: fault2, 2.5: fault1b, 3: fault3, 4: fault3_crash, 6: fault4}
 
     def on_record(rec: dict[str, Any]) -> None:
         done.add(int(rec["step"]))
@@ -273,11 +296,13 @@ def assert_ledger_balances(ledger: dict[str, Any], *, crashed_mid_step: bool = F
 def assert_never_routed_twice(histories: dict[str, list[list[Any]]], lost: set[str]) -> None:
     """From the TS ledger: a trajectory is routed only from the queue (submitted, returned or
     lost before) — so never to two instances at once, and never after it finished/dropped —
-    and no instance receives a route after it was lost."""
+    and no instance receives a route after it was lost (as far as the TS dates the loss: by
+    its ``lost`` events; an instance lost holding nothing there has none)."""
     lost_at = {
         iid: min(e[3] for evs in histories.values() for e in evs
                  if e[0] == "lost" and e[1] == iid)
         for iid in lost
+        if any(e[0] == "lost" and e[1] == iid for evs in histories.values() for e in evs)
     }  # fmt: skip
     assert routes_out_of_queue(histories) == []
     for tid, events in histories.items():
@@ -312,7 +337,7 @@ def test_fault1_instance_killed_mid_generation(sc: dict[str, Any]) -> None:
     assert victim not in sc["final_instances"]
     assert f1["replacement"] in sc["final_instances"]
     assert f1["replacement_version"] >= f1["published_before_join"]
-    assert sc["summary1"]["counters"]["instances_lost"] == 1
+    assert sc["summary1"]["counters"]["instances_lost"] == 2  # this one and fault 1b's
     assert sc["summary1"]["counters"]["instances_joined"] == 1
     assert_never_routed_twice(sc["histories1"], {victim})
     assert_ledger_balances(sc["ledger1"], crashed_mid_step=True)
@@ -334,6 +359,23 @@ def test_fault1_instance_killed_mid_generation(sc: dict[str, Any]) -> None:
         for e in sc["histories1"][tid][kinds.index("lost") + 1 :]:
             if e[0] == "routed":
                 assert e[1] != victim, (tid, e)
+
+
+def test_fault1b_engine_process_killed_under_a_live_actor(sc: dict[str, Any]) -> None:
+    f = sc["f1b"]
+    victim, lost = f["victim"], f["lost"]
+    assert f["pids"] is None or len(f["pids"]) == 1, f["pids"]  # its one EngineCore
+    assert not f["actor_alive"]  # the actor ended its own process
+    assert victim not in sc["final_instances"]
+    assert "f1" in sc and sc["f1"]["replacement"] in sc["final_instances"]
+    assert_never_routed_twice(sc["histories1"], {sc["f1"]["victim"], victim})
+    # what it held in the TS went back to the queue and ran on the live instance
+    for tid in lost["requeued"]:
+        events = sc["histories1"][tid]
+        at = max(i for i, e in enumerate(events) if e[0] == "lost" and e[1] == victim)
+        after = events[at + 1 :]
+        assert any(e[0] in ("routed", "dropped") for e in after), (tid, events)
+        assert all(e[1] != victim for e in after if e[0] == "routed"), (tid, events)
 
 
 def test_fault2_storage_worker_killed(sc: dict[str, Any]) -> None:

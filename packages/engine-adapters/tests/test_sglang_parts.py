@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import socket
+import textwrap
 from pathlib import Path
 
 import httpx
@@ -10,7 +13,7 @@ import pytest
 import safetensors.numpy
 import torch
 
-from engine_adapters import InvalidRequest, create_engine
+from engine_adapters import EngineDead, InvalidRequest, create_engine
 from engine_adapters.sglang import SglangAdapter, SglangLaunchConfig, parse_metrics
 from engine_adapters.sglang._safetensors import read_header, save_file
 from engine_adapters.sim import SimConfig
@@ -117,3 +120,52 @@ def test_real_sglang_suite_imports_and_needs_its_env(monkeypatch: pytest.MonkeyP
     monkeypatch.delenv("STALEFLOW_SGLANG_MODEL", raising=False)
     with pytest.raises(RuntimeError, match="STALEFLOW_SGLANG_MODEL"):
         real_sglang._model_dir()
+
+
+async def test_a_launched_server_that_exits_is_dead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The adapter's launch path starts a real server process (``python -m
+    sglang.launch_server``, here a module that serves the stand-in); once that process is
+    killed, ``check_health`` reports the engine dead. Real SGLang cannot run on this machine."""
+    shim = tmp_path / "shim" / "sglang"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("")
+    (shim / "launch_server.py").write_text(
+        textwrap.dedent(
+            """
+            import argparse
+
+            import uvicorn
+
+            from engine_adapters.sim import SimConfig
+            from engine_adapters.testing.sglang_standin import build_app
+
+            ap = argparse.ArgumentParser()
+            ap.add_argument("--host")
+            ap.add_argument("--port", type=int)
+            args, _ = ap.parse_known_args()
+            uvicorn.run(build_app(SimConfig()), host=args.host, port=args.port, log_level="warning")
+            """
+        )
+    )
+    monkeypatch.setenv("PYTHONPATH", str(shim.parent))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    adapter = SglangAdapter(
+        launch={"model_path": str(tmp_path), "port": port, "startup_timeout_s": 60},
+        instance_id="sglang-dies",
+    )
+    await adapter.start()
+    try:
+        await adapter.check_health()  # nothing to report
+        proc = adapter._process.proc  # type: ignore[union-attr]
+        assert proc is not None
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        with pytest.raises(EngineDead, match="sglang-dies"):
+            await adapter.check_health()
+    finally:
+        await adapter.close()
+    await adapter.check_health()  # nothing to report

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from engine_adapters import (
+    EngineDead,
     EngineUnavailable,
     FinishReason,
     GenerateRequest,
@@ -162,3 +163,32 @@ def test_add_many_is_all_or_nothing_and_matches_add() -> None:
     with pytest.raises(InvalidRequest):
         bad.add_many([req("ok", target=5), too_long], now=0.0)
     assert bad.num_waiting == bad.num_running == 0
+
+
+async def test_a_killed_engine_is_dead_for_every_waiting_and_later_call() -> None:
+    clock = VirtualClock()
+    shapes = {"w": (4, 8)}
+    engine = SimAdapter(
+        config(weight_shapes=shapes, weight_bandwidth_bytes_per_s=1e3, weight_load_constant_s=2.0),
+        clock=clock,
+    )
+    await engine.start()
+    await engine.check_health()  # nothing to report
+    running = asyncio.create_task(engine.generate(req("running", target=900)))
+    loading = asyncio.create_task(engine.load_weights(1, {"w": np.zeros((4, 8), np.float32)}))
+    await asyncio.sleep(0)
+    await clock.advance_to(0.5)
+    engine.kill()
+    for task in (running, loading):  # what waited on the engine fails: its output is lost
+        with pytest.raises(EngineDead, match="died"):
+            await asyncio.wait_for(task, 1)
+    with pytest.raises(EngineDead):
+        await engine.check_health()
+    with pytest.raises(EngineDead):
+        await engine.snapshot()
+    with pytest.raises(EngineDead):
+        await engine.generate(req("after"))
+    assert isinstance(EngineDead("x"), EngineUnavailable)  # callers of the older error see it
+    engine.kill()  # a second kill changes nothing
+    await engine.close()  # closing a dead engine neither hangs nor raises
+    await engine.check_health()  # nothing to report

@@ -19,6 +19,7 @@ from engine_adapters._delta import SnapshotDecoder, SnapshotEncoder, pack_ids, u
 from engine_adapters._registry import BACKENDS, create_engine, load_backend
 from engine_adapters.errors import (
     BackendNotInstalled,
+    EngineDead,
     EngineError,
     EngineUnavailable,
     InvalidRequest,
@@ -33,6 +34,7 @@ __all__ = [
     "BACKENDS",
     "BackendNotInstalled",
     "EngineAdapter",
+    "EngineDead",
     "EngineError",
     "EngineSnapshot",
     "EngineUnavailable",

@@ -25,6 +25,9 @@ so far, resumed prefix included, with one logprob and one model version per toke
 * ``snapshot()`` — the five fields the coordinator needs (version, running trajectories with
   token counts, waiting count, KV usage, generation throughput), and the engine's decode-step
   counter, so that a poll can send running trajectories as deltas (:class:`SnapshotEncoder`).
+* ``check_health()`` — raises :class:`~engine_adapters.errors.EngineDead` once the engine's
+  process has died (its calls may otherwise wait forever: a weight load in flight when vLLM's
+  EngineCore dies never returns); the host then treats the instance as lost.
 
 Records are frozen attrs classes; every field is validated at construction so that bad input
 fails at the edge with the field named.
@@ -234,6 +237,13 @@ class EngineAdapter(abc.ABC):
 
     @abc.abstractmethod
     async def snapshot(self) -> EngineSnapshot: ...
+
+    async def check_health(self) -> None:
+        """Raise :class:`engine_adapters.errors.EngineDead` once the engine's process has died;
+        return otherwise (also before ``start`` and after ``close``). Cheap enough to call
+        every second. The default finds nothing: an engine without a process of its own dies
+        with its host."""
+        return None
 
     async def profile(
         self, points: Sequence[tuple[int, int]], *, steps: int = 8

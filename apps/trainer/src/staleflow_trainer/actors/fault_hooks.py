@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -78,10 +79,12 @@ class RolloutFaultHooks:
     reports a finished trajectory write its output to the trajectory server and then never
     answer — the window in which a killed instance leaves finished work its control actor has
     not seen. :meth:`hold_poll_with_work` holds a poll before it writes anything, while the
-    instance has work the TS has not got back — an instance killed mid-generation."""
+    instance has work the TS has not got back — an instance killed mid-generation.
+    :meth:`kill_engine` kills the engine under a live actor — an engine process that crashed."""
 
     _tasks: Mapping[str, Any]
     _to_write: Sequence[tuple[Any, bool]]
+    _engine: Any
 
     def _init_rollout_hooks(self) -> None:
         self._hold_poll_armed = False
@@ -120,3 +123,33 @@ class RolloutFaultHooks:
             self._hold_poll_armed = False
             self._poll_held = finished
             await asyncio.Event().wait()  # until the process is killed
+
+    async def kill_engine(self) -> list[int]:
+        """Kill this instance's engine as a crash would and leave the rest to the instance: a
+        sim engine dies in place (``SimAdapter.kill``); otherwise each child process of this
+        one whose command line names vLLM's EngineCore gets SIGKILL. Returns the pids killed
+        (none for a sim engine)."""
+        kill = getattr(self._engine, "kill", None)
+        if callable(kill):
+            kill()
+            return []
+        pids = [pid for pid, cmd in _children() if "EngineCore" in cmd]
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        return pids
+
+
+def _children() -> list[tuple[int, str]]:
+    """``(pid, command line)`` of this process's children (Linux ``/proc``)."""
+    me, out = os.getpid(), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # it exited meanwhile
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == me:  # the field after the state: ppid
+            out.append((int(entry.name), cmd))
+    return out

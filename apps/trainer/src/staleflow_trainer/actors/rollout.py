@@ -30,21 +30,30 @@ trajectory server (TS) directly:
   and loads it in place (the engine never serves half-loaded weights);
 * ``quiesce()`` waits out a sync, interrupts everything and polls (a recovering control
   shell's first call); ``probe`` greedy-decodes a fixed prompt (tests check served weights).
+
+An engine whose process died (``engine_adapters.EngineDead``: found by a call, or by the
+health check every ``HEALTH_CHECK_S``) ends this actor's process at once, with an error in
+its log. The control shell then sees a dead instance, as if the actor had been killed: what
+the TS held here goes back to the queue and the run goes on without it. Without this, a dead
+vLLM EngineCore left an instance that never answered its sync again and held its work.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 import structlog
 
 from engine_adapters import (
     EngineAdapter,
+    EngineDead,
     EngineSnapshot,
     FinishReason,
     GenerateRequest,
@@ -72,6 +81,10 @@ SNAPSHOT_TOLERANCE = 0.05
 #: past the tolerance); if so, ``wait_results`` answers True and the control side polls it.
 #: Between those polls the control side extrapolates the view in time and sends no request.
 DRIFT_CHECK_S = 0.1
+#: How often the instance asks its engine whether its process is alive (``check_health``).
+HEALTH_CHECK_S = 1.0
+#: This process's exit status when its engine died.
+ENGINE_DEAD_EXIT = 75
 
 
 def pack_outcomes(outcomes: Sequence[tuple[str, int, str | None]]) -> list[Any] | None:
@@ -166,6 +179,7 @@ class RolloutActor(RolloutFaultHooks):
         self._write_lock = asyncio.Lock()
         self._ready = asyncio.Event()  # a result (or a correction) waits to be reported
         self._drift: asyncio.Task[None] | None = None
+        self._health: asyncio.Task[None] | None = None
         self._polling = False  # a poll is being answered: no drift check meanwhile
         self._sync_lock = asyncio.Lock()
         self._syncs = 0
@@ -192,6 +206,7 @@ class RolloutActor(RolloutFaultHooks):
             await engine.start()
             self._engine = engine
             self._drift = asyncio.get_running_loop().create_task(self._check_drift())
+            self._health = asyncio.get_running_loop().create_task(self._watch_health())
             self._log.info("rollout_started", seconds=round(time.perf_counter() - t0, 2))
         await self._store()
         snap = await self._require().snapshot()
@@ -251,6 +266,8 @@ class RolloutActor(RolloutFaultHooks):
         tid = req.trajectory_id
         try:
             result = await engine.generate(req)
+        except EngineDead as e:
+            self._die(e)
         except Exception as e:
             # The engine refused or failed: a zero-progress interruption, so the trajectory
             # goes back to the queue with what it had; the cause is logged and reported.
@@ -272,7 +289,10 @@ class RolloutActor(RolloutFaultHooks):
         self._ready.set()
 
     async def _snapshot(self, engine: EngineAdapter) -> EngineSnapshot:
-        snap = await engine.snapshot()
+        try:
+            snap = await engine.snapshot()
+        except EngineDead as e:
+            self._die(e)
         if snap.kv_used_tokens > snap.kv_capacity_tokens:
             snap = attrs.evolve(snap, kv_used_tokens=snap.kv_capacity_tokens)
         return snap
@@ -290,6 +310,28 @@ class RolloutActor(RolloutFaultHooks):
                     self._ready.set()
             except Exception as e:  # the engine is closing or failed: its calls will say so
                 self._log.debug("drift_check_failed", error=repr(e)[:200])
+
+    async def _watch_health(self) -> None:
+        """Every HEALTH_CHECK_S: an engine whose process died ends this process (see the
+        module docstring). Calls alone would not find it: vLLM leaves a weight load that was
+        in flight when its EngineCore died waiting forever."""
+        while self._engine is not None:
+            await asyncio.sleep(HEALTH_CHECK_S)
+            engine = self._engine
+            if engine is not None:
+                try:
+                    await engine.check_health()
+                except EngineDead as e:
+                    self._die(e)
+
+    def _die(self, error: EngineDead) -> NoReturn:
+        """The engine is gone for good: end this process, so the control shell sees a dead
+        instance (its work goes back to the queue) rather than one that fails every call."""
+        self._log.error("engine_dead", error=str(error), running=len(self._tasks),
+                        exit_status=ENGINE_DEAD_EXIT)  # fmt: skip
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(ENGINE_DEAD_EXIT)
 
     async def _flush(self) -> None:
         """Write every pending result to the TS (new tokens only), then queue its outcome."""
@@ -407,6 +449,8 @@ class RolloutActor(RolloutFaultHooks):
         if ids:
             try:
                 await engine.interrupt(ids)
+            except EngineDead as e:
+                self._die(e)
             except Exception as e:  # e.g. one finished between the check and the call
                 self._log.warning("interrupt_retry_each", error=repr(e))
                 for t in ids:
@@ -466,7 +510,10 @@ class RolloutActor(RolloutFaultHooks):
             client = self._client()
             got, tensors = await asyncio.to_thread(client.pull, None, version=version)
             t_pull = time.perf_counter() - t0
-            served = await engine.load_weights(int(got), tensors)
+            try:
+                served = await engine.load_weights(int(got), tensors)
+            except EngineDead as e:
+                self._die(e)
             self._syncs += 1
             seconds = time.perf_counter() - t0
             self._log.info("synced", version=served, interrupted=interrupted,
@@ -500,9 +547,10 @@ class RolloutActor(RolloutFaultHooks):
         return {"instance_id": self.instance_id, "running": len(self._tasks), "syncs": self._syncs}
 
     async def close(self) -> None:
-        if self._drift is not None:
-            self._drift.cancel()
-            self._drift = None
+        for task in (self._drift, self._health):
+            if task is not None:
+                task.cancel()
+        self._drift = self._health = None
         engine, self._engine = self._engine, None
         if engine is not None:
             await engine.close()

@@ -43,6 +43,7 @@ from engine_adapters._contract import (
     RunningTrajectory,
 )
 from engine_adapters.errors import (
+    EngineDead,
     EngineError,
     EngineUnavailable,
     InvalidRequest,
@@ -371,6 +372,15 @@ class SglangAdapter(EngineAdapter):
             self._tmp = tempfile.TemporaryDirectory(prefix="staleflow-sglang-weights-")
             self._weights_dir = Path(self._tmp.name)
         return self._weights_dir
+
+    async def check_health(self) -> None:
+        """A launched server that exited is dead; an attached one (``base_url``) is never
+        judged here: its process is not ours to see, and its calls fail if it is gone."""
+        proc = None if self._process is None else self._process.proc
+        if not self._closed and proc is not None and proc.poll() is not None:
+            raise EngineDead(
+                f"sglang server of {self._instance_id!r} exited with code {proc.returncode}"
+            )
 
     def _require(self) -> httpx.AsyncClient:
         if self._closed:

@@ -22,6 +22,7 @@ from engine_adapters._contract import (
     SamplingParams,
 )
 from engine_adapters.errors import (
+    EngineDead,
     EngineUnavailable,
     InvalidRequest,
     InvalidWeights,
@@ -113,6 +114,7 @@ class SimAdapter(EngineAdapter):
         self._wake = asyncio.Event()
         self._driver: asyncio.Task[None] | None = None
         self._closed = False
+        self._dead: EngineDead | None = None
         self._log = log.bind(instance=instance_id, backend="sim")
 
     # ------------------------------------------------------------------ lifecycle
@@ -134,7 +136,7 @@ class SimAdapter(EngineAdapter):
     async def close(self) -> None:
         if self._closed:
             return
-        if self._driver is not None:
+        if self._driver is not None and self._dead is None:
             self._sync()
             self._finish(self.core.interrupt(None, self._now()))
             self._driver.cancel()
@@ -146,6 +148,28 @@ class SimAdapter(EngineAdapter):
                 fut.set_exception(EngineUnavailable(f"sim instance {self.instance_id!r} closed"))
         self._load_waiters.clear()
         self._log.info("sim_closed")
+
+    def kill(self) -> None:
+        """Fault injection: the engine dies as a crashed engine process would. Waiting
+        ``generate`` calls and weight loads fail with :class:`EngineDead`, so does every later
+        call, and :meth:`check_health` reports it; nothing is returned: the output is lost."""
+        if self._closed or self._dead is not None:
+            return
+        self._dead = EngineDead(f"sim instance {self.instance_id!r} died (injected)")
+        if self._driver is not None:
+            self._driver.cancel()
+        waiting: list[asyncio.Future[Any]] = [*self._futures.values()]
+        waiting += [fut for _, fut in self._load_waiters]
+        self._futures.clear()
+        self._load_waiters.clear()
+        for fut in waiting:
+            if not fut.done():
+                fut.set_exception(self._dead)
+        self._log.warning("sim_killed")
+
+    async def check_health(self) -> None:
+        if self._dead is not None and not self._closed:
+            raise self._dead
 
     # ------------------------------------------------------------------ verbs
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -298,6 +322,8 @@ class SimAdapter(EngineAdapter):
         return max(self.clock.now(), self.core.now)
 
     def _check_running(self) -> None:
+        if self._dead is not None:
+            raise self._dead
         if self._closed:
             raise EngineUnavailable(f"sim instance {self.instance_id!r} is closed")
         if self._driver is None:

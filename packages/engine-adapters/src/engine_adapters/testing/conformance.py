@@ -368,8 +368,12 @@ class EngineConformance:
         snap = await engine.snapshot()
         assert req.trajectory_id not in {r.trajectory_id for r in snap.running}
 
+    async def test_a_live_engine_is_healthy(self, engine: EngineAdapter) -> None:
+        await engine.check_health()  # raises if it found the engine dead
+
     async def test_closed_engine_is_unavailable(self, engine_factory: EngineFactory) -> None:
         engine = await engine_factory()
         await engine.close()
         with pytest.raises(EngineUnavailable):
             await engine.generate(self.request("closed", max_new_tokens=2))
+        await engine.check_health()  # closed is not dead: nothing to report

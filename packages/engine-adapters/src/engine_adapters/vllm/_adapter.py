@@ -54,6 +54,7 @@ from engine_adapters._contract import (
 )
 from engine_adapters.errors import (
     BackendNotInstalled,
+    EngineDead,
     EngineError,
     EngineUnavailable,
     InvalidRequest,
@@ -61,6 +62,7 @@ from engine_adapters.errors import (
     UnknownTrajectory,
 )
 from engine_adapters.vllm._config import DEFAULT_ENVIRONMENT, LOAD_MODES, VllmConfig
+from engine_adapters.vllm._inflight import InFlight
 from engine_adapters.vllm._profile import measure_points
 from engine_adapters.vllm._stats import EngineStats, SchedulerView, stat_logger_factory
 from engine_adapters.vllm._weights import WeightSchema
@@ -73,39 +75,6 @@ _FINISH = {
     "length": FinishReason.LENGTH,
     "abort": FinishReason.INTERRUPTED,
 }
-
-
-class _Trajectory:
-    """Adapter-side state of one in-flight ``generate`` call."""
-
-    __slots__ = (
-        "added",
-        "done",
-        "interrupt_requested",
-        "logprobs",
-        "queue",
-        "request",
-        "request_id",
-        "seen_versions",
-        "submit_version",
-        "token_ids",
-    )
-
-    def __init__(self, request: GenerateRequest, request_id: str, submit_version: int) -> None:
-        self.request = request
-        self.request_id = request_id
-        self.submit_version = submit_version
-        self.token_ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.seen_versions: list[int] = []  # fallback only, if vLLM reports no spans
-        self.added = False
-        self.queue: Any = None  # vLLM's output collector once the request is added
-        self.interrupt_requested = False
-        self.done: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
-
-    @property
-    def started(self) -> bool:
-        return bool(self.token_ids)
 
 
 def _import_vllm() -> Any:
@@ -133,7 +102,7 @@ class VllmAdapter(EngineAdapter):
         self._vocab_size = 0
         self._kv_capacity = 0
         self._stats = EngineStats(window_s=config.throughput_window_s, clock=clock)
-        self._active: dict[str, _Trajectory] = {}
+        self._active: dict[str, InFlight] = {}
         self._ids = itertools.count()
         self._seq = itertools.count()
         self._load_lock = asyncio.Lock()
@@ -257,7 +226,7 @@ class VllmAdapter(EngineAdapter):
         engine = self._engine
         if engine is None:
             return
-        if self._active and self._broken is None:
+        if self._active and self._broken is None and not engine.errored:
             try:
                 await self._abort_and_collect(list(self._active.values()))
             except EngineError:  # pragma: no cover - best effort on shutdown
@@ -284,12 +253,21 @@ class VllmAdapter(EngineAdapter):
             raise EngineUnavailable(f"adapter {self.instance_id!r} is closed")
         if self._engine is None:
             raise EngineUnavailable(f"adapter {self.instance_id!r} is not started; call start()")
+        if self._engine.errored:
+            raise self._dead()
         if self._broken is not None:
             raise EngineUnavailable(
                 f"adapter {self.instance_id!r} stopped serving after a failed weight load: "
                 f"{self._broken}"
             )
         return self._engine
+
+    def _dead(self) -> EngineDead:
+        return EngineDead(f"vLLM engine {self.instance_id!r} died: its EngineCore process exited")
+
+    async def check_health(self) -> None:
+        if self._engine is not None and not self._closed and self._engine.errored:
+            raise self._dead()
 
     # ----------------------------------------------------------------- generate
 
@@ -346,7 +324,7 @@ class VllmAdapter(EngineAdapter):
         from vllm.inputs import TokensPrompt
 
         tid = request.trajectory_id
-        traj = _Trajectory(request, f"{tid}@{next(self._ids)}", self._version)
+        traj = InFlight(request, f"{tid}@{next(self._ids)}", self._version)
         self._active[tid] = traj
         try:
             assert self._serving is not None
@@ -385,10 +363,12 @@ class VllmAdapter(EngineAdapter):
             raise
         except Exception as e:
             err = EngineUnavailable(f"vLLM engine {self.instance_id!r} failed: {e!r}")
+            if self._engine is not None and self._engine.errored:
+                err = self._dead()
             await self._fail(traj, err)
             raise err from e
 
-    async def _fail(self, traj: _Trajectory, err: BaseException) -> None:
+    async def _fail(self, traj: InFlight, err: BaseException) -> None:
         """A generate call failed: stop its request and fail anyone waiting in interrupt()."""
         self._discard(traj)
         if traj.added and self._engine is not None:
@@ -400,7 +380,7 @@ class VllmAdapter(EngineAdapter):
             traj.done.set_exception(err)
             traj.done.exception()  # mark retrieved: generate() already raises it
 
-    def _consume(self, traj: _Trajectory, out: Any) -> GenerateResult | None:
+    def _consume(self, traj: InFlight, out: Any) -> GenerateResult | None:
         comp = out.outputs[0]
         new_ids = list(comp.token_ids)
         if new_ids:
@@ -421,7 +401,7 @@ class VllmAdapter(EngineAdapter):
             )
         return self._resolve(traj, reason, spans=comp.weight_versions)
 
-    def _segment_versions(self, traj: _Trajectory, spans: Any) -> list[int]:
+    def _segment_versions(self, traj: InFlight, spans: Any) -> list[int]:
         n = len(traj.token_ids)
         if spans:
             versions: list[int] = []
@@ -434,7 +414,7 @@ class VllmAdapter(EngineAdapter):
                 return versions
         return traj.seen_versions[:n] if len(traj.seen_versions) >= n else [traj.submit_version] * n
 
-    def _resolve(self, traj: _Trajectory, reason: FinishReason, *, spans: Any) -> GenerateResult:
+    def _resolve(self, traj: InFlight, reason: FinishReason, *, spans: Any) -> GenerateResult:
         req = traj.request
         result = GenerateResult(
             trajectory_id=req.trajectory_id,
@@ -448,7 +428,7 @@ class VllmAdapter(EngineAdapter):
             traj.done.set_result(result)
         return result
 
-    def _discard(self, traj: _Trajectory) -> None:
+    def _discard(self, traj: InFlight) -> None:
         if self._active.get(traj.request.trajectory_id) is traj:
             del self._active[traj.request.trajectory_id]
 
@@ -468,7 +448,7 @@ class VllmAdapter(EngineAdapter):
         self._log.info("interrupted", trajectories=len(results))
         return results
 
-    async def _abort_and_collect(self, targets: list[_Trajectory]) -> list[GenerateResult]:
+    async def _abort_and_collect(self, targets: list[InFlight]) -> list[GenerateResult]:
         for traj in targets:
             traj.interrupt_requested = True
         added = [t.request_id for t in targets if t.added]
@@ -574,12 +554,8 @@ class VllmAdapter(EngineAdapter):
     async def profile(
         self, points: Sequence[tuple[int, int]], *, steps: int = 8
     ) -> list[ProfilePoint]:
-        """Per-step decode latency at each (running, KV tokens) point; needs an idle engine.
-
-        For each point, ``running`` requests with random prompts of ``kv/running - steps/2``
-        tokens decode ``steps`` tokens together; the latency is the time from the moment all of
-        them have their first token to the last token, divided by the decode steps in between.
-        """
+        """Per-step decode latency at each (running, KV tokens) point; needs an idle engine
+        (how it is measured: :func:`engine_adapters.vllm._profile.measure_points`)."""
         engine = self._require_engine()
         if self._active:
             raise EngineError(

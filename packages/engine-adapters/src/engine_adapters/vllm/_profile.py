@@ -95,6 +95,9 @@ async def measure_points(
     seed: int,
     backend: str,
 ) -> list[ProfilePoint]:
+    """For each point, ``running`` requests with random prompts of ``kv/running - steps/2``
+    tokens decode ``steps`` tokens together; the latency is the time from the moment all of
+    them have their first token to the last token, divided by the decode steps in between."""
     plan = [
         (
             int(n),

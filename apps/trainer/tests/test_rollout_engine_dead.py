@@ -1,0 +1,71 @@
+"""A rollout instance whose engine died ends its own process (exit status
+``ENGINE_DEAD_EXIT``), found by the health check while it is idle or by a call that meets the
+dead engine — here on a real sim engine, with the process exit caught. Over Ray, the control
+side then sees a lost instance: ``integration_tests/cpu/test_faults_engine_dead_sim.py``."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from engine_adapters import GenerateRequest, SamplingParams
+from engine_adapters.sim import SimAdapter, SimConfig
+from staleflow_trainer.actors import rollout
+from staleflow_trainer.actors.rollout import ENGINE_DEAD_EXIT, RolloutActor
+
+
+class Exited(Exception):
+    pass
+
+
+@pytest.fixture
+def exits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    codes: list[int] = []
+
+    def fake_exit(code: int) -> None:
+        codes.append(code)
+        raise Exited(code)
+
+    monkeypatch.setattr(rollout.os, "_exit", fake_exit)
+    monkeypatch.setattr(rollout, "HEALTH_CHECK_S", 0.01)
+    return codes
+
+
+async def _actor() -> tuple[RolloutActor, SimAdapter]:
+    actor = RolloutActor(
+        instance_id="sim-0", backend="sim", engine_kwargs={}, ts_address=("127.0.0.1", 1),
+        ts_token=None,
+    )  # fmt: skip
+    engine = SimAdapter(SimConfig(), instance_id="sim-0")
+    await engine.start()
+    actor._engine = engine
+    return actor, engine
+
+
+async def test_the_health_check_ends_the_process_of_an_idle_instance(exits: list[int]) -> None:
+    actor, engine = await _actor()
+    watch = asyncio.create_task(actor._watch_health())
+    await asyncio.sleep(0.05)
+    assert not watch.done()  # a live engine: the check goes on
+    engine.kill()
+    with pytest.raises(Exited):
+        await asyncio.wait_for(watch, 5)
+    assert exits == [ENGINE_DEAD_EXIT]
+
+
+async def test_a_generation_that_meets_a_dead_engine_ends_the_process(exits: list[int]) -> None:
+    actor, engine = await _actor()
+    req = GenerateRequest(
+        trajectory_id="g/0", prompt_token_ids=(1, 2, 3),
+        sampling=SamplingParams(max_new_tokens=10_000),
+    )  # fmt: skip
+    run: asyncio.Task[Any] = asyncio.create_task(actor._run(engine, req))
+    await asyncio.sleep(0.05)
+    engine.kill()
+    with pytest.raises(Exited):
+        await asyncio.wait_for(run, 5)
+    assert exits == [ENGINE_DEAD_EXIT]
+    # not reported as a zero-progress interruption to requeue: the process ends instead
+    assert actor._to_write == [] and actor._errors == []
