@@ -7,8 +7,9 @@ app from its last checkpoint (about 4-5 minutes here in all):
 * reward plug-in ``staleflow_trainer.reward.testing:raise_or_hang`` all along (fault 5);
 * after step 1: SIGKILL-equivalent ``ray.kill`` of a rollout instance while it generates, then a
   replacement joins (fault 1);
-* after step 2: SIGKILL of the other original instance's vLLM EngineCore process, its rollout
-  actor alive: the actor ends its own process and the loop loses the instance (fault 1b);
+* after step 3, just before fault 3: SIGKILL of the other original instance's vLLM EngineCore
+  process, its rollout actor alive: the actor ends its own process and the loop loses the
+  instance (fault 1b);
 * after step 2: a PS storage worker is killed; the next push fails and is retried; a pull of
   the latest version still succeeds from the replica; the worker restarts (fault 2);
 * after step 3: the coordinator actor hands over and is replaced (fault 3, graceful);

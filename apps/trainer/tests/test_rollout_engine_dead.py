@@ -1,7 +1,7 @@
 """A rollout instance whose engine died ends its own process (exit status
 ``ENGINE_DEAD_EXIT``), found by the health check while it is idle or by a call that meets the
 dead engine — here on a real sim engine, with the process exit caught. Over Ray, the control
-side then sees a lost instance: ``integration_tests/cpu/test_faults_engine_dead_sim.py``."""
+side then sees a lost instance: ``integration_tests/cpu/test_faults_dead_or_hung_instance_sim.py``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from engine_adapters import GenerateRequest, SamplingParams
+from engine_adapters import FinishReason, GenerateRequest, GenerateResult, SamplingParams
 from engine_adapters.sim import SimAdapter, SimConfig
 from staleflow_trainer.actors import rollout
 from staleflow_trainer.actors.rollout import ENGINE_DEAD_EXIT, RolloutActor
@@ -69,3 +69,54 @@ async def test_a_generation_that_meets_a_dead_engine_ends_the_process(exits: lis
     assert exits == [ENGINE_DEAD_EXIT]
     # not reported as a zero-progress interruption to requeue: the process ends instead
     assert actor._to_write == [] and actor._errors == []
+
+
+async def test_a_failed_call_on_an_engine_found_dead_ends_the_process(
+    exits: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dead server's calls may fail with a plain connection error (SGLang's HTTP client): the
+    instance asks the engine's health check, which says it is dead."""
+    actor, engine = await _actor()
+    engine.kill()
+
+    async def refused() -> None:
+        raise ConnectionError("connection refused")
+
+    monkeypatch.setattr(engine, "snapshot", refused)
+    with pytest.raises(Exited):
+        await actor._snapshot(engine)
+    assert exits == [ENGINE_DEAD_EXIT]
+
+
+async def test_a_failed_call_on_a_live_engine_is_the_callers_to_handle(
+    exits: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    actor, engine = await _actor()
+
+    async def refused() -> None:
+        raise ConnectionError("connection refused")
+
+    monkeypatch.setattr(engine, "snapshot", refused)
+    with pytest.raises(ConnectionError):
+        await actor._snapshot(engine)
+    assert exits == []
+    await engine.close()
+
+
+async def test_a_dying_instance_writes_what_finished_first(
+    exits: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    actor, engine = await _actor()
+    flushed: list[int] = []
+
+    async def flush() -> None:
+        flushed.append(len(actor._to_write))
+
+    monkeypatch.setattr(actor, "_flush", flush)
+    done = GenerateResult(trajectory_id="g/1", token_ids=(4, 5), logprobs=(-0.1, -0.2),
+                          versions=(0, 0), finish_reason=FinishReason.STOP)  # fmt: skip
+    actor._to_write.append((done, True))  # finished, not yet in the TS
+    engine.kill()
+    with pytest.raises(Exited):
+        await actor._watch_health()
+    assert flushed == [1] and exits == [ENGINE_DEAD_EXIT]

@@ -56,6 +56,8 @@ SHELL_READ = {
 ONE_SHELL = {
     "coordinator.sync_retry_backoff_s": "a real-time delay before retrying a failed sync; "
     "simulated instances never fail to sync",
+    "coordinator.sync_timeout_s": "a real-time limit on a sync call; a simulated sync takes "
+    "its modelled time and never hangs",
 }
 #: settings only meaningful with eta=unbounded (checked on such a config)
 UNBOUNDED_ONLY = {"protocol.unbounded_inflight_batches"}

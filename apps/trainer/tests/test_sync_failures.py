@@ -99,7 +99,12 @@ def test_retry_delay_doubles_and_is_capped() -> None:
 
 
 @pytest.mark.parametrize(
-    "override", ["coordinator.sync_retries=-1", "coordinator.sync_retry_backoff_s=-0.5"]
+    "override",
+    [
+        "coordinator.sync_retries=-1",
+        "coordinator.sync_retry_backoff_s=-0.5",
+        "coordinator.sync_timeout_s=0",
+    ],
 )
 def test_bad_retry_settings_are_refused_naming_the_key(override: str) -> None:
     with pytest.raises(ConfigError, match=override.split("=")[0]):

@@ -57,6 +57,7 @@ async def test_a_killed_engine_core_is_reported_dead(tmp_path: Path) -> None:
             if (await adapter.snapshot()).running:
                 break
             await asyncio.sleep(0.05)
+        assert not task.done(), "it finished before the kill: give it more tokens"
         (pid,) = engine_core_children()
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(EngineDead, match="vllm-dies"):

@@ -143,6 +143,11 @@ class CoordinatorConfig:
     sync_retry_backoff_s: float = _f(
         0.5, ge=0.0, doc="delay before retrying a failed sync; doubles per failure, at most 30 s"
     )
+    sync_timeout_s: float = _f(
+        600.0,
+        gt=0.0,
+        doc="a sync not done by then means a hung instance: its actor is killed and it is lost",
+    )
 
     def __attrs_post_init__(self) -> None:
         check_known(self.policy, POLICIES, "coordinator.policy", "policy")

@@ -309,14 +309,19 @@ class ControlActor(FaultHooks):
         h = self.io.rollouts.get(e.instance_id)
         if h is None:
             return
+        limit = asyncio.timeout(self.cfg.coordinator.sync_timeout_s)
         try:
-            info = await self.io.sync(e.instance_id, h, e.version)
+            async with limit:
+                info = await self.io.sync(e.instance_id, h, e.version)
             self._post(SyncDone(at=self.now(), instance_id=e.instance_id,
                                 version=int(info["version"])))  # fmt: skip
         except asyncio.CancelledError:
             raise
         except Exception as err:
-            if is_actor_death(err):
+            if limit.expired():  # hung (a dead engine is found by the instance itself)
+                hung = self.io.end_hung(e.instance_id, f"sync to version {e.version}")
+                self._post(await self.io.lose(e.instance_id, hung, self.now()))
+            elif is_actor_death(err):
                 self._post(await self.io.lose(e.instance_id, err, self.now()))
             else:
                 self._log.warning("sync_failed", instance=e.instance_id, error=repr(err)[:300])

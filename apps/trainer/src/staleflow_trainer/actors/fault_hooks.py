@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from staleflow_trainer.actors.liveness import child_processes
+
 #: where :meth:`FaultHooks.inject_crash` can make the process exit
 CRASH_POINTS = ("after_journal", "mid_effects", "before_checkpoint")
 #: in the run directory: one line per injected crash, the point's name
@@ -80,7 +82,8 @@ class RolloutFaultHooks:
     answer — the window in which a killed instance leaves finished work its control actor has
     not seen. :meth:`hold_poll_with_work` holds a poll before it writes anything, while the
     instance has work the TS has not got back — an instance killed mid-generation.
-    :meth:`kill_engine` kills the engine under a live actor — an engine process that crashed."""
+    :meth:`kill_engine` kills the engine under a live actor — an engine process that crashed;
+    :meth:`hang_next_sync` makes the next sync never return — an engine that hangs."""
 
     _tasks: Mapping[str, Any]
     _to_write: Sequence[tuple[Any, bool]]
@@ -90,6 +93,7 @@ class RolloutFaultHooks:
         self._hold_poll_armed = False
         self._hold_work_armed = False
         self._poll_held: list[str] | None = None
+        self._hang_sync_armed = False
 
     async def hold_poll_after_finish(self) -> None:
         """Hold the next poll answer that carries a finished trajectory (written to the TS)
@@ -124,6 +128,15 @@ class RolloutFaultHooks:
             self._poll_held = finished
             await asyncio.Event().wait()  # until the process is killed
 
+    async def hang_next_sync(self) -> None:
+        """The next sync never returns (until this process dies), its engine untouched."""
+        self._hang_sync_armed = True
+
+    async def _maybe_hang_sync(self) -> None:
+        if self._hang_sync_armed:
+            self._hang_sync_armed = False
+            await asyncio.Event().wait()  # until the process is killed
+
     async def kill_engine(self) -> list[int]:
         """Kill this instance's engine as a crash would and leave the rest to the instance: a
         sim engine dies in place (``SimAdapter.kill``); otherwise each child process of this
@@ -133,23 +146,7 @@ class RolloutFaultHooks:
         if callable(kill):
             kill()
             return []
-        pids = [pid for pid, cmd in _children() if "EngineCore" in cmd]
+        pids = [pid for pid, cmd in child_processes() if "EngineCore" in cmd]
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         return pids
-
-
-def _children() -> list[tuple[int, str]]:
-    """``(pid, command line)`` of this process's children (Linux ``/proc``)."""
-    me, out = os.getpid(), []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:  # it exited meanwhile
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == me:  # the field after the state: ppid
-            out.append((int(entry.name), cmd))
-    return out

@@ -1,12 +1,13 @@
 """Whether a peer is still there, and when to try it again: Ray's "this actor is gone" errors,
-a process check on this node, the backoff between failed syncs, and a wait on an event with a
-timeout."""
+a process check on this node, this process's children, the backoff between failed syncs, and a
+wait on an event with a timeout."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+from pathlib import Path
 
 
 def is_actor_death(e: BaseException) -> bool:
@@ -42,3 +43,19 @@ async def wait_or_timeout(event: asyncio.Event, timeout_s: float) -> None:
     if timeout_s > 0:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), timeout_s)
+
+
+def child_processes() -> list[tuple[int, str]]:
+    """``(pid, command line)`` of this process's children (Linux ``/proc``)."""
+    me, out = os.getpid(), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # it exited meanwhile
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == me:  # the field after the state: ppid
+            out.append((int(entry.name), cmd))
+    return out

@@ -32,8 +32,8 @@ trajectory server (TS) directly:
   shell's first call); ``probe`` greedy-decodes a fixed prompt (tests check served weights).
 
 An engine whose process died (``engine_adapters.EngineDead``: found by a call, or by the
-health check every ``HEALTH_CHECK_S``) ends this actor's process at once, with an error in
-its log. The control shell then sees a dead instance, as if the actor had been killed: what
+health check every ``HEALTH_CHECK_S``) ends this actor's process, with an error in its log,
+once what already finished is in the TS (``DYING_FLUSH_S`` at most). The control shell then sees a dead instance, as if the actor had been killed: what
 the TS held here goes back to the queue and the run goes on without it. Without this, a dead
 vLLM EngineCore left an instance that never answered its sync again and held its work.
 """
@@ -41,8 +41,10 @@ vLLM EngineCore left an instance that never answered its sync again and held its
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
+import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -65,6 +67,7 @@ from engine_adapters import (
     unpack_ids,
 )
 from staleflow_trainer.actors.fault_hooks import RolloutFaultHooks
+from staleflow_trainer.actors.liveness import child_processes
 from trajectory_server import Completion, Segment
 from trajectory_server.errors import TrajectoryServerError
 
@@ -85,6 +88,8 @@ DRIFT_CHECK_S = 0.1
 HEALTH_CHECK_S = 1.0
 #: This process's exit status when its engine died.
 ENGINE_DEAD_EXIT = 75
+#: Before it ends, a dying instance writes what already finished to the TS for this long at most.
+DYING_FLUSH_S = 5.0
 
 
 def pack_outcomes(outcomes: Sequence[tuple[str, int, str | None]]) -> list[Any] | None:
@@ -266,9 +271,8 @@ class RolloutActor(RolloutFaultHooks):
         tid = req.trajectory_id
         try:
             result = await engine.generate(req)
-        except EngineDead as e:
-            self._die(e)
         except Exception as e:
+            await self._end_if_dead(engine, e)
             # The engine refused or failed: a zero-progress interruption, so the trajectory
             # goes back to the queue with what it had; the cause is logged and reported.
             self._log.warning("generate_failed", trajectory_id=tid, error=repr(e))
@@ -291,8 +295,9 @@ class RolloutActor(RolloutFaultHooks):
     async def _snapshot(self, engine: EngineAdapter) -> EngineSnapshot:
         try:
             snap = await engine.snapshot()
-        except EngineDead as e:
-            self._die(e)
+        except Exception as e:
+            await self._end_if_dead(engine, e)
+            raise
         if snap.kv_used_tokens > snap.kv_capacity_tokens:
             snap = attrs.evolve(snap, kv_used_tokens=snap.kv_capacity_tokens)
         return snap
@@ -322,13 +327,34 @@ class RolloutActor(RolloutFaultHooks):
                 try:
                     await engine.check_health()
                 except EngineDead as e:
-                    self._die(e)
+                    await self._die(e)
+                except Exception as e:  # a check that itself failed: the next one may not
+                    self._log.warning("health_check_failed", error=repr(e)[:200])
 
-    def _die(self, error: EngineDead) -> NoReturn:
+    async def _end_if_dead(self, engine: EngineAdapter, error: BaseException) -> None:
+        """An engine call raised ``error``: if the engine is dead (the error says so, or its
+        health check does: a dead server's calls may fail with a plain connection error), end
+        this process; else return, and the caller handles a live engine's error."""
+        if isinstance(error, EngineDead):
+            await self._die(error)
+        try:
+            await engine.check_health()
+        except EngineDead as e:
+            await self._die(e)
+
+    async def _die(self, error: EngineDead) -> NoReturn:
         """The engine is gone for good: end this process, so the control shell sees a dead
-        instance (its work goes back to the queue) rather than one that fails every call."""
+        instance (its work goes back to the queue) rather than one that fails every call.
+        What already finished is written to the TS first, if that takes at most
+        ``DYING_FLUSH_S`` (the control side then learns from the TS that it finished), and
+        the process's children (an engine process that may still hold memory) are killed."""
         self._log.error("engine_dead", error=str(error), running=len(self._tasks),
                         exit_status=ENGINE_DEAD_EXIT)  # fmt: skip
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._flush(), DYING_FLUSH_S)
+        for pid, _ in child_processes():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(ENGINE_DEAD_EXIT)
@@ -449,9 +475,8 @@ class RolloutActor(RolloutFaultHooks):
         if ids:
             try:
                 await engine.interrupt(ids)
-            except EngineDead as e:
-                self._die(e)
             except Exception as e:  # e.g. one finished between the check and the call
+                await self._end_if_dead(engine, e)
                 self._log.warning("interrupt_retry_each", error=repr(e))
                 for t in ids:
                     if t in self._tasks:
@@ -505,6 +530,7 @@ class RolloutActor(RolloutFaultHooks):
         """Interrupt all work, pull ``version`` (None = latest) from the PS, load it in place."""
         engine = self._require()
         async with self._sync_lock:
+            await self._maybe_hang_sync()  # fault tests only
             t0 = time.perf_counter()
             interrupted = await self.interrupt(None)
             client = self._client()
@@ -512,8 +538,9 @@ class RolloutActor(RolloutFaultHooks):
             t_pull = time.perf_counter() - t0
             try:
                 served = await engine.load_weights(int(got), tensors)
-            except EngineDead as e:
-                self._die(e)
+            except Exception as e:
+                await self._end_if_dead(engine, e)
+                raise
             self._syncs += 1
             seconds = time.perf_counter() - t0
             self._log.info("synced", version=served, interrupted=interrupted,

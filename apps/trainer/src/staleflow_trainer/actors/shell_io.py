@@ -482,6 +482,19 @@ class ShellIO:
         return InstanceLost(at=at, instance_id=iid, requeued=st.queued, finished=st.finished,
                             dropped=st.dropped)  # fmt: skip
 
+    def end_hung(self, iid: str, what: str) -> TimeoutError:
+        """``what`` (a call to ``iid``) did not return within ``coordinator.sync_timeout_s``:
+        kill the instance's actor, as a dead one is gone, and return the error to lose it
+        with (:meth:`lose`)."""
+        import ray
+
+        timeout_s = self.cfg.coordinator.sync_timeout_s
+        log.error("instance_hung", instance=iid, call=what, timeout_s=timeout_s)
+        if (h := self.rollouts.get(iid)) is not None:
+            ray.kill(h, no_restart=True)
+        return TimeoutError(f"{what} on {iid!r} did not return within "
+                            f"coordinator.sync_timeout_s={timeout_s}; its actor was killed")  # fmt: skip
+
     async def refused(self, iid: str, answer: Mapping[str, Any] | None) -> InStore:
         """What the store holds of the trajectories it refused to route to ``iid`` (listed
         by its poll ``answer``)."""

@@ -114,7 +114,7 @@ class SimAdapter(EngineAdapter):
         self._wake = asyncio.Event()
         self._driver: asyncio.Task[None] | None = None
         self._closed = False
-        self._dead: EngineDead | None = None
+        self._dead: str | None = None  # why it died (kill)
         self._log = log.bind(instance=instance_id, backend="sim")
 
     # ------------------------------------------------------------------ lifecycle
@@ -127,6 +127,8 @@ class SimAdapter(EngineAdapter):
         return self.core.version
 
     async def start(self) -> None:
+        if self._dead is not None:
+            raise EngineDead(self._dead)
         if self._closed:
             raise EngineUnavailable(f"sim instance {self.instance_id!r} is closed")
         if self._driver is None:
@@ -136,9 +138,10 @@ class SimAdapter(EngineAdapter):
     async def close(self) -> None:
         if self._closed:
             return
-        if self._driver is not None and self._dead is None:
-            self._sync()
-            self._finish(self.core.interrupt(None, self._now()))
+        if self._driver is not None:
+            if self._dead is None:
+                self._sync()
+                self._finish(self.core.interrupt(None, self._now()))
             self._driver.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._driver
@@ -155,7 +158,7 @@ class SimAdapter(EngineAdapter):
         call, and :meth:`check_health` reports it; nothing is returned: the output is lost."""
         if self._closed or self._dead is not None:
             return
-        self._dead = EngineDead(f"sim instance {self.instance_id!r} died (injected)")
+        self._dead = f"sim instance {self.instance_id!r} died (injected)"
         if self._driver is not None:
             self._driver.cancel()
         waiting: list[asyncio.Future[Any]] = [*self._futures.values()]
@@ -164,12 +167,12 @@ class SimAdapter(EngineAdapter):
         self._load_waiters.clear()
         for fut in waiting:
             if not fut.done():
-                fut.set_exception(self._dead)
+                fut.set_exception(EngineDead(self._dead))
         self._log.warning("sim_killed")
 
     async def check_health(self) -> None:
         if self._dead is not None and not self._closed:
-            raise self._dead
+            raise EngineDead(self._dead)
 
     # ------------------------------------------------------------------ verbs
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -323,7 +326,7 @@ class SimAdapter(EngineAdapter):
 
     def _check_running(self) -> None:
         if self._dead is not None:
-            raise self._dead
+            raise EngineDead(self._dead)
         if self._closed:
             raise EngineUnavailable(f"sim instance {self.instance_id!r} is closed")
         if self._driver is None:

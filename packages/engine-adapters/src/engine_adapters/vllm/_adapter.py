@@ -263,7 +263,7 @@ class VllmAdapter(EngineAdapter):
         return self._engine
 
     def _dead(self) -> EngineDead:
-        return EngineDead(f"vLLM engine {self.instance_id!r} died: its EngineCore process exited")
+        return EngineDead(f"vLLM engine {self.instance_id!r} is dead: its EngineCore stopped")
 
     async def check_health(self) -> None:
         if self._engine is not None and not self._closed and self._engine.errored:
@@ -480,6 +480,8 @@ class VllmAdapter(EngineAdapter):
                 try:
                     await self._send_weights(engine, names, tensors)
                 except Exception as e:
+                    if engine.errored:
+                        raise self._dead() from e
                     self._broken = f"reload of version {version} failed: {e}"
                     self._log.error("weight_load_failed", version=version, error=str(e))
                     raise EngineUnavailable(
@@ -489,8 +491,12 @@ class VllmAdapter(EngineAdapter):
                 await engine.update_weight_version(str(version))
                 previous, self._version = self._version, version
                 cache_reset = await engine.reset_prefix_cache()
+            except Exception as e:
+                if engine.errored:  # died in the pause or the version update
+                    raise self._dead() from e
+                raise
             finally:
-                if self._broken is None:
+                if self._broken is None and not engine.errored:
                     await engine.resume_generation()
                 self._serving.set()
             self._log.info(

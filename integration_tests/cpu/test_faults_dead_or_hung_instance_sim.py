@@ -1,13 +1,21 @@
-"""A rollout instance whose engine dies under a live actor (the engine process crashed; the
-actor, its Ray worker, is still there) — on the real deployment with sim engines: Ray, the
-trajectory server (TS) over TCP, the real rollout, control, reward and trainer actors.
+"""A rollout instance whose engine dies under a live actor, then one whose sync hangs — on the
+real deployment with sim engines: Ray, the trajectory server (TS) over TCP, the real rollout,
+control, reward and trainer actors. One run:
 
-The instance holds work when its engine dies: its fault hook holds the next poll made while
-it generates (``hold_poll_with_work``), then ``kill_engine`` kills the engine (the sim engine's
-``kill``: every waiting call fails with ``EngineDead``). The actor must end its own process, so
-that the control side sees a lost instance, as for a killed actor: what the TS held there goes
-back to the queue and is routed to the other instance, and the run completes. Without it, the
-instance stayed in the run failing or never answering, and its work was stuck.
+* after step 1, **a dead engine** (the engine process crashed; the actor, its Ray worker, is
+  still there). The instance holds work when its engine dies: its fault hook holds the next poll
+  made while it generates (``hold_poll_with_work``), then ``kill_engine`` kills the engine (the
+  sim engine's ``kill``: every waiting call fails with ``EngineDead``). The actor must end its
+  own process, so that the control side sees a lost instance, as for a killed actor: what the TS
+  held there goes back to the queue and is routed elsewhere. Without it, the instance stayed in
+  the run failing or never answering, and its work was stuck. A replacement joins.
+* **a hung instance**: the other first instance's first sync (right after step 1) never
+  returns (``hang_next_sync``, armed before the run; its engine is fine). After
+  ``coordinator.sync_timeout_s`` the control actor kills its actor and loses it. Without it,
+  the instance stayed "syncing" for good. (``trainer.step_delay_s`` keeps the run going past
+  the timeout.)
+
+Then the run completes on the replacement, and the ledger balances.
 """
 
 from __future__ import annotations
@@ -25,7 +33,10 @@ from trajectory_server import routes_out_of_queue
 
 pytestmark = [pytest.mark.fault, pytest.mark.ray, pytest.mark.sim, pytest.mark.timeout(600)]
 
-BATCH, GROUP, ETA, STEPS = 4, 4, 1, 8
+BATCH, GROUP, ETA, STEPS = 4, 4, 1, 12
+#: an instance's first sync sets up its transfers (about 2 s here): the limit leaves room
+SYNC_TIMEOUT_S = 12.0
+STEP_DELAY_S = 2.0  # the steps after step 1 take longer than the limit
 WATCHDOG_S = 240.0  # a run that has not completed by then is stopped
 
 
@@ -40,7 +51,7 @@ def dead(
 
     from staleflow_trainer.wiring import Deployment
 
-    run_dir = tmp_path_factory.mktemp("engine_dead_sim")
+    run_dir = tmp_path_factory.mktemp("dead_or_hung_instance_sim")
     cfg = tiny_config(
         run_dir,
         f"trainer.steps={STEPS}",
@@ -51,17 +62,31 @@ def dead(
         f"protocol.eta={ETA}",
         "rollout.sampling.max_new_tokens=48",
         "rollout.max_model_len=80",
+        f"coordinator.sync_timeout_s={SYNC_TIMEOUT_S}",
+        f"trainer.step_delay_s={STEP_DELAY_S}",
         "sim.workload.response_len_median=24",
         backend="sim",
     )
     out: dict[str, Any] = {}
     dep = Deployment(cfg).start()
     finished = threading.Event()
+    hung = out["hung"] = sorted(dep.rollouts)[0]
+    ray.get(dep.rollouts[hung].hang_next_sync.remote())
+    armed = time.monotonic()
 
     def watchdog() -> None:
         if not finished.wait(WATCHDOG_S):
             out["stopped_by_watchdog"] = True
             ray.get(dep.coordinator.stop.remote())
+
+    def lost_record(iid: str) -> dict[str, Any]:
+        return wait_for(
+            lambda: [
+                x for x in ray.get(dep.coordinator.lost_instances.remote())
+                if x["instance_id"] == iid
+            ],
+            60, f"the loop to lose {iid}", every_s=0.05,
+        )[0]  # fmt: skip
 
     def on_record(rec: dict[str, Any]) -> None:
         if int(rec["step"]) < 1 or "victim" in out:
@@ -78,14 +103,12 @@ def dead(
         except ray.exceptions.RayActorError:  # it ended itself before the answer left
             out["killed_pids"] = []
         t0 = time.monotonic()
-        out["lost_record"] = wait_for(
-            lambda: [
-                x for x in ray.get(dep.coordinator.lost_instances.remote())
-                if x["instance_id"] == victim
-            ],
-            60, "the loop to notice the lost instance", every_s=0.05,
-        )[0]  # fmt: skip
+        out["lost_record"] = lost_record(victim)
         out["noticed_s"] = time.monotonic() - t0
+        out["replacement"] = dep.add_instance()
+        out["hung_record"] = lost_record(hung)
+        out["hung_after_s"] = time.monotonic() - armed
+        out["hung_alive"] = _alive(dep.rollouts[hung])
 
     threading.Thread(target=watchdog, daemon=True).start()
     try:
@@ -118,26 +141,39 @@ def test_the_instance_was_lost_and_the_run_completed(dead: dict[str, Any]) -> No
     assert "stopped_by_watchdog" not in dead, dead["summary"]["counters"]
     assert dead["summary"]["steps_done"] == STEPS
     assert dead["killed_pids"] == []  # the sim engine died in place: no process was killed
-    assert dead["summary"]["counters"]["instances_lost"] == 1
-    assert dead["victim"] not in dead["instances"]
+    assert dead["summary"]["counters"]["instances_lost"] == 2  # the dead one and the hung one
+    assert dead["summary"]["counters"]["instances_joined"] == 1
+    assert dead["instances"] == [dead["replacement"]]
     assert dead["actor_alive"] is not True  # its process ended itself
     assert dead["noticed_s"] < 30
 
 
+def test_a_hung_sync_loses_the_instance_after_the_timeout(dead: dict[str, Any]) -> None:
+    rec = dead["hung_record"]
+    assert "did not return within coordinator.sync_timeout_s" in rec["error"], rec
+    assert dead["hung_alive"] is False  # its actor was killed
+    # lost once the limit ran out, not before (the hang was armed before its first sync began)
+    assert SYNC_TIMEOUT_S <= dead["hung_after_s"] < SYNC_TIMEOUT_S + 60
+    assert_routes_stopped(dead["histories"], rec)
+
+
 def test_what_it_held_went_back_to_the_queue_and_ran_elsewhere(dead: dict[str, Any]) -> None:
-    victim, held, rec = dead["victim"], dead["held"], dead["lost_record"]
+    held, rec = dead["held"], dead["lost_record"]
     assert held, "the instance was generating when its engine died"
     assert set(held) <= set(rec["requeued"]) | set(rec["finished"]) | set(rec["dropped"])
-    hist = dead["histories"]
+    assert_routes_stopped(dead["histories"], rec)
+
+
+def assert_routes_stopped(hist: dict[str, list[list[Any]]], rec: dict[str, Any]) -> None:
+    """What the lost instance held went back to the queue and was routed elsewhere (or dropped
+    with its group); no route reached it after; every route came from the queue."""
+    iid = rec["instance_id"]
     for tid in rec["requeued"]:
-        kinds = [e[0] for e in hist[tid]]
-        assert "lost" in kinds, (tid, hist[tid])
-        after = hist[tid][kinds.index("lost") + 1 :]
-        assert all(e[1] != victim for e in after if e[0] == "routed"), (tid, hist[tid])
-        assert [e for e in after if e[0] == "routed"] or "dropped" in [e[0] for e in after], (
-            tid,
-            hist[tid],
-        )
+        events = hist[tid]
+        at = max(i for i, e in enumerate(events) if e[0] == "lost" and e[1] == iid)
+        after = events[at + 1 :]
+        assert all(e[1] != iid for e in after if e[0] == "routed"), (tid, events)
+        assert any(e[0] in ("routed", "dropped") for e in after), (tid, events)
     assert routes_out_of_queue(hist) == []
 
 
