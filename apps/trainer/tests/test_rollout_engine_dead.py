@@ -6,6 +6,9 @@ side then sees a lost instance: ``integration_tests/cpu/test_faults_dead_or_hung
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,7 +24,17 @@ class Exited(Exception):
 
 
 @pytest.fixture
-def exits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+def child() -> Iterator[subprocess.Popen[bytes]]:
+    """A child process standing in for the engine's (the test's own children are not the
+    dying instance's to kill: pytest's multiprocessing resource tracker is one)."""
+    proc = subprocess.Popen(["sleep", "60"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
+def exits(monkeypatch: pytest.MonkeyPatch, child: subprocess.Popen[bytes]) -> list[int]:
     codes: list[int] = []
 
     def fake_exit(code: int) -> None:
@@ -30,6 +43,7 @@ def exits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(rollout.os, "_exit", fake_exit)
     monkeypatch.setattr(rollout, "HEALTH_CHECK_S", 0.01)
+    monkeypatch.setattr(rollout, "child_processes", lambda: [(child.pid, "sleep 60")])
     return codes
 
 
@@ -44,7 +58,9 @@ async def _actor() -> tuple[RolloutActor, SimAdapter]:
     return actor, engine
 
 
-async def test_the_health_check_ends_the_process_of_an_idle_instance(exits: list[int]) -> None:
+async def test_the_health_check_ends_the_process_of_an_idle_instance(
+    exits: list[int], child: subprocess.Popen[bytes]
+) -> None:
     actor, engine = await _actor()
     watch = asyncio.create_task(actor._watch_health())
     await asyncio.sleep(0.05)
@@ -53,6 +69,7 @@ async def test_the_health_check_ends_the_process_of_an_idle_instance(exits: list
     with pytest.raises(Exited):
         await asyncio.wait_for(watch, 5)
     assert exits == [ENGINE_DEAD_EXIT]
+    assert child.wait(5) == -signal.SIGKILL  # its child processes were killed first
 
 
 async def test_a_generation_that_meets_a_dead_engine_ends_the_process(exits: list[int]) -> None:
@@ -89,7 +106,7 @@ async def test_a_failed_call_on_an_engine_found_dead_ends_the_process(
 
 
 async def test_a_failed_call_on_a_live_engine_is_the_callers_to_handle(
-    exits: list[int], monkeypatch: pytest.MonkeyPatch
+    exits: list[int], monkeypatch: pytest.MonkeyPatch, child: subprocess.Popen[bytes]
 ) -> None:
     actor, engine = await _actor()
 
@@ -99,7 +116,7 @@ async def test_a_failed_call_on_a_live_engine_is_the_callers_to_handle(
     monkeypatch.setattr(engine, "snapshot", refused)
     with pytest.raises(ConnectionError):
         await actor._snapshot(engine)
-    assert exits == []
+    assert exits == [] and child.poll() is None
     await engine.close()
 
 
