@@ -239,8 +239,9 @@ class EngineAdapter(abc.ABC):
     async def snapshot(self) -> EngineSnapshot: ...
 
     async def check_health(self) -> None:
-        """Raise :class:`engine_adapters.errors.EngineDead` once the engine's process has died;
-        return otherwise (also before ``start`` and after ``close``). Cheap enough to call
+        """Raise :class:`engine_adapters.errors.EngineDead` once the engine's process has died
+        or it can never serve again (vLLM: a weight load that failed after validation left it
+        paused); return otherwise (also before ``start`` and after ``close``). Cheap enough to call
         every second. The default finds nothing: an engine without a process of its own dies
         with its host."""
         return None

@@ -7,7 +7,7 @@ EngineError                      root of this package
 │   └── CostModelError           bad cost-model coefficients, preset name or coefficient file
 ├── UnknownTrajectory            interrupt() named an id the engine does not hold
 ├── EngineUnavailable            the engine is not started, closed or dead
-│   └── EngineDead               its process died: every later call fails (``check_health``)
+│   └── EngineDead               its process died, or it can never serve again (``check_health``)
 └── BackendNotInstalled (also ImportError)  the backend's extra is missing
 """
 
@@ -50,8 +50,9 @@ class EngineUnavailable(EngineError, RuntimeError):
 
 
 class EngineDead(EngineUnavailable):
-    """The engine's process died (killed, crashed, out of memory): nothing it held can be
-    recovered from it and every later call fails. Raised by ``check_health`` and by the calls
+    """The engine's process died (killed, crashed, out of memory), or it can never serve again
+    (a weight load that failed half-way): nothing it held can be recovered from it and every
+    later call fails. Raised by ``check_health`` and by the calls
     that find it dead; a host should treat the instance as lost."""
 
 

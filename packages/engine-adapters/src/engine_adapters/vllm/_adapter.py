@@ -266,8 +266,13 @@ class VllmAdapter(EngineAdapter):
         return EngineDead(f"vLLM engine {self.instance_id!r} is dead: its EngineCore stopped")
 
     async def check_health(self) -> None:
-        if self._engine is not None and not self._closed and self._engine.errored:
+        if self._engine is None or self._closed:
+            return
+        if self._engine.errored:
             raise self._dead()
+        if self._broken is not None:  # paused for good: half-loaded weights never serve
+            raise EngineDead(f"vLLM engine {self.instance_id!r} can never serve again: "
+                             f"{self._broken}; it stays paused")  # fmt: skip
 
     # ----------------------------------------------------------------- generate
 
