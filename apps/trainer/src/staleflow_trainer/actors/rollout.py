@@ -33,9 +33,10 @@ trajectory server (TS) directly:
 
 An engine whose process died (``engine_adapters.EngineDead``: found by a call, or by the
 health check every ``HEALTH_CHECK_S``) ends this actor's process, with an error in its log,
-once what already finished is in the TS (``DYING_FLUSH_S`` at most). The control shell then sees a dead instance, as if the actor had been killed: what
-the TS held here goes back to the queue and the run goes on without it. Without this, a dead
-vLLM EngineCore left an instance that never answered its sync again and held its work.
+once what already finished is in the TS (``DYING_FLUSH_S`` at most). The control shell then
+sees a dead instance, as if the actor had been killed: what the TS held here goes back to the
+queue and the run goes on without it. Without this, a dead vLLM EngineCore left an instance
+that never answered its sync again and held its work.
 """
 
 from __future__ import annotations

@@ -486,7 +486,7 @@ class VllmAdapter(EngineAdapter):
                     await self._send_weights(engine, names, tensors)
                 except Exception as e:
                     if engine.errored:
-                        raise self._dead() from e
+                        raise  # dead, not broken: the handler below says so
                     self._broken = f"reload of version {version} failed: {e}"
                     self._log.error("weight_load_failed", version=version, error=str(e))
                     raise EngineUnavailable(
