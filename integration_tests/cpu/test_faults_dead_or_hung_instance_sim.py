@@ -26,10 +26,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from fault_checks import assert_ledger_balances, assert_routes_stopped, lost_record
 from tiny_setup import tiny_config
 from waiting import wait_for
-
-from trajectory_server import routes_out_of_queue
 
 pytestmark = [pytest.mark.fault, pytest.mark.ray, pytest.mark.sim, pytest.mark.timeout(600)]
 
@@ -79,15 +78,6 @@ def dead(
             out["stopped_by_watchdog"] = True
             ray.get(dep.coordinator.stop.remote())
 
-    def lost_record(iid: str) -> dict[str, Any]:
-        return wait_for(
-            lambda: [
-                x for x in ray.get(dep.coordinator.lost_instances.remote())
-                if x["instance_id"] == iid
-            ],
-            60, f"the loop to lose {iid}", every_s=0.05,
-        )[0]  # fmt: skip
-
     def on_record(rec: dict[str, Any]) -> None:
         if int(rec["step"]) < 1 or "victim" in out:
             return
@@ -103,10 +93,10 @@ def dead(
         except ray.exceptions.RayActorError:  # it ended itself before the answer left
             out["killed_pids"] = []
         t0 = time.monotonic()
-        out["lost_record"] = lost_record(victim)
+        out["lost_record"] = lost_record(dep, victim, f"the loop to lose {victim}")
         out["noticed_s"] = time.monotonic() - t0
         out["replacement"] = dep.add_instance()
-        out["hung_record"] = lost_record(hung)
+        out["hung_record"] = lost_record(dep, hung, f"the loop to lose {hung}")
         out["hung_after_s"] = time.monotonic() - armed
         out["hung_alive"] = _alive(dep.rollouts[hung])
 
@@ -164,27 +154,8 @@ def test_what_it_held_went_back_to_the_queue_and_ran_elsewhere(dead: dict[str, A
     assert_routes_stopped(dead["histories"], rec)
 
 
-def assert_routes_stopped(hist: dict[str, list[list[Any]]], rec: dict[str, Any]) -> None:
-    """What the lost instance held went back to the queue and was routed elsewhere (or dropped
-    with its group); no route reached it after; every route came from the queue."""
-    iid = rec["instance_id"]
-    for tid in rec["requeued"]:
-        events = hist[tid]
-        at = max(i for i, e in enumerate(events) if e[0] == "lost" and e[1] == iid)
-        after = events[at + 1 :]
-        assert all(e[1] != iid for e in after if e[0] == "routed"), (tid, events)
-        assert any(e[0] in ("routed", "dropped") for e in after), (tid, events)
-    assert routes_out_of_queue(hist) == []
-
-
 def test_every_admitted_trajectory_is_consumed_or_dropped_with_a_reason(
     dead: dict[str, Any],
 ) -> None:
-    ledger = dead["ledger"]
-    assert ledger["problems"] == []
-    assert (
-        ledger["consumed"] + ledger["in_flight"] + ledger["waiting_consume"] + ledger["dropped"]
-        == ledger["trajectories"]
-    )
-    assert ledger["consumed"] == STEPS * BATCH * GROUP
-    assert all(reason and reason != "?" for reason in ledger["dropped_reasons"])
+    assert_ledger_balances(dead["ledger"], BATCH * GROUP)
+    assert dead["ledger"]["steps_done"] == STEPS

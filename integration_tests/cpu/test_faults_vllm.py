@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fault_checks import assert_ledger_balances, lost_record
 from security_probe import own_listeners, probe_security
 from tiny_setup import tiny_config
 from waiting import wait_for
@@ -48,6 +49,7 @@ pytestmark = [
 ]
 
 BATCH, GROUP, ETA = 4, 4, 1
+PER_STEP = BATCH * GROUP
 # run 1 never reaches its target: the trainer kill (fault 4) ends it, whatever step the loop
 # (which keeps training while the driver injects a fault) has reached by then
 STEPS_RUN1, MORE_STEPS, CKPT_EVERY = 10_000, 2, 2
@@ -105,14 +107,8 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
         )
         held = ray.get(dep.coordinator.held_by.remote(victim))
         dep.kill_instance(victim)
-        lost = wait_for(
-            lambda: [
-                x for x in ray.get(dep.coordinator.lost_instances.remote())
-                if x["instance_id"] == victim
-            ],
-            60, "the loop to notice the lost instance",
-        )  # fmt: skip
-        out["f1"] = {"victim": victim, "working": working, "held": held, "lost": lost[0]}
+        lost = lost_record(dep, victim, "the loop to notice the lost instance")
+        out["f1"] = {"victim": victim, "working": working, "held": held, "lost": lost}
         # the groups known now: the run's later coordinator replacements forget settled ones
         out["f1"]["groups"] = ray.get(dep.coordinator.groups.remote())
         out["f1"]["published_before_join"] = ray.get(dep.ps.status.remote())["latest"]
@@ -128,19 +124,13 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
             pids = ray.get(h.kill_engine.remote())
         except ray.exceptions.RayActorError:  # it ended itself before the answer left
             pids = None
-        lost = wait_for(
-            lambda: [
-                x for x in ray.get(dep.coordinator.lost_instances.remote())
-                if x["instance_id"] == victim
-            ],
-            60, "the loop to notice the dead engine",
-        )  # fmt: skip
+        lost = lost_record(dep, victim, "the loop to notice the dead engine")
         try:
             ray.get(h.stats.remote(), timeout=10)
             alive = True
         except Exception:
             alive = False
-        out["f1b"] = {"victim": victim, "pids": pids, "lost": lost[0], "actor_alive": alive}
+        out["f1b"] = {"victim": victim, "pids": pids, "lost": lost, "actor_alive": alive}
 
     def fault2() -> None:  # kill a PS storage worker; push fails, pull from replica works
         before = len(ray.get(dep.trainer.push_failures.remote()))
@@ -275,23 +265,7 @@ def sc(
     return _scenario(tmp_path_factory.mktemp("faults_vllm"), tiny_config)
 
 
-# ------------------------------------------------------------------------------ ledger check
-
-
-def assert_ledger_balances(ledger: dict[str, Any], *, crashed_mid_step: bool = False) -> None:
-    """``crashed_mid_step``: the trainer died holding a consumed batch (the checkpoint the app
-    resumes from predates it, so that batch is generated again after the resume)."""
-    assert ledger["problems"] == []
-    assert (
-        ledger["consumed"] + ledger["in_flight"] + ledger["waiting_consume"] + ledger["dropped"]
-        == ledger["trajectories"]
-    )
-    per_step = BATCH * GROUP
-    allowed = {ledger["steps_done"] * per_step}  # none counted twice
-    if crashed_mid_step:
-        allowed.add((ledger["steps_done"] + 1) * per_step)
-    assert ledger["consumed"] in allowed
-    assert all(reason and reason != "?" for reason in ledger["dropped_reasons"])
+# ------------------------------------------------------------------------------ routes check
 
 
 def assert_never_routed_twice(histories: dict[str, list[list[Any]]], lost: set[str]) -> None:
@@ -341,7 +315,7 @@ def test_fault1_instance_killed_mid_generation(sc: dict[str, Any]) -> None:
     assert sc["summary1"]["counters"]["instances_lost"] == 2  # this one and fault 1b's
     assert sc["summary1"]["counters"]["instances_joined"] == 1
     assert_never_routed_twice(sc["histories1"], {victim})
-    assert_ledger_balances(sc["ledger1"], crashed_mid_step=True)
+    assert_ledger_balances(sc["ledger1"], PER_STEP, crashed_mid_step=True)
     # every requeued trajectory was taken up again after the loss: routed to a live instance
     # (and from there trained or dropped with a reason). The one excuse for never being routed
     # again is its group's reward failing (the plug-in drops every group whose ground truth it
@@ -394,7 +368,7 @@ def test_fault2_storage_worker_killed(sc: dict[str, Any]) -> None:
     # no partial version was ever published: the failed version was not complete while down
     assert f2["status_down"]["latest"] < failed_version
     assert failed_version not in f2["status_down"]["versions"]
-    assert_ledger_balances(sc["ledger1"], crashed_mid_step=True)
+    assert_ledger_balances(sc["ledger1"], PER_STEP, crashed_mid_step=True)
 
 
 def test_fault3_coordinator_restarted(sc: dict[str, Any]) -> None:
@@ -404,7 +378,7 @@ def test_fault3_coordinator_restarted(sc: dict[str, Any]) -> None:
     # the new coordinator kept training after the restart (steps 4 and 5 ran before fault 4)
     assert sc["f4_killed_after_step"] >= 5
     assert_never_routed_twice(sc["histories1"], {sc["f1"]["victim"]})
-    assert_ledger_balances(sc["ledger1"], crashed_mid_step=True)
+    assert_ledger_balances(sc["ledger1"], PER_STEP, crashed_mid_step=True)
     assert_staleness_bounded(sc["metrics1"])
 
 
@@ -425,7 +399,7 @@ def test_fault3_coordinator_crashed_replaced_from_its_journal(sc: dict[str, Any]
     assert sc["f4_killed_after_step"] > f3c["after_step"]
     assert [r["step"] for r in sc["metrics1"]] == list(range(1, sc["f4_killed_after_step"] + 1))
     assert_never_routed_twice(sc["histories1"], {sc["f1"]["victim"]})
-    assert_ledger_balances(sc["ledger1"], crashed_mid_step=True)
+    assert_ledger_balances(sc["ledger1"], PER_STEP, crashed_mid_step=True)
     assert_staleness_bounded(sc["metrics1"])
     assert sc["wal1"]["appends"] > 0
     # what the trainer itself trained (replayed steps not counted): each consumed version once,
@@ -470,7 +444,7 @@ def test_fault4_trainer_killed_app_resumes_exactly(sc: dict[str, Any]) -> None:
     assert sc["summary2"]["steps_done"] == sc["steps2"]
     assert [r["step"] for r in sc["metrics2"]] == list(range(1, sc["steps2"] + 1))
     assert_staleness_bounded(sc["metrics2"])
-    assert_ledger_balances(sc["ledger2"])
+    assert_ledger_balances(sc["ledger2"], PER_STEP)
     assert_never_routed_twice(sc["histories2"], set())
     resumed_ts = {t for t in sc["histories2"]}
     assert set(sc["ckpt_ts_ledger"]) <= resumed_ts
@@ -488,8 +462,8 @@ def test_fault5_reward_raises_or_hangs(sc: dict[str, Any]) -> None:
     assert failed, "no reward-dropped trajectories"
     assert any("error: ValueError" in r for r in failed), failed  # raised, retried, dropped
     assert any("timeout" in r for r in failed), failed  # hung, abandoned, dropped
-    assert_ledger_balances(sc["ledger1"], crashed_mid_step=True)
-    assert_ledger_balances(sc["ledger2"])
+    assert_ledger_balances(sc["ledger1"], PER_STEP, crashed_mid_step=True)
+    assert_ledger_balances(sc["ledger2"], PER_STEP)
     assert sc["summary1"]["counters"]["reward_dropped"] > 0
     # the run went on regardless (its steps completed), and the plug-in is deterministic
     assert sc["summary2"]["steps_done"] == sc["steps2"]

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from fault_checks import assert_ledger_balances, assert_routes_stopped, lost_record
 from tiny_setup import tiny_config
 
 from staleflow_trainer.metrics import REQUIRED_KEYS, read_jsonl
@@ -24,8 +25,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.sglang, pytest.mark.timeout(900)]
 STEPS = 3
 
 
-@pytest.fixture(scope="module")
-def standins() -> Iterator[list[str]]:
+def _servers(count: int) -> list[Any]:
+    """``count`` stand-in servers (not started) for the tiny model's tokenizer."""
     from engine_adapters.sim import SimConfig
     from engine_adapters.testing.sglang_standin import SglangStandIn
     from staleflow_trainer.tiny_model import make_char_tokenizer
@@ -40,7 +41,12 @@ def standins() -> Iterator[list[str]]:
         num_special_tokens=max(tok.all_special_ids) + 1,
         eos_token_id=int(tok.eos_token_id),
     )
-    servers = [SglangStandIn(cfg, speed=50.0) for _ in range(2)]
+    return [SglangStandIn(cfg, speed=50.0) for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def standins() -> Iterator[list[str]]:
+    servers = _servers(2)
     try:
         yield [s.start() for s in servers]
     finally:
@@ -97,3 +103,69 @@ def test_no_trajectory_lost(run: dict[str, Any]) -> None:
     ledger = run["ledger"]
     assert not ledger["problems"], ledger["problems"]
     assert ledger["consumed"] == STEPS * run["per_step"]
+
+
+# ------------------------------------------------------------- a server that stops answering
+
+GONE_STEPS = 6
+ERROR_LIMIT = 2
+
+
+@pytest.fixture(scope="module")
+def gone(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A run on two attached servers (``rollout.sglang_url``: not launched by the adapter, so
+    it cannot watch their processes); after step 1 one server stops. Its instance's calls then
+    fail with connection errors: it must leave the run, and the run complete on the other."""
+    import ray
+
+    from staleflow_trainer.wiring import Deployment
+
+    servers = _servers(2)
+    urls = [s.start() for s in servers]
+    run_dir = tmp_path_factory.mktemp("train_sglang_gone")
+    cfg = tiny_config(
+        run_dir,
+        "rollout.backend=sglang",
+        f"rollout.sglang_url={','.join(urls)}",
+        f"trainer.steps={GONE_STEPS}",
+        f"coordinator.instance_error_limit={ERROR_LIMIT}",
+        "run.checkpoint_every=0",
+        "run.resume=never",
+    )
+    out: dict[str, Any] = {"per_step": cfg.protocol.batch_size * cfg.protocol.group_size}
+    dep = Deployment(cfg).start()
+
+    def on_record(rec: dict[str, Any]) -> None:
+        if int(rec["step"]) < 1 or "victim" in out:
+            return
+        out["victim"] = sorted(dep.rollouts)[-1]  # the instances follow the URLs' order
+        servers[-1].stop()
+        out["lost"] = lost_record(
+            dep, out["victim"], "the loop to lose the silent server's instance"
+        )
+
+    try:
+        out["summary"] = dep.run(on_record=on_record)
+        out["ledger"] = dep.ledger()
+        out["instances"] = ray.get(dep.coordinator.instances.remote())
+        out["histories"] = ray.get(dep.coordinator.histories.remote())
+    finally:
+        dep.close()
+        for s in servers:
+            s.stop()
+    return out
+
+
+def test_a_silent_server_leaves_the_run_which_completes(gone: dict[str, Any]) -> None:
+    assert gone["summary"]["steps_done"] == GONE_STEPS
+    assert gone["summary"]["counters"]["instances_lost"] == 1
+    assert gone["victim"] not in gone["instances"] and len(gone["instances"]) == 1
+    rec = gone["lost"]
+    assert f"{ERROR_LIMIT} polls in a row on {gone['victim']!r} failed" in rec["error"], rec
+    assert "its actor was killed" in rec["error"]
+
+
+def test_what_the_silent_server_held_ran_elsewhere(gone: dict[str, Any]) -> None:
+    assert_routes_stopped(gone["histories"], gone["lost"])
+    assert_ledger_balances(gone["ledger"], gone["per_step"])
+    assert gone["ledger"]["steps_done"] == GONE_STEPS

@@ -148,6 +148,12 @@ class CoordinatorConfig:
         gt=0.0,
         doc="a sync not done by then means a hung instance: its actor is killed and it is lost",
     )
+    instance_error_limit: int = _f(
+        3,
+        ge=1,
+        doc="polls of a live instance that may fail in a row; at this many its actor is "
+        "killed and it is lost (a failed route or interrupt loses it at once)",
+    )
 
     def __attrs_post_init__(self) -> None:
         check_known(self.policy, POLICIES, "coordinator.policy", "policy")

@@ -319,7 +319,7 @@ class ControlActor(FaultHooks):
             raise
         except Exception as err:
             if limit.expired():  # hung (a dead engine is found by the instance itself)
-                hung = self.io.end_hung(e.instance_id, f"sync to version {e.version}")
+                hung = self.io.end_instance(e.instance_id, f"sync to version {e.version}", None)
                 self._post(await self.io.lose(e.instance_id, hung, self.now()))
             elif is_actor_death(err):
                 self._post(await self.io.lose(e.instance_id, err, self.now()))

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 from pathlib import Path
+from typing import Any
 
 
 def is_actor_death(e: BaseException) -> bool:
@@ -28,6 +29,13 @@ def process_alive(pid: int) -> bool:
     except PermissionError:  # it exists: another user's
         return True
     return True
+
+
+def kill_actor(handle: Any) -> None:
+    """End the Ray actor behind ``handle`` for good (no restart)."""
+    import ray
+
+    ray.kill(handle, no_restart=True)
 
 
 def sync_retry_delay(failures_in_row: int, backoff_s: float) -> float:

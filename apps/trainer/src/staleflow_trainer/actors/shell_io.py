@@ -31,7 +31,7 @@ import structlog
 from engine_adapters import SnapshotDecoder, pack_ids, unpack_ids
 from rollout_coordinator import InstanceSnapshot
 from staleflow_trainer.actors.in_store import InStore, in_store
-from staleflow_trainer.actors.liveness import is_actor_death
+from staleflow_trainer.actors.liveness import is_actor_death, kill_actor
 from staleflow_trainer.actors.rollout import poll_args, unpack_poll
 from staleflow_trainer.config import AppConfig
 from staleflow_trainer.control import effects as fx
@@ -58,6 +58,7 @@ POLL_REASONS = {
     "no_view": "never polled yet, or its last snapshot delta was refused (a full one is due)",
     "command": "a command (route, interrupt, sync) went to it since its last poll",
     "asked": "its watcher's wait_results answered: results wait, or its view is off",
+    "retry": "its last poll failed (coordinator.instance_error_limit polls in a row may)",
     "quiet": f"not polled for QUIET_POLL_S ({QUIET_POLL_S:g} s)",
     "unwatched": "it has no wait_results and had work at its last poll: polled every cycle",
 }
@@ -117,6 +118,7 @@ class ShellIO:
         self._quiet: set[str] = set()
         self._signaled: set[str] = set()
         self._answered: dict[str, float] = {}  # when an instance's poll answer arrived
+        self._failed_polls: dict[str, int] = {}  # failed polls in a row, by instance
         self._next_reward = 0
         #: group id -> dataset row of the groups this process submitted (diagnostics)
         self.submitted: dict[str, int] = {}
@@ -241,10 +243,10 @@ class ShellIO:
             self.touch(e.instance_id)
             try:
                 self._count("instances", _size(await h.submit.remote(*args)), "route_answer")
-            except Exception as err:
+            except Exception as err:  # the instance died, or its state is now unknown
                 if is_actor_death(err):
                     return e.instance_id, err
-                raise
+                return e.instance_id, self.end_instance(e.instance_id, "route", err)
             finally:
                 self.touch(e.instance_id)
         elif isinstance(e, fx.Interrupt):
@@ -258,9 +260,9 @@ class ShellIO:
                     self._count("instances", _size(answer), "interrupt_answer")
                     self._took(e.instance_id, unpack_ids(packed), answer)
                 except Exception as err:
-                    if not is_actor_death(err):
-                        raise
-                    if e.requeue:
+                    if not is_actor_death(err):  # its state is unknown: it leaves the run
+                        err = self.end_instance(e.instance_id, "interrupt", err)
+                    if e.requeue:  # else its death shows at its next poll
                         return e.instance_id, err
                 finally:
                     self.touch(e.instance_id)
@@ -397,6 +399,8 @@ class ShellIO:
             return "no_view"
         if polled[0] != self._commands.get(iid, 0):
             return "command"
+        if iid in self._failed_polls:
+            return "retry"
         if iid in self._signaled:
             return "asked"
         if now - polled[1] >= QUIET_POLL_S:
@@ -414,8 +418,10 @@ class ShellIO:
 
     async def poll_all(self) -> dict[str, Any]:
         """Poll the instances that have something to say (for a reason of
-        :data:`POLL_REASONS`, counted there). The answers by instance (an exception: the call
-        failed); the others' views are :meth:`views`."""
+        :data:`POLL_REASONS`, counted there). The answers by instance (an exception: it left
+        the run, see :meth:`end_instance`); the others' views are :meth:`views`. A live
+        instance whose poll failed is left out and polled again next cycle, until
+        ``coordinator.instance_error_limit`` polls in a row have failed."""
         self._watch_all()
         now = time.monotonic()
         due = {i: why for i in self.rollouts if (why := self._due(i, now)) is not None}
@@ -435,17 +441,24 @@ class ShellIO:
 
         got = await asyncio.gather(*(poll(i) for i in iids), return_exceptions=True)
         out: dict[str, Any] = {}
+        limit = self.cfg.coordinator.instance_error_limit
         for iid, p in zip(iids, got, strict=True):
-            if isinstance(p, BaseException) and not is_actor_death(p):
-                raise p
             if args[iid]:
                 self._count("instances", _size(args[iid]), "poll")
+            if iid in self._poll_done:
+                self._poll_done[iid].set()  # its watcher goes on
+            if isinstance(p, BaseException) and not is_actor_death(p):
+                n = self._failed_polls[iid] = self._failed_polls.get(iid, 0) + 1
+                if n < limit:
+                    log.warning("instance_poll_failed", instance=iid, in_row=n, limit=limit,
+                                error=repr(p)[:300])  # fmt: skip
+                    continue
+                p = self.end_instance(iid, f"{n} polls in a row", p)
+            self._failed_polls.pop(iid, None)
             if not isinstance(p, BaseException):
                 self._count("instances", _size(p), "poll_answer")
                 p = unpack_poll(p)
             out[iid] = p
-            if iid in self._poll_done:
-                self._poll_done[iid].set()
         return out
 
     def views(self, at: float, polled: Collection[str]) -> dict[str, InstanceSnapshot]:
@@ -467,6 +480,7 @@ class ShellIO:
         self._decoders.pop(iid, None)
         self._quiet.discard(iid)
         self._signaled.discard(iid)
+        self._failed_polls.pop(iid, None)
         self.stop_watching(iid)
         requeued = list(await self.ts.instance_lost(iid))
         # one answer for what the store put back and what the core believes ran there: the
@@ -482,18 +496,20 @@ class ShellIO:
         return InstanceLost(at=at, instance_id=iid, requeued=st.queued, finished=st.finished,
                             dropped=st.dropped)  # fmt: skip
 
-    def end_hung(self, iid: str, what: str) -> TimeoutError:
-        """``what`` (a call to ``iid``) did not return within ``coordinator.sync_timeout_s``:
-        kill the instance's actor, as a dead one is gone, and return the error to lose it
-        with (:meth:`lose`)."""
-        import ray
-
-        timeout_s = self.cfg.coordinator.sync_timeout_s
-        log.error("instance_hung", instance=iid, call=what, timeout_s=timeout_s)
+    def end_instance(self, iid: str, what: str, error: BaseException | None) -> RuntimeError:
+        """``what`` (calls to live instance ``iid``) failed with ``error``, or hung (None: it did
+        not return within ``coordinator.sync_timeout_s``): kill its actor, as a dead one is
+        gone, and return the error to lose it with (:meth:`lose`)."""
+        if error is None:
+            timeout_s = self.cfg.coordinator.sync_timeout_s
+            log.error("instance_hung", instance=iid, call=what, timeout_s=timeout_s)
+            why = f"did not return within coordinator.sync_timeout_s={timeout_s}"
+        else:
+            log.error("instance_failing", instance=iid, call=what, error=repr(error)[:300])
+            why = f"failed: {error!r}"[:400]
         if (h := self.rollouts.get(iid)) is not None:
-            ray.kill(h, no_restart=True)
-        return TimeoutError(f"{what} on {iid!r} did not return within "
-                            f"coordinator.sync_timeout_s={timeout_s}; its actor was killed")  # fmt: skip
+            kill_actor(h)
+        return RuntimeError(f"{what} on {iid!r} {why}; its actor was killed")
 
     async def refused(self, iid: str, answer: Mapping[str, Any] | None) -> InStore:
         """What the store holds of the trajectories it refused to route to ``iid`` (listed

@@ -1,0 +1,160 @@
+"""A live instance whose calls fail (its engine's server went away, say) leaves the run instead
+of ending it: a failed poll is tried again next cycle, until ``coordinator.instance_error_limit``
+polls in a row have failed; a failed route or interrupt (the instance's state is then unknown)
+ends it at once. Ending it kills its actor; the control loop then loses it as a dead one.
+
+The shell's peers are in-process fakes (no Ray); ``integration_tests/cpu/
+test_train_sglang_standin.py`` runs the same path with real actors and a real server that
+stops answering."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine_adapters import EngineSnapshot, SnapshotEncoder
+from staleflow_trainer.actors import shell_io
+from staleflow_trainer.actors.shell_io import ShellIO
+from staleflow_trainer.config import load_config
+from staleflow_trainer.control import effects as fx
+from staleflow_trainer.control.events import InstanceLost
+from staleflow_trainer.data import EncodedPrompts
+
+SIM_TINY = Path(__file__).resolve().parents[3] / "examples" / "sim-tiny.yaml"
+
+
+class _Remote:
+    def __init__(self, fn: Any) -> None:
+        self.remote = fn
+
+
+class _Instance:
+    """Each call fails with ``ConnectionError`` while ``failing``; a poll answers an idle
+    engine's snapshot as the rollout actor does (a delta, None if unchanged)."""
+
+    def __init__(self) -> None:
+        self.failing = False
+        self.calls: list[str] = []
+        enc, seq = SnapshotEncoder(), [0]
+
+        def snapshot(ack: int | None = None, full: bool = False) -> list[Any] | None:
+            seq[0] += 1
+            snap = EngineSnapshot(instance_id="a", seq=seq[0], time_s=float(seq[0]), version=0,
+                                  running=(), waiting=0, kv_used_tokens=0,
+                                  kv_capacity_tokens=100, throughput_tokens_per_s=0.0)  # fmt: skip
+            delta = enc.encode(snap, ack=ack, full=full)
+            return None if delta is None else [delta]
+
+        def call(name: str, answer: Any) -> _Remote:
+            async def fn(*args: Any) -> Any:
+                self.calls.append(name)
+                if self.failing:
+                    raise ConnectionError("All connection attempts failed")
+                return answer(*args)
+
+            return _Remote(fn)
+
+        self.poll = call("poll", snapshot)
+        self.submit = call("submit", lambda version, ids: len(ids))
+        self.interrupt = call("interrupt", lambda ids, report: [3] * len(ids))
+
+
+class _Store:
+    async def instance_lost(self, iid: str) -> tuple[str, ...]:
+        return ()
+
+    async def drop(self, ids: list[str], reason: str) -> int:
+        return len(ids)
+
+
+@pytest.fixture
+def killed(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The actors killed; the shell's clock stands still (no quiet period passes)."""
+    out: list[Any] = []
+    monkeypatch.setattr(shell_io, "kill_actor", out.append)
+    monkeypatch.setattr(shell_io.time, "monotonic", lambda: 1000.0)
+    return out
+
+
+def _io(rollouts: dict[str, Any], limit: int = 3) -> ShellIO:
+    cfg = load_config(SIM_TINY, [f"coordinator.instance_error_limit={limit}"])
+    io = ShellIO(cfg, prompts=EncodedPrompts((), ()), ts_address=("127.0.0.1", 1), ts_token="t",
+                 rollouts=rollouts, trainer=None, rewards=[], reward_spec={})  # fmt: skip
+    io.ts = _Store()
+    return io
+
+
+async def _cycle(io: ShellIO) -> dict[str, Any]:
+    """One control cycle's polls, each answer decoded as the control shell does."""
+    polls = await io.poll_all()
+    for iid, p in polls.items():
+        if not isinstance(p, BaseException):
+            io.snapshot(iid, (p or {}).get("snapshot"), 0.0, [])
+    return polls
+
+
+async def test_failed_polls_are_tried_again_and_the_count_restarts_after_a_good_one(
+    killed: list[Any],
+) -> None:
+    a = _Instance()
+    io = _io({"a": a})
+    await _cycle(io)  # a full snapshot: idle, it is not polled again before QUIET_POLL_S
+    assert "a" not in await _cycle(io) and a.calls.count("poll") == 1
+    a.failing = True
+    io._signaled.add("a")  # its watcher asks (results wait): the poll fails
+    for _ in range(2):  # under the limit: left out of the answers, polled again next cycle
+        assert "a" not in await _cycle(io)
+    assert a.calls.count("poll") == 3
+    assert io.byte_stats()["polls"]["retry"] == 1
+    a.failing = False
+    assert "a" in await _cycle(io)  # the retry answers: the count starts again
+    assert a.calls.count("poll") == 4
+    a.failing = True
+    io._signaled.add("a")
+    for _ in range(2):
+        assert "a" not in await _cycle(io)
+    assert killed == [] and list(io.rollouts) == ["a"]
+    assert io.byte_stats()["polls"]["retry"] == 3
+
+
+async def test_the_limits_failed_poll_kills_the_actor_and_answers_the_error(
+    killed: list[Any],
+) -> None:
+    a = _Instance()
+    io = _io({"a": a}, limit=2)
+    a.failing = True
+    assert "a" not in await io.poll_all()
+    got = await io.poll_all()
+    err = got["a"]
+    assert isinstance(err, RuntimeError)
+    assert "2 polls in a row on 'a' failed" in str(err) and "ConnectionError" in str(err)
+    assert killed == [a]
+    lost = await io.lose("a", err, 4.0)  # what the control loop does with the answer
+    assert isinstance(lost, InstanceLost) and lost.instance_id == "a"
+    assert io.rollouts == {}
+
+
+async def test_a_failed_route_ends_the_instance_at_once(killed: list[Any]) -> None:
+    a, b = _Instance(), _Instance()
+    a.failing = True
+    io = _io({"a": a, "b": b})
+    route = [fx.Route(instance_id=i, version=0, trajectory_ids=(f"{i}1",)) for i in "ab"]
+    lost = await io.carry_all(route, lambda: 2.0)
+    assert [(e.instance_id, e.at) for e in lost] == [("a", 2.0)]
+    assert killed == [a] and list(io.rollouts) == ["b"]
+    assert io.lost[0]["instance_id"] == "a" and "route on 'a' failed" in io.lost[0]["error"]
+
+
+@pytest.mark.parametrize("requeue", [True, False])
+async def test_a_failed_interrupt_ends_the_instance(killed: list[Any], requeue: bool) -> None:
+    a = _Instance()
+    a.failing = True
+    io = _io({"a": a})
+    cut = fx.Interrupt(instance_id="a", trajectory_ids=("a1",), reason="migrate", requeue=requeue)
+    lost = await io.carry_all([cut], lambda: 2.0)
+    assert killed == [a]
+    # requeued work needs the loss now; an abort's (dropped in the store) waits for the next
+    # poll, which finds the actor gone
+    assert [e.instance_id for e in lost] == (["a"] if requeue else [])
