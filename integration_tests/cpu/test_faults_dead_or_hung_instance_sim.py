@@ -1,5 +1,5 @@
-"""A rollout instance whose engine dies under a live actor, then one whose sync hangs — on the
-real deployment with sim engines: Ray, the trajectory server (TS) over TCP, the real rollout,
+"""A rollout instance whose engine dies under a live actor, then one whose sync hangs, then one
+whose poll hangs — on the real deployment with sim engines: Ray, the trajectory server (TS) over TCP, the real rollout,
 control, reward and trainer actors. One run:
 
 * after step 1, **a dead engine** (the engine process crashed; the actor, its Ray worker, is
@@ -14,8 +14,12 @@ control, reward and trainer actors. One run:
   ``coordinator.sync_timeout_s`` the control actor kills its actor and loses it. Without it,
   the instance stayed "syncing" for good. (``trainer.step_delay_s`` keeps the run going past
   the timeout.)
+* **a silent instance**: a second replacement joins; the first one's next poll made while it
+  generates never answers (``hold_poll_with_work``, never released; its actor and engine are
+  fine). After ``coordinator.call_timeout_s`` the control actor kills its actor and loses it.
+  Without it, the whole control loop waited on that poll for good.
 
-Then the run completes on the replacement, and the ledger balances.
+Then the run completes on the second replacement, and the ledger balances.
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ from waiting import wait_for
 
 pytestmark = [pytest.mark.fault, pytest.mark.ray, pytest.mark.sim, pytest.mark.timeout(600)]
 
-BATCH, GROUP, ETA, STEPS = 4, 4, 1, 12
+BATCH, GROUP, ETA, STEPS = 4, 4, 1, 16
 #: an instance's first sync sets up its transfers (about 2 s here): the limit leaves room
 SYNC_TIMEOUT_S = 12.0
+CALL_TIMEOUT_S = 8.0  # the dying instance's held poll ends sooner: its process exits
 STEP_DELAY_S = 2.0  # the steps after step 1 take longer than the limit
 WATCHDOG_S = 240.0  # a run that has not completed by then is stopped
 
@@ -62,6 +67,7 @@ def dead(
         "rollout.sampling.max_new_tokens=48",
         "rollout.max_model_len=80",
         f"coordinator.sync_timeout_s={SYNC_TIMEOUT_S}",
+        f"coordinator.call_timeout_s={CALL_TIMEOUT_S}",
         f"trainer.step_delay_s={STEP_DELAY_S}",
         "sim.workload.response_len_median=24",
         backend="sim",
@@ -99,6 +105,17 @@ def dead(
         out["hung_record"] = lost_record(dep, hung, f"the loop to lose {hung}")
         out["hung_after_s"] = time.monotonic() - armed
         out["hung_alive"] = _alive(dep.rollouts[hung])
+        silent = out["silent"] = out["replacement"]
+        out["replacement2"] = dep.add_instance()
+        h = dep.rollouts[silent]
+        ray.get(h.hold_poll_with_work.remote())
+        held_from = time.monotonic()
+        out["silent_held"] = wait_for(
+            lambda: ray.get(h.poll_held.remote()), 60, f"{silent} to generate", every_s=0.05
+        )
+        out["silent_record"] = lost_record(dep, silent, f"the loop to lose {silent}")
+        out["silent_after_s"] = time.monotonic() - held_from
+        out["silent_alive"] = _alive(h)
 
     threading.Thread(target=watchdog, daemon=True).start()
     try:
@@ -131,9 +148,10 @@ def test_the_instance_was_lost_and_the_run_completed(dead: dict[str, Any]) -> No
     assert "stopped_by_watchdog" not in dead, dead["summary"]["counters"]
     assert dead["summary"]["steps_done"] == STEPS
     assert dead["killed_pids"] == []  # the sim engine died in place: no process was killed
-    assert dead["summary"]["counters"]["instances_lost"] == 2  # the dead one and the hung one
-    assert dead["summary"]["counters"]["instances_joined"] == 1
-    assert dead["instances"] == [dead["replacement"]]
+    # the dead one, the hung one and the silent one
+    assert dead["summary"]["counters"]["instances_lost"] == 3
+    assert dead["summary"]["counters"]["instances_joined"] == 2
+    assert dead["instances"] == [dead["replacement2"]]
     assert dead["actor_alive"] is not True  # its process ended itself
     assert dead["noticed_s"] < 30
 
@@ -144,6 +162,18 @@ def test_a_hung_sync_loses_the_instance_after_the_timeout(dead: dict[str, Any]) 
     assert dead["hung_alive"] is False  # its actor was killed
     # lost once the limit ran out, not before (the hang was armed before its first sync began)
     assert SYNC_TIMEOUT_S <= dead["hung_after_s"] < SYNC_TIMEOUT_S + 60
+    assert_routes_stopped(dead["histories"], rec)
+
+
+def test_a_hung_poll_loses_the_instance_after_the_call_timeout(dead: dict[str, Any]) -> None:
+    rec, silent = dead["silent_record"], dead["silent"]
+    assert (
+        f"poll on {silent!r} did not return within coordinator.call_timeout_s=8" in (rec["error"])
+    ), rec
+    assert dead["silent_alive"] is False  # its actor was killed
+    assert CALL_TIMEOUT_S <= dead["silent_after_s"] < CALL_TIMEOUT_S + 60
+    held = dead["silent_held"]
+    assert held and set(held) <= set(rec["requeued"]) | set(rec["finished"]) | set(rec["dropped"])
     assert_routes_stopped(dead["histories"], rec)
 
 

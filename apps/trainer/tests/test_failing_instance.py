@@ -1,7 +1,9 @@
-"""A live instance whose calls fail (its engine's server went away, say) leaves the run instead
-of ending it: a failed poll is tried again next cycle, until ``coordinator.instance_error_limit``
-polls in a row have failed; a failed route or interrupt (the instance's state is then unknown)
-ends it at once. Ending it kills its actor; the control loop then loses it as a dead one.
+"""A live instance whose calls fail (its engine's server went away, say) or hang leaves the run
+instead of ending or stalling it: a failed poll is tried again next cycle, until
+``coordinator.instance_error_limit`` polls in a row have failed; a failed route or interrupt
+(the instance's state is then unknown), and any call not answered within
+``coordinator.call_timeout_s``, end it at once. Ending it kills its actor; the control loop then
+loses it as a dead one.
 
 The shell's peers are in-process fakes (no Ray); ``integration_tests/cpu/
 test_train_sglang_standin.py`` runs the same path with real actors and a real server that
@@ -9,7 +11,9 @@ stops answering."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -36,6 +40,7 @@ class _Instance:
 
     def __init__(self) -> None:
         self.failing = False
+        self.hanging = False
         self.calls: list[str] = []
         enc, seq = SnapshotEncoder(), [0]
 
@@ -50,6 +55,8 @@ class _Instance:
         def call(name: str, answer: Any) -> _Remote:
             async def fn(*args: Any) -> Any:
                 self.calls.append(name)
+                if self.hanging:
+                    await asyncio.Event().wait()
                 if self.failing:
                     raise ConnectionError("All connection attempts failed")
                 return answer(*args)
@@ -69,17 +76,25 @@ class _Store:
         return len(ids)
 
 
+CLOCK = [1000.0]  # the shell's clock: it moves only when a test moves it
+
+
 @pytest.fixture
 def killed(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """The actors killed; the shell's clock stands still (no quiet period passes)."""
+    """The actors killed; the shell's clock stands still unless moved (``CLOCK``)."""
     out: list[Any] = []
     monkeypatch.setattr(shell_io, "kill_actor", out.append)
-    monkeypatch.setattr(shell_io.time, "monotonic", lambda: 1000.0)
+    CLOCK[0] = 1000.0
+    # the shell's own clock only: asyncio's (time.monotonic) must run for the call timeouts
+    monkeypatch.setattr(shell_io, "time", SimpleNamespace(monotonic=lambda: CLOCK[0]))
     return out
 
 
-def _io(rollouts: dict[str, Any], limit: int = 3) -> ShellIO:
-    cfg = load_config(SIM_TINY, [f"coordinator.instance_error_limit={limit}"])
+def _io(rollouts: dict[str, Any], limit: int = 3, call_s: float = 30.0) -> ShellIO:
+    cfg = load_config(
+        SIM_TINY,
+        [f"coordinator.instance_error_limit={limit}", f"coordinator.call_timeout_s={call_s}"],
+    )
     io = ShellIO(cfg, prompts=EncodedPrompts((), ()), ts_address=("127.0.0.1", 1), ts_token="t",
                  rollouts=rollouts, trainer=None, rewards=[], reward_spec={})  # fmt: skip
     io.ts = _Store()
@@ -104,17 +119,24 @@ async def test_failed_polls_are_tried_again_and_the_count_restarts_after_a_good_
     assert "a" not in await _cycle(io) and a.calls.count("poll") == 1
     a.failing = True
     io._signaled.add("a")  # its watcher asks (results wait): the poll fails
-    for _ in range(2):  # under the limit: left out of the answers, polled again next cycle
+    assert "a" not in await _cycle(io) and a.calls.count("poll") == 2
+    for _ in range(3):  # not tried again before POLL_RETRY_S, whatever else asks
+        io._signaled.add("a")
         assert "a" not in await _cycle(io)
+    assert a.calls.count("poll") == 2
+    CLOCK[0] += shell_io.POLL_RETRY_S
+    assert "a" not in await _cycle(io)  # the second failure in a row (the limit is 3)
     assert a.calls.count("poll") == 3
     assert io.byte_stats()["polls"]["retry"] == 1
     a.failing = False
+    CLOCK[0] += shell_io.POLL_RETRY_S
     assert "a" in await _cycle(io)  # the retry answers: the count starts again
     assert a.calls.count("poll") == 4
     a.failing = True
     io._signaled.add("a")
     for _ in range(2):
         assert "a" not in await _cycle(io)
+        CLOCK[0] += shell_io.POLL_RETRY_S
     assert killed == [] and list(io.rollouts) == ["a"]
     assert io.byte_stats()["polls"]["retry"] == 3
 
@@ -126,6 +148,7 @@ async def test_the_limits_failed_poll_kills_the_actor_and_answers_the_error(
     io = _io({"a": a}, limit=2)
     a.failing = True
     assert "a" not in await io.poll_all()
+    CLOCK[0] += shell_io.POLL_RETRY_S
     got = await io.poll_all()
     err = got["a"]
     assert isinstance(err, RuntimeError)
@@ -134,6 +157,8 @@ async def test_the_limits_failed_poll_kills_the_actor_and_answers_the_error(
     lost = await io.lose("a", err, 4.0)  # what the control loop does with the answer
     assert isinstance(lost, InstanceLost) and lost.instance_id == "a"
     assert io.rollouts == {}
+    assert await io.lose("a", err, 5.0) is None  # lost once (a sync may find it dead later)
+    assert len(io.lost) == 1
 
 
 async def test_a_failed_route_ends_the_instance_at_once(killed: list[Any]) -> None:
@@ -158,3 +183,27 @@ async def test_a_failed_interrupt_ends_the_instance(killed: list[Any], requeue: 
     # requeued work needs the loss now; an abort's (dropped in the store) waits for the next
     # poll, which finds the actor gone
     assert [e.instance_id for e in lost] == (["a"] if requeue else [])
+
+
+@pytest.mark.parametrize("call", ["poll", "route", "interrupt"])
+async def test_a_call_that_hangs_ends_the_instance_at_once(killed: list[Any], call: str) -> None:
+    a, b = _Instance(), _Instance()
+    io = _io({"a": a, "b": b}, call_s=0.2)
+    a.hanging = True
+    if call == "poll":
+        got = await io.poll_all()  # b's answer is not held up past the limit
+        err = got["a"]
+        assert isinstance(err, RuntimeError) and "b" in got
+    else:
+        cmds = [
+            fx.Route(instance_id="a", version=0, trajectory_ids=("a1",))
+            if call == "route"
+            else fx.Interrupt(instance_id="a", trajectory_ids=("a1",), reason="x", requeue=True),
+            fx.Route(instance_id="b", version=0, trajectory_ids=("b1",)),
+        ]
+        lost = await io.carry_all(cmds, lambda: 2.0)
+        assert [e.instance_id for e in lost] == ["a"]
+        err = io.lost[0]["error"]
+        assert b.calls == ["submit"]
+    assert f"{call} on 'a' did not return within coordinator.call_timeout_s=0.2" in str(err)
+    assert killed == [a]

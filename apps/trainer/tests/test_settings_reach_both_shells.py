@@ -58,6 +58,8 @@ ONE_SHELL = {
     "simulated instances never fail to sync",
     "coordinator.sync_timeout_s": "a real-time limit on a sync call; a simulated sync takes "
     "its modelled time and never hangs",
+    "coordinator.call_timeout_s": "a real-time limit on a call to an instance; a simulated "
+    "instance answers in modelled time and never hangs",
     "coordinator.instance_error_limit": "failed calls to a live instance; a simulated "
     "instance's calls never fail (its death is a fault the simulator injects)",
 }

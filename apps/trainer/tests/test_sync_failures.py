@@ -105,6 +105,7 @@ def test_retry_delay_doubles_and_is_capped() -> None:
         "coordinator.sync_retry_backoff_s=-0.5",
         "coordinator.sync_timeout_s=0",
         "coordinator.instance_error_limit=0",
+        "coordinator.call_timeout_s=0",
     ],
 )
 def test_bad_retry_settings_are_refused_naming_the_key(override: str) -> None:

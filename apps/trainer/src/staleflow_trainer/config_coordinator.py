@@ -148,11 +148,17 @@ class CoordinatorConfig:
         gt=0.0,
         doc="a sync not done by then means a hung instance: its actor is killed and it is lost",
     )
+    call_timeout_s: float = _f(
+        30.0,
+        gt=0.0,
+        doc="a poll, route or interrupt not answered by then means a hung instance: its actor "
+        "is killed and it is lost (the control loop waits this long at most)",
+    )
     instance_error_limit: int = _f(
         3,
         ge=1,
-        doc="polls of a live instance that may fail in a row; at this many its actor is "
-        "killed and it is lost (a failed route or interrupt loses it at once)",
+        doc="polls of a live instance that may fail in a row (2 s apart); at this many its "
+        "actor is killed and it is lost (a failed route or interrupt: at once)",
     )
 
     def __attrs_post_init__(self) -> None:

@@ -42,6 +42,8 @@ from staleflow_trainer.actors import reconcile
 from staleflow_trainer.actors.fault_hooks import FaultHooks
 from staleflow_trainer.actors.in_store import InStore
 from staleflow_trainer.actors.liveness import (
+    CallHung,
+    answer_within,
     is_actor_death,
     process_alive,
     sync_retry_delay,
@@ -217,7 +219,8 @@ class ControlActor(FaultHooks):
         at = self.now()
         for iid, p in polls.items():
             if isinstance(p, BaseException):
-                events.append(await self.io.lose(iid, p, at))
+                if (lost := await self.io.lose(iid, p, at)) is not None:
+                    events.append(lost)
             else:
                 events.append(self._reported(iid, p, at, await self.io.refused(iid, p)))
         for iid, snap in self.io.views(at, polls).items():  # not polled: extrapolated
@@ -309,20 +312,21 @@ class ControlActor(FaultHooks):
         h = self.io.rollouts.get(e.instance_id)
         if h is None:
             return
-        limit = asyncio.timeout(self.cfg.coordinator.sync_timeout_s)
+        limit_s = self.cfg.coordinator.sync_timeout_s
         try:
-            async with limit:
-                info = await self.io.sync(e.instance_id, h, e.version)
+            info = await answer_within(self.io.sync(e.instance_id, h, e.version), limit_s,
+                                       f"sync to version {e.version}", "coordinator.sync_timeout_s")  # fmt: skip
             self._post(SyncDone(at=self.now(), instance_id=e.instance_id,
                                 version=int(info["version"])))  # fmt: skip
         except asyncio.CancelledError:
             raise
         except Exception as err:
-            if limit.expired():  # hung (a dead engine is found by the instance itself)
-                hung = self.io.end_instance(e.instance_id, f"sync to version {e.version}", None)
-                self._post(await self.io.lose(e.instance_id, hung, self.now()))
-            elif is_actor_death(err):
-                self._post(await self.io.lose(e.instance_id, err, self.now()))
+            hung = isinstance(err, CallHung)  # (a dead engine is found by the instance itself)
+            if hung or is_actor_death(err):
+                if hung:
+                    err = self.io.end_instance(e.instance_id, f"sync to version {e.version}", err)
+                if (lost := await self.io.lose(e.instance_id, err, self.now())) is not None:
+                    self._post(lost)
             else:
                 self._log.warning("sync_failed", instance=e.instance_id, error=repr(err)[:300])
                 self._post(SyncFailed(at=self.now(), instance_id=e.instance_id,

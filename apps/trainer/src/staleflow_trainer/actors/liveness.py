@@ -1,14 +1,17 @@
 """Whether a peer is still there, and when to try it again: Ray's "this actor is gone" errors,
-a process check on this node, this process's children, the backoff between failed syncs, and a
-wait on an event with a timeout."""
+a call that does not return in time, a process check on this node, this process's children, the
+backoff between failed syncs, and a wait on an event with a timeout."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def is_actor_death(e: BaseException) -> bool:
@@ -29,6 +32,27 @@ def process_alive(pid: int) -> bool:
     except PermissionError:  # it exists: another user's
         return True
     return True
+
+
+class CallHung(Exception):
+    """A call to a peer did not return within the limit that the setting ``setting`` sets."""
+
+    def __init__(self, what: str, setting: str, limit_s: float) -> None:
+        self.why = f"did not return within {setting}={limit_s:g}"
+        super().__init__(f"{what} {self.why}")
+
+
+async def answer_within(call: Awaitable[T], limit_s: float, what: str, setting: str) -> T:
+    """``call``'s answer; :class:`CallHung` if it has none after ``limit_s`` (``what`` and
+    ``setting`` name the call and the setting of the limit in the error)."""
+    limit = asyncio.timeout(limit_s)
+    try:
+        async with limit:
+            return await call
+    except TimeoutError:
+        if limit.expired():
+            raise CallHung(what, setting, limit_s) from None
+        raise
 
 
 def kill_actor(handle: Any) -> None:

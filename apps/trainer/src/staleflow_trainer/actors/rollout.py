@@ -363,10 +363,10 @@ class RolloutActor(RolloutFaultHooks):
     async def _flush(self) -> None:
         """Write every pending result to the TS (new tokens only), then queue its outcome."""
         async with self._write_lock:
-            pending, self._to_write = self._to_write, []
-            if not pending:
+            if not self._to_write:
                 return
-            ts = await self._store()
+            ts = await self._store()  # before the results leave the list: it may fail
+            pending, self._to_write = self._to_write, []
             done: list[tuple[Completion, GenerateResult]] = []
             partial: list[tuple[Segment, GenerateResult]] = []
             for r, finished in pending:

@@ -12,15 +12,15 @@ not travel again with a poll. Ids travel packed by prompt (``engine_adapters.pac
 instance is polled only when it has something to say (see :meth:`ShellIO.poll_all`); between
 polls its view is extrapolated in time (:meth:`ShellIO.views`). Finished payloads are freed in
 the trajectory server with ``free``, which answers a count (``release`` would send them back).
-It counts the bytes that cross this process per peer kind (for a Ray call the pickled size of
-its arguments and of its answer; for the trajectory server the bytes on its socket, as its
-client counts them), so the data-path benchmark can show they do not grow with response length.
+It counts the bytes that cross this process (``actors.io_bytes``). A live instance whose calls
+fail or hang (``coordinator.call_timeout_s``) leaves the run: a failed poll is tried again, up to
+``coordinator.instance_error_limit`` in a row; a failed route or interrupt, or a hung call, ends
+it at once (:meth:`ShellIO.end_instance`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import pickle
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, cast
@@ -31,7 +31,8 @@ import structlog
 from engine_adapters import SnapshotDecoder, pack_ids, unpack_ids
 from rollout_coordinator import InstanceSnapshot
 from staleflow_trainer.actors.in_store import InStore, in_store
-from staleflow_trainer.actors.liveness import is_actor_death, kill_actor
+from staleflow_trainer.actors.io_bytes import ByteCounts, size
+from staleflow_trainer.actors.liveness import CallHung, answer_within, is_actor_death, kill_actor
 from staleflow_trainer.actors.rollout import poll_args, unpack_poll
 from staleflow_trainer.config import AppConfig
 from staleflow_trainer.control import effects as fx
@@ -52,20 +53,20 @@ WATCH_S = 30
 #: lost instance is noticed sooner: its watcher's call fails, which asks for a poll.
 QUIET_POLL_S = 30.0
 
+#: A live instance whose poll failed is polled again this long after, and only then (its view
+#: is extrapolated meanwhile), until ``coordinator.instance_error_limit`` polls in a row failed.
+POLL_RETRY_S = 2.0
+
 
 #: Why an instance is polled in a cycle (``ShellIO.byte_stats()["polls"]`` counts each):
 POLL_REASONS = {
     "no_view": "never polled yet, or its last snapshot delta was refused (a full one is due)",
     "command": "a command (route, interrupt, sync) went to it since its last poll",
     "asked": "its watcher's wait_results answered: results wait, or its view is off",
-    "retry": "its last poll failed (coordinator.instance_error_limit polls in a row may)",
+    "retry": f"its last poll failed, POLL_RETRY_S ({POLL_RETRY_S:g} s) ago",
     "quiet": f"not polled for QUIET_POLL_S ({QUIET_POLL_S:g} s)",
     "unwatched": "it has no wait_results and had work at its last poll: polled every cycle",
 }
-
-
-def _size(x: Any) -> int:
-    return len(pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 class ShellIO:
@@ -102,9 +103,7 @@ class ShellIO:
         self.wake = asyncio.Event()
         self._watchers: dict[str, asyncio.Task[None]] = {}
         self._poll_done: dict[str, asyncio.Event] = {}  # set when the instance was polled
-        self._bytes: dict[str, int] = {}
-        self._by_call: dict[str, int] = {}
-        self._polls: dict[str, int] = {}  # polls sent, by reason (POLL_REASONS)
+        self._counts = ByteCounts()  # polls sent by reason: POLL_REASONS
         self._decoders: dict[str, SnapshotDecoder] = {}
         # outcomes that interrupts' answers carried, not yet handed on as events; the ids per
         # instance whose end its next snapshot delta is decoded with (see ``snapshot``)
@@ -118,7 +117,7 @@ class ShellIO:
         self._quiet: set[str] = set()
         self._signaled: set[str] = set()
         self._answered: dict[str, float] = {}  # when an instance's poll answer arrived
-        self._failed_polls: dict[str, int] = {}  # failed polls in a row, by instance
+        self._failed_polls: dict[str, tuple[int, float]] = {}  # in a row, and when to retry
         self._next_reward = 0
         #: group id -> dataset row of the groups this process submitted (diagnostics)
         self.submitted: dict[str, int] = {}
@@ -181,22 +180,9 @@ class ShellIO:
         self._commands[iid] = self._commands.get(iid, 0) + 1
         self._quiet.discard(iid)
 
-    def _count(self, kind: str, n: int, call: str) -> None:
-        self._bytes[kind] = self._bytes.get(kind, 0) + n
-        key = f"{kind}.{call}"
-        self._by_call[key] = self._by_call.get(key, 0) + n
-
     def byte_stats(self) -> dict[str, Any]:
-        """Bytes per peer kind, under ``by_call`` per ``kind.call`` (a call's arguments and
-        its answer counted apart: ``poll`` and ``poll_answer``; for the trajectory server by
-        request type, from its client's socket counts), and under ``polls`` the polls sent by
-        reason (:data:`POLL_REASONS`)."""
-        kinds, by_call = dict(self._bytes), dict(self._by_call)
-        counted = getattr(self.ts, "wire_bytes", None)  # None: no client yet, or a test's fake
-        for t, c in (counted() if counted is not None else {}).items():
-            kinds["ts"] = kinds.get("ts", 0) + c["sent"] + c["received"]
-            by_call[f"ts.{t}"], by_call[f"ts.{t}_answer"] = c["sent"], c["received"]
-        return {**kinds, "by_call": by_call, "polls": dict(self._polls)}
+        """:meth:`ByteCounts.stats` (with the trajectory server's socket counts)."""
+        return self._counts.stats(self.ts)
 
     # ---- effects -------------------------------------------------------------------------
 
@@ -225,7 +211,9 @@ class ShellIO:
         for iid, outcomes in self._interrupted:  # an instance lost later reports them first
             out.append(Reported(at=at, instance_id=iid, outcomes=outcomes))
         self._interrupted = []
-        out.extend([await self.lose(iid, err, now()) for iid, err in filter(None, got)])
+        for iid, err in filter(None, got):
+            if (lost := await self.lose(iid, err, now())) is not None:
+                out.append(lost)
         return out
 
     async def carry(self, e: fx.Effect) -> tuple[str, BaseException] | None:
@@ -239,10 +227,11 @@ class ShellIO:
             if h is None:
                 return None
             args = (e.version, pack_ids(e.trajectory_ids))
-            self._count("instances", _size(args), "route")
+            self._counts.count("instances", size(args), "route")
             self.touch(e.instance_id)
             try:
-                self._count("instances", _size(await h.submit.remote(*args)), "route_answer")
+                answer = await self._within(h.submit.remote(*args), "route")
+                self._counts.count("instances", size(answer), "route_answer")
             except Exception as err:  # the instance died, or its state is now unknown
                 if is_actor_death(err):
                     return e.instance_id, err
@@ -253,11 +242,11 @@ class ShellIO:
             h = self.rollouts.get(e.instance_id)
             if h is not None:
                 packed = pack_ids(e.trajectory_ids)
-                self._count("instances", _size((packed, True)), "interrupt")
+                self._counts.count("instances", size((packed, True)), "interrupt")
                 self.touch(e.instance_id)
                 try:
-                    answer = await h.interrupt.remote(packed, True)
-                    self._count("instances", _size(answer), "interrupt_answer")
+                    answer = await self._within(h.interrupt.remote(packed, True), "interrupt")
+                    self._counts.count("instances", size(answer), "interrupt_answer")
                     self._took(e.instance_id, unpack_ids(packed), answer)
                 except Exception as err:
                     if not is_actor_death(err):  # its state is unknown: it leaves the run
@@ -376,7 +365,7 @@ class ShellIO:
         try:
             while self.rollouts.get(iid) is h:
                 ready = await wait.remote(WATCH_S)
-                self._count("instances", _size(WATCH_S) + _size(ready), "wait_results")
+                self._counts.count("instances", size(WATCH_S) + size(ready), "wait_results")
                 if ready:
                     polled.clear()
                     self._ask_poll(iid)  # results, or its view is off
@@ -394,13 +383,14 @@ class ShellIO:
 
     def _due(self, iid: str, now: float) -> str | None:
         """Why ``iid`` is polled this cycle (a key of :data:`POLL_REASONS`), None if not."""
+        failed = self._failed_polls.get(iid)
+        if failed is not None:
+            return "retry" if now >= failed[1] else None
         polled = self._polled.get(iid)
         if polled is None or self._decoder(iid).k is None:
             return "no_view"
         if polled[0] != self._commands.get(iid, 0):
             return "command"
-        if iid in self._failed_polls:
-            return "retry"
         if iid in self._signaled:
             return "asked"
         if now - polled[1] >= QUIET_POLL_S:
@@ -427,7 +417,7 @@ class ShellIO:
         due = {i: why for i in self.rollouts if (why := self._due(i, now)) is not None}
         iids = list(due)
         for i, why in due.items():
-            self._polls[why] = self._polls.get(why, 0) + 1
+            self._counts.poll(why)
             self._polled[i] = (self._commands.get(i, 0), now)
             self._signaled.discard(i)
         # each request acknowledges the last snapshot delta decoded (or asks for a full one);
@@ -435,7 +425,7 @@ class ShellIO:
         args = {i: poll_args(self._decoder(i).request()) for i in iids}
 
         async def poll(i: str) -> Any:
-            answer = await self.rollouts[i].poll.remote(*args[i])
+            answer = await self._within(self.rollouts[i].poll.remote(*args[i]), "poll")
             self._answered[i] = time.monotonic()  # its snapshot's age is counted from here
             return answer
 
@@ -444,19 +434,20 @@ class ShellIO:
         limit = self.cfg.coordinator.instance_error_limit
         for iid, p in zip(iids, got, strict=True):
             if args[iid]:
-                self._count("instances", _size(args[iid]), "poll")
-            if iid in self._poll_done:
-                self._poll_done[iid].set()  # its watcher goes on
+                self._counts.count("instances", size(args[iid]), "poll")
             if isinstance(p, BaseException) and not is_actor_death(p):
-                n = self._failed_polls[iid] = self._failed_polls.get(iid, 0) + 1
-                if n < limit:
+                n = self._failed_polls.get(iid, (0, 0.0))[0] + 1
+                self._failed_polls[iid] = (n, time.monotonic() + POLL_RETRY_S)
+                if n < limit and not isinstance(p, CallHung):  # a hung one's answer is lost
                     log.warning("instance_poll_failed", instance=iid, in_row=n, limit=limit,
                                 error=repr(p)[:300])  # fmt: skip
                     continue
-                p = self.end_instance(iid, f"{n} polls in a row", p)
+                p = self.end_instance(iid, "poll" if n == 1 else f"{n} polls in a row", p)
             self._failed_polls.pop(iid, None)
+            if iid in self._poll_done:
+                self._poll_done[iid].set()  # its watcher goes on
             if not isinstance(p, BaseException):
-                self._count("instances", _size(p), "poll_answer")
+                self._counts.count("instances", size(p), "poll_answer")
                 p = unpack_poll(p)
             out[iid] = p
         return out
@@ -473,10 +464,12 @@ class ShellIO:
                 out[iid] = InstanceSnapshot.from_engine(snap)
         return out
 
-    async def lose(self, iid: str, error: BaseException, at: float) -> InstanceLost:
+    async def lose(self, iid: str, error: BaseException, at: float) -> InstanceLost | None:
         """``iid`` died: the store puts back in the queue what it held (with the response
-        length the store holds for each); the instance leaves the run."""
-        self.rollouts.pop(iid, None)
+        length the store holds for each); the instance leaves the run (None: it had left)."""
+        if iid not in self.rollouts:
+            return None
+        del self.rollouts[iid]
         self._decoders.pop(iid, None)
         self._quiet.discard(iid)
         self._signaled.discard(iid)
@@ -496,14 +489,19 @@ class ShellIO:
         return InstanceLost(at=at, instance_id=iid, requeued=st.queued, finished=st.finished,
                             dropped=st.dropped)  # fmt: skip
 
-    def end_instance(self, iid: str, what: str, error: BaseException | None) -> RuntimeError:
-        """``what`` (calls to live instance ``iid``) failed with ``error``, or hung (None: it did
-        not return within ``coordinator.sync_timeout_s``): kill its actor, as a dead one is
-        gone, and return the error to lose it with (:meth:`lose`)."""
-        if error is None:
-            timeout_s = self.cfg.coordinator.sync_timeout_s
-            log.error("instance_hung", instance=iid, call=what, timeout_s=timeout_s)
-            why = f"did not return within coordinator.sync_timeout_s={timeout_s}"
+    async def _within(self, call: Any, what: str) -> Any:
+        """An instance's answer to ``call``; :class:`CallHung` after
+        ``coordinator.call_timeout_s``."""
+        limit_s = self.cfg.coordinator.call_timeout_s
+        return await answer_within(call, limit_s, what, "coordinator.call_timeout_s")
+
+    def end_instance(self, iid: str, what: str, error: BaseException) -> RuntimeError:
+        """``what`` (calls to live instance ``iid``) failed with ``error`` or hung
+        (:class:`CallHung`): kill its actor, as a dead one is gone, and return the error to
+        lose it with (:meth:`lose`)."""
+        if isinstance(error, CallHung):
+            log.error("instance_hung", instance=iid, call=what, error=str(error))
+            why = error.why
         else:
             log.error("instance_failing", instance=iid, call=what, error=repr(error)[:300])
             why = f"failed: {error!r}"[:400]
@@ -519,10 +517,10 @@ class ShellIO:
     async def sync(self, iid: str, handle: Any, version: int) -> dict[str, Any]:
         """Have ``iid`` load ``version``; its outcome shows in the polls after this returns."""
         self.touch(iid)
-        self._count("instances", _size(version), "sync")
+        self._counts.count("instances", size(version), "sync")
         try:
             answer = dict(await handle.sync.remote(version))
-            self._count("instances", _size(answer), "sync_answer")
+            self._counts.count("instances", size(answer), "sync_answer")
             return answer
         finally:
             self.touch(iid)
@@ -561,11 +559,11 @@ class ShellIO:
 
     async def _score_shard(self, i: int, shard: list[str]) -> list[list[Any]]:
         for attempt in (0, 1):
-            self._count("rewards", _size(shard), "score")
+            self._counts.count("rewards", size(shard), "score")
             worker = self.rewards[i]
             try:
                 rows = cast(list[list[Any]], await worker.score.remote(shard))
-                self._count("rewards", _size(rows), "score_answer")
+                self._counts.count("rewards", size(rows), "score_answer")
                 return rows
             except Exception as err:
                 if not is_actor_death(err) or attempt or not self.reward_spec:
@@ -594,7 +592,7 @@ class ShellIO:
             "staleness": [list(s) for s in e.staleness],
             "rewards": [list(r) for r in e.rewards],
         }
-        self._count("trainer", _size(batch), "train")
+        self._counts.count("trainer", size(batch), "train")
         metrics = dict(await self.trainer.train_batch.remote(batch))
-        self._count("trainer", _size(metrics), "train_answer")
+        self._counts.count("trainer", size(metrics), "train_answer")
         return metrics

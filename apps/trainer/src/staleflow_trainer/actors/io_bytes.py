@@ -1,0 +1,43 @@
+"""The bytes that cross the control process, per peer kind and per call: for a Ray call the
+pickled size of its arguments and of its answer, for the trajectory server the bytes on its
+socket as its client counts them (the data-path benchmark shows they do not grow with response
+length)."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+
+def size(x: Any) -> int:
+    """What ``x`` costs on a Ray call: its pickled size."""
+    return len(pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+class ByteCounts:
+    """Bytes per peer kind and per ``kind.call``, and the polls sent per reason."""
+
+    def __init__(self) -> None:
+        self._kinds: dict[str, int] = {}
+        self._by_call: dict[str, int] = {}
+        self.polls: dict[str, int] = {}
+
+    def count(self, kind: str, n: int, call: str) -> None:
+        self._kinds[kind] = self._kinds.get(kind, 0) + n
+        key = f"{kind}.{call}"
+        self._by_call[key] = self._by_call.get(key, 0) + n
+
+    def poll(self, why: str) -> None:
+        self.polls[why] = self.polls.get(why, 0) + 1
+
+    def stats(self, ts: Any) -> dict[str, Any]:
+        """Bytes per peer kind, under ``by_call`` per ``kind.call`` (a call's arguments and
+        its answer counted apart: ``poll`` and ``poll_answer``; for the trajectory server
+        ``ts`` by request type, from its client's socket counts), and under ``polls`` the polls
+        sent by reason."""
+        kinds, by_call = dict(self._kinds), dict(self._by_call)
+        counted = getattr(ts, "wire_bytes", None)  # None: no client yet, or a test's fake
+        for t, c in (counted() if counted is not None else {}).items():
+            kinds["ts"] = kinds.get("ts", 0) + c["sent"] + c["received"]
+            by_call[f"ts.{t}"], by_call[f"ts.{t}_answer"] = c["sent"], c["received"]
+        return {**kinds, "by_call": by_call, "polls": dict(self.polls)}
