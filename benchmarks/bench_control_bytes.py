@@ -6,7 +6,7 @@ reward workers and the trainer directly. This benchmark checks that on the real 
 (``staleflow_trainer.wiring.Deployment``: Ray, the trajectory server over TCP, the NIXL
 parameter server, the real trainer) with sim engine instances: ``examples/tiny.yaml`` (B x n =
 8 x 8, 2 instances; ``--eta``, default 1), one run per response length ``L`` (every response
-is ``L`` or ``L - 1`` tokens: ``sim.workload.response_len_median=L``, sigma 0, capped at
+is ``L`` tokens: ``sim.workload.response_len_median=L``, sigma 0, capped at
 ``max_new_tokens=L``). The sim engines use a fast custom cost model (0.1 ms per decode step),
 so a run's wall time is mostly training and control, not generation.
 

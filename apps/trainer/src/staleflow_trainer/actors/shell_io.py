@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, cast
 
-import numpy as np
 import structlog
 
 from engine_adapters import SnapshotDecoder, pack_ids, unpack_ids
@@ -118,6 +117,7 @@ class ShellIO:
         self._signaled: set[str] = set()
         self._answered: dict[str, float] = {}  # when an instance's poll answer arrived
         self._failed_polls: dict[str, tuple[int, float]] = {}  # in a row, and when to retry
+        self._stream: Any = None  # sim engines: the simulator's GroupLengths
         self._next_reward = 0
         #: group id -> dataset row of the groups this process submitted (diagnostics)
         self.submitted: dict[str, int] = {}
@@ -316,16 +316,15 @@ class ShellIO:
             log.debug("submit_group_noop", group_id=g.group_id, error=str(err)[:200])
 
     def _target_lengths(self, serial: int, members: int) -> list[int] | None:
-        """Response lengths the sim engine stops at (real engines ignore them): group-correlated
-        lognormal draws, a pure function of the run seed and the group."""
+        """Response lengths the sim engine stops at (None: a real engine): the simulator's."""
         if self.cfg.rollout.backend != "sim":
             return None
-        w, cap = self.cfg.sim.workload, self.cfg.rollout.sampling.max_new_tokens
-        rng = np.random.default_rng([self.cfg.run.seed, 17, serial])
-        base = int(
-            np.clip(rng.lognormal(np.log(w.response_len_median), w.response_len_sigma), 1, cap)
-        )
-        return [int(np.clip(base + j, 1, cap)) for j in rng.integers(-1, 2, size=members)]
+        if self._stream is None:
+            from staleflow_trainer.sim.workload import engine_lengths
+
+            self._stream = engine_lengths(self.cfg)
+        cap = self.cfg.rollout.sampling.max_new_tokens
+        return cast(list[int], self._stream.targets(serial - 1, members, cap))
 
     async def _ts_tolerant(self, op: str, ids: list[str], *args: Any) -> None:
         """A TS call on many ids that tolerates the ones already in the target state (a

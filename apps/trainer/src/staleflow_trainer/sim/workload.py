@@ -10,6 +10,8 @@ workload in the same order.
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import numpy as np
 
@@ -28,12 +30,44 @@ class GroupDraw:
     rewards: tuple[float, ...]  # Bernoulli(reward_rate) draws, one per member
 
 
+class GroupLengths:
+    """The response lengths of the stream's groups alone (what a sim engine under ``staleflow
+    train`` stops at): chunk ``c`` is sub-stream ``c`` of the sampler, ``members`` a group."""
+
+    def __init__(self, lengths: Any, members: int) -> None:
+        self._sampler = LengthSampler(lengths)
+        self._members = members
+        self._chunks: dict[int, Any] = {}
+
+    def chunk(self, c: int) -> Any:
+        """Chunk ``c``'s lengths, one row per group (``CHUNK`` x ``members``)."""
+        got = self._chunks.get(c)
+        if got is None:
+            got = self._chunks[c] = self._sampler.groups(CHUNK, self._members, stream=c)
+        return got
+
+    def targets(self, index: int, members: int, cap: int) -> list[int]:
+        """Group ``index``'s first ``members`` lengths, each in ``[1, cap]``."""
+        c, i = divmod(index, CHUNK)
+        row = self.chunk(c)[i]
+        return [max(1, min(int(row[m % len(row)]), cap)) for m in range(members)]
+
+
+def engine_lengths(cfg: Any) -> GroupLengths:
+    """The lengths of an app config's groups (``staleflow train`` with sim engines: the same as
+    ``staleflow simulate`` draws for them)."""
+    from staleflow_trainer.config_sim import length_workload
+
+    p = cfg.protocol
+    return GroupLengths(length_workload(cfg), p.group_size + p.group_redundancy)
+
+
 class PromptStream:
     """Deterministic, unbounded sequence of groups for one spec (seed, lengths, group size)."""
 
     def __init__(self, spec: SimSpec) -> None:
         self.spec = spec
-        self._sampler = LengthSampler(spec.lengths)
+        self.lengths = GroupLengths(spec.lengths, spec.group_size + spec.group_redundancy)
         self._chunks: dict[int, list[GroupDraw]] = {}
 
     def group(self, index: int) -> GroupDraw:
@@ -46,7 +80,7 @@ class PromptStream:
     def _draw(self, c: int) -> list[GroupDraw]:
         s = self.spec
         members = s.group_size + s.group_redundancy  # n' for every policy: same first n
-        lens = self._sampler.groups(CHUNK, members, stream=c)
+        lens = self.lengths.chunk(c)
         rng = np.random.default_rng([s.seed, 7919, c])
         prompts = np.clip(
             np.rint(s.prompt_len * np.exp(s.prompt_len_sigma * rng.standard_normal(CHUNK))),
