@@ -143,10 +143,11 @@ def gone(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         out["lost"] = lost_record(
             dep, out["victim"], "the loop to lose the silent server's instance"
         )
+        h = dep.rollouts[out["victim"]]
         try:  # its actor was killed: a call fails
-            ray.get(dep.rollouts[out["victim"]].stats.remote(), timeout=10)
+            ray.get(h.stats.remote(), timeout=30)
             out["victim_alive"] = True
-        except Exception:
+        except ray.exceptions.RayActorError:
             out["victim_alive"] = False
 
     try:

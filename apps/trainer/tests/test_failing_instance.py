@@ -1,5 +1,5 @@
 """A live instance whose calls fail (its engine's server went away, say) or hang leaves the run
-instead of ending or stalling it: a failed poll is tried again next cycle, until
+instead of ending or stalling it: a failed poll is tried again ``POLL_RETRY_S`` later, until
 ``coordinator.instance_error_limit`` polls in a row have failed; a failed route or interrupt
 (the instance's state is then unknown), and any call not answered within
 ``coordinator.call_timeout_s``, end it at once. Ending it kills its actor; the control loop then
@@ -185,13 +185,14 @@ async def test_a_failed_interrupt_ends_the_instance(killed: list[Any], requeue: 
     assert [e.instance_id for e in lost] == (["a"] if requeue else [])
 
 
+@pytest.mark.timeout(10)
 @pytest.mark.parametrize("call", ["poll", "route", "interrupt"])
 async def test_a_call_that_hangs_ends_the_instance_at_once(killed: list[Any], call: str) -> None:
     a, b = _Instance(), _Instance()
     io = _io({"a": a, "b": b}, call_s=0.2)
     a.hanging = True
     if call == "poll":
-        got = await io.poll_all()  # b's answer is not held up past the limit
+        got = await io.poll_all()
         err = got["a"]
         assert isinstance(err, RuntimeError) and "b" in got
     else:
@@ -207,3 +208,30 @@ async def test_a_call_that_hangs_ends_the_instance_at_once(killed: list[Any], ca
         assert b.calls == ["submit"]
     assert f"{call} on 'a' did not return within coordinator.call_timeout_s=0.2" in str(err)
     assert killed == [a]
+
+
+@pytest.mark.timeout(10)
+async def test_after_a_hung_call_the_instances_other_calls_are_not_sent(
+    killed: list[Any],
+) -> None:
+    a = _Instance()
+    a.hanging = True
+    io = _io({"a": a}, call_s=0.2)
+    routes = [fx.Route(instance_id="a", version=0, trajectory_ids=(f"a{k}",)) for k in range(3)]
+    lost = await io.carry_all(routes, lambda: 2.0)  # one wait of 0.2 s, not three
+    assert [e.instance_id for e in lost] == ["a"] and a.calls == ["submit"]
+
+
+@pytest.mark.timeout(10)
+async def test_a_timeout_error_from_the_instance_itself_is_a_failure_not_a_hang(
+    killed: list[Any],
+) -> None:
+    a = _Instance()
+    io = _io({"a": a}, call_s=5.0)
+
+    async def times_out(*args: Any) -> Any:
+        raise TimeoutError("the engine's own request timed out")
+
+    a.poll = _Remote(times_out)
+    assert "a" not in await io.poll_all()  # retried later, like any failed poll
+    assert killed == [] and list(io.rollouts) == ["a"]

@@ -149,10 +149,10 @@ class CoordinatorConfig:
         doc="a sync not done by then means a hung instance: its actor is killed and it is lost",
     )
     call_timeout_s: float = _f(
-        30.0,
+        120.0,
         gt=0.0,
         doc="a poll, route or interrupt not answered by then means a hung instance: its actor "
-        "is killed and it is lost (the control loop waits this long at most)",
+        "is killed and it is lost (an interrupt may wait 30 s for its generations)",
     )
     instance_error_limit: int = _f(
         3,

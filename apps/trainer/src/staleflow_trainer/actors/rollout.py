@@ -92,6 +92,10 @@ ENGINE_DEAD_EXIT = 75
 #: Before it ends, a dying instance writes what already finished to the TS for this long at most.
 DYING_FLUSH_S = 5.0
 
+#: How long an interrupt waits for the interrupted generations to come back before it writes
+#: what it has (``coordinator.call_timeout_s`` must leave it this long).
+INTERRUPT_WAIT_S = 30.0
+
 
 def pack_outcomes(outcomes: Sequence[tuple[str, int, str | None]]) -> list[Any] | None:
     """Outcomes ``(id, response length, finish reason or None)`` as ``[ids, lengths,
@@ -487,7 +491,7 @@ class RolloutActor(RolloutFaultHooks):
                             self._log.debug("interrupt_skipped", trajectory_id=t, error=repr(e2))
             tasks = [self._tasks[t] for t in ids if t in self._tasks]
             if tasks:
-                await asyncio.wait(tasks, timeout=30)
+                await asyncio.wait(tasks, timeout=INTERRUPT_WAIT_S)
         await self._flush()
         if not report:
             return len(ids)

@@ -117,6 +117,7 @@ class ShellIO:
         self._signaled: set[str] = set()
         self._answered: dict[str, float] = {}  # when an instance's poll answer arrived
         self._failed_polls: dict[str, tuple[int, float]] = {}  # in a row, and when to retry
+        self._killed: set[str] = set()  # actors killed here, not lost yet
         self._stream: Any = None  # sim engines: the simulator's GroupLengths
         self._next_reward = 0
         #: group id -> dataset row of the groups this process submitted (diagnostics)
@@ -224,7 +225,7 @@ class ShellIO:
                 self.submitted[g.group_id] = g.row
         elif isinstance(e, fx.Route):
             h = self.rollouts.get(e.instance_id)
-            if h is None:
+            if h is None or e.instance_id in self._killed:
                 return None
             args = (e.version, pack_ids(e.trajectory_ids))
             self._counts.count("instances", size(args), "route")
@@ -240,7 +241,7 @@ class ShellIO:
                 self.touch(e.instance_id)
         elif isinstance(e, fx.Interrupt):
             h = self.rollouts.get(e.instance_id)
-            if h is not None:
+            if h is not None and e.instance_id not in self._killed:
                 packed = pack_ids(e.trajectory_ids)
                 self._counts.count("instances", size((packed, True)), "interrupt")
                 self.touch(e.instance_id)
@@ -409,7 +410,7 @@ class ShellIO:
         """Poll the instances that have something to say (for a reason of
         :data:`POLL_REASONS`, counted there). The answers by instance (an exception: it left
         the run, see :meth:`end_instance`); the others' views are :meth:`views`. A live
-        instance whose poll failed is left out and polled again next cycle, until
+        instance whose poll failed is left out and polled again ``POLL_RETRY_S`` later, until
         ``coordinator.instance_error_limit`` polls in a row have failed."""
         self._watch_all()
         now = time.monotonic()
@@ -441,7 +442,8 @@ class ShellIO:
                     log.warning("instance_poll_failed", instance=iid, in_row=n, limit=limit,
                                 error=repr(p)[:300])  # fmt: skip
                     continue
-                p = self.end_instance(iid, "poll" if n == 1 else f"{n} polls in a row", p)
+                what = "poll" if n == 1 or isinstance(p, CallHung) else f"{n} polls in a row"
+                p = self.end_instance(iid, what, p)
             self._failed_polls.pop(iid, None)
             if iid in self._poll_done:
                 self._poll_done[iid].set()  # its watcher goes on
@@ -469,6 +471,7 @@ class ShellIO:
         if iid not in self.rollouts:
             return None
         del self.rollouts[iid]
+        self._killed.discard(iid)
         self._decoders.pop(iid, None)
         self._quiet.discard(iid)
         self._signaled.discard(iid)
@@ -506,11 +509,11 @@ class ShellIO:
             why = f"failed: {error!r}"[:400]
         if (h := self.rollouts.get(iid)) is not None:
             kill_actor(h)
+        self._killed.add(iid)  # the rest of its calls in this batch are not sent
         return RuntimeError(f"{what} on {iid!r} {why}; its actor was killed")
 
     async def refused(self, iid: str, answer: Mapping[str, Any] | None) -> InStore:
-        """What the store holds of the trajectories it refused to route to ``iid`` (listed
-        by its poll ``answer``)."""
+        """What the store holds of those it refused to route to ``iid`` (its poll ``answer``)."""
         return await in_store(self.ts, (answer or {}).get("refused", ()), iid)
 
     async def sync(self, iid: str, handle: Any, version: int) -> dict[str, Any]:
@@ -528,9 +531,9 @@ class ShellIO:
         self.stop_watching()
         for iid in self.rollouts:
             self.touch(iid)
-        await asyncio.gather(
-            *(h.interrupt.remote(None) for h in self.rollouts.values()), return_exceptions=True
-        )
+        hs = self.rollouts.values()
+        await asyncio.gather(*(self._within(h.interrupt.remote(None), "stop") for h in hs),
+                             return_exceptions=True)  # fmt: skip
 
     # ---- background work -----------------------------------------------------------------
 
