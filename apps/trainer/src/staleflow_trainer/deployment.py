@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from staleflow_trainer.actors.liveness import is_actor_death
+from staleflow_trainer.actors.liveness import is_actor_death, kill_actor
 from staleflow_trainer.actors.reconcile import TS_FILE, checkpoint_records
 from staleflow_trainer.atomic_files import make_run_dir
 from staleflow_trainer.config import AppConfig, dump_config, is_loopback, to_dict
@@ -334,9 +334,7 @@ class Deployment:
     def kill_instance(self, instance_id: str) -> None:
         """Kill a rollout instance's process (``ray.kill``); the loop notices at its next call
         to it, returns its work to the queue and stops routing to it."""
-        import ray
-
-        ray.kill(self.rollouts.pop(instance_id), no_restart=True)
+        kill_actor(self.rollouts.pop(instance_id))
 
     def add_instance(self) -> str:
         """Start a new rollout instance, load the latest published version from the param
@@ -369,7 +367,7 @@ class Deployment:
             self._pending_out.append(ray.get(old.drain.remote(), timeout=60))
         except Exception as e:  # already gone: recovery covers it
             log.warning("control_stop_failed", error=repr(e)[:200])
-        ray.kill(old, no_restart=True)
+        kill_actor(old)
         self.coordinator = self._make_coordinator(recover=True)
         info = dict(ray.get(self.coordinator.setup.remote()))
         log.info("coordinator_restarted", **info)

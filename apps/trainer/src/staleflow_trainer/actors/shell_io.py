@@ -118,7 +118,7 @@ class ShellIO:
         self._answered: dict[str, float] = {}  # when an instance's poll answer arrived
         self._failed_polls: dict[str, tuple[int, float]] = {}  # in a row, and when to retry
         self._killed: set[str] = set()  # actors killed here, not lost yet
-        self._stream: Any = None  # sim engines: the simulator's GroupLengths
+        self._lengths: Any = None  # sim engines: the simulator's GroupLengths
         self._next_reward = 0
         #: group id -> dataset row of the groups this process submitted (diagnostics)
         self.submitted: dict[str, int] = {}
@@ -320,12 +320,12 @@ class ShellIO:
         """Response lengths the sim engine stops at (None: a real engine): the simulator's."""
         if self.cfg.rollout.backend != "sim":
             return None
-        if self._stream is None:
+        if self._lengths is None:
             from staleflow_trainer.sim.workload import engine_lengths
 
-            self._stream = engine_lengths(self.cfg)
+            self._lengths = engine_lengths(self.cfg)
         cap = self.cfg.rollout.sampling.max_new_tokens
-        return cast(list[int], self._stream.targets(serial - 1, members, cap))
+        return cast(list[int], self._lengths.targets(serial - 1, members, cap))
 
     async def _ts_tolerant(self, op: str, ids: list[str], *args: Any) -> None:
         """A TS call on many ids that tolerates the ones already in the target state (a
