@@ -11,7 +11,9 @@ trajectory server (TS) directly:
   numbers);
 * results are written to the TS in batches — ``finish`` for finished trajectories,
   ``return_partial`` for interrupted ones, each carrying only the tokens generated here
-  (``start`` = what the store already held) — before they are reported;
+  (``start`` = what the store already held) — before they are reported. A broken connection
+  to the TS is reopened, a request whose answer was lost is settled by the store's view, and
+  results the TS cannot be reached for are kept for a later poll (``instance_store``);
 * ``wait_results(timeout_s)`` returns True as soon as a result waits to be reported or the
   control side's view of the instance is off (checked every ``DRIFT_CHECK_S`` while it
   generates), False after ``timeout_s``: the control shell polls an instance when it says so
@@ -43,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import os
 import signal
 import sys
@@ -68,9 +69,10 @@ from engine_adapters import (
     unpack_ids,
 )
 from staleflow_trainer.actors.fault_hooks import RolloutFaultHooks
+from staleflow_trainer.actors.instance_store import InstanceStore, Item
 from staleflow_trainer.actors.liveness import child_processes
 from trajectory_server import Completion, Segment
-from trajectory_server.errors import TrajectoryServerError
+from trajectory_server.errors import TransportError
 
 log = structlog.get_logger(__name__)
 
@@ -149,6 +151,11 @@ def unpack_poll(p: Sequence[Any] | None) -> dict[str, Any] | None:
             "refused": unpack_ids(refused or ()), "errors": list(errors or ())}  # fmt: skip
 
 
+def _finish(r: GenerateResult) -> str:
+    """The TS finish reason of a finished result (one stopped at its token budget: length)."""
+    return "length" if r.finish_reason is FinishReason.INTERRUPTED else r.finish_reason.value
+
+
 class RolloutActor(RolloutFaultHooks):
     """Wrap with ``ray.remote(max_concurrency=...)``; every method is async."""
 
@@ -166,9 +173,7 @@ class RolloutActor(RolloutFaultHooks):
         self.instance_id = instance_id
         self.backend = backend
         self.engine_kwargs = dict(engine_kwargs)
-        self._ts_address = tuple(ts_address)
-        self._ts_token = ts_token or None
-        self._ts: Any = None
+        self._io = InstanceStore(instance_id, ts_address, ts_token)
         self._ps_address = tuple(ps_address) if ps_address else None
         self._ps_token = ps_token or None
         self._ps: Any = None
@@ -201,13 +206,6 @@ class RolloutActor(RolloutFaultHooks):
             raise RuntimeError(f"rollout instance {self.instance_id!r} is not started")
         return self._engine
 
-    async def _store(self) -> Any:
-        if self._ts is None:
-            from trajectory_server.client import TrajectoryClient
-
-            self._ts = await TrajectoryClient.connect(*self._ts_address, token=self._ts_token)
-        return self._ts
-
     async def start(self) -> dict[str, Any]:
         """Create and start the engine; returns ``instance_id``, ``version``, KV capacity."""
         if self._engine is None:
@@ -218,7 +216,7 @@ class RolloutActor(RolloutFaultHooks):
             self._drift = asyncio.get_running_loop().create_task(self._check_drift())
             self._health = asyncio.get_running_loop().create_task(self._watch_health())
             self._log.info("rollout_started", seconds=round(time.perf_counter() - t0, 2))
-        await self._store()
+        await self._io.connect()
         snap = await self._require().snapshot()
         return {
             "instance_id": self.instance_id,
@@ -233,19 +231,10 @@ class RolloutActor(RolloutFaultHooks):
         V_traj for a partial) and start generating; returns how many started. The ids may
         come packed (``engine_adapters.pack_ids``)."""
         engine = self._require()
-        ts = await self._store()
-        ids = unpack_ids(trajectory_ids)
-        try:
-            payloads = list(await ts.route(self.instance_id, ids, int(version)))
-        except TrajectoryServerError as e:  # all or nothing: retry one by one
-            self._log.warning("route_refused", error=str(e)[:200])
-            payloads = []
-            for tid in ids:
-                try:
-                    payloads.extend(await ts.route(self.instance_id, [tid], int(version)))
-                except TrajectoryServerError as e1:
-                    self._refused.append(tid)
-                    self._errors.append({"trajectory_id": tid, "error": str(e1)[:200]})
+        payloads, refused = await self._io.route(unpack_ids(trajectory_ids), int(version))
+        for tid, error in refused:
+            self._refused.append(tid)
+            self._errors.append({"trajectory_id": tid, "error": error})
         started = 0
         for t in payloads:
             tid = t.trajectory_id
@@ -365,56 +354,48 @@ class RolloutActor(RolloutFaultHooks):
         os._exit(ENGINE_DEAD_EXIT)
 
     async def _flush(self) -> None:
-        """Write every pending result to the TS (new tokens only), then queue its outcome."""
+        """Write every pending result to the TS (new tokens only), then queue its outcome. A
+        result the TS could not be reached for stays pending, and the call fails."""
         async with self._write_lock:
             if not self._to_write:
                 return
-            ts = await self._store()  # before the results leave the list: it may fail
             pending, self._to_write = self._to_write, []
-            done: list[tuple[Completion, GenerateResult]] = []
-            partial: list[tuple[Segment, GenerateResult]] = []
+            done: list[Item] = []
+            partial: list[Item] = []
             for r, finished in pending:
-                start = self._known.pop(r.trajectory_id, 0)
-                self._max_new.pop(r.trajectory_id, None)
                 tid = r.trajectory_id
+                start = self._known.get(tid, 0)
                 toks, lps, vers = r.token_ids[start:], r.logprobs[start:], r.versions[start:]
                 if finished:
-                    reason = (
-                        "length"
-                        if r.finish_reason is FinishReason.INTERRUPTED
-                        else r.finish_reason.value
-                    )
                     c = Completion(trajectory_id=tid, start=start, token_ids=toks, logprobs=lps,
-                                   versions=vers, finish_reason=reason)  # fmt: skip
+                                   versions=vers, finish_reason=_finish(r))  # fmt: skip
                     done.append((c, r))
                 else:
                     seg = Segment(trajectory_id=tid, start=start, token_ids=toks, logprobs=lps,
                                   versions=vers)  # fmt: skip
                     partial.append((seg, r))
-            # the store answers a count: the tokens it holds need not come back
-            await self._write(functools.partial(ts.finish, echo=False), done, finished=True)
-            await self._write(ts.return_partial, partial, finished=False)
+            kept: list[tuple[GenerateResult, bool]] = []
+            for items, finished in ((done, True), (partial, False)):
+                written, refused, left = await self._io.write(items, finished=finished)
+                for _, r in written:
+                    self._ended(r.trajectory_id)
+                    reason = _finish(r) if finished else None
+                    self._outcomes.append((r.trajectory_id, len(r.token_ids), reason))
+                for (_, r), error in refused:
+                    self._ended(r.trajectory_id)
+                    self._errors.append({"trajectory_id": r.trajectory_id, "error": error})
+                kept += [(r, finished) for _, r in left]
+            if kept:  # before what finished since: the order results came in is kept
+                self._to_write[:0] = kept
+                raise TransportError(
+                    f"the trajectory server cannot be reached: {len(kept)} results of "
+                    f"{self.instance_id!r} are kept to write later",
+                    instance_id=self.instance_id,
+                )
 
-    async def _write(self, op: Any, items: list[Any], *, finished: bool) -> None:
-        if not items:
-            return
-        try:
-            await op(self.instance_id, [seg for seg, _ in items])
-            ok = items
-        except TrajectoryServerError as e:  # all or nothing: write one by one
-            self._log.warning("ts_write_refused", finished=finished, error=str(e)[:200])
-            ok = []
-            for item in items:
-                try:
-                    await op(self.instance_id, [item[0]])
-                    ok.append(item)
-                except TrajectoryServerError as e1:  # e.g. dropped meanwhile: output discarded
-                    self._errors.append({"trajectory_id": item[0].trajectory_id,
-                                         "error": str(e1)[:200]})  # fmt: skip
-        for seg, r in ok:
-            self._outcomes.append(
-                (r.trajectory_id, len(r.token_ids), seg.finish_reason.value if finished else None)
-            )
+    def _ended(self, tid: str) -> None:
+        self._known.pop(tid, None)
+        self._max_new.pop(tid, None)
 
     async def poll(self, ack: int | None = None, full: bool = False) -> list[Any] | None:
         """What happened since the last poll: ``[delta, outcomes, refused, errors]``, the
@@ -589,6 +570,4 @@ class RolloutActor(RolloutFaultHooks):
         if self._ps is not None:
             self._ps.close()
             self._ps = None
-        if self._ts is not None:
-            await self._ts.close()
-            self._ts = None
+        await self._io.close()

@@ -1,12 +1,17 @@
-"""One kept-open trajectory-server connection for a synchronous actor (the trainer, a reward
-worker): their methods are plain functions, the client is asyncio.
+"""Kept-open trajectory-server connections, reopened when they break.
 
-The connection lives on an event loop in a daemon thread of the actor's process, opened on
-first use and kept for the next calls (its keepalive pings run there between calls), so a call
-costs one request on an open connection instead of a new TCP connection and handshake. A
-connection that broke (the server restarted, the transport failed) is dropped and the call is
-tried once more on a new one; an error about the trajectories themselves (unknown, not
-finished) goes to the caller and the connection stays.
+:class:`AsyncStoreLink` is the connection for asyncio code (a rollout instance): opened on first
+use and kept for the next calls (its keepalive pings run between calls), so a call costs one
+request on an open connection instead of a new TCP connection and handshake. A connection that
+broke (the server restarted, the transport failed) is dropped; with ``retry`` the call is tried
+once more on a new one, without it the error goes to the caller, whose next call opens a new
+connection. An error about the trajectories themselves (unknown, not finished) goes to the
+caller and the connection stays.
+
+:class:`StoreLink` is the same for a synchronous actor (the trainer, a reward worker): their
+methods are plain functions, so the connection lives on an event loop in a daemon thread of
+the actor's process, and every call is retried once on a new connection (their calls read or
+free finished trajectories).
 """
 
 from __future__ import annotations
@@ -19,34 +24,30 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-class StoreLink:
-    """``run(op)`` awaits ``op(client)`` on the kept connection and returns its result."""
+def broken_errors() -> tuple[type[BaseException], ...]:
+    """The errors that say the connection broke (any other is about the call itself)."""
+    from trajectory_server.errors import ServiceClosed, TransportError
+
+    return (TransportError, ServiceClosed)
+
+
+class AsyncStoreLink:
+    """``await run(op)`` awaits ``op(client)`` on the kept connection and returns its result."""
 
     def __init__(self, address: Sequence[Any], token: str | None) -> None:
         self._address = tuple(address)
         self._token = token or None
         self._client: Any = None
-        self._lock = threading.Lock()  # one call at a time (actors may run 2 threads)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="ts-link", daemon=True)
-        self._thread.start()
         self.connects = 0  # connections opened so far
 
-    def run(self, op: Callable[[Any], Awaitable[T]]) -> T:
-        if self._loop.is_closed():
-            raise RuntimeError("the trajectory-server link is closed")
-        with self._lock:
-            return asyncio.run_coroutine_threadsafe(self._run(op), self._loop).result()
-
-    async def _run(self, op: Callable[[Any], Awaitable[T]]) -> T:
+    async def run(self, op: Callable[[Any], Awaitable[T]], *, retry: bool = True) -> T:
+        """``op(client)``; a connection that broke is dropped, and with ``retry`` the call is
+        made once more on a new one (only for calls that may be repeated: a request whose
+        answer was lost may have been carried out)."""
         from trajectory_server.client import TrajectoryClient
-        from trajectory_server.errors import (
-            InvalidRecord,
-            ServiceClosed,
-            StateError,
-            TransportError,
-        )
+        from trajectory_server.errors import InvalidRecord, StateError
 
+        broken = broken_errors()
         for attempt in (0, 1):
             if self._client is None:
                 self._client = await TrajectoryClient.connect(*self._address, token=self._token)
@@ -56,22 +57,45 @@ class StoreLink:
             except (StateError, InvalidRecord):
                 raise  # about the trajectories asked for: the connection is fine
             except BaseException as e:
-                await self._drop()
-                if attempt or not isinstance(e, TransportError | ServiceClosed):
+                await self.drop()
+                if attempt or not retry or not isinstance(e, broken):
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _drop(self) -> None:
+    async def drop(self) -> None:
+        """Close the connection (the next call opens a new one)."""
         client, self._client = self._client, None
         if client is not None:
             await client.close()
+
+
+class StoreLink:
+    """``run(op)`` awaits ``op(client)`` on the kept connection and returns its result."""
+
+    def __init__(self, address: Sequence[Any], token: str | None) -> None:
+        self._link = AsyncStoreLink(address, token)
+        self._lock = threading.Lock()  # one call at a time (actors may run 2 threads)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="ts-link", daemon=True)
+        self._thread.start()
+
+    @property
+    def connects(self) -> int:
+        """Connections opened so far."""
+        return self._link.connects
+
+    def run(self, op: Callable[[Any], Awaitable[T]]) -> T:
+        if self._loop.is_closed():
+            raise RuntimeError("the trajectory-server link is closed")
+        with self._lock:
+            return asyncio.run_coroutine_threadsafe(self._link.run(op), self._loop).result()
 
     def close(self) -> None:
         """Close the connection and stop the loop's thread (idempotent)."""
         if self._loop.is_closed():
             return
         with self._lock:
-            asyncio.run_coroutine_threadsafe(self._drop(), self._loop).result()
+            asyncio.run_coroutine_threadsafe(self._link.drop(), self._loop).result()
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
             self._loop.close()

@@ -1,0 +1,172 @@
+"""What one rollout instance asks of the trajectory server (TS): its work (:meth:`route`) and
+the results it writes back (:meth:`write`), over one kept connection (``AsyncStoreLink``).
+
+A request whose connection broke may have been carried out or not: its answer was lost. It is
+neither given up nor simply sent again (the store refuses a second ``finish`` of a trajectory
+it already finished): the store's view decides. The ids a broken request carried are
+*uncertain*; the request is made once more on a new connection, and where the store refuses an
+uncertain id, the id's location in the store says whether the lost request had landed:
+
+* a route landed if the store places the trajectory on this instance (its payload is then
+  read with ``get``);
+* a ``finish`` landed if the trajectory is finished, a ``return_partial`` if it is queued.
+
+What cannot be settled because the store cannot be reached (the request broke on the new
+connection too) comes back *unresolved*: the caller keeps those results and writes them later,
+so a result is never dropped because a connection broke.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import structlog
+
+from staleflow_trainer.actors.ts_link import AsyncStoreLink, broken_errors
+from trajectory_server import LocationState, Segment
+from trajectory_server.errors import TrajectoryServerError
+
+log = structlog.get_logger("staleflow.rollout")
+
+T = TypeVar("T")
+#: a record to write (a ``Segment``, or a ``Completion`` for ``finish``) and what the caller
+#: keeps beside it
+Item = tuple[Segment, Any]
+
+
+class InstanceStore:
+    """The TS as one rollout instance uses it (see the module docstring)."""
+
+    def __init__(self, instance_id: str, address: Sequence[Any], token: str | None) -> None:
+        self.instance_id = instance_id
+        self.link = AsyncStoreLink(address, token)
+        self._broken = broken_errors()
+        self._uncertain: set[str] = set()  # carried by a request whose answer was lost
+        self._log = log.bind(instance=instance_id)
+
+    async def connect(self) -> None:
+        """Open the connection now (a TS that cannot be reached fails the caller at once)."""
+        await self.link.run(lambda ts: ts.ping())
+
+    async def close(self) -> None:
+        await self.link.drop()
+
+    async def _call(self, op: Callable[[Any], Awaitable[T]], ids: Sequence[str]) -> T:
+        """``op`` on the link. A broken connection makes ``ids`` uncertain and the call is made
+        once more on a new one; if that breaks too, the error goes to the caller. Once the call
+        is answered, ``ids`` are settled."""
+        for attempt in (0, 1):
+            try:
+                out = await self.link.run(op, retry=False)
+            except self._broken as e:
+                self._uncertain.update(ids)
+                if attempt:
+                    raise
+                self._log.warning("ts_connection_broken", error=repr(e)[:200])
+                continue
+            self._uncertain.difference_update(ids)
+            return out
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _settled(self, tid: str, landed: Callable[[Any], bool]) -> bool:
+        """The store refused ``tid``: whether a request for it whose answer was lost had landed
+        (``landed(location)``); False for an id that was not uncertain."""
+        if tid not in self._uncertain:
+            return False
+        try:
+            (loc,) = await self._call(lambda ts: ts.locate([tid]), ())
+        except self._broken:
+            raise
+        except TrajectoryServerError:  # e.g. unknown to the store
+            loc = None
+        self._uncertain.discard(tid)
+        return loc is not None and landed(loc)
+
+    async def route(
+        self, ids: Sequence[str], version: int
+    ) -> tuple[list[Any], list[tuple[str, str]]]:
+        """Route ``ids`` to this instance at ``version``: their payloads (``Trajectory``
+        records), and the ids the store refused with its reason. Raises the connection's error
+        if the TS cannot be reached."""
+        iid = self.instance_id
+
+        def op(batch: Sequence[str]) -> Callable[[Any], Awaitable[Any]]:
+            return lambda ts: ts.route(iid, batch, version)
+
+        try:
+            return list(await self._call(op(ids), ids)), []
+        except self._broken:
+            raise
+        except TrajectoryServerError as e:  # all or nothing: one by one
+            self._log.warning("route_refused", error=str(e)[:200])
+        payloads: list[Any] = []
+        refused: list[tuple[str, str]] = []
+        here = functools.partial(_running_on, iid)
+        for tid in ids:
+            try:
+                payloads.extend(await self._call(op([tid]), [tid]))
+                continue
+            except self._broken:
+                raise
+            except TrajectoryServerError as e1:
+                error = str(e1)[:200]
+            if await self._settled(tid, here):  # the lost route had landed
+                payloads.append(await self._call(functools.partial(_get, tid), ()))
+            else:
+                refused.append((tid, error))
+        return payloads, refused
+
+    async def write(
+        self, items: Sequence[Item], *, finished: bool
+    ) -> tuple[list[Item], list[tuple[Item, str]], list[Item]]:
+        """``finish`` (``finished``: the records are ``Completion``) or ``return_partial`` the
+        items' records: ``(written, refused with the store's reason, unresolved)``; the
+        unresolved ones could not be written nor settled because the TS could not be reached,
+        and are for a later call."""
+        if not items:
+            return [], [], []
+        iid = self.instance_id
+
+        def op(batch: Sequence[Segment]) -> Callable[[Any], Awaitable[Any]]:
+            if finished:  # the store answers a count: the tokens it holds need not come back
+                return lambda ts: ts.finish(iid, batch, echo=False)
+            return lambda ts: ts.return_partial(iid, batch)
+
+        try:
+            await self._call(op([seg for seg, _ in items]), [seg.trajectory_id for seg, _ in items])
+            return list(items), [], []
+        except self._broken:
+            return [], [], list(items)
+        except TrajectoryServerError as e:  # all or nothing: one by one
+            self._log.warning("ts_write_refused", finished=finished, error=str(e)[:200])
+        written: list[Item] = []
+        refused: list[tuple[Item, str]] = []
+        landed = LocationState.FINISHED if finished else LocationState.QUEUED
+        for k, item in enumerate(items):
+            seg = item[0]
+            try:
+                await self._call(op([seg]), [seg.trajectory_id])
+                written.append(item)
+                continue
+            except self._broken:
+                return written, refused, list(items[k:])
+            except TrajectoryServerError as e1:  # e.g. dropped meanwhile: output discarded
+                error = str(e1)[:200]
+            try:
+                if await self._settled(seg.trajectory_id, lambda loc: loc.state is landed):
+                    written.append(item)
+                    continue
+            except self._broken:
+                return written, refused, list(items[k:])
+            refused.append((item, error))
+        return written, refused, []
+
+
+def _running_on(instance_id: str, loc: Any) -> bool:
+    return bool(loc.state is LocationState.RUNNING and loc.instance_id == instance_id)
+
+
+async def _get(tid: str, ts: Any) -> Any:
+    return await ts.get(tid)

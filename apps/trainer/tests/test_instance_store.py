@@ -1,0 +1,197 @@
+"""A rollout instance's trajectory-server requests across a broken connection, against a real
+service on loopback: a request whose answer was lost (a proxy forwards it, then cuts the
+connection instead of the answer) is settled by the store's view, never written twice and never
+dropped; results the store cannot be reached for are kept and written once it is back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from engine_adapters import FinishReason, GenerateResult
+from engine_adapters.sim import SimAdapter, SimConfig
+from staleflow_trainer.actors.instance_store import InstanceStore
+from staleflow_trainer.actors.rollout import RolloutActor, unpack_outcomes
+from trajectory_server import Completion, LocationState, SamplingParams, Segment, TrajectoryStore
+from trajectory_server.errors import TransportError
+from trajectory_server.service import TrajectoryService
+
+TOKEN = "store-token"
+IID = "sim-0"
+
+
+class CutProxy:
+    """Forwards each connection to ``target``; after :meth:`cut_next_answer`, the next bytes
+    the service sends are not forwarded: both sides of that connection are closed instead, so
+    the request was carried out and its answer is lost."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self._cut = False
+        self.cuts = 0
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> tuple[str, int]:
+        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return host, port
+
+    def cut_next_answer(self) -> None:
+        self._cut = True
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _connection(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        sr, sw = await asyncio.open_connection(*self.target)
+
+        async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, answers: bool) -> None:
+            with contextlib.suppress(ConnectionError, OSError):
+                while data := await r.read(1 << 16):
+                    if answers and self._cut:
+                        self._cut = False
+                        self.cuts += 1
+                        cw.transport.abort()
+                        sw.transport.abort()
+                        return
+                    w.write(data)
+                    await w.drain()
+            w.close()
+
+        await asyncio.gather(pipe(cr, sw, False), pipe(sr, cw, True))
+
+
+def _store(members: int = 2, *, routed: bool = True) -> tuple[TrajectoryStore, list[str]]:
+    store = TrajectoryStore()
+    ids = list(
+        store.submit_group("g", [1, 2, 3], members, sampling=SamplingParams(max_new_tokens=8))
+    )
+    if routed:
+        store.route(IID, ids, 0)
+    return store, ids
+
+
+@contextlib.asynccontextmanager
+async def _served(store: TrajectoryStore, port: int = 0) -> AsyncIterator[tuple[str, int]]:
+    svc = TrajectoryService(store, token=TOKEN, port=port)
+    address = await svc.start()
+    try:
+        yield address
+    finally:
+        await svc.stop()
+
+
+def _done(tid: str, tokens: list[int]) -> Completion:
+    return Completion(trajectory_id=tid, start=0, token_ids=tokens, logprobs=[-0.5] * len(tokens),
+                      versions=[0] * len(tokens), finish_reason="stop")  # fmt: skip
+
+
+def _partial(tid: str, tokens: list[int]) -> Segment:
+    return Segment(trajectory_id=tid, start=0, token_ids=tokens, logprobs=[-0.5] * len(tokens),
+                   versions=[0] * len(tokens))  # fmt: skip
+
+
+@pytest.mark.parametrize("finished", [True, False], ids=["finish", "return_partial"])
+async def test_a_write_whose_answer_was_lost_is_settled_by_the_store(finished: bool) -> None:
+    store, ids = _store()
+    async with _served(store) as address:
+        proxy = CutProxy(address)
+        io = InstanceStore(IID, await proxy.start(), TOKEN)
+        try:
+            await io.connect()
+            make = _done if finished else _partial
+            items = [(make(t, [5, 6, i]), t) for i, t in enumerate(ids)]
+            proxy.cut_next_answer()
+            written, refused, left = await io.write(items, finished=finished)
+            assert proxy.cuts == 1  # the first write landed, its answer was lost
+            assert (written, refused, left) == (items, [], [])
+            assert io.link.connects == 2
+            want = LocationState.FINISHED if finished else LocationState.QUEUED
+            assert [store.location(t).state for t in ids] == [want, want]
+            for i, t in enumerate(ids):  # written once: the tokens are not doubled
+                assert list(store.get(t).generated_token_ids) == [5, 6, i]
+        finally:
+            await io.close()
+            await proxy.stop()
+
+
+async def test_a_route_whose_answer_was_lost_brings_the_payloads_from_the_store() -> None:
+    store, ids = _store(routed=False)
+    async with _served(store) as address:
+        proxy = CutProxy(address)
+        io = InstanceStore(IID, await proxy.start(), TOKEN)
+        try:
+            await io.connect()
+            proxy.cut_next_answer()
+            payloads, refused = await io.route(ids, 0)
+            assert proxy.cuts == 1 and refused == []
+            assert [p.trajectory_id for p in payloads] == ids
+            assert [list(p.prompt_token_ids) for p in payloads] == [[1, 2, 3]] * 2
+            assert all(store.location(t).instance_id == IID for t in ids)
+            # an id that was not in a broken request is refused as before, with the reason
+            store.submit_group("h", [4], 1, sampling=SamplingParams(max_new_tokens=8))
+            store.route("other", ["h/0"], 0)
+            payloads, refused = await io.route(["h/0"], 0)
+            assert payloads == [] and [t for t, _ in refused] == ["h/0"]
+        finally:
+            await io.close()
+            await proxy.stop()
+
+
+async def test_results_are_kept_while_the_store_is_away_and_written_once_it_is_back() -> None:
+    store, ids = _store()
+    async with _served(store) as address:
+        io = InstanceStore(IID, address, TOKEN)
+        await io.connect()
+    try:  # the service is gone: nothing can be written, nothing is dropped
+        items = [(_done(t, [7]), t) for t in ids]
+        assert await io.write(items, finished=True) == ([], [], items)
+        async with _served(store, port=address[1]):
+            assert await io.write(items, finished=True) == (items, [], [])
+        assert [store.location(t).state for t in ids] == [LocationState.FINISHED] * 2
+    finally:
+        await io.close()
+
+
+async def _actor(address: tuple[str, int]) -> RolloutActor:
+    actor = RolloutActor(instance_id=IID, backend="sim", engine_kwargs={}, ts_address=address,
+                         ts_token=TOKEN)  # fmt: skip
+    engine = SimAdapter(SimConfig(), instance_id=IID)
+    await engine.start()
+    actor._engine = engine
+    return actor
+
+
+def _result(tid: str, tokens: tuple[int, ...], finish: FinishReason) -> Any:
+    return GenerateResult(trajectory_id=tid, token_ids=tokens, logprobs=(-0.5,) * len(tokens),
+                          versions=(0,) * len(tokens), finish_reason=finish)  # fmt: skip
+
+
+async def test_a_polled_instance_keeps_its_results_until_the_store_is_back() -> None:
+    store, ids = _store()
+    async with _served(store) as address:
+        actor = await _actor(address)
+        await actor._io.connect()
+    try:
+        # one finished, one interrupted, waiting to be written when the store went away
+        actor._to_write += [(_result(ids[0], (4, 5), FinishReason.STOP), True),
+                            (_result(ids[1], (6,), FinishReason.INTERRUPTED), False)]  # fmt: skip
+        with pytest.raises(TransportError, match=r"2 results .* kept"):
+            await actor.poll()
+        assert [r.trajectory_id for r, _ in actor._to_write] == ids  # kept, in order
+        async with _served(store, port=address[1]):
+            answer = await actor.poll(None, True)
+        assert answer is not None
+        assert unpack_outcomes(answer[1]) == [(ids[0], 2, "stop"), (ids[1], 1, None)]
+        assert actor._to_write == [] and actor._errors == []
+        assert store.location(ids[0]).state is LocationState.FINISHED
+        assert store.location(ids[1]).state is LocationState.QUEUED
+        assert list(store.get(ids[0]).generated_token_ids) == [4, 5]
+        assert list(store.get(ids[1]).generated_token_ids) == [6]
+    finally:
+        await actor.close()
