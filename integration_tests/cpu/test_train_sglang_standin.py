@@ -105,53 +105,63 @@ def test_no_trajectory_lost(run: dict[str, Any]) -> None:
     assert ledger["consumed"] == STEPS * run["per_step"]
 
 
-# ------------------------------------------------------------- a server that stops answering
+# --------------------------------------------- a server that stops answering, one that fails
 
-GONE_STEPS = 6
+GONE_STEPS = 10
 ERROR_LIMIT = 2
+GENERATE_ERROR_LIMIT = 4
 
 
 @pytest.fixture(scope="module")
 def gone(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A run on two attached servers (``rollout.sglang_url``: not launched by the adapter, so
-    it cannot watch their processes); after step 1 one server stops. Its instance's calls then
-    fail with connection errors: it must leave the run, and the run complete on the other."""
+    """A run on three attached servers (``rollout.sglang_url``: not launched by the adapter, so
+    it cannot watch their processes). Once they started, one server stops: its instance's calls
+    fail with connection errors. Another answers everything but fails every generation (HTTP 500):
+    its instance looks idle, so work keeps coming to it and coming back with no progress. Both
+    must leave the run, and the run complete on the third."""
     import ray
 
     from staleflow_trainer.wiring import Deployment
 
-    servers = _servers(2)
+    servers = _servers(3)
     urls = [s.start() for s in servers]
     run_dir = tmp_path_factory.mktemp("train_sglang_gone")
     cfg = tiny_config(
         run_dir,
         "rollout.backend=sglang",
         f"rollout.sglang_url={','.join(urls)}",
+        "rollout.num_instances=3",
+        "rollout.cpus_per_instance=0.5",
         f"trainer.steps={GONE_STEPS}",
         f"coordinator.instance_error_limit={ERROR_LIMIT}",
+        f"coordinator.generate_error_limit={GENERATE_ERROR_LIMIT}",
         "run.checkpoint_every=0",
         "run.resume=never",
     )
     out: dict[str, Any] = {"per_step": cfg.protocol.batch_size * cfg.protocol.group_size}
     dep = Deployment(cfg).start()
 
-    def on_record(rec: dict[str, Any]) -> None:
-        if int(rec["step"]) < 1 or "victim" in out:
-            return
-        out["victim"] = sorted(dep.rollouts)[-1]  # the instances follow the URLs' order
-        servers[-1].stop()
-        out["lost"] = lost_record(
-            dep, out["victim"], "the loop to lose the silent server's instance"
-        )
-        h = dep.rollouts[out["victim"]]
-        try:  # its actor was killed: a call fails
-            ray.get(h.stats.remote(), timeout=30)
-            out["victim_alive"] = True
+    def alive(iid: str) -> bool:
+        try:  # a killed or ended actor: a call fails
+            ray.get(dep.rollouts[iid].stats.remote(), timeout=30)
+            return True
         except ray.exceptions.RayActorError:
-            out["victim_alive"] = False
+            return False
+
+    # the instances follow the URLs' order; both faults before the first cycle, so each
+    # instance holds work when its server fails
+    *_, out["failing"], out["victim"] = sorted(dep.rollouts)
+    servers[-1].stop()
+    servers[-2].fail_generations("stand-in: CUDA error")
 
     try:
-        out["summary"] = dep.run(on_record=on_record)
+        out["summary"] = dep.run()
+        out["lost"] = lost_record(dep, out["victim"], "the silent server's instance lost", 5)
+        out["lost_failing"] = lost_record(
+            dep, out["failing"], "the failing server's instance lost", 5
+        )
+        out["victim_alive"] = alive(out["victim"])
+        out["failing_alive"] = alive(out["failing"])
         out["ledger"] = dep.ledger()
         out["instances"] = ray.get(dep.coordinator.instances.remote())
         out["histories"] = ray.get(dep.coordinator.histories.remote())
@@ -164,14 +174,23 @@ def gone(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> dict[st
 
 def test_a_silent_server_leaves_the_run_which_completes(gone: dict[str, Any]) -> None:
     assert gone["summary"]["steps_done"] == GONE_STEPS
-    assert gone["summary"]["counters"]["instances_lost"] == 1
+    assert gone["summary"]["counters"]["instances_lost"] == 2
     assert gone["victim"] not in gone["instances"] and len(gone["instances"]) == 1
     rec = gone["lost"]
     assert f"{ERROR_LIMIT} polls in a row on {gone['victim']!r} failed" in rec["error"], rec
     assert gone["victim_alive"] is False
 
 
-def test_what_the_silent_server_held_ran_elsewhere(gone: dict[str, Any]) -> None:
+def test_a_server_that_fails_every_generation_leaves_the_run(gone: dict[str, Any]) -> None:
+    """Its instance ended its own process after the failures in a row (its polls answered:
+    the control side found its actor dead, it did not kill it)."""
+    assert gone["failing"] not in gone["instances"]
+    assert gone["failing_alive"] is False
+    assert "ActorDiedError" in gone["lost_failing"]["error"], gone["lost_failing"]
+
+
+def test_what_the_lost_instances_held_ran_elsewhere(gone: dict[str, Any]) -> None:
     assert_routes_stopped(gone["histories"], gone["lost"])
+    assert_routes_stopped(gone["histories"], gone["lost_failing"])
     assert_ledger_balances(gone["ledger"], gone["per_step"])
     assert gone["ledger"]["steps_done"] == GONE_STEPS

@@ -138,6 +138,13 @@ def test_more_instances_than_resources() -> None:
     assert e.key == "rollout.num_instances"
     e = _err(["sim.rollout_gpus=4", "sim.train_gpus=4", "sim.total_gpus=6"])
     assert e.key == "sim.rollout_gpus"
+    # every attached SGLang server needs an instance (instance i takes server i mod count)
+    urls = "rollout.sglang_url=http://127.0.0.1:1,http://127.0.0.1:2,http://127.0.0.1:3"
+    e = _err(["rollout.backend=sglang", urls])
+    assert e.key == "rollout.num_instances" and e.allowed == ">= 3 (or list fewer servers)"
+    assert "3 servers" in str(e)
+    load_config(None, ["rollout.backend=sglang", urls, "rollout.num_instances=3"])
+    load_config(None, ["rollout.backend=sglang", urls, "rollout.num_instances=4"])
 
 
 def test_cross_field_rules() -> None:

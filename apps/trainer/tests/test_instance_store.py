@@ -7,32 +7,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 
 from engine_adapters import FinishReason, GenerateResult
 from engine_adapters.sim import SimAdapter, SimConfig
-from staleflow_trainer.actors.instance_store import InstanceStore
-from staleflow_trainer.actors.rollout import RolloutActor, unpack_outcomes
+from staleflow_trainer.actors.instance_store import InstanceStore, StoreUnreachable
+from staleflow_trainer.actors.rollout import RolloutActor
+from staleflow_trainer.actors.rollout_wire import unpack_outcomes
 from trajectory_server import Completion, LocationState, SamplingParams, Segment, TrajectoryStore
-from trajectory_server.errors import TransportError
-from trajectory_server.service import TrajectoryService
+from trajectory_server.client import TrajectoryClient
+from trajectory_server.service import ConnectionLimits, TrajectoryService
 
 TOKEN = "store-token"
 IID = "sim-0"
 
 
 class CutProxy:
-    """Forwards each connection to ``target``; after :meth:`cut_next_answer`, the next bytes
+    """Forwards each connection to ``target``. After :meth:`cut_next_answer`, the next bytes
     the service sends are not forwarded: both sides of that connection are closed instead, so
-    the request was carried out and its answer is lost."""
+    the request was carried out and its answer is lost (``on_cut`` runs then). After
+    :meth:`cut_next_request`, the next request is not forwarded: the connection is closed
+    before the service saw it."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
-        self._cut = False
+        self._cut: bool | None = None  # True: the next answer, False: the next request
         self.cuts = 0
+        self.on_cut: Callable[[], None] = lambda: None
         self._server: asyncio.Server | None = None
 
     async def start(self) -> tuple[str, int]:
@@ -42,6 +46,9 @@ class CutProxy:
 
     def cut_next_answer(self) -> None:
         self._cut = True
+
+    def cut_next_request(self) -> None:
+        self._cut = False
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -53,9 +60,10 @@ class CutProxy:
         async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, answers: bool) -> None:
             with contextlib.suppress(ConnectionError, OSError):
                 while data := await r.read(1 << 16):
-                    if answers and self._cut:
-                        self._cut = False
+                    if self._cut is answers:
+                        self._cut = None
                         self.cuts += 1
+                        self.on_cut()
                         cw.transport.abort()
                         sw.transport.abort()
                         return
@@ -120,6 +128,83 @@ async def test_a_write_whose_answer_was_lost_is_settled_by_the_store(finished: b
             await proxy.stop()
 
 
+async def test_a_write_lost_before_the_store_saw_it_is_written_on_the_new_connection() -> None:
+    store, ids = _store()
+    async with _served(store) as address:
+        proxy = CutProxy(address)
+        io = InstanceStore(IID, await proxy.start(), TOKEN)
+        try:
+            await io.connect()
+            items = [(_done(t, [5, i]), t) for i, t in enumerate(ids)]
+            proxy.cut_next_request()
+            assert await io.write(items, finished=True) == (items, [], [])
+            assert proxy.cuts == 1 and io.link.connects == 2
+            assert [list(store.get(t).generated_token_ids) for t in ids] == [[5, 0], [5, 1]]
+        finally:
+            await io.close()
+            await proxy.stop()
+
+
+async def test_a_lost_write_is_judged_by_where_the_store_has_the_trajectory() -> None:
+    """The lost return_partial landed, but the trajectory was dropped before the store was
+    asked: it is not where a landed return_partial leaves it, so the result is refused."""
+    store, ids = _store()
+    async with _served(store) as address:
+        proxy = CutProxy(address)
+        io = InstanceStore(IID, await proxy.start(), TOKEN)
+        try:
+            await io.connect()
+            proxy.on_cut = lambda: store.drop([ids[0]], "filtered")
+            items = [(_partial(t, [5]), t) for t in ids]
+            proxy.cut_next_answer()
+            written, refused, left = await io.write(items, finished=False)
+            assert written == items[1:] and left == []
+            assert [item for item, _ in refused] == items[:1]
+            assert store.location(ids[0]).state is LocationState.DROPPED
+        finally:
+            await io.close()
+            await proxy.stop()
+
+
+async def test_a_store_at_its_connection_limit_leaves_the_results_unresolved() -> None:
+    store, ids = _store()
+    svc = TrajectoryService(store, token=TOKEN, limits=ConnectionLimits(max_connections=1))
+    address = await svc.start()
+    other = await TrajectoryClient.connect(*address, token=TOKEN)  # takes the only slot
+    io = InstanceStore(IID, address, TOKEN)
+    try:
+        items = [(_done(t, [7]), t) for t in ids]
+        assert await io.write(items, finished=True) == ([], [], items)  # kept, not refused
+        await other.close()
+        await asyncio.sleep(0.05)
+        assert await io.write(items, finished=True) == (items, [], [])
+    finally:
+        await io.close()
+        await svc.stop()
+
+
+async def test_concurrent_requests_share_one_new_connection_after_a_break() -> None:
+    store, ids = _store(4, routed=False)
+    store.route(IID, ids[:2], 0)
+    async with _served(store) as address:
+        io = InstanceStore(IID, address, TOKEN)
+        try:
+            await io.connect()
+            io.link._client._writer.transport.abort()  # the kept connection breaks
+            await asyncio.sleep(0.05)
+            items = [(_done(t, [5]), t) for t in ids[:2]]
+            wrote, routed = await asyncio.gather(
+                io.write(items, finished=True), io.route(ids[2:], 0)
+            )
+            assert wrote == (items, [], []) and [p.trajectory_id for p in routed[0]] == ids[2:]
+            assert io.link.connects == 2
+        finally:
+            await io.close()
+        assert io.link._client is None
+        with pytest.raises(StoreUnreachable):  # closed: no new connection
+            await io.route(ids[:1], 0)
+
+
 async def test_a_route_whose_answer_was_lost_brings_the_payloads_from_the_store() -> None:
     store, ids = _store(routed=False)
     async with _served(store) as address:
@@ -178,16 +263,18 @@ async def test_a_polled_instance_keeps_its_results_until_the_store_is_back() -> 
         actor = await _actor(address)
         await actor._io.connect()
     try:
-        # one finished, one interrupted, waiting to be written when the store went away
-        actor._to_write += [(_result(ids[0], (4, 5), FinishReason.STOP), True),
-                            (_result(ids[1], (6,), FinishReason.INTERRUPTED), False)]  # fmt: skip
-        with pytest.raises(TransportError, match=r"2 results .* kept"):
+        # one interrupted, then one finished, waiting to be written when the store went away
+        actor._to_write += [(_result(ids[1], (6,), FinishReason.INTERRUPTED), False),
+                            (_result(ids[0], (4, 5), FinishReason.STOP), True)]  # fmt: skip
+        with pytest.raises(StoreUnreachable, match=r"2 results .* kept"):
             await actor.poll()
-        assert [r.trajectory_id for r, _ in actor._to_write] == ids  # kept, in order
+        assert [r.trajectory_id for r, _ in actor._to_write] == ids[::-1]  # kept, in order
+        assert await actor.interrupt([], report=True) == []  # an interrupt does not fail
+        assert len(actor._to_write) == 2
         async with _served(store, port=address[1]):
             answer = await actor.poll(None, True)
         assert answer is not None
-        assert unpack_outcomes(answer[1]) == [(ids[0], 2, "stop"), (ids[1], 1, None)]
+        assert sorted(unpack_outcomes(answer[1])) == [(ids[0], 2, "stop"), (ids[1], 1, None)]
         assert actor._to_write == [] and actor._errors == []
         assert store.location(ids[0]).state is LocationState.FINISHED
         assert store.location(ids[1]).state is LocationState.QUEUED

@@ -21,7 +21,7 @@ from engine_adapters import pack_ids, unpack_ids
 from staleflow_trainer.actors import shell_io
 from staleflow_trainer.actors.control import ControlActor
 from staleflow_trainer.actors.in_store import in_store
-from staleflow_trainer.actors.rollout import pack_outcomes
+from staleflow_trainer.actors.rollout_wire import pack_outcomes
 from staleflow_trainer.actors.shell_io import ShellIO
 from staleflow_trainer.config import load_config, to_dict
 from staleflow_trainer.control import ControlCore, core_config

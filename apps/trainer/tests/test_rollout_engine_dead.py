@@ -13,7 +13,14 @@ from typing import Any
 
 import pytest
 
-from engine_adapters import FinishReason, GenerateRequest, GenerateResult, SamplingParams
+from engine_adapters import (
+    EngineUnavailable,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    PromptTooLong,
+    SamplingParams,
+)
 from engine_adapters.sim import SimAdapter, SimConfig
 from staleflow_trainer.actors import rollout
 from staleflow_trainer.actors.rollout import ENGINE_DEAD_EXIT, RolloutActor
@@ -137,3 +144,72 @@ async def test_a_dying_instance_writes_what_finished_first(
     with pytest.raises(Exited):
         await actor._watch_health()
     assert flushed == [1] and exits == [ENGINE_DEAD_EXIT]
+
+
+def _request(i: int) -> GenerateRequest:
+    return GenerateRequest(trajectory_id=f"g/{i}", prompt_token_ids=(1, 2, 3),
+                           sampling=SamplingParams(max_new_tokens=4))  # fmt: skip
+
+
+async def test_an_engine_whose_every_generation_fails_ends_the_process(
+    exits: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live engine (its health check and snapshots answer) whose generations all fail is
+    treated as unable to serve after ``generate_error_limit`` failures in a row."""
+    actor, engine = await _actor()
+    actor._error_limit = 3
+
+    async def fails(req: GenerateRequest) -> GenerateResult:
+        raise EngineUnavailable("HTTP 500: internal error")
+
+    monkeypatch.setattr(engine, "generate", fails)
+    for i in range(2):
+        await actor._run(engine, _request(i))  # a zero-progress interruption each
+    assert exits == [] and len(actor._errors) == 2
+    with pytest.raises(Exited):
+        await actor._run(engine, _request(2))
+    assert exits == [ENGINE_DEAD_EXIT]
+
+
+async def test_a_success_between_failures_or_a_requests_own_error_counts_for_nothing(
+    exits: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    actor, engine = await _actor()
+    actor._error_limit = 3
+    serve = engine.generate
+    outcome: list[BaseException | None] = []
+
+    async def maybe(req: GenerateRequest) -> GenerateResult:
+        error = outcome.pop(0)
+        if error is not None:
+            raise error
+        return await serve(req)
+
+    monkeypatch.setattr(engine, "generate", maybe)
+    broken, bad = RuntimeError("connection reset"), PromptTooLong("too long", field="prompt")
+    outcome += [broken, broken, None, broken, broken, bad, bad, bad, bad]
+    for i in range(9):
+        await actor._run(engine, _request(i))
+    assert exits == [] and actor._failed_in_row == 2
+    assert len(actor._errors) == 8  # each failure is still reported
+    await engine.close()
+
+
+async def test_an_engine_that_answers_nothing_is_left_to_the_control_sides_polls(
+    exits: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that went away fails its generations and its snapshots alike: the control
+    side judges it by its failing polls (``coordinator.instance_error_limit``), the instance
+    does not end itself over the generations."""
+    actor, engine = await _actor()
+    actor._error_limit = 2
+
+    async def refused(*_: Any) -> Any:
+        raise ConnectionError("connection refused")
+
+    monkeypatch.setattr(engine, "generate", refused)
+    monkeypatch.setattr(engine, "snapshot", refused)
+    for i in range(4):
+        await actor._run(engine, _request(i))
+    assert exits == [] and actor._failed_in_row == 4
+    await engine.close()

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from staleflow_trainer.actors.rollout import (
+from staleflow_trainer.actors.rollout_wire import (
     pack_outcomes,
     poll_args,
     unpack_outcomes,

@@ -62,6 +62,8 @@ ONE_SHELL = {
     "instance answers in modelled time and never hangs",
     "coordinator.instance_error_limit": "failed calls to a live instance; a simulated "
     "instance's calls never fail (its death is a fault the simulator injects)",
+    "coordinator.generate_error_limit": "failed generations on a live instance; a "
+    "simulated instance's generations never fail (its death is a fault the simulator injects)",
 }
 #: settings only meaningful with eta=unbounded (checked on such a config)
 UNBOUNDED_ONLY = {"protocol.unbounded_inflight_batches"}

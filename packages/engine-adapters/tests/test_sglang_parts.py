@@ -7,13 +7,22 @@ import socket
 import textwrap
 from pathlib import Path
 
+import attrs
 import httpx
 import numpy as np
 import pytest
 import safetensors.numpy
 import torch
 
-from engine_adapters import EngineDead, InvalidRequest, create_engine
+from engine_adapters import (
+    EngineDead,
+    EngineUnavailable,
+    GenerateRequest,
+    InvalidRequest,
+    PromptTooLong,
+    SamplingParams,
+    create_engine,
+)
 from engine_adapters.sglang import SglangAdapter, SglangLaunchConfig, parse_metrics
 from engine_adapters.sglang._safetensors import read_header, save_file
 from engine_adapters.sim import SimConfig
@@ -169,3 +178,31 @@ async def test_a_launched_server_that_exits_is_dead(
     finally:
         await adapter.close()
     await adapter.check_health()  # nothing to report
+
+
+async def test_a_server_error_is_the_engines_not_the_requests() -> None:
+    """HTTP 5xx from ``/generate`` (an internal error in the server) raises
+    ``EngineUnavailable``, while a refused request (HTTP 400: a prompt too long) stays an
+    ``InvalidRequest``: a host can tell a failing server from a bad request."""
+    with SglangStandIn(SimConfig(max_model_len=64)) as server:
+        adapter = SglangAdapter(base_url=server.base_url, instance_id="sglang-fails")
+        await adapter.start()
+        try:
+            ok = GenerateRequest(trajectory_id="t0", prompt_token_ids=(20, 21),
+                                 sampling=SamplingParams(max_new_tokens=3))  # fmt: skip
+            assert len((await adapter.generate(ok)).token_ids) == 3
+            server.fail_generations("CUDA error: an illegal memory access")
+            with pytest.raises(EngineUnavailable, match=r"HTTP 500.*illegal memory") as failed:
+                await adapter.generate(attrs.evolve(ok, trajectory_id="t1"))
+            assert not isinstance(failed.value, InvalidRequest)
+            await adapter.snapshot()  # everything else still answers
+            await adapter.check_health()
+            server.fail_generations(None)
+            with pytest.raises(PromptTooLong):
+                await adapter.generate(attrs.evolve(ok, trajectory_id="t2",
+                                                    prompt_token_ids=(20,) * 80))  # fmt: skip
+            assert (
+                len((await adapter.generate(attrs.evolve(ok, trajectory_id="t3"))).token_ids) == 3
+            )
+        finally:
+            await adapter.close()

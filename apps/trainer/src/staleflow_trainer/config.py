@@ -467,6 +467,14 @@ def validate(cfg: AppConfig) -> None:
             f"bind_host {cfg.param_server.bind_host!r} is not loopback; a shared token is required",
             "a non-empty token",
         )
+    urls = [u for u in r.sglang_url.split(",") if u]
+    if r.backend == "sglang" and len(urls) > r.num_instances:
+        raise _err(
+            "rollout.num_instances",
+            f"{r.num_instances} instances for {len(urls)} servers in rollout.sglang_url: "
+            "instance i attaches to server i mod count, so a server would serve no instance",
+            f">= {len(urls)} (or list fewer servers)",
+        )
     if r.backend == "sim":
         validate_sim(cfg)
     else:

@@ -160,6 +160,13 @@ class CoordinatorConfig:
         doc="polls of a live instance that may fail in a row (2 s apart); at this many its "
         "actor is killed and it is lost (a failed route or interrupt: at once)",
     )
+    generate_error_limit: int = _f(
+        16,
+        ge=1,
+        doc="generations that may fail in a row on a live instance, none succeeding between "
+        "(an error of the request itself, such as a prompt too long, does not count); at this "
+        "many the instance ends itself as unable to serve and is lost",
+    )
 
     def __attrs_post_init__(self) -> None:
         check_known(self.policy, POLICIES, "coordinator.policy", "policy")

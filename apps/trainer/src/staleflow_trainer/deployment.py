@@ -285,6 +285,7 @@ class Deployment:
                 ts_token=self._ts_token,
                 ps_address=self._ps_addr,
                 ps_token=self._ps_token,
+                generate_error_limit=cfg.coordinator.generate_error_limit,
             )
         )
         return iid, handle

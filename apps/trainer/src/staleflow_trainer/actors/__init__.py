@@ -13,7 +13,10 @@ parameter server over NIXL, never through Ray.
   its fault hooks (crash at a named point, hold between steps) are in :mod:`.fault_hooks`;
   :mod:`.liveness` tells a dead peer from a failing one and paces retries.
 * :mod:`~staleflow_trainer.actors.rollout` — ``RolloutActor``: one engine adapter (vllm | sglang |
-  sim); submit by id / poll / interrupt / sync (pull from the PS, load in place) / probe.
+  sim); submit by id / poll / interrupt / sync (pull from the PS, load in place) / probe; its
+  requests to the trajectory server, which survive a broken connection, in
+  :mod:`.instance_store`; its poll's wire format in :mod:`.rollout_wire`; the kept
+  trajectory-server connections in :mod:`.ts_link`.
 * :mod:`~staleflow_trainer.actors.param_host` — ``ParamServerHost``: owns the ``ParamServer`` and
   its NIXL storage worker processes.
 * :mod:`~staleflow_trainer.actors.trainer_actor` — ``TrainerActor``: the PyTorch trainer; reads a

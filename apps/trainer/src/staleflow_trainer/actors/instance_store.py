@@ -13,7 +13,10 @@ uncertain id, the id's location in the store says whether the lost request had l
 
 What cannot be settled because the store cannot be reached (the request broke on the new
 connection too) comes back *unresolved*: the caller keeps those results and writes them later,
-so a result is never dropped because a connection broke.
+so a result is never dropped because a connection broke. Only the store's own refusal of the
+records (``StateError``, ``InvalidRecord``, a message too large) refuses them; any other
+failure (the transport, a store at its connection limit, a handshake refused) leaves them
+unresolved.
 """
 
 from __future__ import annotations
@@ -24,9 +27,14 @@ from typing import Any, TypeVar
 
 import structlog
 
-from staleflow_trainer.actors.ts_link import AsyncStoreLink, broken_errors
+from staleflow_trainer.actors.ts_link import AsyncStoreLink
 from trajectory_server import LocationState, Segment
-from trajectory_server.errors import TrajectoryServerError
+from trajectory_server.errors import (
+    InvalidRecord,
+    MessageTooLarge,
+    StateError,
+    TransportError,
+)
 
 log = structlog.get_logger("staleflow.rollout")
 
@@ -34,6 +42,12 @@ T = TypeVar("T")
 #: a record to write (a ``Segment``, or a ``Completion`` for ``finish``) and what the caller
 #: keeps beside it
 Item = tuple[Segment, Any]
+#: the store examined the request and refused its records (nothing was carried out)
+REFUSED = (StateError, InvalidRecord, MessageTooLarge)
+
+
+class StoreUnreachable(TransportError):
+    """The TS could not be reached for a request, on a new connection either."""
 
 
 class InstanceStore:
@@ -42,7 +56,6 @@ class InstanceStore:
     def __init__(self, instance_id: str, address: Sequence[Any], token: str | None) -> None:
         self.instance_id = instance_id
         self.link = AsyncStoreLink(address, token)
-        self._broken = broken_errors()
         self._uncertain: set[str] = set()  # carried by a request whose answer was lost
         self._log = log.bind(instance=instance_id)
 
@@ -51,19 +64,24 @@ class InstanceStore:
         await self.link.run(lambda ts: ts.ping())
 
     async def close(self) -> None:
-        await self.link.drop()
+        await self.link.drop(closing=True)
 
     async def _call(self, op: Callable[[Any], Awaitable[T]], ids: Sequence[str]) -> T:
-        """``op`` on the link. A broken connection makes ``ids`` uncertain and the call is made
-        once more on a new one; if that breaks too, the error goes to the caller. Once the call
-        is answered, ``ids`` are settled."""
+        """``op`` on the link. A failure other than the store's refusal makes ``ids``
+        uncertain and the call is made once more on a new connection; if that fails too,
+        :class:`StoreUnreachable`. Once the call is answered, ``ids`` are settled."""
         for attempt in (0, 1):
             try:
                 out = await self.link.run(op, retry=False)
-            except self._broken as e:
+            except REFUSED:
+                raise
+            except Exception as e:
                 self._uncertain.update(ids)
                 if attempt:
-                    raise
+                    raise StoreUnreachable(
+                        f"the trajectory server cannot be reached: {e!r:.200}",
+                        instance_id=self.instance_id,
+                    ) from e
                 self._log.warning("ts_connection_broken", error=repr(e)[:200])
                 continue
             self._uncertain.difference_update(ids)
@@ -72,14 +90,13 @@ class InstanceStore:
 
     async def _settled(self, tid: str, landed: Callable[[Any], bool]) -> bool:
         """The store refused ``tid``: whether a request for it whose answer was lost had landed
-        (``landed(location)``); False for an id that was not uncertain."""
+        (``landed(location)``); False for an id that was not uncertain. Raises
+        :class:`StoreUnreachable` (``tid`` stays uncertain)."""
         if tid not in self._uncertain:
             return False
         try:
             (loc,) = await self._call(lambda ts: ts.locate([tid]), ())
-        except self._broken:
-            raise
-        except TrajectoryServerError:  # e.g. unknown to the store
+        except REFUSED:  # e.g. unknown to the store
             loc = None
         self._uncertain.discard(tid)
         return loc is not None and landed(loc)
@@ -88,8 +105,8 @@ class InstanceStore:
         self, ids: Sequence[str], version: int
     ) -> tuple[list[Any], list[tuple[str, str]]]:
         """Route ``ids`` to this instance at ``version``: their payloads (``Trajectory``
-        records), and the ids the store refused with its reason. Raises the connection's error
-        if the TS cannot be reached."""
+        records), and the ids the store refused with its reason. Raises
+        :class:`StoreUnreachable` if the TS cannot be reached."""
         iid = self.instance_id
 
         def op(batch: Sequence[str]) -> Callable[[Any], Awaitable[Any]]:
@@ -97,9 +114,7 @@ class InstanceStore:
 
         try:
             return list(await self._call(op(ids), ids)), []
-        except self._broken:
-            raise
-        except TrajectoryServerError as e:  # all or nothing: one by one
+        except REFUSED as e:  # all or nothing: one by one
             self._log.warning("route_refused", error=str(e)[:200])
         payloads: list[Any] = []
         refused: list[tuple[str, str]] = []
@@ -108,14 +123,15 @@ class InstanceStore:
             try:
                 payloads.extend(await self._call(op([tid]), [tid]))
                 continue
-            except self._broken:
-                raise
-            except TrajectoryServerError as e1:
+            except REFUSED as e1:
                 error = str(e1)[:200]
             if await self._settled(tid, here):  # the lost route had landed
-                payloads.append(await self._call(functools.partial(_get, tid), ()))
-            else:
-                refused.append((tid, error))
+                try:
+                    payloads.append(await self._call(functools.partial(_get, tid), ()))
+                    continue
+                except REFUSED as e2:  # gone meanwhile
+                    error = str(e2)[:200]
+            refused.append((tid, error))
         return payloads, refused
 
     async def write(
@@ -137,9 +153,9 @@ class InstanceStore:
         try:
             await self._call(op([seg for seg, _ in items]), [seg.trajectory_id for seg, _ in items])
             return list(items), [], []
-        except self._broken:
+        except StoreUnreachable:
             return [], [], list(items)
-        except TrajectoryServerError as e:  # all or nothing: one by one
+        except REFUSED as e:  # all or nothing: one by one
             self._log.warning("ts_write_refused", finished=finished, error=str(e)[:200])
         written: list[Item] = []
         refused: list[tuple[Item, str]] = []
@@ -150,15 +166,15 @@ class InstanceStore:
                 await self._call(op([seg]), [seg.trajectory_id])
                 written.append(item)
                 continue
-            except self._broken:
+            except StoreUnreachable:
                 return written, refused, list(items[k:])
-            except TrajectoryServerError as e1:  # e.g. dropped meanwhile: output discarded
+            except REFUSED as e1:  # e.g. dropped meanwhile: output discarded
                 error = str(e1)[:200]
             try:
                 if await self._settled(seg.trajectory_id, lambda loc: loc.state is landed):
                     written.append(item)
                     continue
-            except self._broken:
+            except StoreUnreachable:
                 return written, refused, list(items[k:])
             refused.append((item, error))
         return written, refused, []

@@ -62,6 +62,7 @@ from engine_adapters import (
     FinishReason,
     GenerateRequest,
     GenerateResult,
+    InvalidRequest,
     SamplingParams,
     SnapshotEncoder,
     create_engine,
@@ -69,10 +70,10 @@ from engine_adapters import (
     unpack_ids,
 )
 from staleflow_trainer.actors.fault_hooks import RolloutFaultHooks
-from staleflow_trainer.actors.instance_store import InstanceStore, Item
+from staleflow_trainer.actors.instance_store import InstanceStore, Item, StoreUnreachable
 from staleflow_trainer.actors.liveness import child_processes
+from staleflow_trainer.actors.rollout_wire import pack_outcomes
 from trajectory_server import Completion, Segment
-from trajectory_server.errors import TransportError
 
 log = structlog.get_logger(__name__)
 
@@ -99,58 +100,6 @@ DYING_FLUSH_S = 5.0
 INTERRUPT_WAIT_S = 30.0
 
 
-def pack_outcomes(outcomes: Sequence[tuple[str, int, str | None]]) -> list[Any] | None:
-    """Outcomes ``(id, response length, finish reason or None)`` as ``[ids, lengths,
-    finishes]``: the ids packed (``engine_adapters.pack_ids``), the lengths and finish reasons
-    in the unpacked order (``finishes`` one value when they are all the same); None for none.
-    :func:`unpack_outcomes` reverses it (in that order)."""
-    if not outcomes:
-        return None
-    ids = pack_ids(t for t, _, _ in outcomes)
-    each: dict[str, list[tuple[str, int, str | None]]] = {}
-    for o in outcomes:
-        each.setdefault(o[0], []).append(o)
-    ordered = [each[t].pop(0) for t in unpack_ids(ids)]  # by group, as the ids unpack
-    finishes = [f for _, _, f in ordered]
-    return [
-        ids,
-        [g for _, g, _ in ordered],
-        finishes[0] if len(set(finishes)) == 1 else finishes,
-    ]
-
-
-def unpack_outcomes(packed: Sequence[Any] | None) -> list[tuple[str, int, str | None]]:
-    """The outcomes of a :func:`pack_outcomes` list."""
-    if not packed:
-        return []
-    ids, lengths, finishes = packed
-    ids = unpack_ids(ids)
-    if not isinstance(finishes, list):
-        finishes = [finishes] * len(ids)
-    if not len(ids) == len(lengths) == len(finishes):
-        raise ValueError(f"packed outcomes do not line up: {len(ids)} ids, {len(lengths)} "
-                         f"lengths, {len(finishes)} finish reasons")  # fmt: skip
-    return [(t, int(g), f) for t, g, f in zip(ids, lengths, finishes, strict=True)]
-
-
-def poll_args(request: Mapping[str, Any]) -> tuple[Any, ...]:
-    """A ``SnapshotDecoder.request()`` as :meth:`RolloutActor.poll`'s arguments."""
-    if request.get("full"):
-        return (None, True)
-    return (int(request["ack"]),) if "ack" in request else ()
-
-
-def unpack_poll(p: Sequence[Any] | None) -> dict[str, Any] | None:
-    """A :meth:`RolloutActor.poll` answer (``[delta, outcomes, refused, errors]``, trailing
-    empty ones left out) as ``snapshot``, ``outcomes`` (``[id, length, finish]`` each),
-    ``refused`` and ``errors``; None for None (nothing happened)."""
-    if p is None:
-        return None
-    delta, outcomes, refused, errors = [*p, None, None, None, None][:4]
-    return {"snapshot": delta, "outcomes": [list(o) for o in unpack_outcomes(outcomes)],
-            "refused": unpack_ids(refused or ()), "errors": list(errors or ())}  # fmt: skip
-
-
 def _finish(r: GenerateResult) -> str:
     """The TS finish reason of a finished result (one stopped at its token budget: length)."""
     return "length" if r.finish_reason is FinishReason.INTERRUPTED else r.finish_reason.value
@@ -169,8 +118,12 @@ class RolloutActor(RolloutFaultHooks):
         ts_token: str | None,
         ps_address: Sequence[Any] | None = None,
         ps_token: str | None = None,
+        generate_error_limit: int = 16,
     ) -> None:
         self.instance_id = instance_id
+        self._error_limit = generate_error_limit
+        self._failed_in_row = 0  # generations failed since the last one that did not
+        self._dying = False
         self.backend = backend
         self.engine_kwargs = dict(engine_kwargs)
         self._io = InstanceStore(instance_id, ts_address, ts_token)
@@ -238,6 +191,8 @@ class RolloutActor(RolloutFaultHooks):
         started = 0
         for t in payloads:
             tid = t.trajectory_id
+            if tid in self._tasks:  # already generating here (a lost route settled twice)
+                continue
             s = t.sampling
             req = GenerateRequest(
                 trajectory_id=tid,
@@ -265,12 +220,14 @@ class RolloutActor(RolloutFaultHooks):
         tid = req.trajectory_id
         try:
             result = await engine.generate(req)
+            self._failed_in_row = 0
         except Exception as e:
             await self._end_if_dead(engine, e)
             # The engine refused or failed: a zero-progress interruption, so the trajectory
             # goes back to the queue with what it had; the cause is logged and reported.
             self._log.warning("generate_failed", trajectory_id=tid, error=repr(e))
             self._errors.append({"trajectory_id": tid, "error": repr(e)[:300]})
+            await self._count_failure(e)
             result = GenerateResult(
                 trajectory_id=tid,
                 token_ids=req.generated_token_ids,
@@ -285,6 +242,29 @@ class RolloutActor(RolloutFaultHooks):
         ) >= self._max_new.get(tid, 1 << 30)
         self._to_write.append((result, finished))
         self._ready.set()
+
+    async def _count_failure(self, error: Exception) -> None:
+        """A generation failed on a live engine. An engine whose every generation fails while
+        it answers everything else (a server that reports its metrics but fails each request)
+        looks idle, so work keeps being routed to it and comes back with no progress: after
+        ``generate_error_limit`` failures in a row it is treated as unable to serve. An error
+        of the request itself (``InvalidRequest``: a prompt too long) says nothing of the
+        engine and is not counted."""
+        if isinstance(error, InvalidRequest):
+            return
+        self._failed_in_row += 1
+        if self._failed_in_row >= self._error_limit and self._engine is not None:
+            try:  # one that does not answer at all is the control side's to judge (its polls)
+                await self._engine.snapshot()
+            except Exception:
+                return
+            await self._die(
+                EngineDead(
+                    f"{self._failed_in_row} generations in a row failed on a live engine "
+                    f"(coordinator.generate_error_limit={self._error_limit}; the last: "
+                    f"{error!r:.200})"
+                )
+            )
 
     async def _snapshot(self, engine: EngineAdapter) -> EngineSnapshot:
         try:
@@ -342,6 +322,9 @@ class RolloutActor(RolloutFaultHooks):
         What already finished is written to the TS first, if that takes at most
         ``DYING_FLUSH_S`` (the control side then learns from the TS that it finished), and
         the process's children (an engine process that may still hold memory) are killed."""
+        if self._dying:  # the first call ends the process
+            await asyncio.get_running_loop().create_future()
+        self._dying = True
         self._log.error("engine_dead", error=str(error), running=len(self._tasks),
                         exit_status=ENGINE_DEAD_EXIT)  # fmt: skip
         with contextlib.suppress(Exception):
@@ -374,9 +357,12 @@ class RolloutActor(RolloutFaultHooks):
                     seg = Segment(trajectory_id=tid, start=start, token_ids=toks, logprobs=lps,
                                   versions=vers)  # fmt: skip
                     partial.append((seg, r))
-            kept: list[tuple[GenerateResult, bool]] = []
+            left: set[str] = set()
             for items, finished in ((done, True), (partial, False)):
-                written, refused, left = await self._io.write(items, finished=finished)
+                if left:  # the store could not be reached: keep the rest without trying
+                    left.update(seg.trajectory_id for seg, _ in items)
+                    continue
+                written, refused, unresolved = await self._io.write(items, finished=finished)
                 for _, r in written:
                     self._ended(r.trajectory_id)
                     reason = _finish(r) if finished else None
@@ -384,11 +370,11 @@ class RolloutActor(RolloutFaultHooks):
                 for (_, r), error in refused:
                     self._ended(r.trajectory_id)
                     self._errors.append({"trajectory_id": r.trajectory_id, "error": error})
-                kept += [(r, finished) for _, r in left]
-            if kept:  # before what finished since: the order results came in is kept
-                self._to_write[:0] = kept
-                raise TransportError(
-                    f"the trajectory server cannot be reached: {len(kept)} results of "
+                left.update(seg.trajectory_id for seg, _ in unresolved)
+            if left:  # kept in the order they came, before those that came since
+                self._to_write[:0] = [(r, f) for r, f in pending if r.trajectory_id in left]
+                raise StoreUnreachable(
+                    f"the trajectory server cannot be reached: {len(left)} results of "
                     f"{self.instance_id!r} are kept to write later",
                     instance_id=self.instance_id,
                 )
@@ -406,7 +392,8 @@ class RolloutActor(RolloutFaultHooks):
         delta from the last one sent, decoded with ``engine_adapters.SnapshotDecoder`` given
         the ended ids (the outcomes' and those an ``interrupt(..., report=True)`` answer
         carried since the last poll); ``ack``, ``full``: what the decoder's ``request()``
-        says."""
+        says. Raises ``StoreUnreachable`` if the TS cannot be reached: what it could not write
+        is kept for the next poll."""
         engine = self._require()
         self._ready.clear()  # what arrives from here on sets it again
         self._polling = True
@@ -450,8 +437,9 @@ class RolloutActor(RolloutFaultHooks):
     ) -> Any:
         """Stop these trajectories (None = all; the ids may come packed, see
         ``engine_adapters.pack_ids``); their partial output is in the TS when this returns.
-        Finished ones are skipped. Returns how many were stopped; their outcomes come with the
-        next poll. With ``report``, it returns instead each id's outcome, in the order of the
+        Finished ones are skipped (if the TS cannot be reached, their output is kept and
+        written by a later poll, whose answer brings their outcomes). Returns how many were
+        stopped; their outcomes come with the next poll. With ``report``, it returns instead each id's outcome, in the order of the
         (unpacked) ids: its response length if it came back unfinished, ``[length, finish
         reason]`` if it had finished, None if its outcome was reported before (or it never
         ran here); those outcomes do not come with the next poll."""
@@ -473,7 +461,10 @@ class RolloutActor(RolloutFaultHooks):
             tasks = [self._tasks[t] for t in ids if t in self._tasks]
             if tasks:
                 await asyncio.wait(tasks, timeout=INTERRUPT_WAIT_S)
-        await self._flush()
+        try:
+            await self._flush()
+        except StoreUnreachable as e:  # kept: a later poll writes them and reports them
+            self._log.warning("interrupt_results_kept", error=str(e)[:200])
         if not report:
             return len(ids)
         order = ids if asked is None else asked

@@ -32,7 +32,7 @@ from rollout_coordinator import InstanceSnapshot
 from staleflow_trainer.actors.in_store import InStore, in_store
 from staleflow_trainer.actors.io_bytes import ByteCounts, size
 from staleflow_trainer.actors.liveness import CallHung, answer_within, is_actor_death, kill_actor
-from staleflow_trainer.actors.rollout import poll_args, unpack_poll
+from staleflow_trainer.actors.rollout_wire import poll_args, unpack_poll
 from staleflow_trainer.config import AppConfig
 from staleflow_trainer.control import effects as fx
 from staleflow_trainer.control.events import InstanceLost, Outcome, Reported

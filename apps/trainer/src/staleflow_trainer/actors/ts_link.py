@@ -32,38 +32,58 @@ def broken_errors() -> tuple[type[BaseException], ...]:
 
 
 class AsyncStoreLink:
-    """``await run(op)`` awaits ``op(client)`` on the kept connection and returns its result."""
+    """``await run(op)`` awaits ``op(client)`` on the kept connection and returns its result.
+    Safe for concurrent calls: they share one connection, a broken one is replaced once (a
+    call that failed on a connection another call has already replaced leaves the new one
+    alone), and after :meth:`drop` with ``closing`` no call opens a new one."""
 
     def __init__(self, address: Sequence[Any], token: str | None) -> None:
         self._address = tuple(address)
         self._token = token or None
         self._client: Any = None
+        self._connecting = asyncio.Lock()
+        self._closed = False
         self.connects = 0  # connections opened so far
+
+    async def _open(self) -> Any:
+        from trajectory_server.client import TrajectoryClient
+        from trajectory_server.errors import ServiceClosed
+
+        async with self._connecting:
+            if self._closed:
+                raise ServiceClosed("the trajectory-server link is closed")
+            if self._client is None:
+                self._client = await TrajectoryClient.connect(*self._address, token=self._token)
+                self.connects += 1
+            return self._client
 
     async def run(self, op: Callable[[Any], Awaitable[T]], *, retry: bool = True) -> T:
         """``op(client)``; a connection that broke is dropped, and with ``retry`` the call is
         made once more on a new one (only for calls that may be repeated: a request whose
         answer was lost may have been carried out)."""
-        from trajectory_server.client import TrajectoryClient
         from trajectory_server.errors import InvalidRecord, StateError
 
         broken = broken_errors()
         for attempt in (0, 1):
-            if self._client is None:
-                self._client = await TrajectoryClient.connect(*self._address, token=self._token)
-                self.connects += 1
+            client = await self._open()
             try:
-                return await op(self._client)
+                return await op(client)
             except (StateError, InvalidRecord):
                 raise  # about the trajectories asked for: the connection is fine
             except BaseException as e:
-                await self.drop()
-                if attempt or not retry or not isinstance(e, broken):
+                await self._discard(client)
+                if attempt or not retry or not isinstance(e, broken) or self._closed:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def drop(self) -> None:
-        """Close the connection (the next call opens a new one)."""
+    async def _discard(self, client: Any) -> None:
+        if self._client is client:
+            self._client = None
+        await client.close()
+
+    async def drop(self, *, closing: bool = False) -> None:
+        """Close the connection (the next call opens a new one; none with ``closing``)."""
+        self._closed = self._closed or closing
         client, self._client = self._client, None
         if client is not None:
             await client.close()
@@ -95,7 +115,7 @@ class StoreLink:
         if self._loop.is_closed():
             return
         with self._lock:
-            asyncio.run_coroutine_threadsafe(self._link.drop(), self._loop).result()
+            asyncio.run_coroutine_threadsafe(self._link.drop(closing=True), self._loop).result()
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
             self._loop.close()

@@ -310,9 +310,13 @@ class SglangAdapter(EngineAdapter):
         async with client.stream("POST", "/generate", json=body) as resp:
             if resp.status_code != 200:
                 await resp.aread()
-                self._raise_server_error(
-                    _json(resp).get("error", {}).get("message", resp.text), req
-                )
+                message = _json(resp).get("error", {}).get("message", resp.text)
+                if resp.status_code >= 500:  # the server failed, not the request
+                    raise EngineUnavailable(
+                        f"sglang server failed {req.trajectory_id!r}: HTTP {resp.status_code}: "
+                        f"{str(message)[:200]}"
+                    )
+                self._raise_server_error(message, req)
             async for line in resp.aiter_lines():
                 if not line.startswith("data: "):
                     continue

@@ -75,6 +75,7 @@ class _StandInState:
         self.sim = SimAdapter(config, instance_id="sglang-standin", speed=speed)
         self.stream_interval_s = stream_interval_s
         self.rids: dict[str, asyncio.Task[GenerateResult]] = {}
+        self.failing: str | None = None  # set: every /generate fails with HTTP 500
 
 
 def build_app(
@@ -90,6 +91,7 @@ def build_app(
         await state.sim.close()
 
     app = FastAPI(lifespan=lifespan)
+    app.state.standin = state
 
     def weight_version() -> str:
         return str(state.sim.version)
@@ -141,6 +143,8 @@ def build_app(
                 return StreamingResponse(err(), media_type="text/event-stream")
             return JSONResponse({"error": {"message": message}}, status_code=400)
 
+        if state.failing is not None:  # an internal error, as SGLang answers an uncaught one
+            return JSONResponse({"error": {"message": state.failing}}, status_code=500)
         if not isinstance(input_ids, list) or not input_ids:
             return error("input_ids must be a non-empty list of token ids")
         if len(input_ids) >= config.max_model_len:
@@ -364,6 +368,7 @@ class SglangStandIn:
         self.port = port or _free_port()
         self._thread: threading.Thread | None = None
         self._server: Any = None
+        self._app: Any = None
 
     @property
     def base_url(self) -> str:
@@ -372,7 +377,7 @@ class SglangStandIn:
     def start(self, timeout_s: float = 30.0) -> str:
         import uvicorn
 
-        app = build_app(self.config, speed=self.speed)
+        app = self._app = build_app(self.config, speed=self.speed)
         cfg = uvicorn.Config(
             app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
         )
@@ -388,6 +393,13 @@ class SglangStandIn:
                 break
             deadline.wait(0.02)
         raise RuntimeError(f"SGLang stand-in did not start on {self.base_url}")
+
+    def fail_generations(self, message: str | None = "stand-in: generation failed") -> None:
+        """Fault injection: from now on every ``/generate`` answers HTTP 500 with ``message``
+        while everything else (metrics, health, weights) still answers; None: serve again."""
+        if self._app is None:
+            raise RuntimeError("the stand-in is not started")
+        self._app.state.standin.failing = message
 
     def stop(self) -> None:
         if self._server is not None:
