@@ -282,3 +282,33 @@ async def test_a_polled_instance_keeps_its_results_until_the_store_is_back() -> 
         assert list(store.get(ids[1]).generated_token_ids) == [6]
     finally:
         await actor.close()
+
+
+async def test_a_route_the_store_could_not_be_reached_for_is_refused_not_failed() -> None:
+    """No connection could be opened: nothing was sent, so the ids stay queued in the store
+    and come back refused. A route whose answer was lost, with no connection to settle it,
+    fails: the store may have it running here."""
+    store, ids = _store(routed=False)
+    async with _served(store) as address:
+        io = InstanceStore(IID, address, TOKEN)
+        await io.connect()
+    await asyncio.sleep(0.05)  # the kept connection sees the service go
+    try:
+        payloads, refused = await io.route(ids, 0)
+        assert payloads == [] and [t for t, _ in refused] == ids
+        assert all("cannot open a connection" in why for _, why in refused)
+        assert [store.location(t).state for t in ids] == [LocationState.QUEUED] * 2
+    finally:
+        await io.close()
+    async with _served(store) as address:
+        proxy = CutProxy(address)
+        io = InstanceStore(IID, await proxy.start(), TOKEN)
+        try:
+            await io.connect()
+            proxy.cut_next_answer()
+            proxy.on_cut = lambda: proxy._server.close() if proxy._server else None
+            with pytest.raises(StoreUnreachable):
+                await io.route(ids, 0)
+            assert [store.location(t).instance_id for t in ids] == [IID] * 2
+        finally:
+            await io.close()

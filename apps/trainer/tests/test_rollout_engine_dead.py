@@ -146,8 +146,10 @@ async def test_a_dying_instance_writes_what_finished_first(
     assert flushed == [1] and exits == [ENGINE_DEAD_EXIT]
 
 
-def _request(i: int) -> GenerateRequest:
-    return GenerateRequest(trajectory_id=f"g/{i}", prompt_token_ids=(1, 2, 3),
+def _request(i: int, prompt: str | None = None) -> GenerateRequest:
+    """Sample 0 of prompt ``g<i>`` (or sample ``i`` of ``prompt``)."""
+    tid = f"g{i}/0" if prompt is None else f"{prompt}/{i}"
+    return GenerateRequest(trajectory_id=tid, prompt_token_ids=(1, 2, 3),
                            sampling=SamplingParams(max_new_tokens=4))  # fmt: skip
 
 
@@ -190,7 +192,7 @@ async def test_a_success_between_failures_or_a_requests_own_error_counts_for_not
     outcome += [broken, broken, None, broken, broken, bad, bad, bad, bad]
     for i in range(9):
         await actor._run(engine, _request(i))
-    assert exits == [] and actor._failed_in_row == 2
+    assert exits == [] and len(actor._failed) == 2
     assert len(actor._errors) == 8  # each failure is still reported
     await engine.close()
 
@@ -211,5 +213,42 @@ async def test_an_engine_that_answers_nothing_is_left_to_the_control_sides_polls
     monkeypatch.setattr(engine, "snapshot", refused)
     for i in range(4):
         await actor._run(engine, _request(i))
-    assert exits == [] and actor._failed_in_row == 4
+    assert exits == [] and len(actor._failed) == 4
     await engine.close()
+
+
+async def test_an_engine_that_generates_for_others_is_not_ended(
+    exits: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Failures in a row of one prompt's samples (a bad prompt fails wherever it runs), or
+    while other generations run on the engine, or with one returning during the check, do not
+    end the instance."""
+    actor, engine = await _actor()
+    actor._error_limit = 3
+    boom = EngineUnavailable("HTTP 500")
+    for i in range(5):  # one prompt's samples
+        await actor._count_failure(_request(i, "bad").trajectory_id, boom)
+    assert exits == [] and len(actor._failed) == 5
+    long = GenerateRequest(trajectory_id="long/0", prompt_token_ids=(1, 2, 3),
+                           sampling=SamplingParams(max_new_tokens=100_000))  # fmt: skip
+    running = asyncio.create_task(engine.generate(long))
+    await asyncio.sleep(0.05)
+    for i in range(5):  # distinct prompts, while another generation runs
+        await actor._count_failure(_request(i).trajectory_id, boom)
+    assert exits == []
+    await engine.interrupt(["long/0"])
+    await running
+    answer = engine.snapshot
+
+    async def slow_snapshot() -> Any:
+        actor._failed = []  # a generation returned meanwhile
+        return await answer()
+
+    monkeypatch.setattr(engine, "snapshot", slow_snapshot)
+    await actor._count_failure("g9/0", boom)
+    assert exits == []
+    monkeypatch.setattr(engine, "snapshot", answer)  # nothing runs, nothing returns: it ends
+    actor._failed = ["g7/0", "g8/0"]
+    with pytest.raises(Exited):
+        await actor._count_failure("g9/0", boom)
+    assert exits == [ENGINE_DEAD_EXIT]

@@ -181,9 +181,9 @@ async def test_a_launched_server_that_exits_is_dead(
 
 
 async def test_a_server_error_is_the_engines_not_the_requests() -> None:
-    """HTTP 5xx from ``/generate`` (an internal error in the server) raises
-    ``EngineUnavailable``, while a refused request (HTTP 400: a prompt too long) stays an
-    ``InvalidRequest``: a host can tell a failing server from a bad request."""
+    """HTTP 5xx from ``/generate`` (the server, or a gateway in front of it, failed) raises
+    ``EngineUnavailable``, while a refused request (HTTP 4xx) stays an ``InvalidRequest``: a
+    host can tell a failing server from a bad request."""
     with SglangStandIn(SimConfig(max_model_len=64)) as server:
         adapter = SglangAdapter(base_url=server.base_url, instance_id="sglang-fails")
         await adapter.start()
@@ -191,12 +191,17 @@ async def test_a_server_error_is_the_engines_not_the_requests() -> None:
             ok = GenerateRequest(trajectory_id="t0", prompt_token_ids=(20, 21),
                                  sampling=SamplingParams(max_new_tokens=3))  # fmt: skip
             assert len((await adapter.generate(ok)).token_ids) == 3
-            server.fail_generations("CUDA error: an illegal memory access")
-            with pytest.raises(EngineUnavailable, match=r"HTTP 500.*illegal memory") as failed:
-                await adapter.generate(attrs.evolve(ok, trajectory_id="t1"))
-            assert not isinstance(failed.value, InvalidRequest)
-            await adapter.snapshot()  # everything else still answers
-            await adapter.check_health()
+            for status in (500, 503):
+                server.fail_generations("CUDA error: an illegal memory access", status)
+                with pytest.raises(EngineUnavailable, match=rf"HTTP {status}.*illegal") as e:
+                    await adapter.generate(attrs.evolve(ok, trajectory_id=f"t{status}"))
+                assert not isinstance(e.value, InvalidRequest)
+                await adapter.snapshot()  # everything else still answers
+                await adapter.check_health()
+            server.fail_generations("sampling_params.top_p must be in (0, 1]", 400)
+            with pytest.raises(InvalidRequest, match="top_p") as e:
+                await adapter.generate(attrs.evolve(ok, trajectory_id="t400"))
+            assert not isinstance(e.value, EngineUnavailable)
             server.fail_generations(None)
             with pytest.raises(PromptTooLong):
                 await adapter.generate(attrs.evolve(ok, trajectory_id="t2",

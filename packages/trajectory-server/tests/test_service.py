@@ -27,6 +27,7 @@ from trajectory_server.errors import (
     MessageTooLarge,
     NotQueued,
     SchemaMismatch,
+    ServiceClosed,
     StaleVersion,
     TransportError,
     Unauthorized,
@@ -109,6 +110,32 @@ async def test_lifecycle_over_tcp() -> None:
         finally:
             await client.close()
         svc.store.check_invariants()
+
+
+async def test_a_client_says_why_its_connection_ended() -> None:
+    """``failure`` is None while the connection is open; once the service goes it is the
+    transport error every call then raises at once; after ``close``, ``ServiceClosed``."""
+    svc = TrajectoryService(token=TOKEN)
+    host, port = await svc.start()
+    client = await TrajectoryClient.connect(host, port, token=TOKEN)
+    try:
+        await client.ping()
+        assert client.failure is None
+        await svc.stop()
+        await asyncio.sleep(0.05)
+        assert isinstance(client.failure, TransportError)
+        with pytest.raises(TransportError):
+            await client.ping()
+    finally:
+        await client.close()
+    fresh = TrajectoryService(token=TOKEN)
+    host, port = await fresh.start()
+    try:
+        third = await TrajectoryClient.connect(host, port, token=TOKEN)
+        await third.close()
+        assert isinstance(third.failure, ServiceClosed)
+    finally:
+        await fresh.stop()
 
 
 async def test_free_sends_no_tokens_back_and_the_client_counts_wire_bytes() -> None:

@@ -163,9 +163,10 @@ class CoordinatorConfig:
     generate_error_limit: int = _f(
         16,
         ge=1,
-        doc="generations that may fail in a row on a live instance, none succeeding between "
+        doc="generations that may fail in a row on a live instance, none returning between "
         "(an error of the request itself, such as a prompt too long, does not count); at this "
-        "many the instance ends itself as unable to serve and is lost",
+        "many, of two prompts or more, with nothing running on its engine, the instance ends "
+        "itself as unable to serve and is lost",
     )
 
     def __attrs_post_init__(self) -> None:

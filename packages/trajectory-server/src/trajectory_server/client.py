@@ -333,6 +333,12 @@ class TrajectoryClient(_Client):
             idle_timeout_s=welcome.idle_timeout_s,
         )
 
+    @property
+    def failure(self) -> TrajectoryServerError | None:
+        """Why this connection ended (lost, refused by the server, closed), None while it is
+        open: once set, every call raises it at once without sending anything."""
+        return self._failure
+
     async def close(self) -> None:
         if self._failure is None:
             self._failure = ServiceClosed("the client is closed")

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from staleflow_trainer.actors.ts_link import AsyncStoreLink
+from staleflow_trainer.actors.ts_link import AsyncStoreLink, NotConnected
 from trajectory_server import LocationState, Segment
 from trajectory_server.errors import (
     InvalidRecord,
@@ -68,15 +68,17 @@ class InstanceStore:
 
     async def _call(self, op: Callable[[Any], Awaitable[T]], ids: Sequence[str]) -> T:
         """``op`` on the link. A failure other than the store's refusal makes ``ids``
-        uncertain and the call is made once more on a new connection; if that fails too,
-        :class:`StoreUnreachable`. Once the call is answered, ``ids`` are settled."""
+        uncertain (unless nothing was sent) and the call is made once more on a new
+        connection; if that fails too, :class:`StoreUnreachable`. Once the call is answered,
+        ``ids`` are settled."""
         for attempt in (0, 1):
             try:
                 out = await self.link.run(op, retry=False)
             except REFUSED:
                 raise
             except Exception as e:
-                self._uncertain.update(ids)
+                if not isinstance(e, NotConnected):  # sent: it may have been carried out
+                    self._uncertain.update(ids)
                 if attempt:
                     raise StoreUnreachable(
                         f"the trajectory server cannot be reached: {e!r:.200}",
@@ -105,8 +107,9 @@ class InstanceStore:
         self, ids: Sequence[str], version: int
     ) -> tuple[list[Any], list[tuple[str, str]]]:
         """Route ``ids`` to this instance at ``version``: their payloads (``Trajectory``
-        records), and the ids the store refused with its reason. Raises
-        :class:`StoreUnreachable` if the TS cannot be reached."""
+        records), and the ids the store refused with its reason (or that it could not be
+        reached for, when no request for them was carried out). Raises
+        :class:`StoreUnreachable` if a route whose answer was lost may have landed."""
         iid = self.instance_id
 
         def op(batch: Sequence[str]) -> Callable[[Any], Awaitable[Any]]:
@@ -114,15 +117,19 @@ class InstanceStore:
 
         try:
             return list(await self._call(op(ids), ids)), []
+        except StoreUnreachable as e:
+            return [], self._not_taken(ids, e)
         except REFUSED as e:  # all or nothing: one by one
             self._log.warning("route_refused", error=str(e)[:200])
         payloads: list[Any] = []
         refused: list[tuple[str, str]] = []
         here = functools.partial(_running_on, iid)
-        for tid in ids:
+        for k, tid in enumerate(ids):
             try:
                 payloads.extend(await self._call(op([tid]), [tid]))
                 continue
+            except StoreUnreachable as e:
+                return payloads, refused + self._not_taken(ids[k:], e)
             except REFUSED as e1:
                 error = str(e1)[:200]
             if await self._settled(tid, here):  # the lost route had landed
@@ -133,6 +140,13 @@ class InstanceStore:
                     error = str(e2)[:200]
             refused.append((tid, error))
         return payloads, refused
+
+    def _not_taken(self, ids: Sequence[str], error: StoreUnreachable) -> list[tuple[str, str]]:
+        """Ids of a route the TS could not be reached for, as refused (they stay queued there);
+        raises ``error`` if the route may have landed for any of them."""
+        if self._uncertain.intersection(ids):
+            raise error
+        return [(tid, str(error)[:200]) for tid in ids]
 
     async def write(
         self, items: Sequence[Item], *, finished: bool

@@ -19,12 +19,13 @@ trajectory server (TS) directly:
   generates), False after ``timeout_s``: the control shell polls an instance when it says so
   or was sent a command, and extrapolates its view in between;
 * ``poll(ack, full)`` writes what is pending, then returns the outcomes since the last poll (id,
-  response length, finish reason or None; grouped by id prefix, :func:`pack_outcomes`), each
-  exactly once, and a snapshot taken after them as a delta from the last one sent
-  (``engine_adapters.SnapshotEncoder``): the header fields that changed and the trajectories
-  that started, changed pace or left, never a list of every running trajectory each poll;
-  None when nothing happened (an engine that decodes at a steady pace included: the control
-  side extrapolates its progress in time, see ``SNAPSHOT_TOLERANCE``);
+  response length, finish reason or None; grouped by id prefix,
+  ``rollout_wire.pack_outcomes``), each exactly once, and a snapshot taken after them as a
+  delta from the last one sent (``engine_adapters.SnapshotEncoder``): the header fields that
+  changed and the trajectories that started, changed pace or left, never a list of every
+  running trajectory each poll; None when nothing happened (an engine that decodes at a
+  steady pace included: the control side extrapolates its progress in time, see
+  ``SNAPSHOT_TOLERANCE``);
 * ``interrupt(ids, report)`` stops trajectories and writes their partial output back before
   returning; with ``report`` it answers with their response lengths (in the order of the ids
   sent, so no id comes back), and their outcomes do not come with the next poll;
@@ -94,6 +95,8 @@ HEALTH_CHECK_S = 1.0
 ENGINE_DEAD_EXIT = 75
 #: Before it ends, a dying instance writes what already finished to the TS for this long at most.
 DYING_FLUSH_S = 5.0
+#: How long an instance whose generations keep failing waits for its engine's snapshot.
+SNAPSHOT_CHECK_S = 10.0
 
 #: How long an interrupt waits for the interrupted generations to come back before it writes
 #: what it has (``coordinator.call_timeout_s`` must leave it this long).
@@ -122,7 +125,8 @@ class RolloutActor(RolloutFaultHooks):
     ) -> None:
         self.instance_id = instance_id
         self._error_limit = generate_error_limit
-        self._failed_in_row = 0  # generations failed since the last one that did not
+        self._failed: list[str] = []  # failed since the last generation that returned
+        self._checking = False  # whether its engine serves is being asked
         self._dying = False
         self.backend = backend
         self.engine_kwargs = dict(engine_kwargs)
@@ -218,16 +222,17 @@ class RolloutActor(RolloutFaultHooks):
 
     async def _run(self, engine: EngineAdapter, req: GenerateRequest) -> None:
         tid = req.trajectory_id
+        failure: Exception | None = None
         try:
             result = await engine.generate(req)
-            self._failed_in_row = 0
+            self._failed = []
         except Exception as e:
             await self._end_if_dead(engine, e)
             # The engine refused or failed: a zero-progress interruption, so the trajectory
             # goes back to the queue with what it had; the cause is logged and reported.
             self._log.warning("generate_failed", trajectory_id=tid, error=repr(e))
             self._errors.append({"trajectory_id": tid, "error": repr(e)[:300]})
-            await self._count_failure(e)
+            failure = e
             result = GenerateResult(
                 trajectory_id=tid,
                 token_ids=req.generated_token_ids,
@@ -242,29 +247,45 @@ class RolloutActor(RolloutFaultHooks):
         ) >= self._max_new.get(tid, 1 << 30)
         self._to_write.append((result, finished))
         self._ready.set()
+        if failure is not None:
+            await self._count_failure(tid, failure)
 
-    async def _count_failure(self, error: Exception) -> None:
+    async def _count_failure(self, tid: str, error: Exception) -> None:
         """A generation failed on a live engine. An engine whose every generation fails while
         it answers everything else (a server that reports its metrics but fails each request)
-        looks idle, so work keeps being routed to it and comes back with no progress: after
-        ``generate_error_limit`` failures in a row it is treated as unable to serve. An error
+        looks idle, so work keeps being routed to it and comes back with no progress. It is
+        treated as unable to serve once ``generate_error_limit`` generations in a row failed
+        (none returning between), of at least two prompts (one bad prompt fails all its
+        samples, wherever it runs), and its snapshot, asked once then (``SNAPSHOT_CHECK_S`` at
+        most), shows nothing running: an engine that still generates for others, or that does
+        not answer at all (the control side's failing polls judge that one), is not. An error
         of the request itself (``InvalidRequest``: a prompt too long) says nothing of the
         engine and is not counted."""
-        if isinstance(error, InvalidRequest):
+        if isinstance(error, InvalidRequest) or self._dying:
             return
-        self._failed_in_row += 1
-        if self._failed_in_row >= self._error_limit and self._engine is not None:
-            try:  # one that does not answer at all is the control side's to judge (its polls)
-                await self._engine.snapshot()
-            except Exception:
-                return
-            await self._die(
-                EngineDead(
-                    f"{self._failed_in_row} generations in a row failed on a live engine "
-                    f"(coordinator.generate_error_limit={self._error_limit}; the last: "
-                    f"{error!r:.200})"
-                )
+        self._failed.append(tid)
+        failed = self._failed
+        if len(failed) < self._error_limit or self._checking or self._engine is None:
+            return
+        if len({t.rpartition("/")[0] for t in failed}) < 2:
+            return
+        self._checking = True
+        try:
+            snap = await asyncio.wait_for(self._engine.snapshot(), SNAPSHOT_CHECK_S)
+        except Exception:
+            return
+        finally:
+            self._checking = False
+        if snap.running or self._failed is not failed:  # it serves, or one succeeded since
+            return
+        await self._die(
+            EngineDead(
+                f"{len(failed)} generations of {len({t.rpartition('/')[0] for t in failed})} "
+                f"prompts failed in a row on a live engine with nothing running "
+                f"(coordinator.generate_error_limit={self._error_limit}; the last: "
+                f"{error!r:.200})"
             )
+        )
 
     async def _snapshot(self, engine: EngineAdapter) -> EngineSnapshot:
         try:
@@ -325,16 +346,18 @@ class RolloutActor(RolloutFaultHooks):
         if self._dying:  # the first call ends the process
             await asyncio.get_running_loop().create_future()
         self._dying = True
-        self._log.error("engine_dead", error=str(error), running=len(self._tasks),
-                        exit_status=ENGINE_DEAD_EXIT)  # fmt: skip
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._flush(), DYING_FLUSH_S)
-        for pid, _ in child_processes():
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(ENGINE_DEAD_EXIT)
+        try:  # whatever happens meanwhile (a cancelled flush included), the process ends
+            self._log.error("engine_dead", error=str(error), running=len(self._tasks),
+                            exit_status=ENGINE_DEAD_EXIT)  # fmt: skip
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._flush(), DYING_FLUSH_S)
+            for pid, _ in child_processes():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(ENGINE_DEAD_EXIT)
 
     async def _flush(self) -> None:
         """Write every pending result to the TS (new tokens only), then queue its outcome. A
@@ -387,7 +410,7 @@ class RolloutActor(RolloutFaultHooks):
         """What happened since the last poll: ``[delta, outcomes, refused, errors]``, the
         trailing empty ones left out, None when there is nothing at all (no outcome, nothing
         changed). ``outcomes``: those since the last poll, each exactly once and already in
-        the TS (:func:`pack_outcomes`); ``refused``: ids the TS refused to route here
+        the TS (``rollout_wire.pack_outcomes``); ``refused``: ids the TS refused to route here
         (``engine_adapters.pack_ids``); ``delta``: a snapshot taken after the outcomes, as a
         delta from the last one sent, decoded with ``engine_adapters.SnapshotDecoder`` given
         the ended ids (the outcomes' and those an ``interrupt(..., report=True)`` answer
@@ -436,13 +459,14 @@ class RolloutActor(RolloutFaultHooks):
         self, trajectory_ids: Sequence[Any] | None = None, report: bool = False
     ) -> Any:
         """Stop these trajectories (None = all; the ids may come packed, see
-        ``engine_adapters.pack_ids``); their partial output is in the TS when this returns.
-        Finished ones are skipped (if the TS cannot be reached, their output is kept and
-        written by a later poll, whose answer brings their outcomes). Returns how many were
-        stopped; their outcomes come with the next poll. With ``report``, it returns instead each id's outcome, in the order of the
-        (unpacked) ids: its response length if it came back unfinished, ``[length, finish
-        reason]`` if it had finished, None if its outcome was reported before (or it never
-        ran here); those outcomes do not come with the next poll."""
+        ``engine_adapters.pack_ids``); their partial output is in the TS when this returns,
+        unless the TS cannot be reached: then it is kept and written by a later poll, whose
+        answer brings their outcomes. Finished ones are skipped. Returns how many were stopped;
+        their outcomes come with the next poll. With ``report``, it returns instead each id's
+        outcome, in the order of the (unpacked) ids: its response length if it came back
+        unfinished, ``[length, finish reason]`` if it had finished, None if its outcome was
+        reported before, is kept for a later poll (or it never ran here); those outcomes do
+        not come with the next poll."""
         engine = self._require()
         asked = None if trajectory_ids is None else unpack_ids(trajectory_ids)
         ids = list(self._tasks) if asked is None else [t for t in asked if t in self._tasks]

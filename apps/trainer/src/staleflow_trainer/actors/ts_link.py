@@ -21,14 +21,17 @@ import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+from trajectory_server.errors import ServiceClosed, TransportError
+
 T = TypeVar("T")
 
 
-def broken_errors() -> tuple[type[BaseException], ...]:
-    """The errors that say the connection broke (any other is about the call itself)."""
-    from trajectory_server.errors import ServiceClosed, TransportError
+#: the errors that say the connection broke (any other is about the call itself)
+BROKEN = (TransportError, ServiceClosed)
 
-    return (TransportError, ServiceClosed)
+
+class NotConnected(TransportError):
+    """No connection to the trajectory server could be opened: the request was not sent."""
 
 
 class AsyncStoreLink:
@@ -47,32 +50,41 @@ class AsyncStoreLink:
 
     async def _open(self) -> Any:
         from trajectory_server.client import TrajectoryClient
-        from trajectory_server.errors import ServiceClosed
 
         async with self._connecting:
             if self._closed:
                 raise ServiceClosed("the trajectory-server link is closed")
+            if self._client is not None and self._client.failure is not None:
+                dead, self._client = self._client, None  # ended: nothing would be sent on it
+                await dead.close()
             if self._client is None:
-                self._client = await TrajectoryClient.connect(*self._address, token=self._token)
+                try:
+                    client = await TrajectoryClient.connect(*self._address, token=self._token)
+                except Exception as e:  # refused, busy, handshake refused: nothing was sent
+                    raise NotConnected(
+                        f"cannot open a connection to the trajectory server at "
+                        f"{self._address}: {e!r:.200}"
+                    ) from e
+                if self._closed:  # closed while it connected
+                    await client.close()
+                    raise ServiceClosed("the trajectory-server link is closed")
+                self._client = client
                 self.connects += 1
             return self._client
 
     async def run(self, op: Callable[[Any], Awaitable[T]], *, retry: bool = True) -> T:
         """``op(client)``; a connection that broke is dropped, and with ``retry`` the call is
         made once more on a new one (only for calls that may be repeated: a request whose
-        answer was lost may have been carried out)."""
-        from trajectory_server.errors import InvalidRecord, StateError
-
-        broken = broken_errors()
+        answer was lost may have been carried out). Any other error is about the call itself
+        (the trajectories asked for, a message too large) and leaves the connection open;
+        :class:`NotConnected` if no connection could be opened (nothing was sent)."""
         for attempt in (0, 1):
             client = await self._open()
             try:
                 return await op(client)
-            except (StateError, InvalidRecord):
-                raise  # about the trajectories asked for: the connection is fine
-            except BaseException as e:
+            except BROKEN:  # this connection is done for (others may share it: only once)
                 await self._discard(client)
-                if attempt or not retry or not isinstance(e, broken) or self._closed:
+                if attempt or not retry or self._closed:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -75,7 +75,7 @@ class _StandInState:
         self.sim = SimAdapter(config, instance_id="sglang-standin", speed=speed)
         self.stream_interval_s = stream_interval_s
         self.rids: dict[str, asyncio.Task[GenerateResult]] = {}
-        self.failing: str | None = None  # set: every /generate fails with HTTP 500
+        self.failing: tuple[str, int] | None = None  # every /generate fails: (message, status)
 
 
 def build_app(
@@ -143,8 +143,9 @@ def build_app(
                 return StreamingResponse(err(), media_type="text/event-stream")
             return JSONResponse({"error": {"message": message}}, status_code=400)
 
-        if state.failing is not None:  # an internal error, as SGLang answers an uncaught one
-            return JSONResponse({"error": {"message": state.failing}}, status_code=500)
+        if state.failing is not None:  # as a gateway in front of a failing server answers
+            message, status = state.failing
+            return JSONResponse({"error": {"message": message}}, status_code=status)
         if not isinstance(input_ids, list) or not input_ids:
             return error("input_ids must be a non-empty list of token ids")
         if len(input_ids) >= config.max_model_len:
@@ -394,12 +395,16 @@ class SglangStandIn:
             deadline.wait(0.02)
         raise RuntimeError(f"SGLang stand-in did not start on {self.base_url}")
 
-    def fail_generations(self, message: str | None = "stand-in: generation failed") -> None:
-        """Fault injection: from now on every ``/generate`` answers HTTP 500 with ``message``
-        while everything else (metrics, health, weights) still answers; None: serve again."""
+    def fail_generations(
+        self, message: str | None = "stand-in: generation failed", status: int = 500
+    ) -> None:
+        """Fault injection: from now on every ``/generate`` answers HTTP ``status`` with
+        ``message`` while everything else (metrics, health, weights) still answers, as a
+        router or gateway in front of a failing server does (SGLang itself streams a 200 and
+        breaks the stream); None: serve again."""
         if self._app is None:
             raise RuntimeError("the stand-in is not started")
-        self._app.state.standin.failing = message
+        self._app.state.standin.failing = None if message is None else (message, status)
 
     def stop(self) -> None:
         if self._server is not None:
