@@ -201,8 +201,9 @@ async def test_concurrent_requests_share_one_new_connection_after_a_break() -> N
         finally:
             await io.close()
         assert io.link._client is None
-        with pytest.raises(StoreUnreachable):  # closed: no new connection
-            await io.route(ids[:1], 0)
+        payloads, refused = await io.route(ids[:1], 0)  # closed: nothing is sent
+        assert payloads == [] and "closed" in refused[0][1]
+        assert io.link.connects == 2
 
 
 async def test_a_route_whose_answer_was_lost_brings_the_payloads_from_the_store() -> None:
@@ -292,7 +293,10 @@ async def test_a_route_the_store_could_not_be_reached_for_is_refused_not_failed(
     async with _served(store) as address:
         io = InstanceStore(IID, address, TOKEN)
         await io.connect()
-    await asyncio.sleep(0.05)  # the kept connection sees the service go
+    for _ in range(200):  # the kept connection sees the service go
+        if io.link._client.failure is not None:
+            break
+        await asyncio.sleep(0.01)
     try:
         payloads, refused = await io.route(ids, 0)
         assert payloads == [] and [t for t, _ in refused] == ids

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from engine_adapters import (
+    EngineDead,
     EngineUnavailable,
     FinishReason,
     GenerateRequest,
@@ -251,4 +252,35 @@ async def test_an_engine_that_generates_for_others_is_not_ended(
     actor._failed = ["g7/0", "g8/0"]
     with pytest.raises(Exited):
         await actor._count_failure("g9/0", boom)
+    assert exits == [ENGINE_DEAD_EXIT]
+
+
+async def test_ids_of_no_prompt_shape_are_each_their_own_prompt(
+    exits: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    actor, _ = await _actor()
+    actor._error_limit = 3
+    for tid in ("plain-1", "plain-2"):
+        await actor._count_failure(tid, RuntimeError("HTTP 500"))
+    assert exits == []
+    with pytest.raises(Exited):
+        await actor._count_failure("plain-3", RuntimeError("HTTP 500"))
+    assert exits == [ENGINE_DEAD_EXIT]
+
+
+async def test_a_dying_instance_exits_even_if_its_output_cannot_be_flushed(
+    exits: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    actor, _ = await _actor()
+
+    class Broken:
+        def write(self, text: str) -> int:
+            return len(text)
+
+        def flush(self) -> None:
+            raise BrokenPipeError("stdout is gone")
+
+    monkeypatch.setattr(rollout.sys, "stdout", Broken())
+    with pytest.raises(Exited):
+        await actor._die(EngineDead("gone"))
     assert exits == [ENGINE_DEAD_EXIT]

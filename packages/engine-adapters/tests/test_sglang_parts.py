@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import textwrap
@@ -209,5 +210,33 @@ async def test_a_server_error_is_the_engines_not_the_requests() -> None:
             assert (
                 len((await adapter.generate(attrs.evolve(ok, trajectory_id="t3"))).token_ids) == 3
             )
+        finally:
+            await adapter.close()
+
+
+async def test_a_resumed_trajectory_counts_what_it_had_and_what_it_generates() -> None:
+    """A snapshot's ``generated_tokens`` of a resumed trajectory is its earlier response plus
+    what this server generated since, as with the other backends."""
+    with SglangStandIn(SimConfig(max_model_len=4096)) as server:
+        adapter = SglangAdapter(base_url=server.base_url, instance_id="sglang-resumes")
+        await adapter.start()
+        try:
+            prior = tuple(range(30, 530))
+            req = GenerateRequest(trajectory_id="r/0", prompt_token_ids=(20, 21),
+                                  sampling=SamplingParams(max_new_tokens=3000),
+                                  generated_token_ids=prior, generated_logprobs=(-0.5,) * 500,
+                                  generated_versions=(0,) * 500)  # fmt: skip
+            task = asyncio.create_task(adapter.generate(req))
+            counts: list[int] = []
+            for _ in range(200):
+                await asyncio.sleep(0.02)
+                running = (await adapter.snapshot()).running
+                if running and running[0].generated_tokens > len(prior):
+                    counts.append(running[0].generated_tokens)
+                    break
+            assert counts and counts[0] > len(prior), counts
+            await adapter.interrupt(["r/0"])
+            result = await task
+            assert len(result.token_ids) >= counts[0]
         finally:
             await adapter.close()

@@ -163,9 +163,9 @@ class CoordinatorConfig:
     generate_error_limit: int = _f(
         16,
         ge=1,
-        doc="generations that may fail in a row on a live instance, none returning between "
-        "(an error of the request itself, such as a prompt too long, does not count); at this "
-        "many, of two prompts or more, with nothing running on its engine, the instance ends "
+        doc="prompts whose generations may fail in a row on a live instance, none returning "
+        "between (an error of the request itself, such as a prompt too long, does not count); "
+        "at this many, with no trajectory gaining a token on its engine, the instance ends "
         "itself as unable to serve and is lost",
     )
 

@@ -15,7 +15,13 @@ from engine_adapters._contract import (
     SamplingParams,
     write_profile_jsonl,
 )
-from engine_adapters._delta import SnapshotDecoder, SnapshotEncoder, pack_ids, unpack_ids
+from engine_adapters._delta import (
+    SnapshotDecoder,
+    SnapshotEncoder,
+    id_prefix,
+    pack_ids,
+    unpack_ids,
+)
 from engine_adapters._registry import BACKENDS, create_engine, load_backend
 from engine_adapters.errors import (
     BackendNotInstalled,
@@ -51,6 +57,7 @@ __all__ = [
     "SnapshotEncoder",
     "UnknownTrajectory",
     "create_engine",
+    "id_prefix",
     "load_backend",
     "pack_ids",
     "unpack_ids",

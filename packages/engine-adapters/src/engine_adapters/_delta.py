@@ -113,6 +113,12 @@ class _Pace:
 _PACE_KEY = {"steps": "ds", "kv": "dk"}
 
 
+def id_prefix(tid: str) -> str | None:
+    """The prompt part of a trajectory id ``prefix/n`` (the samples of one prompt share it;
+    what :func:`pack_ids` groups by), None for an id of another shape."""
+    return _split(tid)[0]
+
+
 def _split(tid: str) -> tuple[str | None, Any]:
     """``"g7/3"`` -> ``("g7", 3)``: the samples of one group share a prefix, so a group of
     entries sends it once; an id of another shape goes whole, as ``(None, tid)``."""

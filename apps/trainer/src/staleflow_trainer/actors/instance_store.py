@@ -4,8 +4,8 @@ the results it writes back (:meth:`write`), over one kept connection (``AsyncSto
 A request whose connection broke may have been carried out or not: its answer was lost. It is
 neither given up nor simply sent again (the store refuses a second ``finish`` of a trajectory
 it already finished): the store's view decides. The ids a broken request carried are
-*uncertain*; the request is made once more on a new connection, and where the store refuses an
-uncertain id, the id's location in the store says whether the lost request had landed:
+*uncertain*; the request is made once more (on a new connection if that one broke), and where
+the store refuses an uncertain id, the id's location in the store says whether the lost request had landed:
 
 * a route landed if the store places the trajectory on this instance (its payload is then
   read with ``get``);
@@ -68,9 +68,9 @@ class InstanceStore:
 
     async def _call(self, op: Callable[[Any], Awaitable[T]], ids: Sequence[str]) -> T:
         """``op`` on the link. A failure other than the store's refusal makes ``ids``
-        uncertain (unless nothing was sent) and the call is made once more on a new
-        connection; if that fails too, :class:`StoreUnreachable`. Once the call is answered,
-        ``ids`` are settled."""
+        uncertain (unless nothing was sent) and the call is made once more (on a new
+        connection if that one broke); if that fails too, :class:`StoreUnreachable`. Once the
+        call is answered, ``ids`` are settled."""
         for attempt in (0, 1):
             try:
                 out = await self.link.run(op, retry=False)

@@ -67,6 +67,7 @@ from engine_adapters import (
     SamplingParams,
     SnapshotEncoder,
     create_engine,
+    id_prefix,
     pack_ids,
     unpack_ids,
 )
@@ -254,20 +255,19 @@ class RolloutActor(RolloutFaultHooks):
         """A generation failed on a live engine. An engine whose every generation fails while
         it answers everything else (a server that reports its metrics but fails each request)
         looks idle, so work keeps being routed to it and comes back with no progress. It is
-        treated as unable to serve once ``generate_error_limit`` generations in a row failed
-        (none returning between), of at least two prompts (one bad prompt fails all its
-        samples, wherever it runs), and its snapshot, asked once then (``SNAPSHOT_CHECK_S`` at
-        most), shows nothing running: an engine that still generates for others, or that does
-        not answer at all (the control side's failing polls judge that one), is not. An error
-        of the request itself (``InvalidRequest``: a prompt too long) says nothing of the
-        engine and is not counted."""
+        treated as unable to serve once generations of ``generate_error_limit`` different
+        prompts failed in a row (none returning between; one bad prompt fails all its samples,
+        wherever it runs) and its snapshot, asked once then (``SNAPSHOT_CHECK_S`` at most),
+        shows no trajectory that generated here: an engine that still generates for others,
+        or that does not answer at all (the control side's failing polls judge that one), is
+        not. An error of the request itself (``InvalidRequest``: a prompt too long) says
+        nothing of the engine and is not counted."""
         if isinstance(error, InvalidRequest) or self._dying:
             return
         self._failed.append(tid)
         failed = self._failed
-        if len(failed) < self._error_limit or self._checking or self._engine is None:
-            return
-        if len({t.rpartition("/")[0] for t in failed}) < 2:
+        prompts = {id_prefix(t) or t for t in failed}
+        if len(prompts) < self._error_limit or self._checking or self._engine is None:
             return
         self._checking = True
         try:
@@ -276,14 +276,16 @@ class RolloutActor(RolloutFaultHooks):
             return
         finally:
             self._checking = False
-        if snap.running or self._failed is not failed:  # it serves, or one succeeded since
+        known = self._known
+        if self._failed is not failed or any(  # one returned since, or it generates
+            r.generated_tokens > known.get(r.trajectory_id, 0) for r in snap.running
+        ):
             return
         await self._die(
             EngineDead(
-                f"{len(failed)} generations of {len({t.rpartition('/')[0] for t in failed})} "
-                f"prompts failed in a row on a live engine with nothing running "
-                f"(coordinator.generate_error_limit={self._error_limit}; the last: "
-                f"{error!r:.200})"
+                f"generations of {len(prompts)} prompts failed in a row on a live engine "
+                f"that generates nothing (coordinator.generate_error_limit="
+                f"{self._error_limit}; the last: {error!r:.200})"
             )
         )
 
@@ -355,8 +357,9 @@ class RolloutActor(RolloutFaultHooks):
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
         finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
             os._exit(ENGINE_DEAD_EXIT)
 
     async def _flush(self) -> None:

@@ -53,7 +53,7 @@ class AsyncStoreLink:
 
         async with self._connecting:
             if self._closed:
-                raise ServiceClosed("the trajectory-server link is closed")
+                raise NotConnected("the trajectory-server link is closed")
             if self._client is not None and self._client.failure is not None:
                 dead, self._client = self._client, None  # ended: nothing would be sent on it
                 await dead.close()
@@ -67,7 +67,7 @@ class AsyncStoreLink:
                     ) from e
                 if self._closed:  # closed while it connected
                     await client.close()
-                    raise ServiceClosed("the trajectory-server link is closed")
+                    raise NotConnected("the trajectory-server link is closed")
                 self._client = client
                 self.connects += 1
             return self._client
@@ -77,7 +77,8 @@ class AsyncStoreLink:
         made once more on a new one (only for calls that may be repeated: a request whose
         answer was lost may have been carried out). Any other error is about the call itself
         (the trajectories asked for, a message too large) and leaves the connection open;
-        :class:`NotConnected` if no connection could be opened (nothing was sent)."""
+        :class:`NotConnected` if no connection could be opened, or the link is closed (nothing
+        was sent)."""
         for attempt in (0, 1):
             client = await self._open()
             try:

@@ -282,7 +282,7 @@ class SglangAdapter(EngineAdapter):
             RunningTrajectory(
                 trajectory_id=tid,
                 prompt_tokens=len(st.request.prompt_token_ids),
-                generated_tokens=len(st.token_ids) or len(st.request.generated_token_ids),
+                generated_tokens=len(st.request.generated_token_ids) + len(st.token_ids),
             )
             for tid, st in self._inflight.items()
             if st.token_ids or st.request.generated_token_ids
