@@ -229,7 +229,7 @@ async def test_an_engine_that_generates_for_others_is_not_ended(
     boom = EngineUnavailable("HTTP 500")
     for i in range(5):  # one prompt's samples
         await actor._count_failure(_request(i, "bad").trajectory_id, boom)
-    assert exits == [] and len(actor._failed) == 5
+    assert exits == [] and actor._failed == {"bad"}
     long = GenerateRequest(trajectory_id="long/0", prompt_token_ids=(1, 2, 3),
                            sampling=SamplingParams(max_new_tokens=100_000))  # fmt: skip
     running = asyncio.create_task(engine.generate(long))
@@ -242,14 +242,14 @@ async def test_an_engine_that_generates_for_others_is_not_ended(
     answer = engine.snapshot
 
     async def slow_snapshot() -> Any:
-        actor._failed = []  # a generation returned meanwhile
+        actor._failed = set()  # a generation returned meanwhile
         return await answer()
 
     monkeypatch.setattr(engine, "snapshot", slow_snapshot)
     await actor._count_failure("g9/0", boom)
     assert exits == []
     monkeypatch.setattr(engine, "snapshot", answer)  # nothing runs, nothing returns: it ends
-    actor._failed = ["g7/0", "g8/0"]
+    actor._failed = {"g7", "g8"}
     with pytest.raises(Exited):
         await actor._count_failure("g9/0", boom)
     assert exits == [ENGINE_DEAD_EXIT]

@@ -126,7 +126,7 @@ class RolloutActor(RolloutFaultHooks):
     ) -> None:
         self.instance_id = instance_id
         self._error_limit = generate_error_limit
-        self._failed: list[str] = []  # failed since the last generation that returned
+        self._failed: set[str] = set()  # prompts failed since the last generation returned
         self._checking = False  # whether its engine serves is being asked
         self._dying = False
         self.backend = backend
@@ -226,7 +226,7 @@ class RolloutActor(RolloutFaultHooks):
         failure: Exception | None = None
         try:
             result = await engine.generate(req)
-            self._failed = []
+            self._failed = set()
         except Exception as e:
             await self._end_if_dead(engine, e)
             # The engine refused or failed: a zero-progress interruption, so the trajectory
@@ -264,10 +264,9 @@ class RolloutActor(RolloutFaultHooks):
         nothing of the engine and is not counted."""
         if isinstance(error, InvalidRequest) or self._dying:
             return
-        self._failed.append(tid)
         failed = self._failed
-        prompts = {id_prefix(t) or t for t in failed}
-        if len(prompts) < self._error_limit or self._checking or self._engine is None:
+        failed.add(id_prefix(tid) or tid)
+        if len(failed) < self._error_limit or self._checking or self._engine is None:
             return
         self._checking = True
         try:
@@ -283,7 +282,7 @@ class RolloutActor(RolloutFaultHooks):
             return
         await self._die(
             EngineDead(
-                f"generations of {len(prompts)} prompts failed in a row on a live engine "
+                f"generations of {len(failed)} prompts failed in a row on a live engine "
                 f"that generates nothing (coordinator.generate_error_limit="
                 f"{self._error_limit}; the last: {error!r:.200})"
             )
