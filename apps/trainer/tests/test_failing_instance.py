@@ -141,6 +141,27 @@ async def test_failed_polls_are_tried_again_and_the_count_restarts_after_a_good_
     assert io.byte_stats()["polls"]["retry"] == 3
 
 
+async def test_an_instance_whose_poll_failed_gets_no_extrapolated_view(
+    killed: list[Any],
+) -> None:
+    """Its view would be its last answer's, without the work routed there since: the core
+    keeps its own account of the instance until a poll answers again."""
+    a = _Instance()
+    io = _io({"a": a})
+    await _cycle(io)
+    io._quiet.discard("a")  # it had work at its last poll: it gets a view between polls
+    assert "a" in io.views(CLOCK[0], ())
+    a.failing = True
+    io._signaled.add("a")
+    assert "a" not in await _cycle(io)
+    assert "a" not in io.views(CLOCK[0], ())
+    a.failing = False
+    CLOCK[0] += shell_io.POLL_RETRY_S
+    assert "a" in await _cycle(io)
+    io._quiet.discard("a")
+    assert "a" in io.views(CLOCK[0], ())
+
+
 async def test_the_limits_failed_poll_kills_the_actor_and_answers_the_error(
     killed: list[Any],
 ) -> None:

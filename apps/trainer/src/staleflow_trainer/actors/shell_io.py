@@ -11,11 +11,11 @@ the interrupted trajectories' outcomes (their lengths, in the order of the ids s
 not travel again with a poll. Ids travel packed by prompt (``engine_adapters.pack_ids``). An
 instance is polled only when it has something to say (see :meth:`ShellIO.poll_all`); between
 polls its view is extrapolated in time (:meth:`ShellIO.views`). Finished payloads are freed in
-the trajectory server with ``free``, which answers a count (``release`` would send them back).
-It counts the bytes that cross this process (``actors.io_bytes``). A live instance whose calls
-fail or hang (``coordinator.call_timeout_s``) leaves the run: a failed poll is tried again, up to
-``coordinator.instance_error_limit`` in a row; a failed route or interrupt, or a hung call, ends
-it at once (:meth:`ShellIO.end_instance`).
+the trajectory server with ``free`` (``release`` would send them back); the bytes that cross
+this process are counted (``actors.io_bytes``). A live instance whose calls fail or hang leaves
+the run: a failed poll is tried again, up to ``coordinator.instance_error_limit`` in a row; a
+failed route or interrupt, or a call hung past ``coordinator.call_timeout_s``, ends it at once
+(:meth:`ShellIO.end_instance`).
 """
 
 from __future__ import annotations
@@ -153,8 +153,7 @@ class ShellIO:
         dec = self._decoder(iid)
         self._quiet.discard(iid)
         ended = [*ended, *self._ended.pop(iid, ())]  # interrupts' answers carried these
-        # the view is stamped when the answer arrived, not when the slowest poll of the cycle
-        # did (the instance extrapolates from its snapshot's time)
+        # the view is stamped when its answer arrived, not when the slowest poll did
         arrived = self._answered.pop(iid, None)
         stamp = at if arrived is None else at - max(0.0, time.monotonic() - arrived)
         try:
@@ -455,10 +454,11 @@ class ShellIO:
 
     def views(self, at: float, polled: Collection[str]) -> dict[str, InstanceSnapshot]:
         """The extrapolated snapshots, at ``at``, of the instances not in ``polled`` that had
-        work at their last poll (``SnapshotDecoder.view``): no request is sent."""
+        work at their last poll (``SnapshotDecoder.view``; none whose last poll failed: it
+        would lack the work routed there since, and look free): no request is sent."""
         out: dict[str, InstanceSnapshot] = {}
         for iid in self.rollouts:
-            if iid in polled or iid in self._quiet:
+            if iid in polled or iid in self._quiet or iid in self._failed_polls:
                 continue
             snap = self._decoder(iid).view(at)
             if snap is not None:
