@@ -94,6 +94,20 @@ async def _served(store: TrajectoryStore, port: int = 0) -> AsyncIterator[tuple[
         await svc.stop()
 
 
+@contextlib.asynccontextmanager
+async def _through_proxy(store: TrajectoryStore) -> AsyncIterator[tuple[InstanceStore, CutProxy]]:
+    """A connected ``InstanceStore`` that reaches a service of ``store`` through a proxy."""
+    async with _served(store) as address:
+        proxy = CutProxy(address)
+        io = InstanceStore(IID, await proxy.start(), TOKEN)
+        try:
+            await io.connect()
+            yield io, proxy
+        finally:
+            await io.close()
+            await proxy.stop()
+
+
 def _done(tid: str, tokens: list[int]) -> Completion:
     return Completion(trajectory_id=tid, start=0, token_ids=tokens, logprobs=[-0.5] * len(tokens),
                       versions=[0] * len(tokens), finish_reason="stop")  # fmt: skip
@@ -107,63 +121,42 @@ def _partial(tid: str, tokens: list[int]) -> Segment:
 @pytest.mark.parametrize("finished", [True, False], ids=["finish", "return_partial"])
 async def test_a_write_whose_answer_was_lost_is_settled_by_the_store(finished: bool) -> None:
     store, ids = _store()
-    async with _served(store) as address:
-        proxy = CutProxy(address)
-        io = InstanceStore(IID, await proxy.start(), TOKEN)
-        try:
-            await io.connect()
-            make = _done if finished else _partial
-            items = [(make(t, [5, 6, i]), t) for i, t in enumerate(ids)]
-            proxy.cut_next_answer()
-            written, refused, left = await io.write(items, finished=finished)
-            assert proxy.cuts == 1  # the first write landed, its answer was lost
-            assert (written, refused, left) == (items, [], [])
-            assert io.link.connects == 2
-            want = LocationState.FINISHED if finished else LocationState.QUEUED
-            assert [store.location(t).state for t in ids] == [want, want]
-            for i, t in enumerate(ids):  # written once: the tokens are not doubled
-                assert list(store.get(t).generated_token_ids) == [5, 6, i]
-        finally:
-            await io.close()
-            await proxy.stop()
+    async with _through_proxy(store) as (io, proxy):
+        make = _done if finished else _partial
+        items = [(make(t, [5, 6, i]), t) for i, t in enumerate(ids)]
+        proxy.cut_next_answer()
+        written, refused, left = await io.write(items, finished=finished)
+        assert proxy.cuts == 1  # the first write landed, its answer was lost
+        assert (written, refused, left) == (items, [], [])
+        assert io.link.connects == 2
+        want = LocationState.FINISHED if finished else LocationState.QUEUED
+        assert [store.location(t).state for t in ids] == [want, want]
+        for i, t in enumerate(ids):  # written once: the tokens are not doubled
+            assert list(store.get(t).generated_token_ids) == [5, 6, i]
 
 
 async def test_a_write_lost_before_the_store_saw_it_is_written_on_the_new_connection() -> None:
     store, ids = _store()
-    async with _served(store) as address:
-        proxy = CutProxy(address)
-        io = InstanceStore(IID, await proxy.start(), TOKEN)
-        try:
-            await io.connect()
-            items = [(_done(t, [5, i]), t) for i, t in enumerate(ids)]
-            proxy.cut_next_request()
-            assert await io.write(items, finished=True) == (items, [], [])
-            assert proxy.cuts == 1 and io.link.connects == 2
-            assert [list(store.get(t).generated_token_ids) for t in ids] == [[5, 0], [5, 1]]
-        finally:
-            await io.close()
-            await proxy.stop()
+    async with _through_proxy(store) as (io, proxy):
+        items = [(_done(t, [5, i]), t) for i, t in enumerate(ids)]
+        proxy.cut_next_request()
+        assert await io.write(items, finished=True) == (items, [], [])
+        assert proxy.cuts == 1 and io.link.connects == 2
+        assert [list(store.get(t).generated_token_ids) for t in ids] == [[5, 0], [5, 1]]
 
 
 async def test_a_lost_write_is_judged_by_where_the_store_has_the_trajectory() -> None:
     """The lost return_partial landed, but the trajectory was dropped before the store was
     asked: it is not where a landed return_partial leaves it, so the result is refused."""
     store, ids = _store()
-    async with _served(store) as address:
-        proxy = CutProxy(address)
-        io = InstanceStore(IID, await proxy.start(), TOKEN)
-        try:
-            await io.connect()
-            proxy.on_cut = lambda: store.drop([ids[0]], "filtered")
-            items = [(_partial(t, [5]), t) for t in ids]
-            proxy.cut_next_answer()
-            written, refused, left = await io.write(items, finished=False)
-            assert written == items[1:] and left == []
-            assert [item for item, _ in refused] == items[:1]
-            assert store.location(ids[0]).state is LocationState.DROPPED
-        finally:
-            await io.close()
-            await proxy.stop()
+    async with _through_proxy(store) as (io, proxy):
+        proxy.on_cut = lambda: store.drop([ids[0]], "filtered")
+        items = [(_partial(t, [5]), t) for t in ids]
+        proxy.cut_next_answer()
+        written, refused, left = await io.write(items, finished=False)
+        assert written == items[1:] and left == []
+        assert [item for item, _ in refused] == items[:1]
+        assert store.location(ids[0]).state is LocationState.DROPPED
 
 
 async def test_a_store_at_its_connection_limit_leaves_the_results_unresolved() -> None:
@@ -208,25 +201,18 @@ async def test_concurrent_requests_share_one_new_connection_after_a_break() -> N
 
 async def test_a_route_whose_answer_was_lost_brings_the_payloads_from_the_store() -> None:
     store, ids = _store(routed=False)
-    async with _served(store) as address:
-        proxy = CutProxy(address)
-        io = InstanceStore(IID, await proxy.start(), TOKEN)
-        try:
-            await io.connect()
-            proxy.cut_next_answer()
-            payloads, refused = await io.route(ids, 0)
-            assert proxy.cuts == 1 and refused == []
-            assert [p.trajectory_id for p in payloads] == ids
-            assert [list(p.prompt_token_ids) for p in payloads] == [[1, 2, 3]] * 2
-            assert all(store.location(t).instance_id == IID for t in ids)
-            # an id that was not in a broken request is refused as before, with the reason
-            store.submit_group("h", [4], 1, sampling=SamplingParams(max_new_tokens=8))
-            store.route("other", ["h/0"], 0)
-            payloads, refused = await io.route(["h/0"], 0)
-            assert payloads == [] and [t for t, _ in refused] == ["h/0"]
-        finally:
-            await io.close()
-            await proxy.stop()
+    async with _through_proxy(store) as (io, proxy):
+        proxy.cut_next_answer()
+        payloads, refused = await io.route(ids, 0)
+        assert proxy.cuts == 1 and refused == []
+        assert [p.trajectory_id for p in payloads] == ids
+        assert [list(p.prompt_token_ids) for p in payloads] == [[1, 2, 3]] * 2
+        assert all(store.location(t).instance_id == IID for t in ids)
+        # an id that was not in a broken request is refused as before, with the reason
+        store.submit_group("h", [4], 1, sampling=SamplingParams(max_new_tokens=8))
+        store.route("other", ["h/0"], 0)
+        payloads, refused = await io.route(["h/0"], 0)
+        assert payloads == [] and [t for t, _ in refused] == ["h/0"]
 
 
 async def test_results_are_kept_while_the_store_is_away_and_written_once_it_is_back() -> None:
@@ -304,15 +290,9 @@ async def test_a_route_the_store_could_not_be_reached_for_is_refused_not_failed(
         assert [store.location(t).state for t in ids] == [LocationState.QUEUED] * 2
     finally:
         await io.close()
-    async with _served(store) as address:
-        proxy = CutProxy(address)
-        io = InstanceStore(IID, await proxy.start(), TOKEN)
-        try:
-            await io.connect()
-            proxy.cut_next_answer()
-            proxy.on_cut = lambda: proxy._server.close() if proxy._server else None
-            with pytest.raises(StoreUnreachable):
-                await io.route(ids, 0)
-            assert [store.location(t).instance_id for t in ids] == [IID] * 2
-        finally:
-            await io.close()
+    async with _through_proxy(store) as (io, proxy):
+        proxy.cut_next_answer()
+        proxy.on_cut = lambda: proxy._server.close() if proxy._server else None
+        with pytest.raises(StoreUnreachable):
+            await io.route(ids, 0)
+        assert [store.location(t).instance_id for t in ids] == [IID] * 2

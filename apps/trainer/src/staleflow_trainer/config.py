@@ -145,6 +145,11 @@ class RolloutConfig:
     sglang_url: str = _f("", doc="SGLang server base URL(s), comma-separated; sglang only")
     sampling: SamplingConfig = attrs.field(factory=SamplingConfig, validator=_validate_field)
 
+    @property
+    def sglang_urls(self) -> list[str]:
+        """The servers of ``sglang_url``: instance i attaches to server i mod their count."""
+        return [u for u in self.sglang_url.split(",") if u]
+
 
 #: Upper bounds of the protocol section. Admission keeps up to (η + 1) buffers of
 #: (B + B') groups of (n + n') trajectories ahead of training, and the control core holds a record
@@ -467,7 +472,7 @@ def validate(cfg: AppConfig) -> None:
             f"bind_host {cfg.param_server.bind_host!r} is not loopback; a shared token is required",
             "a non-empty token",
         )
-    urls = [u for u in r.sglang_url.split(",") if u]
+    urls = r.sglang_urls
     if r.backend == "sglang" and len(urls) > r.num_instances:
         raise _err(
             "rollout.num_instances",

@@ -164,7 +164,7 @@ def engine_kwargs(cfg: AppConfig, i: int, model_path: Path) -> dict[str, Any]:
     # checked against the model's tensor shapes first.
     from engine_adapters.sglang import model_weight_shapes
 
-    urls = [u for u in r.sglang_url.split(",") if u]
+    urls = r.sglang_urls
     if not urls:
         raise ConfigError(
             "rollout.backend=sglang needs rollout.sglang_url (the server address)",

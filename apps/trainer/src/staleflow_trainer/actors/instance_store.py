@@ -5,7 +5,8 @@ A request whose connection broke may have been carried out or not: its answer wa
 neither given up nor simply sent again (the store refuses a second ``finish`` of a trajectory
 it already finished): the store's view decides. The ids a broken request carried are
 *uncertain*; the request is made once more (on a new connection if that one broke), and where
-the store refuses an uncertain id, the id's location in the store says whether the lost request had landed:
+the store refuses an uncertain id, the id's location in the store says whether the lost request
+had landed:
 
 * a route landed if the store places the trajectory on this instance (its payload is then
   read with ``get``);
@@ -21,7 +22,6 @@ unresolved.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -115,6 +115,9 @@ class InstanceStore:
         def op(batch: Sequence[str]) -> Callable[[Any], Awaitable[Any]]:
             return lambda ts: ts.route(iid, batch, version)
 
+        def payload(tid: str) -> Callable[[Any], Awaitable[Any]]:
+            return lambda ts: ts.get(tid)
+
         try:
             return list(await self._call(op(ids), ids)), []
         except StoreUnreachable as e:
@@ -123,7 +126,6 @@ class InstanceStore:
             self._log.warning("route_refused", error=str(e)[:200])
         payloads: list[Any] = []
         refused: list[tuple[str, str]] = []
-        here = functools.partial(_running_on, iid)
         for k, tid in enumerate(ids):
             try:
                 payloads.extend(await self._call(op([tid]), [tid]))
@@ -132,9 +134,9 @@ class InstanceStore:
                 return payloads, refused + self._not_taken(ids[k:], e)
             except REFUSED as e1:
                 error = str(e1)[:200]
-            if await self._settled(tid, here):  # the lost route had landed
+            if await self._settled(tid, _running_on(iid)):  # the lost route had landed
                 try:
-                    payloads.append(await self._call(functools.partial(_get, tid), ()))
+                    payloads.append(await self._call(payload(tid), ()))
                     continue
                 except REFUSED as e2:  # gone meanwhile
                     error = str(e2)[:200]
@@ -194,9 +196,6 @@ class InstanceStore:
         return written, refused, []
 
 
-def _running_on(instance_id: str, loc: Any) -> bool:
-    return bool(loc.state is LocationState.RUNNING and loc.instance_id == instance_id)
-
-
-async def _get(tid: str, ts: Any) -> Any:
-    return await ts.get(tid)
+def _running_on(instance_id: str) -> Callable[[Any], bool]:
+    """Whether a location places the trajectory on ``instance_id``."""
+    return lambda loc: loc.state is LocationState.RUNNING and loc.instance_id == instance_id
