@@ -15,6 +15,7 @@ import pytest
 from engine_adapters import FinishReason, GenerateResult
 from engine_adapters.sim import SimAdapter, SimConfig
 from staleflow_trainer.actors.instance_store import InstanceStore, StoreUnreachable
+from staleflow_trainer.actors.liveness import INTERRUPT_WAIT_S, STORE_TIMEOUT_MIN_S, store_timeout
 from staleflow_trainer.actors.rollout import RolloutActor
 from staleflow_trainer.actors.rollout_wire import unpack_outcomes
 from trajectory_server import Completion, LocationState, SamplingParams, Segment, TrajectoryStore
@@ -30,12 +31,14 @@ class CutProxy:
     the service sends are not forwarded: both sides of that connection are closed instead, so
     the request was carried out and its answer is lost (``on_cut`` runs then). After
     :meth:`cut_next_request`, the next request is not forwarded: the connection is closed
-    before the service saw it."""
+    before the service saw it. While :meth:`stall` holds, requests reach the service but no
+    answer comes back (nor a handshake's), as from a service that has stopped answering."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
         self._cut: bool | None = None  # True: the next answer, False: the next request
         self.cuts = 0
+        self.stalled = False
         self.on_cut: Callable[[], None] = lambda: None
         self._server: asyncio.Server | None = None
 
@@ -49,6 +52,9 @@ class CutProxy:
 
     def cut_next_request(self) -> None:
         self._cut = False
+
+    def stall(self, stalled: bool = True) -> None:
+        self.stalled = stalled
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -67,6 +73,8 @@ class CutProxy:
                         cw.transport.abort()
                         sw.transport.abort()
                         return
+                    if answers and self.stalled:
+                        continue  # swallowed: the caller waits in vain
                     w.write(data)
                     await w.drain()
             w.close()
@@ -95,11 +103,13 @@ async def _served(store: TrajectoryStore, port: int = 0) -> AsyncIterator[tuple[
 
 
 @contextlib.asynccontextmanager
-async def _through_proxy(store: TrajectoryStore) -> AsyncIterator[tuple[InstanceStore, CutProxy]]:
+async def _through_proxy(
+    store: TrajectoryStore, *, timeout_s: float = 60.0
+) -> AsyncIterator[tuple[InstanceStore, CutProxy]]:
     """A connected ``InstanceStore`` that reaches a service of ``store`` through a proxy."""
     async with _served(store) as address:
         proxy = CutProxy(address)
-        io = InstanceStore(IID, await proxy.start(), TOKEN)
+        io = InstanceStore(IID, await proxy.start(), TOKEN, timeout_s=timeout_s)
         try:
             await io.connect()
             yield io, proxy
@@ -133,6 +143,32 @@ async def test_a_write_whose_answer_was_lost_is_settled_by_the_store(finished: b
         assert [store.location(t).state for t in ids] == [want, want]
         for i, t in enumerate(ids):  # written once: the tokens are not doubled
             assert list(store.get(t).generated_token_ids) == [5, 6, i]
+
+
+async def test_a_store_that_stops_answering_costs_a_write_its_timeouts_not_the_results() -> None:
+    # The write reaches the store, which carries it out, but no answer comes back, nor one to
+    # the new connection's handshake: after two waits of timeout_s the results come back
+    # unresolved (kept by the caller), not after the client's default of 60 s each. Once the
+    # store answers again, the lost write is settled by the store's view: written once.
+    store, ids = _store()
+    async with _through_proxy(store, timeout_s=0.3) as (io, proxy):
+        items = [(_done(t, [5, 6, i]), t) for i, t in enumerate(ids)]
+        proxy.stall()
+        async with asyncio.timeout(10):
+            assert await io.write(items, finished=True) == ([], [], items)
+        assert [store.location(t).state for t in ids] == [LocationState.FINISHED] * 2
+        proxy.stall(False)
+        assert await io.write(items, finished=True) == (items, [], [])
+        for i, t in enumerate(ids):
+            assert list(store.get(t).generated_token_ids) == [5, 6, i]
+
+
+def test_a_stalled_store_fails_an_instance_call_before_the_control_side_gives_up() -> None:
+    # an interrupt waits for its generations, then at most three times on a stalled store
+    assert store_timeout(120.0) == 22.5  # the default coordinator.call_timeout_s
+    for limit_s in (60.0, 120.0, 600.0):
+        assert INTERRUPT_WAIT_S + 3 * store_timeout(limit_s) < limit_s
+    assert store_timeout(8.0) == STORE_TIMEOUT_MIN_S  # a very short limit: the floor
 
 
 async def test_a_write_lost_before_the_store_saw_it_is_written_on_the_new_connection() -> None:

@@ -12,6 +12,9 @@ had landed:
   read with ``get``);
 * a ``finish`` landed if the trajectory is finished, a ``return_partial`` if it is queued.
 
+A request the store does not answer within ``timeout_s`` counts as one whose connection broke
+(its ids are uncertain), and so does a connection or handshake that takes longer.
+
 What cannot be settled because the store cannot be reached (the request broke on the new
 connection too) comes back *unresolved*: the caller keeps those results and writes them later,
 so a result is never dropped because a connection broke. Only the store's own refusal of the
@@ -53,9 +56,16 @@ class StoreUnreachable(TransportError):
 class InstanceStore:
     """The TS as one rollout instance uses it (see the module docstring)."""
 
-    def __init__(self, instance_id: str, address: Sequence[Any], token: str | None) -> None:
+    def __init__(
+        self,
+        instance_id: str,
+        address: Sequence[Any],
+        token: str | None,
+        *,
+        timeout_s: float = 60.0,
+    ) -> None:
         self.instance_id = instance_id
-        self.link = AsyncStoreLink(address, token)
+        self.link = AsyncStoreLink(address, token, timeout_s=timeout_s)
         self._uncertain: set[str] = set()  # carried by a request whose answer was lost
         self._log = log.bind(instance=instance_id)
 

@@ -6,7 +6,8 @@ request on an open connection instead of a new TCP connection and handshake. A c
 broke (the server restarted, the transport failed) is dropped; with ``retry`` the call is tried
 once more on a new one, without it the error goes to the caller, whose next call opens a new
 connection. An error about the trajectories themselves (unknown, not finished) goes to the
-caller and the connection stays.
+caller and the connection stays. ``timeout_s`` bounds each wait (to connect, for the
+handshake, for each answer); a request not answered by then counts as broken.
 
 :class:`StoreLink` is the same for a synchronous actor (the trainer, a reward worker): their
 methods are plain functions, so the connection lives on an event loop in a daemon thread of
@@ -40,9 +41,12 @@ class AsyncStoreLink:
     call that failed on a connection another call has already replaced leaves the new one
     alone), and after :meth:`drop` with ``closing`` no call opens a new one."""
 
-    def __init__(self, address: Sequence[Any], token: str | None) -> None:
+    def __init__(
+        self, address: Sequence[Any], token: str | None, *, timeout_s: float = 60.0
+    ) -> None:
         self._address = tuple(address)
         self._token = token or None
+        self.timeout_s = timeout_s  # to connect, for the handshake, for each answer
         self._client: Any = None
         self._connecting = asyncio.Lock()
         self._closed = False
@@ -59,7 +63,9 @@ class AsyncStoreLink:
                 await dead.close()
             if self._client is None:
                 try:
-                    client = await TrajectoryClient.connect(*self._address, token=self._token)
+                    client = await TrajectoryClient.connect(
+                        *self._address, token=self._token, timeout_s=self.timeout_s
+                    )
                 except Exception as e:  # refused, busy, handshake refused: nothing was sent
                     raise NotConnected(
                         f"cannot open a connection to the trajectory server at "
