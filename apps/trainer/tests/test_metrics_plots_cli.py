@@ -140,14 +140,16 @@ def test_cli_config_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_missing_implementation_is_a_clear_error(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     with pytest.raises(CommandUnavailable, match="not available yet"):
         cli._lazy("staleflow_trainer.no_such_module")
     real_lazy = cli._lazy
     monkeypatch.setattr(cli, "_lazy", lambda m: real_lazy(m.replace("wiring", "no_wiring")))
     examples = Path(__file__).resolve().parents[3] / "examples" / "tiny.yaml"
-    assert cli.main(["train", str(examples)]) == 1
+    # its own run directory: the README's main job may have finished runs/tiny, and a
+    # finished run answers before the deployment module is imported
+    assert cli.main(["train", str(examples), f"run_dir={tmp_path / 'run'}"]) == 1
     assert "not available yet" in capsys.readouterr().err
 
 
