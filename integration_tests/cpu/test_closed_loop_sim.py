@@ -98,6 +98,22 @@ def test_redundant_rollout_keeps_every_promise() -> None:
     assert summary["rollout_busy_frac"] <= summary["rollout_active_frac"] + 1e-9
 
 
+def test_prefill_share_and_preemptions_are_the_engines_own_counts() -> None:
+    # even routing onto small KV caches: the engines preempt, and re-prefill what they did
+    sim = _run("all-vanilla", kv_capacity_tokens=8_000)
+    rows, n = sim.rec.steps, len(sim.engines)
+    engines = sim.engines.values()
+    # per step, what the engines did since the previous one: the steps add up to their totals
+    prefill_s = sum(r["prefill_frac"] * r["step_s"] * n for r in rows)
+    assert prefill_s == pytest.approx(sum(e.prefill_seconds for e in engines), rel=1e-9)
+    assert sum(r["preemptions"] for r in rows) == sum(e.preemptions for e in engines) > 0
+    assert all(0 <= r["prefill_frac"] < 1 for r in rows)
+    summary = sim.rec.summary()
+    measured = rows[sim.spec.warmup_steps :]
+    assert summary["preemptions"] == sum(r["preemptions"] for r in measured)
+    assert 0 < summary["prefill_frac"] < 1
+
+
 def test_compare_runs_baselines_without_staleflow_mechanisms() -> None:
     """A comparison's baselines model systems without batch redundancy or stuck-buffer
     resolution (group redundancy stays, so every policy draws the same responses)."""

@@ -21,7 +21,9 @@ Writes into ``run.run_dir``:
   trainer_idle_frac, rollout_busy_frac — generated tokens over the instances' best rate —,
   samples_per_s and tokens_per_sample — what was trained, so a policy that drops the long
   tail shows its shorter samples —,
-  rollout_active_frac — share of instance-time with any work —, max_staleness, ...),
+  rollout_active_frac — share of instance-time with any work —, prefill_frac — share of
+  instance-time spent prefilling (prompts, and contexts again after an interrupt, a
+  preemption or a sync) — and preemptions, max_staleness, ...),
   ``ratios`` (staleflow's mean tokens/s over every
   other policy's, per η), ``ratio_spread`` (min and max of the per-seed ratios), ``split``
   (the train/rollout split and the ideal's two sides);
@@ -177,6 +179,8 @@ def run_comparison(
             samples_per_s=s["samples_per_s"],
             tokens_per_sample=s["tokens_per_sample"],
             rollout_active_frac=s["rollout_active_frac"],
+            prefill_frac=s["prefill_frac"],
+            preemptions=s["preemptions"],
             stuck_resolved=s["stuck_resolved"],
             staleness_hist=s["staleness_hist"],
             syncs=s["syncs"],
@@ -282,6 +286,7 @@ _MEAN_KEYS = (
     "trainer_idle_frac",
     "rollout_busy_frac",
     "rollout_active_frac",
+    "prefill_frac",
     "tokens_wasted",
     "tokens_per_sample",
 )

@@ -5,7 +5,9 @@ Files (written by :func:`staleflow_trainer.simulate.run_and_write`):
 * ``metrics.jsonl`` — one object per training step: the core's record (the metrics contract,
   :mod:`staleflow_trainer.control.report`) plus ``push_s``, ``rollout_busy_frac`` (generated
   tokens over what the instances would generate at their best rate), ``rollout_active_frac``
-  (share of instance-time with any work) and ``cycles``;
+  (share of instance-time with any work), ``prefill_frac`` (share of instance-time spent
+  prefilling: prompts, and contexts again after an interrupt, a preemption or a sync),
+  ``preemptions`` (requests the engines preempted for KV room) and ``cycles``;
 * ``timeline.jsonl`` — per-instance ``busy`` / ``syncing`` / ``idle`` intervals;
   ``trainer_timeline.jsonl`` the trainer's ``training`` / ``pushing`` / ``waiting`` intervals;
 * ``summary.json`` — the whole-run numbers the comparison uses (:meth:`RunRecorder.summary`).
@@ -34,6 +36,8 @@ class RunRecorder:
         self.counters: dict[str, int] = {}
         self.tokens_wasted = 0
         self.best_gen_tokens_per_s = ideal_throughput(spec)["instance_best_gen_tokens_per_s"]
+        # per instance: its engine, and its prefill seconds and preemptions at the last step
+        self._engine_seen: dict[str, tuple[Any, float, int]] = {}
 
     def add_instance(self, iid: str) -> None:
         if iid not in self.instances:
@@ -52,11 +56,26 @@ class RunRecorder:
         row["push_s"] = self.spec.push_seconds
         row["rollout_busy_frac"] = row["gen_tokens"] / capacity if capacity > 0 else 0.0
         row["rollout_active_frac"] = sum(busy.values()) / n
+        prefill_s, row["preemptions"] = self._engine_work(sim.engines)
+        row["prefill_frac"] = prefill_s / (row["step_s"] * n) if row["step_s"] > 0 else 0.0
         row["cycles"] = sim.cycles
         for k, v in row.get("staleness_hist", {}).items():
             self.staleness_hist[int(k)] = self.staleness_hist.get(int(k), 0) + v
         self.steps.append(row)
         self._collect(sim.core)
+
+    def _engine_work(self, engines: dict[str, Any]) -> tuple[float, int]:
+        """Prefill seconds and preemptions of the engines since the last step (an engine that
+        replaced a lost one counts from zero)."""
+        seconds, preempted = 0.0, 0
+        for iid, eng in engines.items():
+            seen, s0, p0 = self._engine_seen.get(iid, (None, 0.0, 0))
+            if seen is not eng:
+                s0, p0 = 0.0, 0
+            seconds += eng.prefill_seconds - s0
+            preempted += eng.preemptions - p0
+            self._engine_seen[iid] = (eng, eng.prefill_seconds, eng.preemptions)
+        return seconds, preempted
 
     def _collect(self, core: Any) -> None:
         rows = core.take_timeline()
@@ -90,6 +109,7 @@ class RunRecorder:
         wait = sum(r["trainer_wait_s"] for r in window)
         busy = sum(r["rollout_busy_frac"] * r["step_s"] for r in window) / span
         active = sum(r["rollout_active_frac"] * r["step_s"] for r in window) / span
+        prefill = sum(r["prefill_frac"] * r["step_s"] for r in window) / span
         c = self.counters
         return {
             "policy": s.policy,
@@ -105,6 +125,8 @@ class RunRecorder:
             "trainer_idle_frac": wait / span,
             "rollout_busy_frac": busy,
             "rollout_active_frac": active,
+            "prefill_frac": prefill,
+            "preemptions": sum(r["preemptions"] for r in window),
             "max_staleness": max((r["max_staleness"] for r in self.steps), default=0),
             "mean_staleness": sum(r["mean_staleness"] for r in window) / len(window),
             "staleness_hist": {str(k): v for k, v in sorted(self.staleness_hist.items())},
