@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from staleflow_trainer.actors.liveness import is_actor_death, kill_actor, store_timeout
+from staleflow_trainer.actors.liveness import is_actor_death, kill_actor
 from staleflow_trainer.actors.reconcile import TS_FILE, checkpoint_records
 from staleflow_trainer.atomic_files import make_run_dir
 from staleflow_trainer.config import AppConfig, dump_config, is_loopback, to_dict
@@ -286,7 +286,6 @@ class Deployment:
                 ps_address=self._ps_addr,
                 ps_token=self._ps_token,
                 generate_error_limit=cfg.coordinator.generate_error_limit,
-                store_timeout_s=store_timeout(cfg.coordinator.call_timeout_s),
             )
         )
         return iid, handle

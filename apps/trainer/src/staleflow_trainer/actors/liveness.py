@@ -1,7 +1,6 @@
 """Whether a peer is still there, and when to try it again: Ray's "this actor is gone" errors,
 a call that does not return in time, a process check on this node, this process's children, the
-backoff between failed syncs, how long a rollout instance waits on its peers, and a wait on an
-event with a timeout."""
+backoff between failed syncs, and a wait on an event with a timeout."""
 
 from __future__ import annotations
 
@@ -13,24 +12,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-
-#: How long an interrupt waits for the interrupted generations to come back before it writes
-#: what it has (``coordinator.call_timeout_s`` must leave it this long).
-INTERRUPT_WAIT_S = 30.0
-#: The shortest wait for the TS an instance's link is given (see :func:`store_timeout`).
-STORE_TIMEOUT_MIN_S = 5.0
-
-
-def store_timeout(call_timeout_s: float) -> float:
-    """How long an instance waits on the TS (to connect, for the handshake, for each answer)
-    when the control side gives its calls ``call_timeout_s`` (``coordinator.call_timeout_s``).
-
-    A write the TS does not answer is tried once more on a new connection, so a stalled TS
-    costs a poll at most three such waits (answer, connect, handshake) and an interrupt
-    ``INTERRUPT_WAIT_S`` more: a quarter of what is left after that wait keeps both inside
-    the limit. The poll then fails with its results kept for the next one, and the instance
-    is not taken for hung (at least ``STORE_TIMEOUT_MIN_S``, for very short limits)."""
-    return max(STORE_TIMEOUT_MIN_S, (call_timeout_s - INTERRUPT_WAIT_S) / 4)
 
 
 def is_actor_death(e: BaseException) -> bool:

@@ -73,7 +73,7 @@ from engine_adapters import (
 )
 from staleflow_trainer.actors.fault_hooks import RolloutFaultHooks
 from staleflow_trainer.actors.instance_store import InstanceStore, Item, StoreUnreachable
-from staleflow_trainer.actors.liveness import INTERRUPT_WAIT_S, child_processes
+from staleflow_trainer.actors.liveness import child_processes
 from staleflow_trainer.actors.rollout_wire import pack_outcomes
 from trajectory_server import Completion, Segment
 
@@ -99,6 +99,10 @@ DYING_FLUSH_S = 5.0
 #: How long an instance whose generations keep failing waits for its engine's snapshot.
 SNAPSHOT_CHECK_S = 10.0
 
+#: How long an interrupt waits for the interrupted generations to come back before it writes
+#: what it has (``coordinator.call_timeout_s`` must leave it this long).
+INTERRUPT_WAIT_S = 30.0
+
 
 def _finish(r: GenerateResult) -> str:
     """The TS finish reason of a finished result (one stopped at its token budget: length)."""
@@ -119,7 +123,6 @@ class RolloutActor(RolloutFaultHooks):
         ps_address: Sequence[Any] | None = None,
         ps_token: str | None = None,
         generate_error_limit: int = 16,
-        store_timeout_s: float = 60.0,
     ) -> None:
         self.instance_id = instance_id
         self._error_limit = generate_error_limit
@@ -128,7 +131,7 @@ class RolloutActor(RolloutFaultHooks):
         self._dying = False
         self.backend = backend
         self.engine_kwargs = dict(engine_kwargs)
-        self._io = InstanceStore(instance_id, ts_address, ts_token, timeout_s=store_timeout_s)
+        self._io = InstanceStore(instance_id, ts_address, ts_token)
         self._ps_address = tuple(ps_address) if ps_address else None
         self._ps_token = ps_token or None
         self._ps: Any = None
