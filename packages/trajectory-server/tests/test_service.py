@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -368,6 +369,54 @@ async def test_client_fails_cleanly_when_server_goes_away() -> None:
     await client.close()
     with pytest.raises(TransportError):
         await TrajectoryClient.connect("127.0.0.1", 1, timeout_s=2)
+
+
+async def test_a_send_the_server_does_not_read_fails_within_the_timeout() -> None:
+    # A proxy passes the handshake and one request, then stops reading what the client sends:
+    # a large request fills the socket buffers and its send waits. It fails after timeout_s
+    # (it used to wait for ever, holding every other call behind it); the connection ends,
+    # since part of a frame may be on the wire, and the next call fails without sending.
+    svc = TrajectoryService()
+    target = await svc.start()
+    reading = asyncio.Event()
+    reading.set()
+
+    async def connection(cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        sr, sw = await asyncio.open_connection(*target)
+
+        async def up() -> None:
+            while True:
+                await reading.wait()
+                if not (data := await cr.read(1 << 16)):
+                    return
+                sw.write(data)
+                await sw.drain()
+
+        async def down() -> None:
+            while data := await sr.read(1 << 16):
+                cw.write(data)
+                await cw.drain()
+
+        with contextlib.suppress(Exception):
+            await asyncio.gather(up(), down())
+
+    proxy = await asyncio.start_server(connection, "127.0.0.1", 0)
+    port = proxy.sockets[0].getsockname()[1]
+    client = await TrajectoryClient.connect("127.0.0.1", port, timeout_s=2)
+    try:
+        assert (await client.stats()).queued == 0
+        reading.clear()
+        ids = [f"g{i:07d}/0" for i in range(3_000_000)]  # about 33 MB: more than any buffer
+        async with asyncio.timeout(60):
+            with pytest.raises(TransportError, match="could not send free within 2 s"):
+                await client.free(ids)
+        assert isinstance(client.failure, TransportError)
+        with pytest.raises(TransportError):
+            await client.stats()
+    finally:
+        await client.close()
+        proxy.close()
+        await svc.stop()
 
 
 async def test_actor_wrapper_serves_tcp_and_frames(tmp_path: Path) -> None:

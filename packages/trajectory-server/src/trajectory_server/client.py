@@ -48,6 +48,10 @@ from trajectory_server.errors import (
     TransportError,
 )
 
+#: How long :meth:`TrajectoryClient.close` lets buffered bytes drain before it cuts the
+#: connection (a server that stopped reading would hold it open otherwise).
+CLOSE_WAIT_S = 5.0
+
 
 class _Client(abc.ABC):
     """The shared API; subclasses implement :meth:`_call`."""
@@ -348,8 +352,12 @@ class TrajectoryClient(_Client):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
         self._writer.close()
-        with contextlib.suppress(Exception):
-            await self._writer.wait_closed()
+        try:  # what is still buffered goes out first; a peer that reads nothing gets cut
+            await asyncio.wait_for(self._writer.wait_closed(), timeout=CLOSE_WAIT_S)
+        except TimeoutError:
+            self._writer.transport.abort()
+        except Exception:  # the connection is being closed anyway
+            pass
         self._fail_pending()
 
     async def _call(self, req: Any) -> Any:
@@ -368,20 +376,39 @@ class TrajectoryClient(_Client):
         self._pending[rid] = (req, future)
         try:
             async with self._write_lock:
+                if self._failure is not None:  # ended while this call waited for its turn
+                    raise type(self._failure)(self._failure.message, **self._failure.context)
                 self._writer.write(LENGTH.pack(len(data)))
                 self._writer.write(data)
                 self._counted(req.TYPE, LENGTH.size + len(data), 0)
                 self._last_sent = asyncio.get_running_loop().time()
-                await self._writer.drain()
+                try:
+                    await asyncio.wait_for(self._writer.drain(), timeout=self.timeout_s)
+                except TimeoutError:
+                    # the server stopped reading: part of a frame may be on the wire, so
+                    # nothing more can be sent on this connection
+                    self._pending.pop(rid, None)
+                    self._abandon(f"could not send {req.TYPE} within {self.timeout_s} s")
+                    raise
             return await asyncio.wait_for(future, timeout=self.timeout_s)
+        except TimeoutError as exc:  # before OSError: TimeoutError is one
+            raise TransportError(
+                f"no response to {req.TYPE} within {self.timeout_s} s"
+                if self._failure is None
+                else self._failure.message,
+                request_id=rid,
+            ) from exc
         except (ConnectionError, OSError) as exc:
             raise TransportError(f"connection lost during {req.TYPE}: {exc}") from exc
-        except TimeoutError as exc:
-            raise TransportError(
-                f"no response to {req.TYPE} within {self.timeout_s} s", request_id=rid
-            ) from exc
         finally:
             self._pending.pop(rid, None)
+
+    def _abandon(self, why: str) -> None:
+        """End the connection at once (without waiting for the peer): every call fails."""
+        if self._failure is None:
+            self._failure = TransportError(f"connection to the trajectory server ended: {why}")
+        self._writer.transport.abort()
+        self._fail_pending()
 
     async def _read_loop(self) -> None:
         try:
