@@ -91,6 +91,8 @@ def test_compare_writes_its_schema(tmp_path: Path, capsys: pytest.CaptureFixture
     )
     table = (run / "results" / "compare.md").read_text()
     assert "NOT a steady-state measurement" in table and "Latency-aware bound" in table
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ")]
+    assert "prefill" in rows[0] and {len(r) for r in rows} == {len(rows[0])}  # every column
     assert report["split"]["rollout_gpus"] == 4
     for name in ("compare.md", "throughput.png", "staleness.png", "timelines.png"):
         assert (run / "results" / name).is_file()
