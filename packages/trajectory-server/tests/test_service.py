@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
@@ -371,51 +370,95 @@ async def test_client_fails_cleanly_when_server_goes_away() -> None:
         await TrajectoryClient.connect("127.0.0.1", 1, timeout_s=2)
 
 
-async def test_a_send_the_server_does_not_read_fails_within_the_timeout() -> None:
-    # A proxy passes the handshake and one request, then stops reading what the client sends:
-    # a large request fills the socket buffers and its send waits. It fails after timeout_s
-    # (it used to wait for ever, holding every other call behind it); the connection ends,
-    # since part of a frame may be on the wire, and the next call fails without sending.
-    svc = TrajectoryService()
-    target = await svc.start()
-    reading = asyncio.Event()
-    reading.set()
+class _Proxy:
+    """Forwards connections to ``target``; ``reading`` / ``answering`` cleared: it stops
+    reading what clients send / passing on what the service answers."""
 
-    async def connection(cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
-        sr, sw = await asyncio.open_connection(*target)
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.reading, self.answering = asyncio.Event(), asyncio.Event()
+        self.reading.set()
+        self.answering.set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._writers: list[asyncio.StreamWriter] = []
+        self._server: asyncio.Server | None = None
 
-        async def up() -> None:
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def _connection(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        sr, sw = await asyncio.open_connection(*self.target)
+        self._writers += [cw, sw]
+
+        async def pipe(r: asyncio.StreamReader, out: asyncio.StreamWriter, gate: asyncio.Event,
+                       drop: bool) -> None:  # fmt: skip
             while True:
-                await reading.wait()
-                if not (data := await cr.read(1 << 16)):
+                if not drop:
+                    await gate.wait()
+                if not (data := await r.read(1 << 16)):
                     return
-                sw.write(data)
-                await sw.drain()
+                if drop and not gate.is_set():
+                    continue  # swallowed
+                out.write(data)
+                await out.drain()
 
-        async def down() -> None:
-            while data := await sr.read(1 << 16):
-                cw.write(data)
-                await cw.drain()
+        for coro in (pipe(cr, sw, self.reading, False), pipe(sr, cw, self.answering, True)):
+            task = asyncio.create_task(coro)
+            self._tasks.add(task)
 
-        with contextlib.suppress(Exception):
-            await asyncio.gather(up(), down())
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for writer in self._writers:
+            writer.transport.abort()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
 
-    proxy = await asyncio.start_server(connection, "127.0.0.1", 0)
-    port = proxy.sockets[0].getsockname()[1]
-    client = await TrajectoryClient.connect("127.0.0.1", port, timeout_s=2)
+
+async def test_a_send_the_server_does_not_read_fails_within_the_timeout() -> None:
+    # The proxy passes the handshake and one request, then stops reading what the client
+    # sends: a large request fills the socket buffers and its send waits. It fails after
+    # timeout_s (it used to wait for ever, holding every other call behind it); the connection
+    # ends, since the frame is only partly sent, and the next call fails without sending.
+    svc = TrajectoryService()
+    proxy = _Proxy(await svc.start())
+    client = await TrajectoryClient.connect("127.0.0.1", await proxy.start(), timeout_s=2)
     try:
         assert (await client.stats()).queued == 0
-        reading.clear()
+        proxy.reading.clear()
         ids = [f"g{i:07d}/0" for i in range(3_000_000)]  # about 33 MB: more than any buffer
-        async with asyncio.timeout(60):
-            with pytest.raises(TransportError, match="could not send free within 2 s"):
-                await client.free(ids)
-        assert isinstance(client.failure, TransportError)
-        with pytest.raises(TransportError):
-            await client.stats()
+        async with asyncio.timeout(60):  # two calls wait behind it for the connection
+            got = await asyncio.gather(
+                client.free(ids), client.stats(), client.ping(), return_exceptions=True
+            )
+        assert [type(e) for e in got] == [TransportError] * 3
+        assert all("could not send free within 2 s" in str(e) for e in got)
+        assert client.failure is not None and "could not send free" in client.failure.message
+        with pytest.raises(TransportError, match="could not send free"):
+            await client.stats()  # the reason the connection ended, nothing sent
     finally:
         await client.close()
-        proxy.close()
+        await proxy.stop()
+        await svc.stop()
+
+
+async def test_an_answer_that_does_not_come_in_time_leaves_the_connection_open() -> None:
+    svc = TrajectoryService()
+    proxy = _Proxy(await svc.start())
+    client = await TrajectoryClient.connect("127.0.0.1", await proxy.start(), timeout_s=0.5)
+    try:
+        proxy.answering.clear()
+        with pytest.raises(TransportError, match=r"no response to stats within 0\.5 s"):
+            await client.stats()
+        assert client.failure is None
+        proxy.answering.set()  # the late answer is dropped; the next call is answered
+        assert (await client.stats()).queued == 0
+    finally:
+        await client.close()
+        await proxy.stop()
         await svc.stop()
 
 

@@ -382,29 +382,43 @@ class TrajectoryClient(_Client):
                 self._writer.write(data)
                 self._counted(req.TYPE, LENGTH.size + len(data), 0)
                 self._last_sent = asyncio.get_running_loop().time()
+                sending = asyncio.timeout(self.timeout_s)
                 try:
-                    await asyncio.wait_for(self._writer.drain(), timeout=self.timeout_s)
-                except TimeoutError:
-                    # the server stopped reading: part of a frame may be on the wire, so
-                    # nothing more can be sent on this connection
-                    self._pending.pop(rid, None)
+                    async with sending:
+                        await self._writer.drain()
+                except TimeoutError as exc:
+                    if not sending.expired():
+                        raise  # the socket's own timeout: the connection is lost
+                    # the server stopped reading with the frame partly sent: nothing more
+                    # can be sent on this connection (this request was not carried out)
                     self._abandon(f"could not send {req.TYPE} within {self.timeout_s} s")
+                    raise TransportError(
+                        f"could not send {req.TYPE} within {self.timeout_s} s: the connection "
+                        "is closed",
+                        request_id=rid,
+                    ) from exc
+            answering = asyncio.timeout(self.timeout_s)
+            try:
+                async with answering:
+                    return await future
+            except TimeoutError as exc:
+                if not answering.expired():
                     raise
-            return await asyncio.wait_for(future, timeout=self.timeout_s)
-        except TimeoutError as exc:  # before OSError: TimeoutError is one
-            raise TransportError(
-                f"no response to {req.TYPE} within {self.timeout_s} s"
-                if self._failure is None
-                else self._failure.message,
-                request_id=rid,
-            ) from exc
+                raise TransportError(  # the connection stays: a late answer is dropped
+                    f"no response to {req.TYPE} within {self.timeout_s} s", request_id=rid
+                ) from exc
         except (ConnectionError, OSError) as exc:
             raise TransportError(f"connection lost during {req.TYPE}: {exc}") from exc
         finally:
             self._pending.pop(rid, None)
+            if future.done() and not future.cancelled():
+                future.exception()  # failed for a call that raised before reading it
+            else:
+                future.cancel()
 
     def _abandon(self, why: str) -> None:
-        """End the connection at once (without waiting for the peer): every call fails."""
+        """End the connection at once (without waiting for the peer): every pending and
+        later call fails, with ``why`` as the reason."""
         if self._failure is None:
             self._failure = TransportError(f"connection to the trajectory server ended: {why}")
         self._writer.transport.abort()
@@ -440,9 +454,11 @@ class TrajectoryClient(_Client):
         except asyncio.CancelledError:
             raise
         except TrajectoryServerError as exc:
-            self._failure = exc
+            if self._failure is None:  # else it ended on purpose: that reason stands
+                self._failure = exc
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
-            self._failure = TransportError(f"connection to the trajectory server lost: {exc!r}")
+            if self._failure is None:
+                self._failure = TransportError(f"connection to the trajectory server lost: {exc!r}")
         finally:
             self._fail_pending()
 

@@ -7,7 +7,8 @@ broke (the server restarted, the transport failed) is dropped; with ``retry`` th
 once more on a new one, without it the error goes to the caller, whose next call opens a new
 connection. An error about the trajectories themselves (unknown, not finished) goes to the
 caller and the connection stays. ``timeout_s`` bounds each wait (to connect, for the
-handshake, for each answer); a request not answered by then counts as broken.
+handshake, to send a request, for its answer); a request not sent or answered by then counts as
+broken.
 
 :class:`StoreLink` is the same for a synchronous actor (the trainer, a reward worker): their
 methods are plain functions, so the connection lives on an event loop in a daemon thread of
@@ -46,7 +47,7 @@ class AsyncStoreLink:
     ) -> None:
         self._address = tuple(address)
         self._token = token or None
-        self.timeout_s = timeout_s  # to connect, for the handshake, for each answer
+        self.timeout_s = timeout_s  # each wait: connect, handshake, send, answer
         self._client: Any = None
         self._connecting = asyncio.Lock()
         self._closed = False
