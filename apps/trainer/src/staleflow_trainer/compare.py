@@ -397,7 +397,8 @@ def markdown_table(report: dict[str, Any]) -> str:
             f"{sps['mean']:.2f} ({sps['min']:.2f}–{sps['max']:.2f}) | "
             f"{100 * r['frac_of_ideal']:.0f}% | {fb} | {r['mean_step_s']:.1f} | "
             f"{100 * r['trainer_idle_frac']:.0f}% | {100 * r['rollout_busy_frac']:.0f}% | "
-            f"{100 * r['prefill_frac']:.1f}% | {r['tokens_wasted'] / 1e6:.1f}M | {r['tokens_per_sample']:.0f} | "
+            f"{100 * r['prefill_frac']:.1f}% | {r['tokens_wasted'] / 1e6:.1f}M | "
+            f"{r['tokens_per_sample']:.0f} | "
             f"{r['max_staleness']} | {ratio_s} |"
         )
     return "\n".join(lines) + "\n"
