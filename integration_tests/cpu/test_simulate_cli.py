@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from staleflow_trainer.cli import main
+from staleflow_trainer.compare import markdown_table
 from staleflow_trainer.metrics import REQUIRED_KEYS, read_jsonl
 
 pytestmark = pytest.mark.sim
@@ -93,6 +94,14 @@ def test_compare_writes_its_schema(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "NOT a steady-state measurement" in table and "Latency-aware bound" in table
     rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ")]
     assert "prefill" in rows[0] and {len(r) for r in rows} == {len(rows[0])}  # every column
+    # a run above the steady-step bound is explained under the table, and only then
+    above = any((r["frac_of_bound"] or 0.0) > 1.0 for r in report["summary"])
+    assert ("Above 100 % of the bound" in table) == above
+    report["summary"][0]["frac_of_bound"] = 1.2
+    assert "Above 100 % of the bound" in markdown_table(report)
+    for r in report["summary"]:
+        r["frac_of_bound"] = None if r["frac_of_bound"] is None else 0.9
+    assert "Above 100 % of the bound" not in markdown_table(report)
     assert report["split"]["rollout_gpus"] == 4
     for name in ("compare.md", "throughput.png", "staleness.png", "timelines.png"):
         assert (run / "results" / name).is_file()

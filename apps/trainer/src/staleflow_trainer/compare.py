@@ -401,6 +401,13 @@ def markdown_table(report: dict[str, Any]) -> str:
             f"{r['tokens_per_sample']:.0f} | "
             f"{r['max_staleness']} | {ratio_s} |"
         )
+    if any((r["frac_of_bound"] or 0.0) > 1.0 for r in report["summary"]):
+        lines += [
+            "",
+            "Above 100 % of the bound: the latency-aware bound assumes every step takes the "
+            "same time; a run whose steps vary (the rare long responses given longer steps) "
+            "can exceed it.",
+        ]
     return "\n".join(lines) + "\n"
 
 
