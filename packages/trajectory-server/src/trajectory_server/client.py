@@ -362,7 +362,7 @@ class TrajectoryClient(_Client):
 
     async def _call(self, req: Any) -> Any:
         if self._failure is not None:
-            raise type(self._failure)(self._failure.message, **self._failure.context)
+            raise self._ended(self._failure)
         rid = next(self._ids)
         data = _wire.encode_request(req, rid, self.token)
         if len(data) > self.max_message_bytes:
@@ -377,7 +377,7 @@ class TrajectoryClient(_Client):
         try:
             async with self._write_lock:
                 if self._failure is not None:  # ended while this call waited for its turn
-                    raise type(self._failure)(self._failure.message, **self._failure.context)
+                    raise self._ended(self._failure)
                 self._writer.write(LENGTH.pack(len(data)))
                 self._writer.write(data)
                 self._counted(req.TYPE, LENGTH.size + len(data), 0)
@@ -476,11 +476,16 @@ class TrajectoryClient(_Client):
             except TrajectoryServerError:
                 return
 
+    @staticmethod
+    def _ended(failure: TrajectoryServerError) -> TrajectoryServerError:
+        """A fresh copy of the error a connection ended with, for one call to raise."""
+        return type(failure)(failure.message, **failure.context)
+
     def _fail_pending(self) -> None:
         failure = self._failure or TransportError("connection to the trajectory server lost")
         for _req, future in list(self._pending.values()):
             if not future.done():
-                future.set_exception(type(failure)(failure.message, **failure.context))
+                future.set_exception(self._ended(failure))
 
 
 async def _authenticate(

@@ -12,8 +12,8 @@ had landed:
   read with ``get``);
 * a ``finish`` landed if the trajectory is finished, a ``return_partial`` if it is queued.
 
-A request the store does not answer within ``timeout_s`` counts as one whose connection broke
-(its ids are uncertain), and so does a connection or handshake that takes longer.
+A request not sent or not answered within ``timeout_s`` counts as one whose connection broke
+(its ids are uncertain); a connection or handshake that takes longer sends nothing.
 
 What cannot be settled because the store cannot be reached (the request broke on the new
 connection too) comes back *unresolved*: the caller keeps those results and writes them later,
