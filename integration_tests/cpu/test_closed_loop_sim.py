@@ -9,9 +9,11 @@ strategies beat their all-vanilla ablation.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from staleflow_trainer.config import POLICIES
+from staleflow_trainer.config import POLICIES, load_config
 from staleflow_trainer.control.checks import ledger_problems
 from staleflow_trainer.sim import Simulation, with_policy
 from staleflow_trainer.sim.testing import sim_config
@@ -172,6 +174,19 @@ def test_staleflow_beats_all_vanilla_on_a_skewed_workload(seed: int) -> None:
     sf = _run("staleflow", eta=3, seed=seed, **ROLLOUT_BOUND).rec.summary()["tokens_per_s"]
     av = _run("all-vanilla", eta=3, seed=seed, **ROLLOUT_BOUND).rec.summary()["tokens_per_s"]
     assert sf >= 1.01 * av, (seed, sf, av)
+
+
+def test_a_partly_admitted_group_in_the_buffer_due_is_completed(tmp_path: Path) -> None:
+    """The rollout-bound preset at η = 1 with θ = 0.7, seed 1: one group was admitted with 12
+    of its 16 members in the buffer the trainer takes next; its other 4 were queued behind more
+    than ``route_miss_limit`` trajectories of fresh groups that no buffer admitted, so the
+    router never reached them and the run stopped after 13 steps ("simulation deadlocked",
+    nothing left to do). Once its buffer is due, such a group's never-routed members now go
+    before every fresh group (``control/ledger.py``)."""
+    preset = Path(__file__).resolve().parents[2] / "examples/sim-paper-30b-a3b-rollout-bound.yaml"
+    overrides = ["protocol.eta=1", "coordinator.theta=0.7", "run.seed=1", "trainer.steps=15"]
+    sim = _run_cfg(load_config(preset, [*overrides, f"run.run_dir={tmp_path}"]))
+    assert len(sim.rec.steps) == 15
 
 
 def test_coarse_async_drop_keeps_eta_by_discarding_what_ages_out() -> None:

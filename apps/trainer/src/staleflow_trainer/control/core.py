@@ -189,6 +189,7 @@ class ControlCore:
         self._stock(out)
         snaps = list(self._snapshots.values())
         self._snapshots.clear()
+        self._promote_due()
         items = self.ledger.queue_items(self.config.queue_view_limit)
         commands = self.coordinator.step(snaps, QueueView(items), self.now)
         self._execute(commands, out)
@@ -365,6 +366,18 @@ class ControlCore:
         # admitted members come back as the protocol's aborts; these it never saw
         self._drop_ids([t for t in g.members if self._never_admitted(t)], reason)
         out.append(fx.DropGroup(group_id=gid, reason=reason))
+
+    def _promote_due(self) -> None:
+        """Partly admitted groups in the buffer the trainer takes next: their never-routed
+        members go before every fresh group (see :mod:`.ledger`)."""
+        due = self.protocol.next_buffer
+        for gid in self.ledger.partly_admitted():
+            try:
+                buffer = self.protocol.group(gid).buffer
+            except ProtocolError:
+                continue
+            if buffer is not None and buffer <= due:
+                self.ledger.promote(gid)
 
     def _group_state(self, gid: str) -> GroupState | None:
         try:

@@ -6,10 +6,16 @@ The ledger knows every trajectory the core submitted and has not yet *settled*: 
 prompt and response lengths, its V_traj once admitted, and where it is —
 
 * ``queued``: in the multi-level queue (partials by V_traj, oldest first, longer partials first
-  within a level, then FIFO; never-routed prompts last, FIFO) — the order the trajectory store
-  serves and the coordinator's ``QueueView`` expects;
+  within a level, then FIFO; then the never-routed members of groups the core *promoted*; then
+  every other never-routed prompt, FIFO) — the order the coordinator's ``QueueView`` expects;
 * ``running`` on one instance (routed, or a route held until the instance's sync is done);
 * ``finished``: its output is complete, its reward is pending or known.
+
+A group is *partly admitted* while the protocol has admitted some of its members and others
+have never been routed. The core promotes such a group once its buffer is the one the trainer
+takes next: its never-routed members then come before every fresh group, so the router's scan,
+which stops after a run of misses, cannot leave them behind fresh groups that no buffer admits
+(the trainer would wait for them for ever).
 
 A trajectory settles when it is consumed (trained) or dropped with a reason. When every member
 of a group has settled, the group and its members are *retired*: forgotten, counted in
@@ -23,6 +29,7 @@ from __future__ import annotations
 import bisect
 import enum
 from collections.abc import Iterator, Mapping
+from itertools import chain
 from typing import Any
 
 from rollout_coordinator import QueuedTrajectory
@@ -115,6 +122,8 @@ class Ledger:
         self.entries: dict[str, Entry] = {}
         self.groups: dict[str, Group] = {}
         self._new: dict[str, None] = {}  # never-routed queued ids, FIFO
+        self._promoted: dict[str, None] = {}  # never-routed ids of promoted groups, FIFO
+        self._partly: dict[str, None] = {}  # partly admitted groups not promoted (see above)
         self._levels: dict[int, list[tuple[int, int, str]]] = {}
         self._level_versions: list[int] = []
         self._key: dict[str, tuple[int, tuple[int, int, str]]] = {}
@@ -144,7 +153,7 @@ class Ledger:
 
     @property
     def new_queued(self) -> int:
-        return len(self._new)
+        return len(self._promoted) + len(self._new)
 
     @property
     def partials_queued(self) -> int:
@@ -152,7 +161,7 @@ class Ledger:
 
     def level_counts(self) -> dict[str, int]:
         out = {str(v): len(self._levels[v]) for v in self._level_versions}
-        out["new"] = len(self._new)
+        out["new"] = len(self._promoted) + len(self._new)
         return out
 
     def queue_items(self, limit: int | None = None) -> list[QueuedTrajectory]:
@@ -165,19 +174,39 @@ class Ledger:
             out.extend(entries[k[2]].item for k in self._levels[v])  # type: ignore[misc]
             if limit is not None and len(out) >= limit:
                 return out[:limit]
+        never_routed = chain(self._promoted, self._new)
         if limit is None:
-            out.extend(entries[t].item for t in self._new)  # type: ignore[misc]
+            out.extend(entries[t].item for t in never_routed)  # type: ignore[misc]
             self._cached = out
             return out
-        for t in self._new:
+        for t in never_routed:
             if len(out) >= limit:
                 break
             out.append(entries[t].item)  # type: ignore[arg-type]
         return out
 
+    def partly_admitted(self) -> list[str]:
+        """The partly admitted groups not promoted yet (see the module docstring)."""
+        for gid in list(self._partly):
+            g = self.groups.get(gid)
+            if g is None or not any(t in self._new for t in g.members):
+                del self._partly[gid]
+        return list(self._partly)
+
+    def promote(self, gid: str) -> None:
+        """Serve the never-routed members of ``gid`` before every fresh group."""
+        self._partly.pop(gid, None)
+        g = self.groups.get(gid)
+        if g is None:
+            return
+        for t in g.members:
+            if self._new.pop(t, 0) is None:
+                self._promoted[t] = None
+                self._cached = None
+
     def _unqueue(self, tid: str) -> None:
         self._cached = None
-        if self._new.pop(tid, 0) is None:
+        if self._new.pop(tid, 0) is None or self._promoted.pop(tid, 0) is None:
             return
         v, key = self._key.pop(tid)
         bucket = self._levels[v]
@@ -193,6 +222,8 @@ class Ledger:
         e.queued_item()
         if e.v_traj is None:  # never admitted (a reserved-but-unrouted one has its V_traj)
             self._new[e.tid] = None
+            if self._admitted(e.group):
+                self._partly[e.group] = None
             return
         self._seq += 1
         key = (-e.generated, self._seq, e.tid)
@@ -219,9 +250,10 @@ class Ledger:
     def run(self, tid: str, instance: str, v_traj: int) -> Entry:
         """Routed (or held for a sync) to ``instance``; binds V_traj at the first route."""
         e = self._expect(tid, Where.QUEUED)
+        self._unqueue(tid)
         if e.v_traj is None:
             e.v_traj = v_traj
-        self._unqueue(tid)
+            self._partly.setdefault(e.group, None)  # dropped later if no sibling waits
         e.where = Where.RUNNING
         e.instance = instance
         self.held.setdefault(instance, {})[tid] = None
@@ -236,12 +268,16 @@ class Ledger:
         self._enqueue(e)
         return e
 
+    def _admitted(self, gid: str) -> bool:
+        return any(self.entries[t].v_traj is not None for t in self.groups[gid].members)
+
     def set_v_traj(self, tid: str, v_traj: int) -> None:
         """A queued new prompt the protocol reserved but no instance will run (its route was
         held for a sync that failed): it keeps that V_traj and queues as a partial."""
         e = self._expect(tid, Where.QUEUED)
         self._unqueue(tid)
         e.v_traj = v_traj
+        self._partly.setdefault(e.group, None)
         self._enqueue(e)
 
     def finish(self, tid: str, generated: int) -> Entry:
@@ -332,8 +368,10 @@ class Ledger:
                 for g in self.groups.values()
             ],
             "entries": [e.to_list() for e in self.entries.values()],
-            # the queue's order: new prompts FIFO, partials by their keys
+            # the queue's order: new prompts FIFO (promoted groups' first), partials by keys
             "new": list(order),
+            "promoted": list(self._promoted),
+            "partly": list(self._partly),
             "keys": {tid: [v, list(k)] for tid, (v, k) in self._key.items()},
             "seq": self._seq,
             "held": {iid: list(ids) for iid, ids in self.held.items()},
@@ -364,6 +402,10 @@ class Ledger:
                 led.groups[gid].settled += 1
         for tid in d["new"]:
             led._new[str(tid)] = None
+        for tid in d.get("promoted", ()):
+            led._promoted[str(tid)] = None
+        for gid in d.get("partly", ()):
+            led._partly[str(gid)] = None
         for tid, (v, key) in d["keys"].items():
             k = (int(key[0]), int(key[1]), str(key[2]))
             led._key[str(tid)] = (int(v), k)
