@@ -368,7 +368,8 @@ class Ledger:
                 for g in self.groups.values()
             ],
             "entries": [e.to_list() for e in self.entries.values()],
-            # the queue's order: new prompts FIFO (promoted groups' first), partials by keys
+            # the queue's order: never-routed prompts FIFO (promoted ones, served first, apart),
+            # partials by their keys
             "new": list(order),
             "promoted": list(self._promoted),
             "partly": list(self._partly),
