@@ -181,12 +181,13 @@ def test_a_partly_admitted_group_in_the_buffer_due_is_completed(tmp_path: Path) 
     of its 16 members in the buffer the trainer takes next; its other 4 were queued behind more
     than ``route_miss_limit`` trajectories of fresh groups that no buffer admitted, so the
     router never reached them and the run stopped after 13 steps ("simulation deadlocked",
-    nothing left to do). Once its buffer is due, such a group's never-routed members now go
-    before every fresh group (``control/ledger.py``)."""
+    nothing left to do). Once its buffer is the next one the trainer takes, such a group's
+    never-routed members now go before every fresh group (``control/ledger.py``)."""
     preset = Path(__file__).resolve().parents[2] / "examples/sim-paper-30b-a3b-rollout-bound.yaml"
     overrides = ["protocol.eta=1", "coordinator.theta=0.7", "run.seed=1", "trainer.steps=15"]
     sim = _run_cfg(load_config(preset, [*overrides, f"run.run_dir={tmp_path}"]))
     assert len(sim.rec.steps) == 15
+    assert sim.core.ledger.promotions > 0  # the run still reaches the case it guards
 
 
 def test_coarse_async_drop_keeps_eta_by_discarding_what_ages_out() -> None:

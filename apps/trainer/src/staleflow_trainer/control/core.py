@@ -368,15 +368,17 @@ class ControlCore:
         out.append(fx.DropGroup(group_id=gid, reason=reason))
 
     def _promote_due(self) -> None:
-        """Partly admitted groups in the buffer the trainer takes next: their never-routed
-        members go before every fresh group (see :mod:`.ledger`)."""
+        """Partly admitted groups the trainer's next batch can take: their never-routed
+        members go before every fresh group (see :mod:`.ledger`). Under the buffer protocol,
+        those reserved in the buffer the trainer takes next; under a FIFO one (no buffers:
+        the first complete groups are trained), all of them."""
         due = self.protocol.next_buffer
         for gid in self.ledger.partly_admitted():
             try:
                 buffer = self.protocol.group(gid).buffer
             except ProtocolError:
                 continue
-            if buffer is not None and buffer <= due:
+            if buffer is None or buffer <= due:
                 self.ledger.promote(gid)
 
     def _group_state(self, gid: str) -> GroupState | None:

@@ -12,10 +12,11 @@ prompt and response lengths, its V_traj once admitted, and where it is —
 * ``finished``: its output is complete, its reward is pending or known.
 
 A group is *partly admitted* while the protocol has admitted some of its members and others
-have never been routed. The core promotes such a group once its buffer is the one the trainer
-takes next: its never-routed members then come before every fresh group, so the router's scan,
-which stops after a run of misses, cannot leave them behind fresh groups that no buffer admits
-(the trainer would wait for them for ever).
+have never been routed. The core promotes such a group once the trainer's next batch can take
+it (under the buffer protocol: its buffer is the next one the trainer takes; under a FIFO
+protocol: at once): its never-routed members then come before every fresh group, so the
+router's scan, which stops after a run of misses, cannot leave them behind fresh groups that no
+buffer admits (the trainer would wait for them for ever).
 
 A trajectory settles when it is consumed (trained) or dropped with a reason. When every member
 of a group has settled, the group and its members are *retired*: forgotten, counted in
@@ -124,6 +125,7 @@ class Ledger:
         self._new: dict[str, None] = {}  # never-routed queued ids, FIFO
         self._promoted: dict[str, None] = {}  # never-routed ids of promoted groups, FIFO
         self._partly: dict[str, None] = {}  # partly admitted groups not promoted (see above)
+        self.promotions = 0  # groups promoted so far
         self._levels: dict[int, list[tuple[int, int, str]]] = {}
         self._level_versions: list[int] = []
         self._key: dict[str, tuple[int, tuple[int, int, str]]] = {}
@@ -199,6 +201,7 @@ class Ledger:
         g = self.groups.get(gid)
         if g is None:
             return
+        self.promotions += 1
         for t in g.members:
             if self._new.pop(t, 0) is None:
                 self._promoted[t] = None
@@ -368,11 +371,11 @@ class Ledger:
                 for g in self.groups.values()
             ],
             "entries": [e.to_list() for e in self.entries.values()],
-            # the queue's order: never-routed prompts FIFO (promoted ones, served first, apart),
-            # partials by their keys
-            "new": list(order),
+            # the queue's order: never-routed prompts in service order (the promoted ones,
+            # listed again under "promoted", first), partials by their keys
+            "new": [*self._promoted, *order],
             "promoted": list(self._promoted),
-            "partly": list(self._partly),
+            "promotions": self.promotions,
             "keys": {tid: [v, list(k)] for tid, (v, k) in self._key.items()},
             "seq": self._seq,
             "held": {iid: list(ids) for iid, ids in self.held.items()},
@@ -401,12 +404,13 @@ class Ledger:
                 e.queued_item()
             if e.where in _SETTLED:
                 led.groups[gid].settled += 1
+        promoted = set(d.get("promoted", ()))
         for tid in d["new"]:
-            led._new[str(tid)] = None
-        for tid in d.get("promoted", ()):
-            led._promoted[str(tid)] = None
-        for gid in d.get("partly", ()):
-            led._partly[str(gid)] = None
+            (led._promoted if tid in promoted else led._new)[str(tid)] = None
+        led.promotions = int(d.get("promotions", 0))
+        for gid, g in led.groups.items():  # partly admitted, not promoted (see the docstring)
+            if any(t in led._new for t in g.members) and led._admitted(gid):
+                led._partly[gid] = None
         for tid, (v, key) in d["keys"].items():
             k = (int(key[0]), int(key[1]), str(key[2]))
             led._key[str(tid)] = (int(v), k)
