@@ -48,6 +48,16 @@ def test_a_promoted_group_goes_before_fresh_groups_and_survives_a_round_trip() -
     assert led.partly_admitted() == []  # nothing of ga waits any more
 
 
+def test_a_restored_ledger_promotes_in_the_same_order() -> None:
+    led = Ledger()
+    for k, gid in enumerate(("ga", "gb")):
+        led.add_group(gid, row=k, members=2, prompt_len=8)
+    led.run("gb/0", "i0", v_traj=0)  # admitted in this order: gb, then ga
+    led.run("ga/0", "i0", v_traj=0)
+    again = Ledger.from_dict(led.to_dict())
+    assert again.partly_admitted() == led.partly_admitted() == ["gb", "ga"]
+
+
 def test_the_router_reaches_a_promoted_group_but_not_one_behind_refused_fresh_groups() -> None:
     """The real coordinator and protocol: the buffer holds its last group, ``gz``, with one
     member admitted; two fresh groups queued before gz's other member find no slot."""
@@ -93,7 +103,7 @@ def test_a_state_saved_before_promotion_existed_still_promotes() -> None:
         led.add_group(gid, row=k, members=2, prompt_len=8)
     led.run("gb/0", "i0", v_traj=0)
     old = led.to_dict()
-    for key in ("promoted", "promotions"):
+    for key in ("promoted", "partly", "promotions"):
         del old[key]
     again = Ledger.from_dict(old)
     assert _ids(again) == ["ga/0", "ga/1", "gb/1"]

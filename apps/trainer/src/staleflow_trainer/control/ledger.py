@@ -375,6 +375,7 @@ class Ledger:
             # listed again under "promoted", first), partials by their keys
             "new": [*self._promoted, *order],
             "promoted": list(self._promoted),
+            "partly": list(self._partly),  # in order: it decides the order of promotions
             "promotions": self.promotions,
             "keys": {tid: [v, list(k)] for tid, (v, k) in self._key.items()},
             "seq": self._seq,
@@ -408,9 +409,12 @@ class Ledger:
         for tid in d["new"]:
             (led._promoted if tid in promoted else led._new)[str(tid)] = None
         led.promotions = int(d.get("promotions", 0))
-        for gid, g in led.groups.items():  # partly admitted, not promoted (see the docstring)
-            if any(t in led._new for t in g.members) and led._admitted(gid):
-                led._partly[gid] = None
+        if "partly" in d:
+            led._partly = dict.fromkeys(str(g) for g in d["partly"])
+        else:  # a state saved before promotion existed: rebuilt from the entries
+            for gid, g in led.groups.items():
+                if any(t in led._new for t in g.members) and led._admitted(gid):
+                    led._partly[gid] = None
         for tid, (v, key) in d["keys"].items():
             k = (int(key[0]), int(key[1]), str(key[2]))
             led._key[str(tid)] = (int(v), k)
