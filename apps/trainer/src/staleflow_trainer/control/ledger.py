@@ -13,10 +13,9 @@ prompt and response lengths, its V_traj once admitted, and where it is —
 
 A group is *partly admitted* while the protocol has admitted some of its members and others
 have never been routed. The core promotes such a group once the trainer's next batch can take
-it (under the buffer protocol: its buffer is the next one the trainer takes; under a FIFO
-protocol: at once): its never-routed members then come before every fresh group, so the
-router's scan, which stops after a run of misses, cannot leave them behind fresh groups that no
-buffer admits (the trainer would wait for them for ever).
+it (the rule is ``ControlCore._promote_due``'s): its never-routed members then come before
+every fresh group, so the router's scan, which stops after a run of misses, cannot leave them
+behind fresh groups that no buffer admits (the trainer would wait for them for ever).
 
 A trajectory settles when it is consumed (trained) or dropped with a reason. When every member
 of a group has settled, the group and its members are *retired*: forgotten, counted in
@@ -364,7 +363,6 @@ class Ledger:
     # ---- state ---------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        order = {tid: i for i, tid in enumerate(self._new)}
         return {
             "groups": [
                 [g.gid, g.row, list(g.members), list(g.rewarded), g.closed]
@@ -373,7 +371,7 @@ class Ledger:
             "entries": [e.to_list() for e in self.entries.values()],
             # the queue's order: never-routed prompts in service order (the promoted ones,
             # listed again under "promoted", first), partials by their keys
-            "new": [*self._promoted, *order],
+            "new": [*self._promoted, *self._new],
             "promoted": list(self._promoted),
             "partly": list(self._partly),  # in order: it decides the order of promotions
             "promotions": self.promotions,
