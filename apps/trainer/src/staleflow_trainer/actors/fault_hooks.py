@@ -139,14 +139,36 @@ class RolloutFaultHooks:
 
     async def kill_engine(self) -> list[int]:
         """Kill this instance's engine as a crash would and leave the rest to the instance: a
-        sim engine dies in place (``SimAdapter.kill``); otherwise each child process of this
-        one whose command line names vLLM's EngineCore gets SIGKILL. Returns the pids killed
-        (none for a sim engine)."""
+        sim engine dies in place (``SimAdapter.kill``); otherwise every engine process of this
+        one gets SIGKILL (:func:`engine_processes`). Returns the pids killed (none for a sim
+        engine); raises if there was no engine process to kill, so a fault test fails at once,
+        naming this process's children, instead of waiting for a loss that cannot come."""
         kill = getattr(self._engine, "kill", None)
         if callable(kill):
             kill()
             return []
-        pids = [pid for pid, cmd in child_processes() if "EngineCore" in cmd]
+        pids = engine_processes(self._engine)
+        if not pids:
+            raise RuntimeError(
+                f"kill_engine: no engine process under pid {os.getpid()} "
+                f"(its children: {child_processes()})"
+            )
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         return pids
+
+
+def engine_processes(adapter: Any) -> list[int]:
+    """The pids of the live engine processes under a vLLM adapter: those vLLM's own process
+    manager holds (``AsyncLLM.engine_core.resources.engine_manager.processes``), and any child
+    of this process whose command line names EngineCore (vLLM sets that title once the process
+    has started). Either alone can miss one: the manager's path is vLLM's internals, and the
+    title depends on ``setproctitle`` being installed."""
+    pids: set[int] = set()
+    try:
+        manager = adapter.engine.engine_core.resources.engine_manager
+        pids.update(p.pid for p in manager.processes if p.is_alive() and p.pid is not None)
+    except (AttributeError, TypeError, RuntimeError):  # not a vLLM adapter, or other internals
+        pass
+    pids.update(pid for pid, cmd in child_processes() if "EngineCore" in cmd)
+    return sorted(pids)
