@@ -210,6 +210,50 @@ def test_queue_order_older_levels_first_longer_partials_first(store: TrajectoryS
     assert [e.trajectory_id for e in store.queue_view(level=None)] == ["c/1"]
 
 
+def test_never_routed_members_of_a_routed_group_come_before_fresh_groups() -> None:
+    store = TrajectoryStore()
+    for gid in ("a", "b", "c"):
+        store.submit_group(gid, [1], 3, sampling=SamplingParams(max_new_tokens=8))
+    store.route("i0", ["c/1"], 0)  # c admitted in part, behind two fresh groups
+    queued = [e.trajectory_id for e in store.queue_view()]
+    assert queued == ["c/0", "c/2", "a/0", "a/1", "a/2", "b/0", "b/1", "b/2"]
+    store.route("i0", ["b/2"], 0)  # promoted members keep the order they were queued in
+    assert [e.trajectory_id for e in store.queue_view(level=None)][:4] == [
+        "b/0",
+        "b/1",
+        "c/0",
+        "c/2",
+    ]
+    assert store.level_counts() == {None: 7}  # one level for every never-routed prompt
+    # a member that ran goes back at its version; one added to the group later is promoted
+    store.return_partial("i0", [seg("c/1", 0, [5], 0)])
+    store.submit(
+        [
+            Trajectory(
+                trajectory_id="c/3",
+                group_id="c",
+                prompt_token_ids=[1],
+                sampling=SamplingParams(max_new_tokens=8),
+            )
+        ]
+    )
+    order = [e.trajectory_id for e in store.queue_view()]
+    assert order == ["c/1", "b/0", "b/1", "c/0", "c/2", "c/3", "a/0", "a/1", "a/2"]
+    # the order survives a checkpoint (rebuilt from the routes in the trajectories' history)
+    again = TrajectoryStore.from_dict(json.loads(json.dumps(store.to_dict())))
+    assert again.queue_view() == store.queue_view()
+    again.route("i1", ["a/0"], 1)
+    assert [e.trajectory_id for e in again.queue_view(level=None)] == [
+        "a/1",
+        "a/2",
+        "b/0",
+        "b/1",
+        "c/0",
+        "c/2",
+        "c/3",
+    ]
+
+
 def test_stale_route_and_stale_output_rejected(store: TrajectoryStore) -> None:
     store.route("i0", ["a/0"], 4)
     store.return_partial("i0", [seg("a/0", 0, [1], 4)])

@@ -2,7 +2,8 @@
 
 A reference model tracks where every trajectory should be, its V_traj and how many tokens it
 holds; after every step the store must agree with the model and pass its own invariant check
-(each id in exactly one place, nothing vanished, queue order respects levels). Operations the
+(each id in exactly one place, nothing vanished, queue order respects levels, and among the
+never-routed prompts the members of groups with a routed member come first). Operations the
 model expects to fail must raise and leave the store unchanged.
 """
 
@@ -32,6 +33,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.v_traj: dict[str, int | None] = {}
         self.held: dict[str, int] = {}  # generated tokens the store holds
         self.groups = 0
+        self.routed_groups: set[str] = set()
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -93,6 +95,7 @@ class StoreMachine(RuleBasedStateMachine):
         for t in out:
             if self.v_traj[t.trajectory_id] is None:
                 self.v_traj[t.trajectory_id] = version
+                self.routed_groups.add(t.trajectory_id.split("/")[0])
             assert t.v_traj == self.v_traj[t.trajectory_id]
             self.where[t.trajectory_id] = ("running", inst)
 
@@ -222,6 +225,8 @@ class StoreMachine(RuleBasedStateMachine):
         assert sorted(e.trajectory_id for e in view) == self.ids_in("queued")
         keys = [(e.v_traj is None, e.v_traj or 0, -e.generated_len) for e in view]
         assert keys == sorted(keys)
+        fresh = [e.group_id not in self.routed_groups for e in view if e.v_traj is None]
+        assert fresh == sorted(fresh), "a fresh group's member before a routed group's"
 
 
 TestStoreMachine = StoreMachine.TestCase

@@ -6,7 +6,11 @@ Every trajectory ever submitted is, at every moment, in exactly one place:
 
 * **queued** — in the multi-level queue, at level ``v_traj`` (``None`` for a prompt that has
   never run). Levels are served oldest version first, unversioned prompts last; within a level
-  longer partials come first (they are closest to done and hold the most KV), then FIFO.
+  longer partials come first (they are closest to done and hold the most KV), then FIFO. Among
+  the unversioned prompts, a group another member of which has been routed comes before every
+  fresh group: the staleness protocol admitted it when that member was routed, so it holds a
+  slot in a buffer the trainer will wait for, and a router that stops its scan after a run of
+  fresh prompts it cannot place must still reach it.
 * **running** on exactly one named instance, which owns it until it returns (``return_partial``,
   the Interrupt path), finishes (``finish``), or is lost (``instance_lost``).
 * **finished** — the payload is kept until the caller ``release``s it (after reward), so a
@@ -86,6 +90,7 @@ class TrajectoryStore:
         self._finished_by: dict[str, str] = {}
         self._released: set[str] = set()
         self._groups: dict[str, list[str]] = {}
+        self._routed_groups: set[str] = set()  # groups a member of which has been routed
         self._history: dict[str, list[LedgerEvent]] = {}
         self._event_seq = 0
         self._enqueue_seq = 0
@@ -207,10 +212,11 @@ class TrajectoryStore:
         out = []
         for tid in ids:
             t = self._payload[tid]
+            self._queue.remove(tid)
             if t.v_traj is None:
                 t = attrs.evolve(t, v_traj=version)
                 self._payload[tid] = t
-            self._queue.remove(tid)
+                self._group_routed(t.group_id)
             self._where[tid] = where
             held[tid] = None
             self._log(tid, EventKind.ROUTED, instance_id=instance_id, version=version)
@@ -542,7 +548,16 @@ class TrajectoryStore:
 
     def _enqueue(self, t: Trajectory) -> None:
         self._enqueue_seq += 1
-        self._queue.push(t.trajectory_id, t.v_traj, t.generated_len, self._enqueue_seq)
+        promoted = t.v_traj is None and t.group_id in self._routed_groups
+        self._queue.push(t.trajectory_id, t.v_traj, t.generated_len, self._enqueue_seq, promoted)
+
+    def _group_routed(self, group_id: str) -> None:
+        """A member of ``group_id`` was routed for the first time: its never-routed members
+        move ahead of the fresh groups (see the module docstring)."""
+        if group_id in self._routed_groups:
+            return
+        self._routed_groups.add(group_id)
+        self._queue.promote(self._groups[group_id])
 
     def _take_from_instance(self, instance_id: str, tid: str) -> None:
         held = self._running[instance_id]

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from trajectory_server._queue import FRESH, PROMOTED
 from trajectory_server._records import LocationState
+from trajectory_server._state import routed_groups
 
 if TYPE_CHECKING:
     from trajectory_server._core import TrajectoryStore
@@ -48,9 +50,15 @@ def check_store(store: TrajectoryStore) -> None:
             assert where.instance_id == place.split(":", 1)[1]
         has_payload = place in ("queued", "finished") or place.startswith("running:")
         assert (tid in store._payload) == has_payload, f"{tid}: payload presence wrong"
+    assert store._routed_groups == routed_groups(store), "routed groups out of sync"
     for tid, (level, key) in store._queue.key_of.items():
         t = store._payload[tid]
-        assert level == t.v_traj and key[0] == -t.generated_len, f"{tid}: stale queue key"
+        if level is None:
+            rank = PROMOTED if t.group_id in store._routed_groups else FRESH
+        else:
+            rank = -t.generated_len
+        assert level == t.v_traj and key[0] == rank, f"{tid}: stale queue key"
+        assert level is not None or not t.generated_len, f"{tid}: unversioned with output"
     order = store._queue.order()
     assert order == sorted(v for v in order if v is not None) + ([None] if None in order else [])
     for bucket in store._queue.levels.values():

@@ -1,7 +1,9 @@
 """The multi-level queue of the trajectory store (sans-IO).
 
 Levels are ``v_traj`` values served oldest first, with never-routed prompts (level ``None``)
-last; within a level, longer partials come first, then FIFO by enqueue sequence.
+last; within a level, longer partials come first, then FIFO by enqueue sequence. Among the
+never-routed prompts (which have generated nothing), the members of a group another member of
+which has been routed (*promoted*) come first, then fresh groups' members, each FIFO.
 """
 
 from __future__ import annotations
@@ -15,7 +17,11 @@ from trajectory_server._records import QueueEntry, Trajectory
 ALL_LEVELS: Any = object()
 """Sentinel for :meth:`TrajectoryStore.queue_view`: every level."""
 
-QueueKey = tuple[int, int, str]  # (-generated_len, enqueue seq, trajectory_id)
+#: ``(rank, enqueue seq, trajectory_id)``: the rank is ``-generated_len`` at a version level and
+#: ``PROMOTED`` or ``FRESH`` at level ``None`` (nothing generated there).
+QueueKey = tuple[int, int, str]
+PROMOTED = -1
+FRESH = 0
 
 
 class LevelQueue:
@@ -32,8 +38,15 @@ class LevelQueue:
     def __contains__(self, tid: str) -> bool:
         return tid in self.key_of
 
-    def push(self, tid: str, level: int | None, generated_len: int, seq: int) -> None:
-        key = (-generated_len, seq, tid)
+    def push(
+        self, tid: str, level: int | None, generated_len: int, seq: int, promoted: bool = False
+    ) -> None:
+        """Queue ``tid`` at ``level``; ``promoted`` (level ``None`` only): ahead of fresh groups."""
+        if level is None:
+            assert not generated_len, "a never-routed prompt has generated nothing"
+            key = (PROMOTED if promoted else FRESH, seq, tid)
+        else:
+            key = (-generated_len, seq, tid)
         bucket = self.levels.get(level)
         if bucket is None:
             bucket = self.levels[level] = []
@@ -54,6 +67,18 @@ class LevelQueue:
             del self.levels[level]
             if level is not None:
                 self.versions.remove(level)
+
+    def promote(self, tids: list[str]) -> None:
+        """Move never-routed ``tids`` (queued at level ``None``) ahead of the fresh groups,
+        keeping their enqueue order; ids queued elsewhere or already promoted are left as
+        they are."""
+        for tid in tids:
+            at = self.key_of.get(tid)
+            if at is None or at[0] is not None or at[1][0] == PROMOTED:
+                continue
+            seq = at[1][1]
+            self.remove(tid)
+            self.push(tid, None, 0, seq, promoted=True)
 
     def order(self) -> list[int | None]:
         out: list[int | None] = list(self.versions)

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from trajectory_server import _plain
-from trajectory_server._records import FinishReason
+from trajectory_server._records import EventKind, FinishReason
 from trajectory_server.errors import CheckpointCorrupt, TrajectoryServerError
 
 if TYPE_CHECKING:
@@ -72,9 +72,6 @@ def _read_state(cls: type[TrajectoryStore], state: Mapping[str, Any]) -> Traject
         store._where[tid] = _plain.location_from_plain(
             _plain.Reader(loc, f"state.locations.{tid}", r.error)
         )
-    for tid, seq in r.items("queue"):
-        t = store._payload[tid]
-        store._queue.push(tid, t.v_traj, t.generated_len, seq)
     for inst, ids in r.mapping("running").items():
         store._running[inst] = dict.fromkeys(ids)
     for tid, reason, inst in r.items("finished"):
@@ -87,5 +84,19 @@ def _read_state(cls: type[TrajectoryStore], state: Mapping[str, Any]) -> Traject
             _plain.event_from_plain(_plain.Reader(e, f"state.history.{tid}", r.error))
             for e in events
         ]
+    store._routed_groups = routed_groups(store)
+    for tid, seq in r.items("queue"):
+        t = store._payload[tid]
+        promoted = t.v_traj is None and t.group_id in store._routed_groups
+        store._queue.push(tid, t.v_traj, t.generated_len, seq, promoted)
     r.done()
     return store
+
+
+def routed_groups(store: TrajectoryStore) -> set[str]:
+    """The groups a member of which has been routed, from the trajectories' histories."""
+    return {
+        gid
+        for gid, ids in store._groups.items()
+        if any(e.kind is EventKind.ROUTED for tid in ids for e in store._history.get(tid, ()))
+    }
