@@ -114,3 +114,19 @@ def test_inconsistent_state_with_valid_checksum_is_rejected() -> None:
     with pytest.raises(CheckpointCorrupt) as err:
         TrajectoryStore.from_dict(state)
     assert err.value.field == "state.payloads[0].v_traj"
+
+
+def test_a_payload_outside_its_group_or_an_id_queued_twice_is_rejected() -> None:
+    store = TrajectoryStore()
+    for gid in ("a", "b"):
+        store.submit_group(gid, [1], 2, sampling=SamplingParams(max_new_tokens=4))
+    state = store.to_dict()
+    for p in state["payloads"]:
+        if p["trajectory_id"] == "b/0":
+            p["group_id"] = "z"  # the queue order reads a payload's group
+    with pytest.raises(CheckpointCorrupt, match="not a member of its group"):
+        TrajectoryStore.from_dict(state)
+    state = store.to_dict()
+    state["queue"].append(list(state["queue"][0]))
+    with pytest.raises(CheckpointCorrupt, match="queued twice"):
+        TrajectoryStore.from_dict(state)

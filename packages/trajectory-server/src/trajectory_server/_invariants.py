@@ -65,3 +65,7 @@ def check_store(store: TrajectoryStore) -> None:
         assert bucket and bucket == sorted(bucket)
     members = [tid for ids in store._groups.values() for tid in ids]
     assert sorted(members) == sorted(store._where), "group membership out of sync"
+    for tid, t in store._payload.items():
+        assert tid in store._groups.get(t.group_id, ()), f"{tid}: not a member of its group"
+    queued = sum(len(bucket) for bucket in store._queue.levels.values())
+    assert queued == len(store._queue.key_of), "a trajectory is queued twice"

@@ -71,14 +71,30 @@ class LevelQueue:
     def promote(self, tids: list[str]) -> None:
         """Move never-routed ``tids`` (queued at level ``None``) ahead of the fresh groups,
         keeping their enqueue order; ids queued elsewhere or already promoted are left as
-        they are."""
-        for tid in tids:
-            at = self.key_of.get(tid)
-            if at is None or at[0] is not None or at[1][0] == PROMOTED:
-                continue
-            seq = at[1][1]
-            self.remove(tid)
-            self.push(tid, None, 0, seq, promoted=True)
+        they are. A group's members were usually queued together: they move as one slice."""
+        keys = sorted(
+            at[1]
+            for tid in tids
+            if (at := self.key_of.get(tid)) is not None and at[0] is None and at[1][0] == FRESH
+        )
+        if not keys:
+            return
+        bucket = self.levels[None]
+        i = bisect.bisect_left(bucket, keys[0])
+        if bucket[i : i + len(keys)] == keys:
+            del bucket[i : i + len(keys)]
+        else:
+            for key in keys:
+                del bucket[bisect.bisect_left(bucket, key)]
+        moved = [(PROMOTED, seq, tid) for _, seq, tid in keys]
+        j = bisect.bisect_left(bucket, moved[0])
+        if j == len(bucket) or moved[-1] < bucket[j]:
+            bucket[j:j] = moved
+        else:
+            for key in moved:
+                bisect.insort(bucket, key)
+        for key in moved:
+            self.key_of[key[2]] = (None, key)
 
     def order(self) -> list[int | None]:
         out: list[int | None] = list(self.versions)
