@@ -130,6 +130,11 @@ class SamplingConfig:
     max_new_tokens: int = _f(4, ge=1)
 
 
+#: ``rollout.replace_lost`` at most: far beyond the instances any run loses (each replacement
+#: starts an engine and loads the weights, minutes on a large model).
+MAX_REPLACEMENTS = 10_000
+
+
 @_section("rollout")
 @attrs.frozen(kw_only=True)
 class RolloutConfig:
@@ -143,6 +148,13 @@ class RolloutConfig:
     kv_cache_gib: float = _f(1.0, gt=0.0)
     enforce_eager: bool = _f(True)
     sglang_url: str = _f("", doc="SGLang server base URL(s), comma-separated; sglang only")
+    replace_lost: int = _f(
+        0,
+        ge=0,
+        le=MAX_REPLACEMENTS,
+        doc="start a new instance in place of a lost one, at most this many times a run "
+        "(0: a lost instance is not replaced)",
+    )
     sampling: SamplingConfig = attrs.field(factory=SamplingConfig, validator=_validate_field)
 
     @property

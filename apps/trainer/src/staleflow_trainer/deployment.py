@@ -36,6 +36,7 @@ from staleflow_trainer.prepare import (
     verify_checkpoint,
 )
 from staleflow_trainer.progress import ProgressBar, StartupProgress
+from staleflow_trainer.replacements import Replacer
 from staleflow_trainer.trackers import trackers_from_config
 
 log = structlog.get_logger(__name__)
@@ -66,6 +67,8 @@ class Deployment:
         self.coordinator_crashes: list[dict[str, Any]] = []  # replaced after a crash
         self._pending_out: list[dict[str, Any]] = []
         self._next_instance = 0
+        self._bundles: dict[str, int | None] = {}  # instance -> its placement-group bundle
+        self.replacer: Replacer | None = None  # replaces lost instances while run() runs
         self._ps_addr: Any = None
         self._ps_token: str | None = None
         self._ts_addr: Any = None
@@ -263,6 +266,7 @@ class Deployment:
         cfg = self.cfg
         assert self._opts is not None and self.model_path is not None
         iid = f"{cfg.rollout.backend}-{i}"
+        self._bundles[iid] = pg_index
         handle = (
             ray.remote(RolloutActor)
             .options(
@@ -343,8 +347,7 @@ class Deployment:
         Ray outside the placement group.)"""
         import ray
 
-        iid, handle = self._make_rollout(self._next_instance)
-        self._next_instance += 1
+        iid, handle = self.new_rollout()
         info = ray.get(handle.start.remote())
         version = int(ray.get(handle.sync.remote(None))["version"])
         ray.get(
@@ -355,6 +358,15 @@ class Deployment:
         self.rollouts[iid] = handle
         log.info("instance_added", instance=iid, version=version)
         return iid
+
+    def new_rollout(self, bundle_of: str | None = None) -> tuple[str, Any]:
+        """A new rollout actor under the next free id, not started; ``bundle_of``: on that
+        (lost) instance's placement-group bundle (else, with GPUs, placed outside the group)."""
+        iid, handle = self._make_rollout(
+            self._next_instance, pg_index=self._bundles.get(bundle_of or "")
+        )
+        self._next_instance += 1
+        return iid, handle
 
     def restart_coordinator(self) -> dict[str, Any]:
         """Replace the control actor on purpose: the old one is stopped (its last events are
@@ -462,6 +474,7 @@ class Deployment:
         run_ref: Any = None
         last_step = self.steps_at_start
         summary: Any = None
+        replacer = self.replacer = Replacer(self, cfg.rollout.replace_lost, START_TIMEOUT_S)
 
         def emit(outs: list[dict[str, Any]], bar: Any) -> None:
             nonlocal last_step
@@ -499,6 +512,8 @@ class Deployment:
                         self.replace_crashed_coordinator(e)
                         continue
                     emit(outs, bar)
+                    if replacer.limit:
+                        replacer.update(i for out in outs for i in out.get("lost", ()))
                     if ready and coord is self.coordinator:
                         try:
                             summary = ray.get(run_ref)
@@ -510,6 +525,7 @@ class Deployment:
                         break
             emit([ray.get(coord.drain.remote(last_step))], None)
         finally:
+            replacer.close()
             writer.close()
             timeline.close()
         return dict(summary)

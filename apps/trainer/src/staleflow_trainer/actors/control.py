@@ -407,10 +407,11 @@ class ControlActor(FaultHooks):
     # --------------------------------------------------------------------------- queries
 
     async def drain(self, written_through: int | None = None) -> dict[str, Any]:
-        """Step records and timeline rows produced since the last call (for the driver).
-        ``written_through``: the last step the driver has written to ``metrics.jsonl``;
-        records after it go into every checkpoint, so a resume can fill the gap a killed
-        driver leaves."""
+        """Step records and timeline rows produced since the last call, and the ids of the
+        instances lost so far (for the driver)."""
+        # ``written_through``: the last step the driver has written to ``metrics.jsonl``;
+        # records after it go into every checkpoint, so a resume can fill the gap a killed
+        # driver leaves
         if written_through is not None:
             self._unconfirmed = [r for r in self._unconfirmed
                                  if int(r["step"]) > written_through]  # fmt: skip
@@ -418,7 +419,8 @@ class ControlActor(FaultHooks):
             raise self.io.fatal  # after the records made before it were handed over
         records, self._records = self._records, []
         return {"records": records, "timeline": self.core.take_timeline(),
-                "steps_done": self.core.steps_done}  # fmt: skip
+                "steps_done": self.core.steps_done,
+                "lost": [d["instance_id"] for d in self.io.lost]}  # fmt: skip
 
     def summary_now(self) -> dict[str, Any]:
         st = self.core.protocol.stats()
