@@ -20,7 +20,7 @@ from tiny_setup import tiny_config
 
 pytestmark = [pytest.mark.fault, pytest.mark.ray, pytest.mark.sim, pytest.mark.timeout(600)]
 
-BATCH, GROUP, ETA, STEPS = 4, 4, 1, 12
+BATCH, GROUP, ETA, STEPS = 4, 4, 1, 20
 
 
 @pytest.fixture(scope="module")

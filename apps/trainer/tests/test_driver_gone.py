@@ -41,7 +41,7 @@ def _actor(driver_pid: int | None) -> Any:
     a._log = structlog.get_logger("test")
     a.cfg = SimpleNamespace(coordinator=SimpleNamespace(snapshot_interval_s=0.01))
     a.core = SimpleNamespace(done=False, steps_done=0, take_timeline=list)
-    a.io = SimpleNamespace(fatal=None, wake=asyncio.Event())
+    a.io = SimpleNamespace(fatal=None, wake=asyncio.Event(), rollouts={})
     a.cycles = 0
 
     async def cycle() -> None:

@@ -68,6 +68,7 @@ class Deployment:
         self._pending_out: list[dict[str, Any]] = []
         self._next_instance = 0
         self._bundles: dict[str, int | None] = {}  # instance -> its placement-group bundle
+        self._slots: dict[str, int] = {}  # instance -> the instance number of its engine settings
         self.replacer: Replacer | None = None  # replaces lost instances while run() runs
         self._ps_addr: Any = None
         self._ps_token: str | None = None
@@ -258,7 +259,12 @@ class Deployment:
             )  # fmt: skip
         ray.get(refs)  # a start-up that failed raises here
 
-    def _make_rollout(self, i: int, *, pg_index: int | None = None) -> tuple[str, Any]:
+    def _make_rollout(
+        self, i: int, *, pg_index: int | None = None, slot: int | None = None
+    ) -> tuple[str, Any]:
+        """Rollout actor ``{backend}-{i}`` (not started) on bundle ``pg_index``; ``slot``: the
+        engine settings of that instance number (a replacement's: the lost one's server,
+        seed and speed), else ``i``'s."""
         import ray
 
         from staleflow_trainer.actors.rollout import RolloutActor
@@ -266,7 +272,9 @@ class Deployment:
         cfg = self.cfg
         assert self._opts is not None and self.model_path is not None
         iid = f"{cfg.rollout.backend}-{i}"
+        slot = i if slot is None else slot
         self._bundles[iid] = pg_index
+        self._slots[iid] = slot
         handle = (
             ray.remote(RolloutActor)
             .options(
@@ -284,7 +292,7 @@ class Deployment:
             .remote(
                 instance_id=iid,
                 backend=cfg.rollout.backend,
-                engine_kwargs=engine_kwargs(cfg, i, self.model_path),
+                engine_kwargs=engine_kwargs(cfg, slot, self.model_path),
                 ts_address=self._ts_addr,
                 ts_token=self._ts_token,
                 ps_address=self._ps_addr,
@@ -360,10 +368,12 @@ class Deployment:
         return iid
 
     def new_rollout(self, bundle_of: str | None = None) -> tuple[str, Any]:
-        """A new rollout actor under the next free id, not started; ``bundle_of``: on that
-        (lost) instance's placement-group bundle (else, with GPUs, placed outside the group)."""
+        """A new rollout actor under the next free id, not started; ``bundle_of``: in place of
+        that (lost) instance, on its placement-group bundle and with its engine settings (else,
+        with GPUs, placed outside the group)."""
+        key = bundle_of or ""
         iid, handle = self._make_rollout(
-            self._next_instance, pg_index=self._bundles.get(bundle_of or "")
+            self._next_instance, pg_index=self._bundles.get(key), slot=self._slots.get(key)
         )
         self._next_instance += 1
         return iid, handle
@@ -512,8 +522,8 @@ class Deployment:
                         self.replace_crashed_coordinator(e)
                         continue
                     emit(outs, bar)
-                    if replacer.limit:
-                        replacer.update(i for out in outs for i in out.get("lost", ()))
+                    if replacer.limit and not ready:
+                        replacer.update(outs[-1]["instances"])
                     if ready and coord is self.coordinator:
                         try:
                             summary = ray.get(run_ref)

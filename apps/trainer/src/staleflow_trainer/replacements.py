@@ -42,10 +42,23 @@ class _Starting:
     deadline: float
     kv_capacity_tokens: int = 0
     version: int = 0
+    coordinator: Any = None  # the control actor the join went to
+    retry_at: float | None = None  # a join refused for a version not yet published: again then
+    why: str = ""  # why the last join was refused
+
+
+#: A join refused because the control actor has not yet recorded the version the replacement
+#: pulled (the trainer pushed it, the core has not seen the push) is sent again this much later.
+JOIN_RETRY_S = 1.0
 
 
 class Replacer:
-    """Replaces lost instances of ``dep`` (a ``Deployment``), at most ``limit`` in its life."""
+    """Replaces lost instances of ``dep`` (a ``Deployment``), at most ``limit`` in its life.
+
+    The driver calls :meth:`update` with the instances the control actor has in the run
+    (its ``drain`` answer); an instance the driver knew in the run and the answer leaves out
+    was lost. So a loss is seen whichever control actor made it: one that crashed and was
+    replaced (the new one starts from the instances still alive) included."""
 
     def __init__(self, dep: Any, limit: int, timeout_s: float) -> None:
         self.dep = dep
@@ -54,31 +67,17 @@ class Replacer:
         self.started = 0
         self.replaced: dict[str, str] = {}  # lost id -> the instance that joined in its place
         self.not_replaced: list[str] = []  # lost beyond the limit, or their replacement failed
-        self._seen: set[str] = set()
+        self.members: set[str] = set(dep.rollouts)  # in the run, as far as the driver knows
         self._starting: list[_Starting] = []
 
-    def update(self, lost: Iterable[str]) -> None:
-        """Start a replacement for each instance in ``lost`` not seen before, while the limit
-        allows, then move every replacement under way on by what has answered (no waiting)."""
-        for iid in lost:
-            if iid in self._seen:
-                continue
-            self._seen.add(iid)
-            handle = self.dep.rollouts.pop(iid, None)
-            if handle is not None:
-                kill_actor(handle)  # a hung actor may still hold its bundle
-            if self.started >= self.limit:
-                self.not_replaced.append(iid)
-                log.warning("instance_not_replaced", lost=iid, limit=self.limit,
-                            hint="rollout.replace_lost")  # fmt: skip
-                continue
-            self.started += 1
-            new_id, new = self.dep.new_rollout(bundle_of=iid)
-            log.info("instance_replacing", lost=iid, instance=new_id)
-            self._starting.append(_Starting(
-                lost=iid, instance_id=new_id, handle=new, ref=new.start.remote(), stage="start",
-                deadline=time.monotonic() + self.timeout_s,
-            ))  # fmt: skip
+    def update(self, in_run: Iterable[str]) -> None:
+        """``in_run``: the instances the control actor has now. Start a replacement for each
+        member it left out while the limit allows, then move every replacement under way on
+        by what has answered (no waiting); one that joins is a member from then on."""
+        live = set(in_run)
+        for iid in sorted(self.members - live):
+            self._lost(iid)
+        self.members = live
         self._starting = [s for s in self._starting if not self._advance(s)]
 
     @property
@@ -92,9 +91,34 @@ class Replacer:
             kill_actor(s.handle)
         self._starting = []
 
+    def _lost(self, iid: str) -> None:
+        handle = self.dep.rollouts.pop(iid, None)
+        if handle is not None:
+            kill_actor(handle)  # a hung actor may still hold its bundle
+        if self.started >= self.limit:
+            self.not_replaced.append(iid)
+            log.warning("instance_not_replaced", lost=iid, limit=self.limit,
+                        hint="rollout.replace_lost")  # fmt: skip
+            return
+        self.started += 1
+        new_id, new = self.dep.new_rollout(bundle_of=iid)
+        log.info("instance_replacing", lost=iid, instance=new_id)
+        self._starting.append(_Starting(
+            lost=iid, instance_id=new_id, handle=new, ref=new.start.remote(), stage="start",
+            deadline=time.monotonic() + self.timeout_s,
+        ))  # fmt: skip
+
     def _advance(self, s: _Starting) -> bool:
         """Take ``s`` on by as many stages as have answered; True once it joined or failed."""
         while True:
+            if s.stage == "join":
+                if s.retry_at is not None and time.monotonic() < s.retry_at:
+                    if time.monotonic() < s.deadline:
+                        return False
+                    self._fail(s, f"it did not join within {self.timeout_s:g} s: {s.why}")
+                    return True
+                if s.retry_at is not None or s.coordinator is not self.dep.coordinator:
+                    self._join(s)  # a retry is due, or the control actor was replaced
             if not _answered(s.ref):
                 if time.monotonic() < s.deadline:
                     return False
@@ -102,25 +126,38 @@ class Replacer:
                 return True
             try:
                 answer = _answer(s.ref)
+                if s.stage == "start":
+                    s.kv_capacity_tokens = int(answer["kv_capacity_tokens"])
+                elif s.stage == "sync":
+                    s.version = int(answer["version"])
             except Exception as e:
+                if s.stage == "join" and "version must be in" in str(e):
+                    s.retry_at, s.why = time.monotonic() + JOIN_RETRY_S, repr(e)[:300]
+                    continue
+                if s.stage == "join" and s.coordinator is not self.dep.coordinator:
+                    continue  # the join went to a control actor that is gone: to the new one
                 self._fail(s, repr(e)[:300])
                 return True
             if s.stage == "start":
-                s.kv_capacity_tokens = int(answer["kv_capacity_tokens"])
                 s.ref, s.stage = s.handle.sync.remote(None), "sync"
             elif s.stage == "sync":
-                s.version = int(answer["version"])
-                s.ref = self.dep.coordinator.add_instance.remote(
-                    s.instance_id, s.handle, kv_capacity_tokens=s.kv_capacity_tokens,
-                    version=s.version,
-                )  # fmt: skip
-                s.stage = "join"
+                self._join(s)
             else:
                 self.dep.rollouts[s.instance_id] = s.handle
+                self.members.add(s.instance_id)
                 self.replaced[s.lost] = s.instance_id
                 log.info("instance_replaced", lost=s.lost, instance=s.instance_id,
                          version=s.version)  # fmt: skip
                 return True
+
+    def _join(self, s: _Starting) -> None:
+        """Hand the started replacement to the control actor of now."""
+        s.coordinator = self.dep.coordinator
+        s.retry_at = None
+        s.ref = s.coordinator.add_instance.remote(
+            s.instance_id, s.handle, kv_capacity_tokens=s.kv_capacity_tokens, version=s.version
+        )
+        s.stage = "join"
 
     def _fail(self, s: _Starting, why: str) -> None:
         kill_actor(s.handle)

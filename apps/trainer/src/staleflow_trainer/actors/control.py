@@ -407,8 +407,8 @@ class ControlActor(FaultHooks):
     # --------------------------------------------------------------------------- queries
 
     async def drain(self, written_through: int | None = None) -> dict[str, Any]:
-        """Step records and timeline rows produced since the last call, and the ids of the
-        instances lost so far (for the driver)."""
+        """Step records and timeline rows produced since the last call, and the instances in
+        the run now (for the driver)."""
         # ``written_through``: the last step the driver has written to ``metrics.jsonl``;
         # records after it go into every checkpoint, so a resume can fill the gap a killed
         # driver leaves
@@ -420,7 +420,7 @@ class ControlActor(FaultHooks):
         records, self._records = self._records, []
         return {"records": records, "timeline": self.core.take_timeline(),
                 "steps_done": self.core.steps_done,
-                "lost": [d["instance_id"] for d in self.io.lost]}  # fmt: skip
+                "instances": list(self.io.rollouts)}  # fmt: skip
 
     def summary_now(self) -> dict[str, Any]:
         st = self.core.protocol.stats()
