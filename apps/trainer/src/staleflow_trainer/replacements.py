@@ -89,6 +89,8 @@ class Replacer:
         """Kill the replacements still under way (the run is over)."""
         for s in self._starting:
             kill_actor(s.handle)
+            log.info("instance_replacement_stopped", lost=s.lost, instance=s.instance_id,
+                     stage=s.stage, reason="the run ended")  # fmt: skip
         self._starting = []
 
     def _lost(self, iid: str) -> None:
