@@ -185,3 +185,17 @@ def test_close_kills_the_replacements_still_starting(killed: list[Any]) -> None:
     rep.update(["r-1"])
     rep.close()
     assert killed[-1] is new and rep.pending == 0
+
+
+def test_with_no_replacements_a_loss_is_logged_and_nothing_else_happens(
+    killed: list[Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lost = {"instance_id": "r-0", "error": "ActorDiedError('the actor died')"}
+    dep = _dep()
+    dep.coordinator.lost_instances = SimpleNamespace(remote=lambda: Ref([lost]))
+    monkeypatch.setattr(replacements, "_answer_within", lambda ref, timeout_s: ref.value)
+    rep = Replacer(dep, limit=0, timeout_s=60)
+    rep.update(["r-1"])
+    out = capsys.readouterr().out
+    assert "instance_lost" in out and "the actor died" in out
+    assert killed == [] and "r-0" in dep.rollouts and rep.started == 0  # left as it was

@@ -522,7 +522,7 @@ class Deployment:
                         self.replace_crashed_coordinator(e)
                         continue
                     emit(outs, bar)
-                    if replacer.limit and not ready:
+                    if not ready:  # losses are logged; with rollout.replace_lost, replaced
                         replacer.update(outs[-1]["instances"])
                     if ready and coord is self.coordinator:
                         try:

@@ -13,6 +13,9 @@ one at a time between the driver's polls, so records keep flowing while an engin
 A replacement that fails, or has not joined within ``timeout_s`` (the deployment's start-up
 limit), is killed and logged with the reason (for a timeout, what the cluster lacks); it counts
 against the limit and the run goes on without it.
+
+Whatever the limit, the driver logs each loss (``instance_lost``, with the control actor's
+reason), so the run's own output says when it goes on with fewer instances.
 """
 
 from __future__ import annotations
@@ -47,13 +50,16 @@ class _Starting:
     why: str = ""  # why the last join was refused
 
 
+#: How long the driver waits for the control actor to say why it lost an instance (for the log).
+LOST_QUERY_S = 10.0
 #: A join refused because the control actor has not yet recorded the version the replacement
 #: pulled (the trainer pushed it, the core has not seen the push) is sent again this much later.
 JOIN_RETRY_S = 1.0
 
 
 class Replacer:
-    """Replaces lost instances of ``dep`` (a ``Deployment``), at most ``limit`` in its life.
+    """Logs the lost instances of ``dep`` (a ``Deployment``) and replaces them, at most
+    ``limit`` in its life (0: none).
 
     The driver calls :meth:`update` with the instances the control actor has in the run
     (its ``drain`` answer); an instance the driver knew in the run and the answer leaves out
@@ -94,6 +100,10 @@ class Replacer:
         self._starting = []
 
     def _lost(self, iid: str) -> None:
+        log.warning("instance_lost", instance=iid, error=self._why_lost(iid),
+                    replace_lost=self.limit)  # fmt: skip
+        if not self.limit:
+            return  # nothing to replace: the control actor already let it go
         handle = self.dep.rollouts.pop(iid, None)
         if handle is not None:
             kill_actor(handle)  # a hung actor may still hold its bundle
@@ -109,6 +119,14 @@ class Replacer:
             lost=iid, instance_id=new_id, handle=new, ref=new.start.remote(), stage="start",
             deadline=time.monotonic() + self.timeout_s,
         ))  # fmt: skip
+
+    def _why_lost(self, iid: str) -> str | None:
+        """The error the control actor lost ``iid`` with (None if it cannot say)."""
+        try:
+            lost = _answer_within(self.dep.coordinator.lost_instances.remote(), LOST_QUERY_S)
+            return next((str(x["error"]) for x in lost if x["instance_id"] == iid), None)
+        except Exception:  # the log line goes out without it
+            return None
 
     def _advance(self, s: _Starting) -> bool:
         """Take ``s`` on by as many stages as have answered; True once it joined or failed."""
@@ -193,3 +211,10 @@ def _answer(ref: Any) -> Any:
     import ray
 
     return ray.get(ref)
+
+
+def _answer_within(ref: Any, timeout_s: float) -> Any:
+    """The answer of the call behind ``ref``, waited for at most ``timeout_s``."""
+    import ray
+
+    return ray.get(ref, timeout=timeout_s)
