@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from staleflow_trainer import replacements
 from staleflow_trainer.replacements import Replacer
@@ -188,14 +189,16 @@ def test_close_kills_the_replacements_still_starting(killed: list[Any]) -> None:
 
 
 def test_with_no_replacements_a_loss_is_logged_and_nothing_else_happens(
-    killed: list[Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    killed: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lost = {"instance_id": "r-0", "error": "ActorDiedError('the actor died')"}
     dep = _dep()
     dep.coordinator.lost_instances = SimpleNamespace(remote=lambda: Ref([lost]))
     monkeypatch.setattr(replacements, "_answer_within", lambda ref, timeout_s: ref.value)
     rep = Replacer(dep, limit=0, timeout_s=60)
-    rep.update(["r-1"])
-    out = capsys.readouterr().out
-    assert "instance_lost" in out and "the actor died" in out
+    with capture_logs() as logs:
+        rep.update(["r-1"])
+    assert [(e["event"], e["instance"], e["error"]) for e in logs] == [
+        ("instance_lost", "r-0", "ActorDiedError('the actor died')")
+    ]
     assert killed == [] and "r-0" in dep.rollouts and rep.started == 0  # left as it was
