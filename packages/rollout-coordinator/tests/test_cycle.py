@@ -291,3 +291,19 @@ def test_a_held_route_aborted_before_the_sync_ends_becomes_a_drop_not_a_route():
     assert coord.instances["a"].n_running == 0
     coord.on_sync_done("a", 1)
     assert routes(coord.step([], [], now=0.2)) == []
+
+
+def test_the_admission_answers_kept_in_a_cycle_end_with_each_admission() -> None:
+    """The port keeps the protocol's answer per (group, version) within a cycle, and drops
+    them all whenever it admits: a fresh group admitted takes the last slot from the next."""
+    from rollout_coordinator._cycle import _ProtocolPort
+
+    coord, proto, _ = make(batch=1, group=2, eta=0, instances=[("a", 0)])
+    port = _ProtocolPort(coord)
+    assert port.admissible("ga", 0) and port.admissible("gb", 0)  # one slot, either may take it
+    assert port.admit(new("ga/0", "ga"), 0) == 0
+    assert not port.admissible("gb", 0)  # the slot is gone
+    assert port.admissible("ga", 0)  # ga has room for its second member
+    assert port.admit(new("ga/1", "ga"), 0) == 0
+    assert not port.admissible("ga", 0)  # full now
+    assert proto.buffer_fill(0).free == 0

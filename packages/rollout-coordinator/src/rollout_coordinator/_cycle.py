@@ -87,15 +87,26 @@ class CycleReport:
 class _ProtocolPort:
     """The protocol as the routing strategies see it, with per-cycle admission caches."""
 
-    __slots__ = ("_closed", "_coord", "_due", "_proto")
+    __slots__ = ("_answers", "_closed", "_coord", "_due", "_proto")
 
     def __init__(self, coord: Coordinator) -> None:
         self._coord = coord
         self._proto = coord.protocol
         self._closed: set[int] = set()  # versions where a fresh group is not admitted
         self._due: dict[str, bool] = {}  # group -> reserved in the next buffer (this cycle)
+        # (group, version) -> admissible, until the next admission: the protocol's answer
+        # changes only when it reserves (nothing else changes it during a cycle), and the
+        # members of one group ask the same question one after another
+        self._answers: dict[tuple[str, int], bool] = {}
 
     def admissible(self, group_id: str, version: int) -> bool:
+        key = (group_id, version)
+        answer = self._answers.get(key)
+        if answer is None:
+            answer = self._answers[key] = self._admissible(group_id, version)
+        return answer
+
+    def _admissible(self, group_id: str, version: int) -> bool:
         fresh = group_id not in self._coord._known_groups
         if fresh and version in self._closed:
             return False
@@ -121,6 +132,7 @@ class _ProtocolPort:
             buffer = self._proto.reserve(item.group_id, item.trajectory_id, version)
         except ProtocolError:
             return None
+        self._answers.clear()
         self._coord._known_groups.add(item.group_id)
         self._coord._admitted_total += 1
         return buffer
