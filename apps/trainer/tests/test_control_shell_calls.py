@@ -215,3 +215,60 @@ async def test_a_dead_reward_worker_is_replaced_once_by_concurrent_calls(
     assert len(built) == 1 and io.rewards == built  # not one replacement per failed call
     assert a == [[["g1/0", 1.0, None], ["g1/1", 1.0, None]]] and b == [[["g2/0", 1.0, None]]]
     assert sorted(map(tuple, calls)) == [("g1/0", "g1/1"), ("g2/0",)]
+
+
+async def _settled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                   answers: list[dict[str, Any]]) -> tuple[list[Any], list[dict[str, Any]]]:  # fmt: skip
+    """``ControlActor._settle`` over instances ``a`` and ``b`` whose polls answer ``answers``
+    round after round (an instance left out: its poll failed). The events fed, and the log."""
+    from structlog.testing import capture_logs
+
+    from staleflow_trainer.actors import control
+    from staleflow_trainer.actors.in_store import InStore
+
+    monkeypatch.setattr(control, "POLL_RETRY_S", 0.0)
+    cfg = load_config(SIM_TINY, [f"run.run_dir={tmp_path}"])
+    actor = ControlActor(cfg=to_dict(cfg), prompts=EncodedPrompts((), ()), ts_address=("127.0.0.1", 1),
+                         ts_token="t", rollouts={"a": object(), "b": object()}, trainer=None,
+                         rewards=[])  # fmt: skip
+    rounds = iter(answers)
+
+    async def nothing(*args: Any, **kw: Any) -> None:
+        return None
+
+    async def poll_all() -> dict[str, Any]:
+        return next(rounds, {})
+
+    async def refused(iid: str, p: Any) -> InStore:
+        return InStore()
+
+    fed: list[Any] = []
+
+    async def feed(events: list[Any]) -> None:
+        fed.extend(events)
+
+    actor.io.wait_background = nothing  # type: ignore[method-assign]
+    actor.io.interrupt_all = nothing  # type: ignore[method-assign]
+    actor.io.poll_all = poll_all  # type: ignore[method-assign]
+    actor.io.refused = refused  # type: ignore[method-assign]
+    actor._feed_batch = feed  # type: ignore[method-assign]
+    with capture_logs() as logs:
+        await actor._settle()
+    return fed, logs
+
+
+async def test_settling_polls_again_an_instance_whose_poll_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fed, logs = await _settled(tmp_path, monkeypatch, [{"a": None}, {"b": None}])
+    assert sorted(e.instance_id for e in fed) == ["a", "b"]  # b's outcomes were read too
+    assert not [e for e in logs if e["event"] == "settle_incomplete"]
+
+
+async def test_settling_names_the_instances_it_could_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fed, logs = await _settled(tmp_path, monkeypatch, [{"a": None}])
+    assert [e.instance_id for e in fed] == ["a"]
+    (warning,) = [e for e in logs if e["event"] == "settle_incomplete"]
+    assert warning["instances"] == ["b"]

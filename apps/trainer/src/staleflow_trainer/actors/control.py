@@ -54,7 +54,7 @@ from staleflow_trainer.actors.reconcile import (
     checkpoint_records,
     latest_checkpoint,
 )
-from staleflow_trainer.actors.shell_io import ShellIO
+from staleflow_trainer.actors.shell_io import POLL_RETRY_S, ShellIO
 from staleflow_trainer.actors.write_ahead import WAL_DIR, WriteAheadLog
 from staleflow_trainer.atomic_files import read_verified_bytes
 from staleflow_trainer.config import AppConfig, from_dict
@@ -78,6 +78,8 @@ from staleflow_trainer.data.tokenize import EncodedPrompts
 from staleflow_trainer.errors import ComponentLost
 
 log = structlog.get_logger(__name__)
+#: Rounds of polls that bring the core level with the store when the run stops.
+SETTLE_POLLS = 3
 
 
 class ControlActor(FaultHooks):
@@ -374,16 +376,27 @@ class ControlActor(FaultHooks):
 
     async def _settle(self) -> None:
         """Stop generating and bring the core level with the store: every instance stops,
-        writes back what it ran, and its outcomes are fed (journaled) like any others."""
+        writes back what it ran, and its outcomes are fed (journaled) like any others. Failed
+        polls are tried again, ``POLL_RETRY_S`` apart; instances still unread are named in a
+        warning (the checkpoint lags the store there until a resume reconciles it)."""
         await self.io.wait_background(timeout_s=60)
-        await self.io.interrupt_all()
+        await self.io.interrupt_all()  # every instance is due for a poll now
         events = list(self._events)
         self._events = []
-        polls = await self.io.poll_all()
-        at = self.now()
-        for iid, p in polls.items():
-            if not isinstance(p, BaseException):
-                events.append(self._reported(iid, p, at, await self.io.refused(iid, p)))
+        answered: set[str] = set()
+        for attempt in range(SETTLE_POLLS):
+            if attempt:
+                await asyncio.sleep(POLL_RETRY_S)  # a failed poll is due again then
+            polls = await self.io.poll_all()
+            answered.update(polls)
+            at = self.now()
+            for iid, p in polls.items():
+                if not isinstance(p, BaseException):
+                    events.append(self._reported(iid, p, at, await self.io.refused(iid, p)))
+            if not (unread := sorted(set(self.io.rollouts) - answered)):
+                break
+        else:
+            self._log.warning("settle_incomplete", instances=unread, polls=SETTLE_POLLS)
         await self._feed_batch(events)
 
     # --------------------------------------------------------------------------- membership
