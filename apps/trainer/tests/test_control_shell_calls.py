@@ -220,7 +220,8 @@ async def test_a_dead_reward_worker_is_replaced_once_by_concurrent_calls(
 async def _settled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                    answers: list[dict[str, Any]]) -> tuple[list[Any], list[dict[str, Any]]]:  # fmt: skip
     """``ControlActor._settle`` over instances ``a`` and ``b`` whose polls answer ``answers``
-    round after round (an instance left out: its poll failed). The events fed, and the log."""
+    round after round (an instance left out: its poll failed; an exception: the poll ended
+    it). The events fed, and the log."""
     from structlog.testing import capture_logs
 
     from staleflow_trainer.actors import control
@@ -247,10 +248,15 @@ async def _settled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     async def feed(events: list[Any]) -> None:
         fed.extend(events)
 
+    async def lose(iid: str, error: BaseException, at: float) -> InstanceLost:
+        del actor.io.rollouts[iid]  # as the real one: it leaves the run
+        return InstanceLost(at=at, instance_id=iid)
+
     actor.io.wait_background = nothing  # type: ignore[method-assign]
     actor.io.interrupt_all = nothing  # type: ignore[method-assign]
     actor.io.poll_all = poll_all  # type: ignore[method-assign]
     actor.io.refused = refused  # type: ignore[method-assign]
+    actor.io.lose = lose  # type: ignore[method-assign]
     actor._feed_batch = feed  # type: ignore[method-assign]
     with capture_logs() as logs:
         await actor._settle()
@@ -272,3 +278,15 @@ async def test_settling_names_the_instances_it_could_not_read(
     assert [e.instance_id for e in fed] == ["a"]
     (warning,) = [e for e in logs if e["event"] == "settle_incomplete"]
     assert warning["instances"] == ["b"]
+
+
+async def test_settling_loses_an_instance_its_polls_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ended = RuntimeError("3 polls in a row failed")
+    fed, logs = await _settled(tmp_path, monkeypatch, [{"a": None}, {}, {"b": ended}])
+    assert [(type(e).__name__, e.instance_id) for e in fed] == [
+        ("Reported", "a"),
+        ("InstanceLost", "b"),  # its work goes back to the queue before the checkpoint
+    ]
+    assert not [e for e in logs if e["event"] == "settle_incomplete"]

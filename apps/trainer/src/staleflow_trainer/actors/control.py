@@ -375,24 +375,24 @@ class ControlActor(FaultHooks):
     # --------------------------------------------------------------------------- shutdown
 
     async def _settle(self) -> None:
-        """Stop generating and bring the core level with the store: every instance stops,
-        writes back what it ran, and its outcomes are fed (journaled) like any others. Failed
-        polls are tried again, ``POLL_RETRY_S`` apart; instances still unread are named in a
-        warning (the checkpoint lags the store there until a resume reconciles it)."""
+        """Stop every instance and feed (journaled) what it ran: the core is then level with
+        the store. Failed polls are tried again ``POLL_RETRY_S`` apart (one ended is lost, as
+        in a cycle); any still unread is named in a warning (a resume reconciles it)."""
         await self.io.wait_background(timeout_s=60)
-        await self.io.interrupt_all()  # every instance is due for a poll now
-        events = list(self._events)
-        self._events = []
+        await self.io.interrupt_all()  # due for a poll now (one that just failed: POLL_RETRY_S)
+        events, self._events = list(self._events), []
         answered: set[str] = set()
         for attempt in range(SETTLE_POLLS):
             if attempt:
                 await asyncio.sleep(POLL_RETRY_S)  # a failed poll is due again then
             polls = await self.io.poll_all()
-            answered.update(polls)
             at = self.now()
             for iid, p in polls.items():
                 if not isinstance(p, BaseException):
+                    answered.add(iid)
                     events.append(self._reported(iid, p, at, await self.io.refused(iid, p)))
+                elif (lost := await self.io.lose(iid, p, at)) is not None:
+                    events.append(lost)
             if not (unread := sorted(set(self.io.rollouts) - answered)):
                 break
         else:
