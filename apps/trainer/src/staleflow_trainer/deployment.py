@@ -28,8 +28,8 @@ from staleflow_trainer.prepare import (
     check_local_cpus,
     engine_kwargs,
     init_ray,
-    missing_resources,
     model_dir,
+    placement_hint,
     preflight,
     resolve_resume,
     role_options,
@@ -248,15 +248,11 @@ class Deployment:
         wait_s = START_TIMEOUT_S if timeout_s is None else timeout_s
         _, pending = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
         if pending:
-            cluster: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
-            free: dict[str, float] = ray.available_resources()  # type: ignore[no-untyped-call]
-            lacking = missing_resources(need, len(refs), cluster)
             raise ComponentLost(
                 f"{len(pending)} of {len(refs)} {what} did not start within {START_TIMEOUT_S:g} s"
-                + (f"; the cluster lacks {'; '.join(lacking)}" if lacking else
-                   f"; free now: {free}"),
+                + placement_hint(need, len(refs)),
                 component=what,
-            )  # fmt: skip
+            )
         ray.get(refs)  # a start-up that failed raises here
 
     def _make_rollout(

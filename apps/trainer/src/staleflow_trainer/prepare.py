@@ -232,6 +232,20 @@ def missing_resources(
     return out
 
 
+def placement_hint(need: Mapping[str, float], count: int) -> str:
+    """Why ``count`` actors asking ``need`` each may not have been placed, for an error
+    message: ``"; the cluster lacks ..."`` (:func:`missing_resources`) or ``"; free now: ..."``
+    (the cluster's available resources)."""
+    import ray
+
+    cluster: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
+    lacking = missing_resources(need, count, cluster)
+    if lacking:
+        return f"; the cluster lacks {'; '.join(lacking)}"
+    free: dict[str, float] = ray.available_resources()  # type: ignore[no-untyped-call]
+    return f"; free now: {free}"
+
+
 class _TokenAuthNotice(logging.Filter):
     """Drops Ray's "Token authentication is enabled" notice: a local Ray enables its token
     authentication by default and says so on every start; the run keeps the token (see

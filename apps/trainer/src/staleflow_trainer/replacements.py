@@ -28,7 +28,7 @@ import attrs
 import structlog
 
 from staleflow_trainer.actors.liveness import kill_actor
-from staleflow_trainer.prepare import missing_resources
+from staleflow_trainer.prepare import placement_hint
 
 log = structlog.get_logger(__name__)
 
@@ -186,16 +186,10 @@ class Replacer:
                   stage=s.stage, error=why)  # fmt: skip
 
     def _lacking(self) -> str:
-        import ray
-
         cfg = self.dep.cfg.rollout
-        need = {"CPU": cfg.cpus_per_instance, "GPU": cfg.gpus_per_instance or 0.0}
-        cluster: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
-        lacking = missing_resources(need, 1, cluster)
-        if lacking:
-            return f"; the cluster lacks {'; '.join(lacking)}"
-        free: dict[str, float] = ray.available_resources()  # type: ignore[no-untyped-call]
-        return f"; free now: {free}"
+        return placement_hint(
+            {"CPU": cfg.cpus_per_instance, "GPU": cfg.gpus_per_instance or 0.0}, 1
+        )
 
 
 def _answered(ref: Any) -> bool:
