@@ -17,7 +17,8 @@ control, reward and trainer actors. One run:
 * **a silent instance**: a second replacement joins; the first one's next poll made while it
   generates never answers (``hold_poll_with_work``, never released; its actor and engine are
   fine). After ``coordinator.call_timeout_s`` the control actor kills its actor and loses it.
-  Without it, the whole control loop waited on that poll for good.
+  Without it, the whole control loop waited on that poll for good; and the loop does not wait
+  for it meanwhile: the other instance's outcomes come in.
 
 Then the run completes on the second replacement, and the ledger balances.
 """
@@ -113,7 +114,9 @@ def dead(
         out["silent_held"] = wait_for(
             lambda: ray.get(h.poll_held.remote()), 60, f"{silent} to generate", every_s=0.05
         )
+        out["tokens_at_hold"] = ray.get(dep.coordinator.summary.remote())["tokens_total"]
         out["silent_record"] = lost_record(dep, silent, f"the loop to lose {silent}")
+        out["tokens_at_loss"] = ray.get(dep.coordinator.summary.remote())["tokens_total"]
         out["silent_after_s"] = time.monotonic() - held_from
         out["silent_alive"] = _alive(h)
 
@@ -172,6 +175,9 @@ def test_a_hung_poll_loses_the_instance_after_the_call_timeout(dead: dict[str, A
     ), rec
     assert dead["silent_alive"] is False  # its actor was killed
     assert CALL_TIMEOUT_S <= dead["silent_after_s"] < CALL_TIMEOUT_S + 60
+    # the loop went on with the other instance while the poll was out: its outcomes came in
+    # (a loop that waited on the poll handled none until the timeout)
+    assert dead["tokens_at_loss"] > dead["tokens_at_hold"], dead
     held = dead["silent_held"]
     assert held and set(held) <= set(rec["requeued"]) | set(rec["finished"]) | set(rec["dropped"])
     assert_routes_stopped(dead["histories"], rec)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from staleflow_trainer.actors import shell_io
+from staleflow_trainer.actors import background_calls, shell_io
 from staleflow_trainer.actors.control import ControlActor
 from staleflow_trainer.actors.shell_io import ShellIO
 from staleflow_trainer.config import load_config, to_dict
@@ -113,7 +113,7 @@ async def test_an_event_from_background_work_starts_the_next_cycle_at_once(
                              prompt_len=lambda row: sim.stream.group(row).prompt_len)  # fmt: skip
     actor._wal.reset(actor.core.to_dict())
 
-    async def poll_all() -> dict[str, Any]:
+    async def poll_all(*, wait_all: bool = False, send: bool = True) -> dict[str, Any]:
         return {}
 
     async def carry(effect: Any) -> None:
@@ -204,7 +204,7 @@ class _Scorer:
 async def test_a_dead_reward_worker_is_replaced_once_by_concurrent_calls(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(shell_io, "is_actor_death", lambda e: isinstance(e, _Dead))
+    monkeypatch.setattr(background_calls, "is_actor_death", lambda e: isinstance(e, _Dead))
     calls: list[list[str]] = []
     io = _io({})
     io.rewards, io.reward_spec = [_Scorer(True, calls)], {"spec": 1}
@@ -237,8 +237,8 @@ async def _settled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     async def nothing(*args: Any, **kw: Any) -> None:
         return None
 
-    async def poll_all() -> dict[str, Any]:
-        return next(rounds, {})
+    async def poll_all(*, wait_all: bool = False, send: bool = True) -> dict[str, Any]:
+        return next(rounds, {}) if send else {}  # send=False: the answers still out, none
 
     async def refused(iid: str, p: Any) -> InStore:
         return InStore()

@@ -41,6 +41,7 @@ class _Instance:
     def __init__(self) -> None:
         self.failing = False
         self.hanging = False
+        self.delay_s = 0.0  # each call answers this late
         self.calls: list[str] = []
         enc, seq = SnapshotEncoder(), [0]
 
@@ -57,6 +58,7 @@ class _Instance:
                 self.calls.append(name)
                 if self.hanging:
                     await asyncio.Event().wait()
+                await asyncio.sleep(self.delay_s)
                 if self.failing:
                     raise ConnectionError("All connection attempts failed")
                 return answer(*args)
@@ -256,3 +258,78 @@ async def test_a_timeout_error_from_the_instance_itself_is_a_failure_not_a_hang(
     a.poll = _Remote(times_out)
     assert "a" not in await io.poll_all()  # retried later, like any failed poll
     assert killed == [] and list(io.rollouts) == ["a"]
+
+
+@pytest.mark.timeout(10)
+async def test_a_hung_poll_holds_its_own_instance_only(
+    killed: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cycle waits ANSWER_WAIT_S for the polls, not call_timeout_s: the other instance's
+    answer is handed on, the hung one is not polled again while its poll is out, gets no
+    extrapolated view, and is ended once call_timeout_s has run out."""
+    monkeypatch.setattr(shell_io, "ANSWER_WAIT_S", 0.05)
+    a, b = _Instance(), _Instance()
+    io = _io({"a": a, "b": b}, call_s=0.6)
+    await _cycle(io)  # both have a view
+    a.hanging = True
+    io.touch("a"), io.touch("b")  # a command went to each: both are due
+    t0 = asyncio.get_running_loop().time()
+    got = await _cycle(io)
+    assert list(got) == ["b"] and asyncio.get_running_loop().time() - t0 < 0.5
+    assert "a" not in io.views(0.0, got)
+    io.touch("a"), io.touch("b")
+    assert list(await _cycle(io)) == ["b"] and a.calls == ["poll", "poll"]  # not sent again
+    await asyncio.sleep(0.7)
+    got = await _cycle(io)
+    assert "did not return within coordinator.call_timeout_s=0.6" in str(got["a"])
+    assert killed == [a]
+
+
+@pytest.mark.timeout(10)
+async def test_a_hung_route_holds_its_own_instance_only(
+    killed: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """carry_all waits ANSWER_WAIT_S for the instances' calls: the other instance's route is
+    carried and the cycle goes on; a later call to the hung one waits behind its call, is not
+    waited for, and is not sent once the hung call ended it; its loss comes with
+    ``take_late``."""
+    monkeypatch.setattr(shell_io, "ANSWER_WAIT_S", 0.05)
+    a, b = _Instance(), _Instance()
+    io = _io({"a": a, "b": b}, call_s=0.4)
+    a.hanging = True
+
+    def route(iid: str, tid: str) -> fx.Route:
+        return fx.Route(instance_id=iid, version=0, trajectory_ids=(tid,))
+
+    t0 = asyncio.get_running_loop().time()
+    assert await io.carry_all([route("a", "a1"), route("b", "b1")], lambda: 2.0) == []
+    assert await io.carry_all([route("a", "a2")], lambda: 2.0) == []  # behind a1: not waited
+    assert asyncio.get_running_loop().time() - t0 < 0.3
+    assert b.calls == ["submit"] and a.calls == ["submit"] and io.take_late(3.0) == []
+    await asyncio.wait_for(io.wake.wait(), timeout=5)
+    late = io.take_late(3.0)
+    assert [(type(e), e.instance_id) for e in late] == [(InstanceLost, "a")]
+    assert "route on 'a' did not return" in io.lost[0]["error"]
+    await io.wait_background(5)
+    assert a.calls == ["submit"] and killed == [a]  # a2 was never sent
+
+
+@pytest.mark.timeout(10)
+async def test_an_interrupts_late_answer_comes_with_the_next_cycle(
+    killed: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shell_io, "ANSWER_WAIT_S", 0.05)
+    a = _Instance()
+    a.delay_s = 0.3
+    io = _io({"a": a}, call_s=5.0)
+    cut = fx.Interrupt(instance_id="a", trajectory_ids=("a1", "a2"), reason="x", requeue=True)
+    assert await io.carry_all([cut], lambda: 2.0) == []
+    assert not io.lanes.busy("b") and io.lanes.busy("a")
+    await asyncio.wait_for(io.wake.wait(), timeout=5)
+    (rep,) = io.take_late(4.0)
+    assert rep.instance_id == "a" and rep.at == 4.0
+    assert [(o.trajectory_id, o.generated, o.finish) for o in rep.outcomes] == [
+        ("a1", 3, None),
+        ("a2", 3, None),
+    ]
+    assert killed == [] and not io.lanes.busy("a")

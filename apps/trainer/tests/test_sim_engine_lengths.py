@@ -38,14 +38,14 @@ def test_the_ray_shell_gives_sim_engines_the_simulators_lengths(
     cap = cfg.rollout.sampling.max_new_tokens
     for serial in (1, 2, 65, 300):  # group g<serial - 1>, across the stream's chunks
         want = [min(x, cap) for x in stream.group(serial - 1).response_lens[:MEMBERS]]
-        assert io._target_lengths(serial, MEMBERS) == want
+        assert io.groups.target_lengths(serial, MEMBERS) == want
 
 
 def test_real_engines_get_no_target_lengths(tmp_path: Path) -> None:
     cfg = load_config(SIM_TINY, [f"run.run_dir={tmp_path}", "rollout.backend=vllm"])
     io = ShellIO(cfg, prompts=EncodedPrompts((), ()), ts_address=("127.0.0.1", 1), ts_token="t",
                  rollouts={}, trainer=None, rewards=[], reward_spec={})  # fmt: skip
-    assert io._target_lengths(1, MEMBERS) is None
+    assert io.groups.target_lengths(1, MEMBERS) is None
 
 
 def test_a_config_written_for_real_engines_runs_sim_engines_too(tmp_path: Path) -> None:
@@ -57,6 +57,6 @@ def test_a_config_written_for_real_engines_runs_sim_engines_too(tmp_path: Path) 
     io = ShellIO(cfg, prompts=EncodedPrompts((), ()), ts_address=("127.0.0.1", 1), ts_token="t",
                  rollouts={}, trainer=None, rewards=[], reward_spec={})  # fmt: skip
     cap = cfg.rollout.sampling.max_new_tokens
-    got = io._target_lengths(1, cfg.protocol.group_size)
+    got = io.groups.target_lengths(1, cfg.protocol.group_size)
     assert got is not None and len(got) == cfg.protocol.group_size
     assert all(1 <= x <= cap for x in got)

@@ -8,9 +8,9 @@ background work answers (a step trained, a sync done, rewards computed) or an in
 results (each keeps a ``wait_results`` call waiting):
 
 1. gather the events background work produced since the last cycle (rewards computed, syncs
-   done or failed, a training step done, instances joined or lost), poll every instance
-   (``Reported``: its outcomes, already in the trajectory store, and a fresh snapshot), and
-   add ``Cycle``;
+   done or failed, a training step done, instances joined or lost), poll the instances
+   (``Reported``: outcomes, already in the trajectory store, and a snapshot; an answer late
+   by ``lanes.ANSWER_WAIT_S`` comes in a later cycle), and add ``Cycle``;
 2. append that batch to the write-ahead journal (one fsync), then feed the events to the core
    one by one and carry out each event's effects before the next is fed (consecutive calls
    to different instances at the same time).
@@ -49,11 +49,7 @@ from staleflow_trainer.actors.liveness import (
     sync_retry_delay,
     wait_or_timeout,
 )
-from staleflow_trainer.actors.reconcile import (
-    STATE_FILE,
-    checkpoint_records,
-    latest_checkpoint,
-)
+from staleflow_trainer.actors.reconcile import STATE_FILE, checkpoint_records, latest_checkpoint
 from staleflow_trainer.actors.shell_io import POLL_RETRY_S, ShellIO
 from staleflow_trainer.actors.write_ahead import WAL_DIR, WriteAheadLog
 from staleflow_trainer.atomic_files import read_verified_bytes
@@ -219,16 +215,22 @@ class ControlActor(FaultHooks):
         events, self._events = self._events, []
         polls = await self.io.poll_all()
         at = self.now()
-        for iid, p in polls.items():
-            if isinstance(p, BaseException):
-                if (lost := await self.io.lose(iid, p, at)) is not None:
-                    events.append(lost)
-            else:
-                events.append(self._reported(iid, p, at, await self.io.refused(iid, p)))
+        events += self.io.take_late(at)  # calls that ended after their cycle
+        events += await self._answers(polls, at)
         for iid, snap in self.io.views(at, polls).items():  # not polled: extrapolated
             events.append(Reported(at=at, instance_id=iid, outcomes=[], snapshot=snap))
         events.append(Cycle(at=at))
         await self._feed_batch(events)
+
+    async def _answers(self, polls: Mapping[str, Any], at: float) -> list[Event]:
+        """The events of ``poll_all``'s answers: an instance's report, or its loss."""
+        out: list[Event] = []
+        for iid, p in polls.items():
+            if not isinstance(p, BaseException):
+                out.append(self._reported(iid, p, at, await self.io.refused(iid, p)))
+            elif (lost := await self.io.lose(iid, p, at)) is not None:
+                out.append(lost)
+        return out
 
     def _reported(self, iid: str, p: Mapping[str, Any] | None, at: float,
                   refused: InStore) -> Reported:  # fmt: skip
@@ -378,25 +380,22 @@ class ControlActor(FaultHooks):
         """Stop every instance and feed (journaled) what it ran: the core is then level with
         the store. Failed polls are tried again ``POLL_RETRY_S`` apart (one ended is lost, as
         in a cycle); any still unread is named in a warning (a resume reconciles it)."""
-        await self.io.wait_background(timeout_s=60)
+        # calls still out, and the answers to polls still out, end within call_timeout_s
+        await self.io.wait_background(timeout_s=max(60, self.cfg.coordinator.call_timeout_s))
+        events = await self._answers(await self.io.poll_all(wait_all=True, send=False), self.now())
         await self.io.interrupt_all()  # due for a poll now (one that just failed: POLL_RETRY_S)
-        events, self._events = list(self._events), []
         answered: set[str] = set()
         for attempt in range(SETTLE_POLLS):
             if attempt:
                 await asyncio.sleep(POLL_RETRY_S)  # a failed poll is due again then
-            polls = await self.io.poll_all()
-            at = self.now()
-            for iid, p in polls.items():
-                if not isinstance(p, BaseException):
-                    answered.add(iid)
-                    events.append(self._reported(iid, p, at, await self.io.refused(iid, p)))
-                elif (lost := await self.io.lose(iid, p, at)) is not None:
-                    events.append(lost)
+            polls = await self.io.poll_all(wait_all=True)
+            answered.update(i for i, p in polls.items() if not isinstance(p, BaseException))
+            events += await self._answers(polls, self.now())
             if not (unread := sorted(set(self.io.rollouts) - answered)):
                 break
         else:
             self._log.warning("settle_incomplete", instances=unread, polls=SETTLE_POLLS)
+        events[:0], self._events = [*self._events, *self.io.take_late(self.now())], []
         await self._feed_batch(events)
 
     # --------------------------------------------------------------------------- membership

@@ -15,36 +15,40 @@ the trajectory server with ``free`` (``release`` would send them back); the byte
 this process are counted (``actors.io_bytes``). A live instance whose calls fail or hang leaves
 the run: a failed poll is tried again, up to ``coordinator.instance_error_limit`` in a row; a
 failed route or interrupt, or a call hung past ``coordinator.call_timeout_s``, ends it at once
-(:meth:`ShellIO.end_instance`).
+(:meth:`ShellIO.end_instance`). Calls to one instance go through its lane
+(``actors.lanes``): a control cycle waits ``ANSWER_WAIT_S`` at most for them, and an answer
+that comes later is handled in a later cycle (:meth:`ShellIO.take_late`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import structlog
 
 from engine_adapters import SnapshotDecoder, pack_ids, unpack_ids
 from rollout_coordinator import InstanceSnapshot
+from staleflow_trainer.actors.background_calls import BackgroundCalls
+from staleflow_trainer.actors.group_submit import GroupSubmitter
 from staleflow_trainer.actors.in_store import InStore, in_store
 from staleflow_trainer.actors.io_bytes import ByteCounts, size
+from staleflow_trainer.actors.lanes import ANSWER_WAIT_S, Lanes
 from staleflow_trainer.actors.liveness import CallHung, answer_within, is_actor_death, kill_actor
 from staleflow_trainer.actors.rollout_wire import poll_args, unpack_poll
 from staleflow_trainer.config import AppConfig
 from staleflow_trainer.control import effects as fx
 from staleflow_trainer.control.events import InstanceLost, Outcome, Reported
 from staleflow_trainer.data.tokenize import EncodedPrompts
-from trajectory_server import SamplingParams
 from trajectory_server.errors import StateError, TrajectoryServerError
 
 log = structlog.get_logger(__name__)
 
 #: how long (seconds) one ``wait_results`` call to an instance waits before it is made again
 WATCH_S = 30
-
 
 #: An instance that has been sent no command and whose watcher (``wait_results``) has not
 #: called since its last poll is polled again only after this long (an instance that has no
@@ -55,7 +59,6 @@ QUIET_POLL_S = 30.0
 #: A live instance whose poll failed is polled again this long after, and only then (its view
 #: is extrapolated meanwhile), until ``coordinator.instance_error_limit`` polls in a row failed.
 POLL_RETRY_S = 2.0
-
 
 #: Why an instance is polled in a cycle (``ShellIO.byte_stats()["polls"]`` counts each):
 POLL_REASONS = {
@@ -68,7 +71,7 @@ POLL_REASONS = {
 }
 
 
-class ShellIO:
+class ShellIO(BackgroundCalls):
     def __init__(
         self,
         cfg: AppConfig,
@@ -117,8 +120,14 @@ class ShellIO:
         self._signaled: set[str] = set()
         self._answered: dict[str, float] = {}  # when an instance's poll answer arrived
         self._failed_polls: dict[str, tuple[int, float]] = {}  # in a row, and when to retry
+        self.lanes = Lanes()
+        # polls out: the call, its request, and the ids whose end its answer's delta carries
+        self._polls: dict[str, tuple[asyncio.Task[Any], Any, set[str]]] = {}
+        self._ending: dict[str, set[str]] = {}  # the same, for the answer to be decoded next
+        self._stale: set[str] = set()  # late answers that a command has overtaken
+        self._late: list[InstanceLost] = []  # instances lost by calls that ended late
         self._killed: set[str] = set()  # actors killed here, not lost yet
-        self._lengths: Any = None  # sim engines: the simulator's GroupLengths
+        self.groups = GroupSubmitter(cfg, prompts)
         self._next_reward = 0
         #: group id -> dataset row of the groups this process submitted (diagnostics)
         self.submitted: dict[str, int] = {}
@@ -131,7 +140,7 @@ class ShellIO:
         self.ts = await TrajectoryClient.connect(*self.ts_address, token=self.ts_token)
 
     def prompt_ids(self, row: int) -> list[int]:
-        return list(self.prompts.ids(row))
+        return self.groups.prompt_ids(row)
 
     def prompt_len(self, row: int) -> int:
         return self.prompts.length(row)
@@ -149,10 +158,11 @@ class ShellIO:
         None: unchanged; ``ended``: the answer's outcome ids), stamped with this process's
         clock (taken no earlier than the poll that carried it, after every command sent
         before). None if it does not follow the last one decoded (the next poll asks for a
-        full one)."""
+        full one), or if it came late and a command to the instance was queued after its poll
+        (it lacks that command's effect)."""
         dec = self._decoder(iid)
         self._quiet.discard(iid)
-        ended = [*ended, *self._ended.pop(iid, ())]  # interrupts' answers carried these
+        ended = [*ended, *self._ending.pop(iid, ())]  # interrupts' answers carried these
         # the view is stamped when its answer arrived, not when the slowest poll did
         arrived = self._answered.pop(iid, None)
         stamp = at if arrived is None else at - max(0.0, time.monotonic() - arrived)
@@ -164,6 +174,9 @@ class ShellIO:
         if snap is None:
             if delta is not None:
                 log.warning("snapshot_delta_out_of_order", instance=iid)
+            return None
+        if iid in self._stale:  # decoded (the next delta follows it), but older than a command
+            self._stale.discard(iid)
             return None
         polled = self._polled.get(iid)
         if (
@@ -205,15 +218,54 @@ class ShellIO:
                 first = first or lost
             return first
 
-        got = await asyncio.gather(*(chain(es) for es in chains.values()))
-        out: list[InstanceLost | Reported] = []
-        at = now()
-        for iid, outcomes in self._interrupted:  # an instance lost later reports them first
-            out.append(Reported(at=at, instance_id=iid, outcomes=outcomes))
-        self._interrupted = []
+        # an instance's chain runs in its lane; the cycle waits ANSWER_WAIT_S at most for
+        # those of instances with no call out before, for none behind one, and for the TS's
+        waited: list[asyncio.Task[tuple[str, BaseException] | None]] = []
+        ts_chain = chains.pop("", [])
+        for iid, es in chains.items():
+            behind = self.lanes.busy(iid)
+            self.touch(iid)  # queued: an answer to a poll sent before lacks its effect
+            t = self.lanes.run(iid, functools.partial(chain, es))
+            if behind:
+                self._spawn_late(t, now)
+            else:
+                waited.append(t)
+        if ts_chain:
+            await chain(ts_chain)
+        if waited:
+            await asyncio.wait(waited, timeout=ANSWER_WAIT_S)
+        got = [t.result() for t in waited if t.done()]
+        for t in waited:
+            if not t.done():
+                self._spawn_late(t, now)
+        out = self.take_late(now())
         for iid, err in filter(None, got):
             if (lost := await self.lose(iid, err, now())) is not None:
                 out.append(lost)
+        return out
+
+    def _spawn_late(self, t: asyncio.Task[Any], now: Callable[[], float]) -> None:
+        """A chain of calls the cycle did not wait for: an instance it ends is lost once it
+        ends, and the event waits for the next cycle (:meth:`take_late`)."""
+
+        async def late() -> None:
+            got: tuple[str, BaseException] | None = await t
+            if got is not None and (lost := await self.lose(got[0], got[1], now())):
+                self._late.append(lost)
+            self.wake.set()
+
+        self.spawn(late())
+
+    def take_late(self, at: float) -> list[InstanceLost | Reported]:
+        """The outcomes that interrupts answered with (as ``Reported`` events, no snapshot: the
+        instance's next poll does not repeat them), then the instances lost by calls that ended
+        after their cycle, not yet handed on."""
+        out: list[InstanceLost | Reported] = [
+            Reported(at=at, instance_id=iid, outcomes=outcomes)
+            for iid, outcomes in self._interrupted  # an instance lost later reports them first
+        ]
+        out.extend(self._late)
+        self._interrupted, self._late = [], []
         return out
 
     async def carry(self, e: fx.Effect) -> tuple[str, BaseException] | None:
@@ -286,45 +338,7 @@ class ShellIO:
             self._ended.setdefault(iid, set()).update(o.trajectory_id for o in outcomes)
 
     async def _submit(self, g: fx.GroupSpec) -> None:
-        rec = self.prompts.records[g.row]
-        s = self.cfg.rollout.sampling
-        serial = int(g.group_id[1:]) + 1  # the seed a group always had
-        prompt = self.prompt_ids(g.row)
-        eos = self.prompts.eos_token_id
-        metadata = {
-            "index": rec.index,
-            "ground_truth": rec.ground_truth,
-            "data_source": rec.data_source,
-            "extra_info": rec.extra_info,
-        }
-        try:
-            await self.ts.submit_group(
-                g.group_id,
-                prompt,
-                g.members,
-                sampling=SamplingParams(
-                    temperature=s.temperature,
-                    top_p=s.top_p,
-                    max_new_tokens=s.max_new_tokens,
-                    stop_token_ids=() if eos is None else (eos,),
-                    seed=(self.cfg.run.seed * 1_000_003 + serial * 64) % (2**31),
-                ),
-                metadata=metadata,
-                target_lengths=self._target_lengths(serial, g.members),
-            )
-        except TrajectoryServerError as err:  # already there (resubmitted after a crash)
-            log.debug("submit_group_noop", group_id=g.group_id, error=str(err)[:200])
-
-    def _target_lengths(self, serial: int, members: int) -> list[int] | None:
-        """Response lengths the sim engine stops at (None: a real engine): the simulator's."""
-        if self.cfg.rollout.backend != "sim":
-            return None
-        if self._lengths is None:
-            from staleflow_trainer.sim.workload import engine_lengths
-
-            self._lengths = engine_lengths(self.cfg)
-        cap = self.cfg.rollout.sampling.max_new_tokens
-        return cast(list[int], self._lengths.targets(serial - 1, members, cap))
+        await self.groups.submit(self.ts, g)
 
     async def _ts_tolerant(self, op: str, ids: list[str], *args: Any) -> None:
         """A TS call on many ids that tolerates the ones already in the target state (a
@@ -381,7 +395,10 @@ class ShellIO:
         self.wake.set()
 
     def _due(self, iid: str, now: float) -> str | None:
-        """Why ``iid`` is polled this cycle (a key of :data:`POLL_REASONS`), None if not."""
+        """Why ``iid`` is polled this cycle (a key of :data:`POLL_REASONS`), None if not (nor
+        while a call to it is out)."""
+        if iid in self._polls or self.lanes.busy(iid):
+            return None
         failed = self._failed_polls.get(iid)
         if failed is not None:
             return "retry" if now >= failed[1] else None
@@ -405,15 +422,17 @@ class ShellIO:
             if t is not None:
                 t.cancel()
 
-    async def poll_all(self) -> dict[str, Any]:
+    async def poll_all(self, *, wait_all: bool = False, send: bool = True) -> dict[str, Any]:
         """Poll the instances that have something to say (for a reason of
-        :data:`POLL_REASONS`, counted there). The answers by instance (an exception: it left
-        the run, see :meth:`end_instance`); the others' views are :meth:`views`. A live
-        instance whose poll failed is left out and polled again ``POLL_RETRY_S`` later, until
-        ``coordinator.instance_error_limit`` polls in a row have failed."""
+        :data:`POLL_REASONS`, counted there) and no call out. The answers that came within
+        ``ANSWER_WAIT_S`` (``wait_all``: all), to this cycle's polls or earlier ones, by
+        instance (an exception: it left the run, see :meth:`end_instance`); the others' views
+        are :meth:`views`. A live instance whose poll failed is left out and polled again
+        ``POLL_RETRY_S`` later, until ``coordinator.instance_error_limit`` polls in a row have
+        failed. ``send=False``: only the answers to polls already out."""
         self._watch_all()
         now = time.monotonic()
-        due = {i: why for i in self.rollouts if (why := self._due(i, now)) is not None}
+        due = {i: w for i in self.rollouts if send and (w := self._due(i, now)) is not None}
         iids = list(due)
         for i, why in due.items():
             self._counts.poll(why)
@@ -423,17 +442,32 @@ class ShellIO:
         # an answer may be None (nothing happened, nothing changed)
         args = {i: poll_args(self._decoder(i).request()) for i in iids}
 
-        async def poll(i: str) -> Any:
-            answer = await self._within(self.rollouts[i].poll.remote(*args[i]), "poll")
+        async def poll(i: str, h: Any) -> Any:
+            answer = await self._within(h.poll.remote(*args[i]), "poll")
             self._answered[i] = time.monotonic()  # its snapshot's age is counted from here
             return answer
 
-        got = await asyncio.gather(*(poll(i) for i in iids), return_exceptions=True)
+        for i in iids:  # its answer's delta carries the end of those interrupted before it
+            task = self.lanes.run(i, functools.partial(poll, i, self.rollouts[i]))
+            self._polls[i] = (task, args[i], self._ended.pop(i, set()))
+        waited = [self._polls[i][0] for i in (self._polls if wait_all else iids)]
+        if waited:
+            await asyncio.wait(waited, timeout=None if wait_all else ANSWER_WAIT_S)
         out: dict[str, Any] = {}
         limit = self.cfg.coordinator.instance_error_limit
-        for iid, p in zip(iids, got, strict=True):
-            if args[iid]:
-                self._counts.count("instances", size(args[iid]), "poll")
+        for iid, (t, sent, ended) in list(self._polls.items()):
+            if not t.done():
+                continue  # answered in a later cycle
+            del self._polls[iid]
+            p = t.exception() or t.result()
+            if sent:
+                self._counts.count("instances", size(sent), "poll")
+            if isinstance(p, BaseException):  # the next answer carries their end
+                self._ended.setdefault(iid, set()).update(ended)
+            else:
+                self._ending[iid] = ended
+                if iid not in due and self._polled[iid][0] != self._commands.get(iid, 0):
+                    self._stale.add(iid)
             if isinstance(p, BaseException) and not is_actor_death(p):
                 n = self._failed_polls.get(iid, (0, 0.0))[0] + 1
                 self._failed_polls[iid] = (n, time.monotonic() + POLL_RETRY_S)
@@ -454,12 +488,16 @@ class ShellIO:
 
     def views(self, at: float, polled: Collection[str]) -> dict[str, InstanceSnapshot]:
         """The extrapolated snapshots, at ``at``, of the instances not in ``polled`` that had
-        work at their last poll (``SnapshotDecoder.view``; none whose last poll failed: it
-        would lack the work routed there since, and look free): no request is sent."""
+        work at their last poll (``SnapshotDecoder.view``; none whose last poll failed or is
+        still out, or that was sent a command since: it would lack the work routed there
+        since, and look free): no request is sent."""
         out: dict[str, InstanceSnapshot] = {}
         for iid in self.rollouts:
-            if iid in polled or iid in self._quiet or iid in self._failed_polls:
+            if any(iid in s for s in (polled, self._quiet, self._failed_polls, self._polls)):
                 continue
+            last = self._polled.get(iid)
+            if last is None or last[0] != self._commands.get(iid, 0) or self.lanes.busy(iid):
+                continue  # a command since its last poll: the view lacks it
             snap = self._decoder(iid).view(at)
             if snap is not None:
                 out[iid] = InstanceSnapshot.from_engine(snap)
@@ -476,6 +514,11 @@ class ShellIO:
         self._quiet.discard(iid)
         self._signaled.discard(iid)
         self._failed_polls.pop(iid, None)
+        self.lanes.forget(iid)
+        if (out := self._polls.pop(iid, None)) is not None:  # its answer is not read
+            out[0].add_done_callback(lambda t: t.cancelled() or t.exception())
+        for d in (self._ended, self._ending, self._answered):
+            d.pop(iid, None)
         self.stop_watching(iid)
         requeued = list(await self.ts.instance_lost(iid))
         # one answer for what the store put back and what the core believes ran there: the
@@ -534,67 +577,3 @@ class ShellIO:
         hs = self.rollouts.values()
         await asyncio.gather(*(self._within(h.interrupt.remote(None), "stop") for h in hs),
                              return_exceptions=True)  # fmt: skip
-
-    # ---- background work -----------------------------------------------------------------
-
-    def spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None and self.fatal is None:
-            self.fatal = task.exception()
-
-    async def wait_background(self, timeout_s: float) -> None:
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=timeout_s)
-
-    async def score(self, ids: list[str]) -> list[list[list[Any]]]:
-        """Score ``ids`` on the reward workers (shards in parallel); a dead worker is
-        replaced and its shard scored again once."""
-        k = len(self.rewards)
-        shards = [ids[i::k] for i in range(k)]
-        return list(await asyncio.gather(*(self._score_shard(i, s) for i, s in enumerate(shards)
-                                           if s)))  # fmt: skip
-
-    async def _score_shard(self, i: int, shard: list[str]) -> list[list[Any]]:
-        for attempt in (0, 1):
-            self._counts.count("rewards", size(shard), "score")
-            worker = self.rewards[i]
-            try:
-                rows = cast(list[list[Any]], await worker.score.remote(shard))
-                self._counts.count("rewards", size(rows), "score_answer")
-                return rows
-            except Exception as err:
-                if not is_actor_death(err) or attempt or not self.reward_spec:
-                    return [[t, None, f"reward worker failed: {err!r}"[:200]] for t in shard]
-                if self.rewards[i] is not worker:
-                    continue  # a concurrent call replaced it already: score on that one
-                log.warning("reward_worker_replaced", worker=i, error=repr(err)[:200])
-                self.rewards[i] = self._new_reward_worker()
-        return []  # pragma: no cover - the loop returns
-
-    def _new_reward_worker(self) -> Any:
-        """A reward worker built from the spec the run's first ones were given."""
-        import ray
-
-        from staleflow_trainer.actors.reward_actor import RewardActor
-        from staleflow_trainer.prepare import role_options
-
-        options = role_options(self.cfg, "reward", num_cpus=0)
-        return ray.remote(RewardActor).options(**options).remote(**self.reward_spec)
-
-    async def train(self, e: fx.Train) -> dict[str, Any]:
-        batch = {
-            "version": e.version,
-            "group_ids": list(e.group_ids),
-            "trajectory_ids": [list(m) for m in e.trajectory_ids],
-            "staleness": [list(s) for s in e.staleness],
-            "rewards": [list(r) for r in e.rewards],
-        }
-        self._counts.count("trainer", size(batch), "train")
-        metrics = dict(await self.trainer.train_batch.remote(batch))
-        self._counts.count("trainer", size(metrics), "train_answer")
-        return metrics

@@ -1,0 +1,65 @@
+"""What the control shell sends the trajectory server for a new prompt group: the prompt's
+token ids and metadata, the sampling parameters (with the seed the group always gets), and, for
+sim engines, the response lengths the simulator's workload gives its members."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import structlog
+
+from staleflow_trainer.config import AppConfig
+from staleflow_trainer.control import effects as fx
+from staleflow_trainer.data.tokenize import EncodedPrompts
+from trajectory_server import SamplingParams
+from trajectory_server.errors import TrajectoryServerError
+
+log = structlog.get_logger(__name__)
+
+_METADATA = ("index", "ground_truth", "data_source", "extra_info")  # a prompt record's
+
+
+class GroupSubmitter:
+    def __init__(self, cfg: AppConfig, prompts: EncodedPrompts) -> None:
+        self.cfg = cfg
+        self.prompts = prompts
+        self._lengths: Any = None  # sim engines: the simulator's GroupLengths
+
+    def prompt_ids(self, row: int) -> list[int]:
+        return list(self.prompts.ids(row))
+
+    async def submit(self, ts: Any, g: fx.GroupSpec) -> None:
+        """Submit group ``g`` to the trajectory server ``ts`` (already there, after a crash:
+        nothing to do)."""
+        rec = self.prompts.records[g.row]
+        s = self.cfg.rollout.sampling
+        serial = int(g.group_id[1:]) + 1  # the seed a group always had
+        eos = self.prompts.eos_token_id
+        try:
+            await ts.submit_group(
+                g.group_id,
+                self.prompt_ids(g.row),
+                g.members,
+                sampling=SamplingParams(
+                    temperature=s.temperature,
+                    top_p=s.top_p,
+                    max_new_tokens=s.max_new_tokens,
+                    stop_token_ids=() if eos is None else (eos,),
+                    seed=(self.cfg.run.seed * 1_000_003 + serial * 64) % (2**31),
+                ),
+                metadata={k: getattr(rec, k) for k in _METADATA},
+                target_lengths=self.target_lengths(serial, g.members),
+            )
+        except TrajectoryServerError as err:  # already there (resubmitted after a crash)
+            log.debug("submit_group_noop", group_id=g.group_id, error=str(err)[:200])
+
+    def target_lengths(self, serial: int, members: int) -> list[int] | None:
+        """Response lengths the sim engine stops at (None: a real engine): the simulator's."""
+        if self.cfg.rollout.backend != "sim":
+            return None
+        if self._lengths is None:
+            from staleflow_trainer.sim.workload import engine_lengths
+
+            self._lengths = engine_lengths(self.cfg)
+        cap = self.cfg.rollout.sampling.max_new_tokens
+        return cast(list[int], self._lengths.targets(serial - 1, members, cap))
