@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from engine_adapters import EngineSnapshot, SnapshotEncoder
 from staleflow_trainer.actors import shell_io
@@ -302,8 +303,11 @@ async def test_a_hung_route_holds_its_own_instance_only(
         return fx.Route(instance_id=iid, version=0, trajectory_ids=(tid,))
 
     t0 = asyncio.get_running_loop().time()
-    assert await io.carry_all([route("a", "a1"), route("b", "b1")], lambda: 2.0) == []
-    assert await io.carry_all([route("a", "a2")], lambda: 2.0) == []  # behind a1: not waited
+    with capture_logs() as logs:
+        assert await io.carry_all([route("a", "a1"), route("b", "b1")], lambda: 2.0) == []
+        assert await io.carry_all([route("a", "a2")], lambda: 2.0) == []  # behind a1: not waited
+    late = [(e["instance"], e["call"]) for e in logs if e["event"] == "instance_answer_late"]
+    assert late == [("a", "Route")]
     assert asyncio.get_running_loop().time() - t0 < 0.3
     assert b.calls == ["submit"] and a.calls == ["submit"] and io.take_late(3.0) == []
     await asyncio.wait_for(io.wake.wait(), timeout=5)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from engine_adapters import EngineSnapshot, RunningTrajectory, SnapshotEncoder, unpack_ids
 from rollout_coordinator._records import RunningEntry
@@ -182,12 +183,16 @@ async def test_a_later_cycle_does_not_wait_for_a_poll_still_out(
     await _cycle(io)
     a.poll_delay_s = 10.0
     io.touch("a")
-    assert await _cycle(io) == {}  # a's poll is late: this cycle waited 0.5 s
-    for _ in range(3):
-        io.touch("b")
-        t0 = time.monotonic()
-        assert list(await _cycle(io)) == ["b"]
-        assert time.monotonic() - t0 < 0.25  # b answers at once; a's poll is not waited for
+    with capture_logs() as logs:
+        assert await _cycle(io) == {}  # a's poll is late: this cycle waited 0.5 s
+        for _ in range(3):
+            io.touch("b")
+            t0 = time.monotonic()
+            assert list(await _cycle(io)) == ["b"]
+            assert time.monotonic() - t0 < 0.25  # b answers at once; a's poll is not waited for
     assert a.calls == ["poll", "poll"]  # and not sent again
+    late = [(e["instance"], e["call"], e["log_level"]) for e in logs
+            if e["event"] == "instance_answer_late"]  # fmt: skip
+    assert late == [("a", "poll", "warning")]  # said once, when it missed its cycle
     for t in io.lanes._tail.values():
         t.cancel()

@@ -220,7 +220,7 @@ class ShellIO(BackgroundCalls):
 
         # an instance's chain runs in its lane; the cycle waits ANSWER_WAIT_S at most for
         # those of instances with no call out before, for none behind one, and for the TS's
-        waited: list[asyncio.Task[tuple[str, BaseException] | None]] = []
+        waited: dict[str, asyncio.Task[tuple[str, BaseException] | None]] = {}
         ts_chain = chains.pop("", [])
         for iid, es in chains.items():
             behind = self.lanes.busy(iid)
@@ -229,20 +229,28 @@ class ShellIO(BackgroundCalls):
             if behind:
                 self._spawn_late(t, now)
             else:
-                waited.append(t)
+                waited[iid] = t
         if ts_chain:
             await chain(ts_chain)
         if waited:
-            await asyncio.wait(waited, timeout=ANSWER_WAIT_S)
-        got = [t.result() for t in waited if t.done()]
-        for t in waited:
+            await asyncio.wait(waited.values(), timeout=ANSWER_WAIT_S)
+        got = [t.result() for t in waited.values() if t.done()]
+        for iid, t in waited.items():
             if not t.done():
+                self._late_answer(iid, "+".join(sorted({type(e).__name__ for e in chains[iid]})))
                 self._spawn_late(t, now)
         out = self.take_late(now())
         for iid, err in filter(None, got):
             if (lost := await self.lose(iid, err, now())) is not None:
                 out.append(lost)
         return out
+
+    def _late_answer(self, iid: str, call: str) -> None:
+        """A poll answers at once from a well instance; a command may wait (an interrupt for
+        its generations)."""
+        say = log.warning if call == "poll" else log.info
+        say("instance_answer_late", instance=iid, call=call, waited_s=ANSWER_WAIT_S,
+            lost_after_s=self.cfg.coordinator.call_timeout_s)  # fmt: skip
 
     def _spawn_late(self, t: asyncio.Task[Any], now: Callable[[], float]) -> None:
         """A chain of calls the cycle did not wait for: an instance it ends is lost once it
@@ -457,6 +465,8 @@ class ShellIO(BackgroundCalls):
         limit = self.cfg.coordinator.instance_error_limit
         for iid, (t, sent, ended) in list(self._polls.items()):
             if not t.done():
+                if iid in due:
+                    self._late_answer(iid, "poll")
                 continue  # answered in a later cycle
             del self._polls[iid]
             p = t.exception() or t.result()
