@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 from fault_checks import assert_ledger_balances, assert_routes_stopped, lost_record
+from structlog.testing import capture_logs
 from tiny_setup import tiny_config
 from waiting import wait_for
 
@@ -122,7 +123,9 @@ def dead(
 
     threading.Thread(target=watchdog, daemon=True).start()
     try:
-        out["summary"] = dep.run(on_record=on_record)
+        with capture_logs() as logs:  # the driver's own, and those relayed from the control
+            out["summary"] = dep.run(on_record=on_record)
+        out["relayed"] = [e for e in logs if e.get("relayed_from") == "control"]
         finished.set()
         out["ledger"] = dep.ledger()
         out["histories"] = ray.get(dep.coordinator.histories.remote())
@@ -178,6 +181,9 @@ def test_a_hung_poll_loses_the_instance_after_the_call_timeout(dead: dict[str, A
     # the loop went on with the other instance while the poll was out: its outcomes came in
     # (a loop that waited on the poll handled none until the timeout)
     assert dead["tokens_at_loss"] > dead["tokens_at_hold"], dead
+    # the run's own output said so, from the control actor's log
+    said = {(e["event"], e["log_level"]) for e in dead["relayed"] if e.get("instance") == silent}
+    assert {("instance_answer_late", "warning"), ("instance_hung", "error")} <= said, said
     held = dead["silent_held"]
     assert held and set(held) <= set(rec["requeued"]) | set(rec["finished"]) | set(rec["dropped"])
     assert_routes_stopped(dead["histories"], rec)

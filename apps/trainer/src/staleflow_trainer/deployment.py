@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 
 from staleflow_trainer.actors.liveness import is_actor_death, kill_actor
+from staleflow_trainer.actors.log_relay import replay
 from staleflow_trainer.actors.reconcile import TS_FILE, checkpoint_records
 from staleflow_trainer.atomic_files import make_run_dir
 from staleflow_trainer.config import AppConfig, dump_config, is_loopback, to_dict
@@ -330,6 +331,7 @@ class Deployment:
                 resume_dir=resume_dir,
                 recover=recover,
                 driver_pid=self._driver_pid_for_control(),
+                relay_logs=not os.environ.get("STALEFLOW_RAY_LOGS"),  # else Ray forwards them
             )
         )
 
@@ -495,6 +497,7 @@ class Deployment:
                     if on_record is not None:
                         on_record(rec)
                 timeline.extend(out["timeline"])
+                replay(out.get("logs", []), log, skip=frozenset({"instance_lost"}))  # ours
 
         try:
             with ProgressBar(

@@ -38,17 +38,9 @@ from typing import Any
 import attrs
 import structlog
 
-from staleflow_trainer.actors import reconcile
+from staleflow_trainer.actors import liveness, log_relay, reconcile
 from staleflow_trainer.actors.fault_hooks import FaultHooks
 from staleflow_trainer.actors.in_store import InStore
-from staleflow_trainer.actors.liveness import (
-    CallHung,
-    answer_within,
-    is_actor_death,
-    process_alive,
-    sync_retry_delay,
-    wait_or_timeout,
-)
 from staleflow_trainer.actors.reconcile import STATE_FILE, checkpoint_records, latest_checkpoint
 from staleflow_trainer.actors.shell_io import POLL_RETRY_S, ShellIO
 from staleflow_trainer.actors.write_ahead import WAL_DIR, WriteAheadLog
@@ -95,7 +87,10 @@ class ControlActor(FaultHooks):
         resume_dir: str | None = None,
         recover: bool = False,
         driver_pid: int | None = None,
+        relay_logs: bool = False,
     ) -> None:
+        if relay_logs:  # its warnings and errors go to the run's output with each drain
+            log_relay.relay_warnings()
         self.cfg: AppConfig = from_dict(cfg)
         self.io = ShellIO(
             self.cfg,
@@ -193,7 +188,7 @@ class ControlActor(FaultHooks):
                     return self.summary_now()
                 t = time.monotonic()
                 await self._cycle()
-                await wait_or_timeout(self.io.wake, period - (time.monotonic() - t))
+                await liveness.wait_or_timeout(self.io.wake, period - (time.monotonic() - t))
             await self._settle()
             if self.core.done:  # the last step's checkpoint: the state the run ends in
                 await self.checkpoint()
@@ -208,7 +203,7 @@ class ControlActor(FaultHooks):
     def _driver_alive(self) -> bool:
         """False once the driver (a process on this node) is gone: no one would write the
         step records any more, so the loop stops instead of training unobserved."""
-        return self._driver_pid is None or process_alive(self._driver_pid)
+        return self._driver_pid is None or liveness.process_alive(self._driver_pid)
 
     async def _cycle(self) -> None:
         self.io.wake.clear()
@@ -311,22 +306,23 @@ class ControlActor(FaultHooks):
 
     async def _sync(self, e: fx.Sync) -> None:
         streak = self.core.sync_fail_streak.get(e.instance_id, 0)
-        delay = sync_retry_delay(streak, self.cfg.coordinator.sync_retry_backoff_s)
+        delay = liveness.sync_retry_delay(streak, self.cfg.coordinator.sync_retry_backoff_s)
         await asyncio.sleep(delay)  # 0: none
         h = self.io.rollouts.get(e.instance_id)
         if h is None:
             return
         limit_s = self.cfg.coordinator.sync_timeout_s
         try:
-            info = await answer_within(self.io.sync(e.instance_id, h, e.version), limit_s,
-                                       f"sync to version {e.version}", "coordinator.sync_timeout_s")  # fmt: skip
+            info = await liveness.answer_within(
+                self.io.sync(e.instance_id, h, e.version), limit_s,
+                f"sync to version {e.version}", "coordinator.sync_timeout_s")  # fmt: skip
             self._post(SyncDone(at=self.now(), instance_id=e.instance_id,
                                 version=int(info["version"])))  # fmt: skip
         except asyncio.CancelledError:
             raise
         except Exception as err:
-            hung = isinstance(err, CallHung)  # (a dead engine is found by the instance itself)
-            if hung or is_actor_death(err):
+            hung = isinstance(err, liveness.CallHung)  # (a dead engine: found by the instance)
+            if hung or liveness.is_actor_death(err):
                 if hung:
                     err = self.io.end_instance(e.instance_id, f"sync to version {e.version}", err)
                 if (lost := await self.io.lose(e.instance_id, err, self.now())) is not None:
@@ -419,8 +415,8 @@ class ControlActor(FaultHooks):
     # --------------------------------------------------------------------------- queries
 
     async def drain(self, written_through: int | None = None) -> dict[str, Any]:
-        """Step records and timeline rows produced since the last call, and the instances in
-        the run now (for the driver)."""
+        """Step records, timeline rows and warning lines (``log_relay``) produced since the
+        last call, and the instances in the run now (for the driver)."""
         # ``written_through``: the last step the driver has written to ``metrics.jsonl``;
         # records after it go into every checkpoint, so a resume can fill the gap a killed
         # driver leaves
@@ -431,7 +427,7 @@ class ControlActor(FaultHooks):
             raise self.io.fatal  # after the records made before it were handed over
         records, self._records = self._records, []
         return {"records": records, "timeline": self.core.take_timeline(),
-                "steps_done": self.core.steps_done,
+                "steps_done": self.core.steps_done, "logs": log_relay.take(),
                 "instances": list(self.io.rollouts)}  # fmt: skip
 
     def summary_now(self) -> dict[str, Any]:

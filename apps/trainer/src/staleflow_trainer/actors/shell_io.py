@@ -246,11 +246,8 @@ class ShellIO(BackgroundCalls):
         return out
 
     def _late_answer(self, iid: str, call: str) -> None:
-        """A poll answers at once from a well instance; a command may wait (an interrupt for
-        its generations)."""
-        say = log.warning if call == "poll" else log.info
-        say("instance_answer_late", instance=iid, call=call, waited_s=ANSWER_WAIT_S,
-            lost_after_s=self.cfg.coordinator.call_timeout_s)  # fmt: skip
+        log.warning("instance_answer_late", instance=iid, call=call, waited_s=ANSWER_WAIT_S,
+                    lost_after_s=self.cfg.coordinator.call_timeout_s)  # fmt: skip
 
     def _spawn_late(self, t: asyncio.Task[Any], now: Callable[[], float]) -> None:
         """A chain of calls the cycle did not wait for: an instance it ends is lost once it

@@ -1,0 +1,69 @@
+"""The control actor's warnings and errors, relayed to the run's own output.
+
+Ray does not send the actors' output to the driver unless ``STALEFLOW_RAY_LOGS`` is set (it
+is noisy); their log lines stay in Ray's session logs (``/tmp/ray/session_latest/logs``). The
+control actor's warnings and errors are the ones a user must see — an instance that fails or
+hangs, a snapshot refused, a run that stops with outcomes unread — so the control actor keeps
+them (:func:`relay_warnings` installs the processor that does, in its own process) and hands
+them over with each ``drain`` (:func:`take`); the driver logs them again (:func:`replay`), with
+their level, event and fields, under ``relayed_from="control"``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import structlog
+
+#: Most lines kept between two drains (the driver drains about twice a second); older ones
+#: are dropped and their number relayed with the next line.
+KEEP = 1000
+_LEVELS = ("warning", "error", "critical")
+_kept: deque[dict[str, Any]] = deque(maxlen=KEEP)
+_seen = [0, 0]  # lines kept since the start, and handed over
+
+
+def _keep(logger: Any, method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    level = str(event_dict.get("level", method))
+    if level in _LEVELS:
+        line = {k: _plain(v) for k, v in event_dict.items() if k not in ("timestamp", "level")}
+        _kept.append({"level": level, **line})
+        _seen[0] += 1
+    return event_dict
+
+
+def _plain(v: Any) -> Any:
+    return v if v is None or isinstance(v, str | int | float | bool) else repr(v)[:500]
+
+
+def relay_warnings() -> None:
+    """From now on, keep this process's warning and error lines for :func:`take`."""
+    processors = list(structlog.get_config()["processors"])
+    if _keep not in processors:
+        processors.insert(max(len(processors) - 1, 0), _keep)  # before the renderer
+        structlog.configure(processors=processors)
+
+
+def take() -> list[dict[str, Any]]:
+    """The lines kept since the last call (each ``{"level", "event", ...fields}``); if some
+    were dropped meanwhile (more than :data:`KEEP`), the first says how many (``dropped``)."""
+    out = list(_kept)
+    _kept.clear()
+    dropped = _seen[0] - _seen[1] - len(out)
+    _seen[1] = _seen[0]
+    if out and dropped:
+        out[0] = {**out[0], "dropped": dropped}
+    return out
+
+
+def replay(lines: list[dict[str, Any]], log: Any, *, skip: frozenset[str] = frozenset()) -> None:
+    """Log ``lines`` (from :func:`take`) again with ``log``, but those whose event is in
+    ``skip`` (the driver logs those itself)."""
+    for line in lines:
+        fields = dict(line)
+        level, event = str(fields.pop("level", "warning")), str(fields.pop("event", "?"))
+        if event in skip:
+            continue
+        say = getattr(log, level if level in _LEVELS else "warning")
+        say(event, relayed_from="control", **fields)
