@@ -17,7 +17,9 @@ share of the direct path's wall time per token (``vllm_adapter_client_cpu_overhe
 Kept separate from ``bench_engine.py`` (the sim part) so each part can run alone; both merge
 their own keys into the same JSON file.
 
-Usage: ``python benchmarks/bench_engine_vllm.py [--pairs 15] [--requests 32] [--tokens 96]``
+Usage: ``python benchmarks/bench_engine_vllm.py [--pairs 15] [--requests 32] [--tokens 96]``;
+``--smoke`` runs the same path on 2 pairs of 4 requests of 8 tokens (its figures mean nothing:
+it keeps the benchmark from rotting, and the test suite runs it).
 """
 
 from __future__ import annotations
@@ -177,7 +179,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--out", default=str(ROOT / "bench-results" / "engine.json"))
+    parser.add_argument("--smoke", action="store_true", help="2 pairs x 4 requests x 8 tokens")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.pairs, args.requests, args.tokens = 2, 4, 8
     metrics = asyncio.run(measure(args.pairs, args.requests, args.tokens))
     merge_into(Path(args.out), metrics)
     for key, value in metrics.items():
