@@ -30,7 +30,10 @@ def test_warnings_and_errors_are_kept_and_handed_over_once(relayed: None) -> Non
     log = structlog.get_logger("t").bind(component="control")
     log.info("routine", n=1)
     log.warning("instance_answer_late", instance="a", waited_s=2.0, error=ValueError("x"))
-    log.error("instance_hung", instance="a")
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        log.exception("instance_hung", instance="a")
     assert structlog.get_config()["processors"].count(log_relay._keep) == 1
     got = log_relay.take()
     assert [(g["level"], g["event"]) for g in got] == [
@@ -38,7 +41,7 @@ def test_warnings_and_errors_are_kept_and_handed_over_once(relayed: None) -> Non
         ("error", "instance_hung"),
     ]
     assert got[0]["component"] == "control" and got[0]["error"] == "ValueError('x')"
-    assert "timestamp" not in got[0]
+    assert "timestamp" not in got[0] and "exc_info" not in got[1]
     assert log_relay.take() == []
 
 

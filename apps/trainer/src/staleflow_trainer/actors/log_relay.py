@@ -20,6 +20,8 @@ import structlog
 #: are dropped and their number relayed with the next line.
 KEEP = 1000
 _LEVELS = ("warning", "error", "critical")
+#: keys the driver's logger sets itself (a traceback stays in the actor's own log)
+_OWN = ("timestamp", "level", "exc_info", "stack_info")
 _kept: deque[dict[str, Any]] = deque(maxlen=KEEP)
 _seen = [0, 0]  # lines kept since the start, and handed over
 
@@ -27,7 +29,7 @@ _seen = [0, 0]  # lines kept since the start, and handed over
 def _keep(logger: Any, method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
     level = str(event_dict.get("level", method))
     if level in _LEVELS:
-        line = {k: _plain(v) for k, v in event_dict.items() if k not in ("timestamp", "level")}
+        line = {k: _plain(v) for k, v in event_dict.items() if k not in _OWN}
         _kept.append({"level": level, **line})
         _seen[0] += 1
     return event_dict
