@@ -36,6 +36,8 @@ from structlog.testing import capture_logs
 from tiny_setup import tiny_config
 from waiting import wait_for
 
+from staleflow_trainer.prepare import ray_prints_worker_logs
+
 pytestmark = [pytest.mark.fault, pytest.mark.ray, pytest.mark.sim, pytest.mark.timeout(600)]
 
 BATCH, GROUP, ETA, STEPS = 4, 4, 1, 16
@@ -126,6 +128,7 @@ def dead(
         with capture_logs() as logs:  # the driver's own, and those relayed from the control
             out["summary"] = dep.run(on_record=on_record)
         out["relayed"] = [e for e in logs if e.get("relayed_from") == "control"]
+        out["relaying"] = not ray_prints_worker_logs()  # else Ray prints them (a developer's)
         finished.set()
         out["ledger"] = dep.ledger()
         out["histories"] = ray.get(dep.coordinator.histories.remote())
@@ -183,7 +186,8 @@ def test_a_hung_poll_loses_the_instance_after_the_call_timeout(dead: dict[str, A
     assert dead["tokens_at_loss"] > dead["tokens_at_hold"], dead
     # the run's own output said so, from the control actor's log
     said = {(e["event"], e["log_level"]) for e in dead["relayed"] if e.get("instance") == silent}
-    assert {("instance_answer_late", "warning"), ("instance_hung", "error")} <= said, said
+    if dead["relaying"]:  # STALEFLOW_RAY_LOGS unset, as in CI
+        assert {("instance_answer_late", "warning"), ("instance_hung", "error")} <= said, said
     held = dead["silent_held"]
     assert held and set(held) <= set(rec["requeued"]) | set(rec["finished"]) | set(rec["dropped"])
     assert_routes_stopped(dead["histories"], rec)

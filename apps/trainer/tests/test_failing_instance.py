@@ -307,7 +307,7 @@ async def test_a_hung_route_holds_its_own_instance_only(
         assert await io.carry_all([route("a", "a1"), route("b", "b1")], lambda: 2.0) == []
         assert await io.carry_all([route("a", "a2")], lambda: 2.0) == []  # behind a1: not waited
     late = [(e["instance"], e["call"]) for e in logs if e["event"] == "instance_answer_late"]
-    assert late == [("a", "Route")]
+    assert late == [("a", "route")]
     assert asyncio.get_running_loop().time() - t0 < 0.3
     assert b.calls == ["submit"] and a.calls == ["submit"] and io.take_late(3.0) == []
     await asyncio.wait_for(io.wake.wait(), timeout=5)

@@ -15,7 +15,7 @@ from staleflow_trainer.actors import log_relay
 
 @pytest.fixture
 def relayed() -> Iterator[None]:
-    before = structlog.get_config()
+    configured, before = structlog.is_configured(), structlog.get_config()
     log_relay.take()
     log_relay.relay_warnings()
     log_relay.relay_warnings()  # installs it once
@@ -23,7 +23,10 @@ def relayed() -> Iterator[None]:
         yield
     finally:
         log_relay.take()
-        structlog.configure(**before)
+        if configured:
+            structlog.configure(**before)
+        else:
+            structlog.reset_defaults()
 
 
 def test_warnings_and_errors_are_kept_and_handed_over_once(relayed: None) -> None:
@@ -50,9 +53,10 @@ def test_lines_beyond_the_limit_are_counted(relayed: None) -> None:
     for k in range(log_relay.KEEP + 5):
         log.warning("w", k=k)
     got = log_relay.take()
-    assert len(got) == log_relay.KEEP and got[0]["k"] == 5 and got[0]["dropped"] == 5
+    assert got[0] == {"level": "warning", "event": "relayed_lines_dropped", "count": 5}
+    assert len(got) == log_relay.KEEP + 1 and got[1]["k"] == 5
     log.warning("w", k=0)
-    assert "dropped" not in log_relay.take()[0]
+    assert [g["event"] for g in log_relay.take()] == ["w"]
 
 
 def test_replay_logs_each_line_at_its_level_but_the_skipped() -> None:
@@ -67,3 +71,23 @@ def test_replay_logs_each_line_at_its_level_but_the_skipped() -> None:
         ("warning", "instance_answer_late", "a", "control"),
         ("error", "instance_hung", "a", "control"),
     ]
+
+
+def test_a_line_the_driver_cannot_log_as_is_renamed_or_replaced() -> None:
+    lines = [
+        {"level": "warning", "event": "w", "self": 1, "method_name": 2, "relayed_from": 3, 7: 4},
+        {"level": "error", "event": "e", "bad": object()},
+    ]
+
+    class Picky:
+        def warning(self, event: str, **kw: object) -> None:
+            seen.append((event, kw))
+
+        def error(self, event: str, **kw: object) -> None:
+            raise ValueError("cannot log this")
+
+    seen: list[tuple[str, dict[str, object]]] = []
+    log_relay.replay(lines, Picky())
+    assert seen[0] == ("w", {"relayed_from": "control", "control_self": 1,
+                             "control_method_name": 2, "control_relayed_from": 3, "7": 4})  # fmt: skip
+    assert seen[1][0] == "relayed_line_unreadable" and "cannot log this" in str(seen[1][1])

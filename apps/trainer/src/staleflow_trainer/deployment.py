@@ -32,6 +32,7 @@ from staleflow_trainer.prepare import (
     model_dir,
     placement_hint,
     preflight,
+    ray_prints_worker_logs,
     resolve_resume,
     role_options,
     verify_checkpoint,
@@ -41,6 +42,8 @@ from staleflow_trainer.replacements import Replacer
 from staleflow_trainer.trackers import trackers_from_config
 
 log = structlog.get_logger(__name__)
+#: control-actor lines the driver does not relay: it logs their news itself
+_OURS = frozenset({"instance_lost", "run_stopped"})
 
 #: How long actors may take to start (engines load models) before the run gives up.
 START_TIMEOUT_S = 900.0
@@ -331,7 +334,7 @@ class Deployment:
                 resume_dir=resume_dir,
                 recover=recover,
                 driver_pid=self._driver_pid_for_control(),
-                relay_logs=not os.environ.get("STALEFLOW_RAY_LOGS"),  # else Ray forwards them
+                relay_logs=not ray_prints_worker_logs(),  # else Ray prints its lines
             )
         )
 
@@ -497,7 +500,7 @@ class Deployment:
                     if on_record is not None:
                         on_record(rec)
                 timeline.extend(out["timeline"])
-                replay(out.get("logs", []), log, skip=frozenset({"instance_lost"}))  # ours
+                replay(out.get("logs", []), log, skip=_OURS)
 
         try:
             with ProgressBar(

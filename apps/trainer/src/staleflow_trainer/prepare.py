@@ -272,6 +272,16 @@ def _on_loopback(address: str) -> bool:
 _RAY_SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": node IP = loopback
 
 
+def ray_prints_worker_logs() -> bool:
+    """Whether this driver's Ray prints the workers' output (``ray.init(log_to_driver=True)``,
+    Ray's default; ``init_ray`` turns it off unless ``STALEFLOW_RAY_LOGS`` is set). Read from
+    Ray's driver state: its log-printing thread runs."""
+    from ray._private import worker
+
+    thread = getattr(worker.global_worker, "logger_thread", None)
+    return thread is not None and thread.is_alive()
+
+
 def init_ray(cfg: AppConfig, progress: StartupProgress | None = None) -> bool:
     """Start a local Ray (or join ``ray.address``); returns True if this call started it.
     A start-up that times out is retried (:func:`ray_init_with_retry`); ``progress`` hears

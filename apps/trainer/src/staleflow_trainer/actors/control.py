@@ -423,11 +423,12 @@ class ControlActor(FaultHooks):
         if written_through is not None:
             self._unconfirmed = [r for r in self._unconfirmed
                                  if int(r["step"]) > written_through]  # fmt: skip
-        if self.io.fatal is not None and not self._records:
-            raise self.io.fatal  # after the records made before it were handed over
+        logs = log_relay.take()
+        if self.io.fatal is not None and not self._records and not logs:
+            raise self.io.fatal  # after the records and lines made before it were handed over
         records, self._records = self._records, []
         return {"records": records, "timeline": self.core.take_timeline(),
-                "steps_done": self.core.steps_done, "logs": log_relay.take(),
+                "steps_done": self.core.steps_done, "logs": logs,
                 "instances": list(self.io.rollouts)}  # fmt: skip
 
     def summary_now(self) -> dict[str, Any]:

@@ -21,7 +21,9 @@ import structlog
 KEEP = 1000
 _LEVELS = ("warning", "error", "critical")
 #: keys the driver's logger sets itself (a traceback stays in the actor's own log)
-_OWN = ("timestamp", "level", "exc_info", "stack_info")
+_OWN = ("timestamp", "level", "exc_info", "stack_info", "stack", "exception")
+#: names a relayed field may not take in the driver's log call (renamed ``control_<name>``)
+_RESERVED = ("self", "method_name", "event", "level", "relayed_from")
 _kept: deque[dict[str, Any]] = deque(maxlen=KEEP)
 _seen = [0, 0]  # lines kept since the start, and handed over
 
@@ -36,7 +38,9 @@ def _keep(logger: Any, method: str, event_dict: dict[str, Any]) -> dict[str, Any
 
 
 def _plain(v: Any) -> Any:
-    return v if v is None or isinstance(v, str | int | float | bool) else repr(v)[:500]
+    if v is None or isinstance(v, int | float | bool):
+        return v
+    return (v if isinstance(v, str) else repr(v))[:500]
 
 
 def relay_warnings() -> None:
@@ -49,13 +53,12 @@ def relay_warnings() -> None:
 
 def take() -> list[dict[str, Any]]:
     """The lines kept since the last call (each ``{"level", "event", ...fields}``); if some
-    were dropped meanwhile (more than :data:`KEEP`), the first says how many (``dropped``)."""
-    out = list(_kept)
-    _kept.clear()
+    were dropped meanwhile (more than :data:`KEEP`), a first line says how many."""
+    out = [_kept.popleft() for _ in range(len(_kept))]
     dropped = _seen[0] - _seen[1] - len(out)
     _seen[1] = _seen[0]
-    if out and dropped:
-        out[0] = {**out[0], "dropped": dropped}
+    if dropped > 0:
+        out.insert(0, {"level": "warning", "event": "relayed_lines_dropped", "count": dropped})
     return out
 
 
@@ -67,5 +70,9 @@ def replay(lines: list[dict[str, Any]], log: Any, *, skip: frozenset[str] = froz
         level, event = str(fields.pop("level", "warning")), str(fields.pop("event", "?"))
         if event in skip:
             continue
+        fields = {(f"control_{k}" if k in _RESERVED else str(k)): v for k, v in fields.items()}
         say = getattr(log, level if level in _LEVELS else "warning")
-        say(event, relayed_from="control", **fields)
+        try:
+            say(event, relayed_from="control", **fields)
+        except Exception as e:  # a line the driver cannot log must not end the run
+            log.warning("relayed_line_unreadable", relayed_from="control", error=repr(e)[:200])

@@ -237,7 +237,9 @@ class ShellIO(BackgroundCalls):
         got = [t.result() for t in waited.values() if t.done()]
         for iid, t in waited.items():
             if not t.done():
-                self._late_answer(iid, "+".join(sorted({type(e).__name__ for e in chains[iid]})))
+                self._late_answer(
+                    iid, "+".join(sorted({type(e).__name__.lower() for e in chains[iid]}))
+                )
                 self._spawn_late(t, now)
         out = self.take_late(now())
         for iid, err in filter(None, got):
