@@ -290,3 +290,57 @@ async def test_settling_loses_an_instance_its_polls_ended(
         ("InstanceLost", "b"),  # its work goes back to the queue before the checkpoint
     ]
     assert not [e for e in logs if e["event"] == "settle_incomplete"]
+
+
+async def test_settling_waits_for_a_call_still_out_and_feeds_the_loss_it_ends_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A route to ``a`` hangs and the cycle went on without it (``ANSWER_WAIT_S``); the run
+    then stops. Settling waits for that call (``call_timeout_s``, here longer than the
+    background wait it would otherwise allow) and feeds the loss it ends in, with the rest."""
+    from staleflow_trainer.actors import control
+    from staleflow_trainer.actors.in_store import InStore
+
+    monkeypatch.setattr(shell_io, "ANSWER_WAIT_S", 0.05)
+    monkeypatch.setattr(shell_io, "kill_actor", lambda h: None)
+    monkeypatch.setattr(control, "SETTLE_BACKGROUND_S", 0.05)
+    monkeypatch.setattr(control, "POLL_RETRY_S", 0.0)  # its rounds of polls do not wait for it
+    cfg = load_config(SIM_TINY, [f"run.run_dir={tmp_path}", "coordinator.call_timeout_s=0.5"])
+    log: list[tuple[str, str]] = []
+
+    async def answer(*args: Any) -> None:
+        return None
+
+    hung = _Instance("a", log, gate=asyncio.Event())  # its first route waits for good
+    well = _Instance("b", log)
+    for inst in (hung, well):
+        inst.poll = inst.interrupt = _Remote(answer)  # type: ignore[attr-defined]
+    actor = ControlActor(cfg=to_dict(cfg), prompts=EncodedPrompts((), ()), ts_address=("127.0.0.1", 1),
+                         ts_token="t", rollouts={"a": hung, "b": well}, trainer=None,
+                         rewards=[])  # fmt: skip
+    lost: list[str] = []
+
+    async def lose(iid: str, error: BaseException, at: float) -> InstanceLost | None:
+        if actor.io.rollouts.pop(iid, None) is None:
+            return None
+        lost.append(str(error))
+        return InstanceLost(at=at, instance_id=iid)
+
+    async def refused(iid: str, p: Any) -> InStore:
+        return InStore()
+
+    fed: list[Any] = []
+
+    async def feed(events: list[Any]) -> None:
+        fed.extend(events)
+
+    actor.io.lose = lose  # type: ignore[method-assign]
+    actor.io.refused = refused  # type: ignore[method-assign]
+    actor._feed_batch = feed  # type: ignore[method-assign]
+    routes = [fx.Route(instance_id=i, version=0, trajectory_ids=(f"{i}1",)) for i in "ab"]
+    assert await actor.io.carry_all(routes, actor.now) == []  # a's route is late
+    assert actor.io.lanes.busy("a") and ("end", "b1") in log
+    await actor._settle()
+    assert [e.instance_id for e in fed if isinstance(e, InstanceLost)] == ["a"]
+    assert "route on 'a' did not return within coordinator.call_timeout_s=0.5" in lost[0]
+    assert actor.io.take_late(0.0) == [] and list(actor.io.rollouts) == ["b"]

@@ -68,6 +68,8 @@ from staleflow_trainer.errors import ComponentLost
 log = structlog.get_logger(__name__)
 #: Rounds of polls that bring the core level with the store when the run stops.
 SETTLE_POLLS = 3
+#: How long the run's end waits for background work (at least coordinator.call_timeout_s).
+SETTLE_BACKGROUND_S = 60.0
 
 
 class ControlActor(FaultHooks):
@@ -377,7 +379,7 @@ class ControlActor(FaultHooks):
         the store. Failed polls are tried again ``POLL_RETRY_S`` apart (one ended is lost, as
         in a cycle); any still unread is named in a warning (a resume reconciles it)."""
         # calls still out, and the answers to polls still out, end within call_timeout_s
-        await self.io.wait_background(timeout_s=max(60, self.cfg.coordinator.call_timeout_s))
+        await self.io.wait_background(max(SETTLE_BACKGROUND_S, self.cfg.coordinator.call_timeout_s))
         events = await self._answers(await self.io.poll_all(wait_all=True, send=False), self.now())
         await self.io.interrupt_all()  # due for a poll now (one that just failed: POLL_RETRY_S)
         answered: set[str] = set()
