@@ -162,6 +162,8 @@ class ShellIO(BackgroundCalls):
         (it lacks that command's effect)."""
         dec = self._decoder(iid)
         self._quiet.discard(iid)
+        stale = iid in self._stale
+        self._stale.discard(iid)
         ended = [*ended, *self._ending.pop(iid, ())]  # interrupts' answers carried these
         # the view is stamped when its answer arrived, not when the slowest poll did
         arrived = self._answered.pop(iid, None)
@@ -175,8 +177,7 @@ class ShellIO(BackgroundCalls):
             if delta is not None:
                 log.warning("snapshot_delta_out_of_order", instance=iid)
             return None
-        if iid in self._stale:  # decoded (the next delta follows it), but older than a command
-            self._stale.discard(iid)
+        if stale:  # decoded (the next delta follows it), but older than a command
             return None
         polled = self._polled.get(iid)
         if (
