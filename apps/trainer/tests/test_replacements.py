@@ -191,7 +191,8 @@ def test_close_kills_the_replacements_still_starting(killed: list[Any]) -> None:
 def test_with_no_replacements_a_loss_is_logged_and_nothing_else_happens(
     killed: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    lost = {"instance_id": "r-0", "error": "ActorDiedError('the actor died')"}
+    lost = {"instance_id": "r-0", "error": "ActorDiedError('the actor died')",
+            "requeued": ["g1/0", "g1/1"], "finished": ["g0/3"], "dropped": []}  # fmt: skip
     dep = _dep()
     dep.coordinator.lost_instances = SimpleNamespace(remote=lambda: Ref([lost]))
     monkeypatch.setattr(replacements, "_answer_within", lambda ref, timeout_s: ref.value)
@@ -201,4 +202,5 @@ def test_with_no_replacements_a_loss_is_logged_and_nothing_else_happens(
     assert [(e["event"], e["instance"], e["error"]) for e in logs] == [
         ("instance_lost", "r-0", "ActorDiedError('the actor died')")
     ]
+    assert (logs[0]["requeued"], logs[0]["finished"], logs[0]["dropped"]) == (2, 1, 0)
     assert killed == [] and "r-0" in dep.rollouts and rep.started == 0  # left as it was

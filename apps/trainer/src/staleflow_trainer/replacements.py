@@ -15,7 +15,8 @@ limit), is killed and logged with the reason (for a timeout, what the cluster la
 against the limit and the run goes on without it.
 
 Whatever the limit, the driver logs each loss (``instance_lost``, with the control actor's
-reason), so the run's own output says when it goes on with fewer instances.
+reason and how many of the trajectories it held went back to the queue, were finished or were
+dropped), so the run's own output says when it goes on with fewer instances.
 """
 
 from __future__ import annotations
@@ -100,7 +101,9 @@ class Replacer:
         self._starting = []
 
     def _lost(self, iid: str) -> None:
-        log.warning("instance_lost", instance=iid, error=self._why_lost(iid),
+        rec = self._lost_record(iid)  # what it held: back in the queue, finished or dropped
+        held = {k: len(rec[k]) for k in ("requeued", "finished", "dropped") if k in rec}
+        log.warning("instance_lost", instance=iid, error=rec.get("error"), **held,
                     replace_lost=self.limit)  # fmt: skip
         if not self.limit:
             return  # nothing to replace: the control actor already let it go
@@ -120,13 +123,14 @@ class Replacer:
             deadline=time.monotonic() + self.timeout_s,
         ))  # fmt: skip
 
-    def _why_lost(self, iid: str) -> str | None:
-        """The error the control actor lost ``iid`` with (None if it cannot say)."""
+    def _lost_record(self, iid: str) -> dict[str, Any]:
+        """The control actor's record of losing ``iid`` (its ``error`` and the ids it held:
+        ``requeued``, ``finished``, ``dropped``); empty if it cannot say."""
         try:
             lost = _answer_within(self.dep.coordinator.lost_instances.remote(), LOST_QUERY_S)
-            return next((str(x["error"]) for x in lost if x["instance_id"] == iid), None)
+            return dict(next((x for x in lost if x["instance_id"] == iid), {}))
         except Exception:  # the log line goes out without it
-            return None
+            return {}
 
     def _advance(self, s: _Starting) -> bool:
         """Take ``s`` on by as many stages as have answered; True once it joined or failed."""
