@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from structlog.testing import capture_logs
 
 from rollout_coordinator import (
     ConfigError,
@@ -57,8 +58,18 @@ def test_bad_snapshots_are_rejected_and_the_cycle_continues():
 def test_snapshot_older_than_routes_is_rejected():
     coord, _, _ = make(instances=[("a", 0)])
     coord.step([snap("a", t=0.0)], [new("t0")], now=1.0)  # route at t=1.0
-    coord.step([snap("a", t=0.5)], [], now=1.1)  # taken before the route
-    assert [type(e) for e in coord.last_cycle.rejected] == [StaleSnapshot]
+    with capture_logs() as logs:
+        coord.step([snap("a", t=0.5)], [], now=1.1)  # taken before the route
+        assert [type(e) for e in coord.last_cycle.rejected] == [StaleSnapshot]
+        assert coord.instances["a"].n_running == 1
+
+        class Garbage:
+            instance_id = "a"
+
+        coord.step([Garbage()], [], now=1.3)  # not a snapshot at all
+    # the stale one is the expected race with a command (info); a broken one is a warning
+    said = [(e["log_level"], e["field"]) for e in logs if e["event"] == "snapshot_rejected"]
+    assert [lv for lv, _ in said] == ["info", "warning"], said
     assert coord.instances["a"].n_running == 1
 
 

@@ -50,6 +50,7 @@ from rollout_coordinator.errors import (
     ConfigError,
     InvalidSnapshot,
     SnapshotRejected,
+    StaleSnapshot,
     SyncInProgress,
 )
 from rollout_coordinator.policies import CycleView, GateState, Policy, build_policy
@@ -475,9 +476,10 @@ class Coordinator:
                     self._prune(snap, prev_time)
             except SnapshotRejected as exc:
                 rejected.append(exc)
-                self._log.warning(
-                    "snapshot_rejected", instance=exc.instance_id, field=exc.field, error=str(exc)
-                )
+                # a stale one is the expected race (taken just before a command went to its
+                # instance; the next one replaces it): not worth a warning
+                say = self._log.info if isinstance(exc, StaleSnapshot) else self._log.warning
+                say("snapshot_rejected", instance=exc.instance_id, field=exc.field, error=str(exc))
         return rejected
 
     def _prune(self, snap: InstanceSnapshot, prev_time: float) -> None:
