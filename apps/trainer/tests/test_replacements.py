@@ -192,7 +192,8 @@ def test_with_no_replacements_a_loss_is_logged_and_nothing_else_happens(
     killed: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lost = {"instance_id": "r-0", "error": "ActorDiedError('the actor died')",
-            "requeued": ["g1/0", "g1/1"], "finished": ["g0/3"], "dropped": []}  # fmt: skip
+            "requeued": ["g1/0"], "queued": ["g1/0", "g1/1"], "finished": ["g0/3"],
+            "dropped": []}  # fmt: skip
     dep = _dep()
     dep.coordinator.lost_instances = SimpleNamespace(remote=lambda: Ref([lost]))
     monkeypatch.setattr(replacements, "_answer_within", lambda ref, timeout_s: ref.value)

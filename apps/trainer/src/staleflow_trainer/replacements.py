@@ -102,7 +102,9 @@ class Replacer:
 
     def _lost(self, iid: str) -> None:
         rec = self._lost_record(iid)  # what it held: back in the queue, finished or dropped
-        held = {k: len(rec[k]) for k in ("requeued", "finished", "dropped") if k in rec}
+        held: dict[str, int] = {k: len(rec[k]) for k in ("finished", "dropped") if k in rec}
+        if "queued" in rec or "requeued" in rec:  # routes it never took went back too
+            held["requeued"] = len(rec.get("queued", rec.get("requeued", ())))
         log.warning("instance_lost", instance=iid, error=rec.get("error"), **held,
                     replace_lost=self.limit)  # fmt: skip
         if not self.limit:

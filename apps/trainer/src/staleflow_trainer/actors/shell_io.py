@@ -536,6 +536,7 @@ class ShellIO(BackgroundCalls):
         # lost, or be dropped meanwhile
         st = await in_store(self.ts, [*requeued, *self.held_by(iid)], iid)
         self.lost.append({"instance_id": iid, "requeued": requeued, "error": repr(error)[:300],
+                          "queued": [t for t, _ in st.queued],  # with routes it never took
                           "finished": [o.trajectory_id for o in st.finished],
                           "dropped": [t for t, _ in st.dropped]})  # fmt: skip
         log.warning("instance_lost", instance=iid, requeued=len(requeued),
