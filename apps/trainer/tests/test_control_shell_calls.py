@@ -344,3 +344,25 @@ async def test_settling_waits_for_a_call_still_out_and_feeds_the_loss_it_ends_in
     assert [e.instance_id for e in fed if isinstance(e, InstanceLost)] == ["a"]
     assert "route on 'a' did not return within coordinator.call_timeout_s=0.5" in lost[0]
     assert actor.io.take_late(0.0) == [] and list(actor.io.rollouts) == ["b"]
+
+
+async def test_a_failure_of_the_loop_itself_is_logged_before_it_ends_the_run(
+    tmp_path: Path,
+) -> None:
+    from structlog.testing import capture_logs
+
+    cfg = load_config(SIM_TINY, [f"run.run_dir={tmp_path}"])
+    actor = ControlActor(cfg=to_dict(cfg), prompts=EncodedPrompts((), ()), ts_address=("127.0.0.1", 1),
+                         ts_token="t", rollouts={}, trainer=None, rewards=[])  # fmt: skip
+    sim = Simulation(cfg)
+    actor.core = ControlCore(core_config(cfg, rows=None),
+                             prompt_len=lambda row: sim.stream.group(row).prompt_len)  # fmt: skip
+
+    async def broken() -> None:
+        raise RuntimeError("boom")
+
+    actor._cycle = broken  # type: ignore[method-assign]
+    with capture_logs() as logs, pytest.raises(RuntimeError, match="boom"):
+        await actor.run()
+    (failed,) = [e for e in logs if e["event"] == "run_failed"]
+    assert failed["log_level"] == "error" and "boom" in failed["error"]

@@ -20,10 +20,9 @@ themselves (``submit`` routes there), reward workers and the trainer read payloa
 control process sees ids, versions and token counts only. ``Sync``, ``Score`` and ``Train`` run
 in the background and answer with events at a later cycle.
 
-A control actor that dies loses nothing: a replacement built with ``recover=True`` restores the
-journal's base state and replays its events (without carrying out their effects again), then
-reconciles the other processes with the core (:mod:`.reconcile`). A run resumed from a
-checkpoint does the same from the checkpoint's core state.
+A control actor that dies loses nothing: a replacement (``recover=True``) restores the journal's
+base state, replays its events without carrying out their effects again, then reconciles the
+other processes with the core (:mod:`.reconcile`); a resumed run does so from its checkpoint.
 """
 
 from __future__ import annotations
@@ -66,10 +65,8 @@ from staleflow_trainer.data.tokenize import EncodedPrompts
 from staleflow_trainer.errors import ComponentLost
 
 log = structlog.get_logger(__name__)
-#: Rounds of polls that bring the core level with the store when the run stops.
-SETTLE_POLLS = 3
-#: How long the run's end waits for background work (at least coordinator.call_timeout_s).
-SETTLE_BACKGROUND_S = 60.0
+SETTLE_POLLS = 3  # rounds of polls that bring the core level with the store at the run's end
+SETTLE_BACKGROUND_S = 60.0  # the run's end waits this long for background work, or call_timeout_s
 
 
 class ControlActor(FaultHooks):
@@ -196,6 +193,11 @@ class ControlActor(FaultHooks):
                 await self.checkpoint()
                 self._wal.compact(self.core.to_dict())
             return self.summary_now()
+        except Exception as e:  # the loop's own failure: its traceback stays in this log
+            if e is not self.io.fatal:  # (logged above)
+                self._log.exception("run_failed", error=repr(e)[:500],
+                                    steps_done=self.core.steps_done)  # fmt: skip
+            raise
         finally:
             self._running = False
 
