@@ -337,3 +337,23 @@ async def test_an_interrupts_late_answer_comes_with_the_next_cycle(
         ("a2", 3, None),
     ]
     assert killed == [] and not io.lanes.busy("a")
+
+
+@pytest.mark.timeout(10)
+async def test_a_call_queued_behind_a_hung_poll_is_not_sent(
+    killed: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hung poll ends the instance: what waited behind it in its lane is not sent (else
+    each of those calls would wait call_timeout_s in turn on an instance that is gone)."""
+    monkeypatch.setattr(shell_io, "ANSWER_WAIT_S", 0.05)
+    a = _Instance()
+    io = _io({"a": a}, call_s=0.3)
+    a.hanging = True
+    assert await io.poll_all() == {}  # out, late
+    route = fx.Route(instance_id="a", version=0, trajectory_ids=("a1",))
+    assert await io.carry_all([route], lambda: 2.0) == []  # behind the poll: not waited
+    await asyncio.sleep(0.5)
+    await io.wait_background(5)
+    assert a.calls == ["poll"]  # the route was never sent
+    got = await io.poll_all()
+    assert "did not return within coordinator.call_timeout_s=0.3" in str(got["a"])

@@ -380,9 +380,9 @@ class ControlActor(FaultHooks):
         """Stop every instance and feed (journaled) what it ran: the core is then level with
         the store. Failed polls are tried again ``POLL_RETRY_S`` apart (one ended is lost, as
         in a cycle); any still unread is named in a warning (a resume reconciles it)."""
-        # calls still out, and the answers to polls still out, end within call_timeout_s
-        await self.io.wait_background(max(SETTLE_BACKGROUND_S, self.cfg.coordinator.call_timeout_s))
+        # the answers to polls still out, and the calls still out, end within call_timeout_s
         events = await self._answers(await self.io.poll_all(wait_all=True, send=False), self.now())
+        await self.io.wait_background(max(SETTLE_BACKGROUND_S, self.cfg.coordinator.call_timeout_s))
         await self.io.interrupt_all()  # due for a poll now (one that just failed: POLL_RETRY_S)
         answered: set[str] = set()
         for attempt in range(SETTLE_POLLS):

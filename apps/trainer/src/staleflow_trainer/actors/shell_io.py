@@ -451,7 +451,11 @@ class ShellIO(BackgroundCalls):
         args = {i: poll_args(self._decoder(i).request()) for i in iids}
 
         async def poll(i: str, h: Any) -> Any:
-            answer = await self._within(h.poll.remote(*args[i]), "poll")
+            try:
+                answer = await self._within(h.poll.remote(*args[i]), "poll")
+            except CallHung:  # it ends the instance: the calls queued behind it are not sent
+                self._killed.add(i)
+                raise
             self._answered[i] = time.monotonic()  # its snapshot's age is counted from here
             return answer
 
