@@ -32,6 +32,8 @@ from staleflow_trainer.actors.liveness import kill_actor
 from staleflow_trainer.prepare import placement_hint
 
 log = structlog.get_logger(__name__)
+#: (key of the control actor's loss record, field of the instance_lost line)
+_HELD = (("queued", "requeued"), ("finished", "finished"), ("dropped", "dropped"))
 
 
 @attrs.define
@@ -102,9 +104,8 @@ class Replacer:
 
     def _lost(self, iid: str) -> None:
         rec = self._lost_record(iid)  # what it held: back in the queue, finished or dropped
-        held: dict[str, int] = {k: len(rec[k]) for k in ("finished", "dropped") if k in rec}
-        if "queued" in rec or "requeued" in rec:  # routes it never took went back too
-            held["requeued"] = len(rec.get("queued", rec.get("requeued", ())))
+        # "queued": all that went back to the queue, routes it never took included
+        held = {to: len(rec[k]) for k, to in _HELD if k in rec}
         log.warning("instance_lost", instance=iid, error=rec.get("error"), **held,
                     replace_lost=self.limit)  # fmt: skip
         if not self.limit:
