@@ -16,7 +16,7 @@ control, reward and trainer actors. One run:
   the timeout.)
 * **a silent instance**: a second replacement joins; the first one's next poll made while it
   generates never answers (``hold_poll_with_work``, never released; its actor and engine are
-  fine). After ``coordinator.call_timeout_s`` the control actor kills its actor and loses it.
+  fine). After ``coordinator.poll_timeout_s`` the control actor kills its actor and loses it.
   Without it, the whole control loop waited on that poll for good; and the loop does not wait
   for it meanwhile: the other instance's outcomes come in.
 
@@ -72,6 +72,7 @@ def dead(
         "rollout.max_model_len=80",
         f"coordinator.sync_timeout_s={SYNC_TIMEOUT_S}",
         f"coordinator.call_timeout_s={CALL_TIMEOUT_S}",
+        f"coordinator.poll_timeout_s={CALL_TIMEOUT_S}",
         f"trainer.step_delay_s={STEP_DELAY_S}",
         "sim.workload.response_len_median=24",
         backend="sim",
@@ -177,7 +178,7 @@ def test_a_hung_sync_loses_the_instance_after_the_timeout(dead: dict[str, Any]) 
 def test_a_hung_poll_loses_the_instance_after_the_call_timeout(dead: dict[str, Any]) -> None:
     rec, silent = dead["silent_record"], dead["silent"]
     assert (
-        f"poll on {silent!r} did not return within coordinator.call_timeout_s=8" in (rec["error"])
+        f"poll on {silent!r} did not return within coordinator.poll_timeout_s=8" in (rec["error"])
     ), rec
     assert dead["silent_alive"] is False  # its actor was killed
     assert CALL_TIMEOUT_S <= dead["silent_after_s"] < CALL_TIMEOUT_S + 60

@@ -31,6 +31,7 @@ from staleflow_trainer.control.events import (
     Event,
     InstanceJoined,
     InstanceLost,
+    InstanceSilent,
     Outcome,
     Reported,
     Reward,
@@ -73,6 +74,7 @@ class World:
         self.training: fx.Train | None = None
         self.trained_versions: list[int] = []
         self.halted = False
+        self.silent: set[str] = set()  # a call to it is overdue: nothing new may go there
 
     def apply(self, effects: list[fx.Effect]) -> None:
         for e in effects:
@@ -80,13 +82,17 @@ class World:
                 # routes wait for a sync to finish; a new trajectory starts at the instance's
                 # version, a partial keeps its V_traj
                 assert e.instance_id not in self.syncing, "routed to an instance mid-sync"
+                assert e.instance_id not in self.silent, "routed to a silent instance"
                 v = self.syncing.get(e.instance_id, self.version[e.instance_id])
                 assert e.version <= v
                 for t in e.trajectory_ids:
                     self.running[e.instance_id][t] = 0
             elif isinstance(e, fx.Interrupt):
+                # (an abort may still go there: its output is discarded either way)
+                assert not e.requeue or e.instance_id not in self.silent, "migrated from silent"
                 self._stop(e.instance_id, e.trajectory_ids)
             elif isinstance(e, fx.Sync):
+                assert e.instance_id not in self.silent, "synced a silent instance"
                 self._stop(e.instance_id, list(self.running.get(e.instance_id, {})))
                 self.syncing[e.instance_id] = e.version
             elif isinstance(e, fx.Score):
@@ -201,8 +207,8 @@ class CoreMachine(RuleBasedStateMachine):
     def cycle(self) -> None:
         at = self._tick()
         for iid in sorted(self.world.running):
-            if iid in self.world.syncing:
-                continue
+            if iid in self.world.syncing or iid in self.world.silent:
+                continue  # (a silent one has a call out: the shell has no view of it)
             out = self.world.reports.pop(iid, [])
             self.feed(
                 Reported(
@@ -262,6 +268,7 @@ class CoreMachine(RuleBasedStateMachine):
         iid = data.draw(st.sampled_from(sorted(self.world.running)))
         run = self.world.running.pop(iid)
         self.world.syncing.pop(iid, None)
+        self.world.silent.discard(iid)
         self.world.reports.pop(iid, None)
         self.world.version.pop(iid)
         # some may have finished in the store, their report lost with the instance
@@ -270,6 +277,27 @@ class CoreMachine(RuleBasedStateMachine):
         requeued = [(t, 0) for t in run if t not in done]
         self.feed(InstanceLost(at=self._tick(), instance_id=iid, requeued=requeued,
                                finished=finished))  # fmt: skip
+
+    @rule(data=st.data(), answers=st.booleans())
+    def instance_silent(self, data: st.DataObject, answers: bool) -> None:
+        """A call to an instance is overdue: it is silent, and some of the routes to it that
+        the shell never sent come back; or a silent one answers again."""
+        if answers:
+            if self.world.silent:
+                iid = data.draw(st.sampled_from(sorted(self.world.silent)))
+                self.world.silent.discard(iid)
+                self.feed(InstanceSilent(at=self._tick(), instance_id=iid, silent=False))
+            return
+        if not self.world.running:
+            return
+        iid = data.draw(st.sampled_from(sorted(self.world.running)))
+        run = self.world.running[iid]
+        unsent = sorted(t for t, g in run.items() if g == 0)
+        back = data.draw(st.lists(st.sampled_from(unsent), unique=True)) if unsent else []
+        for t in back:
+            del run[t]
+        self.world.silent.add(iid)
+        self.feed(InstanceSilent(at=self._tick(), instance_id=iid, withdrawn=back))
 
     @rule(n=st.integers(0, 9))
     def instance_joins(self, n: int) -> None:
@@ -412,6 +440,8 @@ def test_events_round_trip_through_the_journal_form(policy: str) -> None:
             dropped=[("g/3", "why")],
         ),
         Reported(at=8.0, instance_id="a", dropped=[("g/4", "why")]),
+        InstanceSilent(at=9.0, instance_id="a", withdrawn=["g/5", "g/6"]),
+        InstanceSilent(at=9.5, instance_id="a", silent=False),
     ]
     for e in events:
         assert event_from_dict(json.loads(json.dumps(event_to_dict(e)))) == e

@@ -338,7 +338,8 @@ async def test_settling_waits_for_a_call_still_out_and_feeds_the_loss_it_ends_in
     actor.io.refused = refused  # type: ignore[method-assign]
     actor._feed_batch = feed  # type: ignore[method-assign]
     routes = [fx.Route(instance_id=i, version=0, trajectory_ids=(f"{i}1",)) for i in "ab"]
-    assert await actor.io.carry_all(routes, actor.now) == []  # a's route is late
+    late = await actor.io.carry_all(routes, actor.now)  # a's route is late: a is silent
+    assert [(type(e).__name__, e.instance_id) for e in late] == [("InstanceSilent", "a")]
     assert actor.io.lanes.busy("a") and ("end", "b1") in log
     await actor._settle()
     assert [e.instance_id for e in fed if isinstance(e, InstanceLost)] == ["a"]

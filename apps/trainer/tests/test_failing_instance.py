@@ -24,7 +24,7 @@ from staleflow_trainer.actors import shell_io
 from staleflow_trainer.actors.shell_io import ShellIO
 from staleflow_trainer.config import load_config
 from staleflow_trainer.control import effects as fx
-from staleflow_trainer.control.events import InstanceLost
+from staleflow_trainer.control.events import InstanceLost, InstanceSilent, Reported
 from staleflow_trainer.data import EncodedPrompts
 
 SIM_TINY = Path(__file__).resolve().parents[3] / "examples" / "sim-tiny.yaml"
@@ -94,10 +94,8 @@ def killed(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 
 def _io(rollouts: dict[str, Any], limit: int = 3, call_s: float = 30.0) -> ShellIO:
-    cfg = load_config(
-        SIM_TINY,
-        [f"coordinator.instance_error_limit={limit}", f"coordinator.call_timeout_s={call_s}"],
-    )
+    limits = [f"coordinator.{k}_timeout_s={call_s}" for k in ("call", "poll")]
+    cfg = load_config(SIM_TINY, [f"coordinator.instance_error_limit={limit}", *limits])
     io = ShellIO(cfg, prompts=EncodedPrompts((), ()), ts_address=("127.0.0.1", 1), ts_token="t",
                  rollouts=rollouts, trainer=None, rewards=[], reward_spec={})  # fmt: skip
     io.ts = _Store()
@@ -230,7 +228,8 @@ async def test_a_call_that_hangs_ends_the_instance_at_once(killed: list[Any], ca
         assert [e.instance_id for e in lost] == ["a"]
         err = io.lost[0]["error"]
         assert b.calls == ["submit"]
-    assert f"{call} on 'a' did not return within coordinator.call_timeout_s=0.2" in str(err)
+    key = "poll_timeout_s" if call == "poll" else "call_timeout_s"
+    assert f"{call} on 'a' did not return within coordinator.{key}=0.2" in str(err)
     assert killed == [a]
 
 
@@ -282,7 +281,7 @@ async def test_a_hung_poll_holds_its_own_instance_only(
     assert list(await _cycle(io)) == ["b"] and a.calls == ["poll", "poll"]  # not sent again
     await asyncio.sleep(0.7)
     got = await _cycle(io)
-    assert "did not return within coordinator.call_timeout_s=0.6" in str(got["a"])
+    assert "did not return within coordinator.poll_timeout_s=0.6" in str(got["a"])
     assert killed == [a]
 
 
@@ -291,9 +290,8 @@ async def test_a_hung_route_holds_its_own_instance_only(
     killed: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """carry_all waits ANSWER_WAIT_S for the instances' calls: the other instance's route is
-    carried and the cycle goes on; a later call to the hung one waits behind its call, is not
-    waited for, and is not sent once the hung call ended it; its loss comes with
-    ``take_late``."""
+    carried and the cycle goes on, and the hung one is silent; a later route to it is taken
+    back at once (never sent); its loss comes with ``take_late``."""
     monkeypatch.setattr(shell_io, "ANSWER_WAIT_S", 0.05)
     a, b = _Instance(), _Instance()
     io = _io({"a": a, "b": b}, call_s=0.4)
@@ -304,8 +302,10 @@ async def test_a_hung_route_holds_its_own_instance_only(
 
     t0 = asyncio.get_running_loop().time()
     with capture_logs() as logs:
-        assert await io.carry_all([route("a", "a1"), route("b", "b1")], lambda: 2.0) == []
-        assert await io.carry_all([route("a", "a2")], lambda: 2.0) == []  # behind a1: not waited
+        got = await io.carry_all([route("a", "a1"), route("b", "b1")], lambda: 2.0)
+        assert got == [InstanceSilent(at=2.0, instance_id="a")]
+        got = await io.carry_all([route("a", "a2")], lambda: 2.0)  # taken back: not waited
+        assert got == [InstanceSilent(at=2.0, instance_id="a", withdrawn=["a2"])]
     late = [(e["instance"], e["call"]) for e in logs if e["event"] == "instance_answer_late"]
     assert late == [("a", "route")]
     assert asyncio.get_running_loop().time() - t0 < 0.3
@@ -327,10 +327,12 @@ async def test_an_interrupts_late_answer_comes_with_the_next_cycle(
     a.delay_s = 0.3
     io = _io({"a": a}, call_s=5.0)
     cut = fx.Interrupt(instance_id="a", trajectory_ids=("a1", "a2"), reason="x", requeue=True)
-    assert await io.carry_all([cut], lambda: 2.0) == []
+    assert await io.carry_all([cut], lambda: 2.0) == [InstanceSilent(at=2.0, instance_id="a")]
     assert not io.lanes.busy("b") and io.lanes.busy("a")
     await asyncio.wait_for(io.wake.wait(), timeout=5)
-    (rep,) = io.take_late(4.0)
+    rep, answers = io.take_late(4.0)
+    assert answers == InstanceSilent(at=4.0, instance_id="a", silent=False)
+    assert isinstance(rep, Reported)
     assert rep.instance_id == "a" and rep.at == 4.0
     assert [(o.trajectory_id, o.generated, o.finish) for o in rep.outcomes] == [
         ("a1", 3, None),
@@ -344,16 +346,59 @@ async def test_a_call_queued_behind_a_hung_poll_is_not_sent(
     killed: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The hung poll ends the instance: what waited behind it in its lane is not sent (else
-    each of those calls would wait call_timeout_s in turn on an instance that is gone)."""
+    each of those calls would wait its limit in turn on an instance that is gone)."""
     monkeypatch.setattr(shell_io, "ANSWER_WAIT_S", 0.05)
     a = _Instance()
     io = _io({"a": a}, call_s=0.3)
     a.hanging = True
     assert await io.poll_all() == {}  # out, late
-    route = fx.Route(instance_id="a", version=0, trajectory_ids=("a1",))
-    assert await io.carry_all([route], lambda: 2.0) == []  # behind the poll: not waited
+    # (a route would be taken back at once: the instance is silent; an abort still goes)
+    cut = fx.Interrupt(instance_id="a", trajectory_ids=("a1",), reason="x", requeue=False)
+    got = await io.carry_all([cut], lambda: 2.0)  # behind the poll: not waited
+    assert got == [InstanceSilent(at=2.0, instance_id="a")]
     await asyncio.sleep(0.5)
     await io.wait_background(5)
     assert a.calls == ["poll"]  # the route was never sent
     got = await io.poll_all()
-    assert "did not return within coordinator.call_timeout_s=0.3" in str(got["a"])
+    assert "did not return within coordinator.poll_timeout_s=0.3" in str(got["a"])
+
+
+@pytest.mark.timeout(10)
+async def test_routes_queued_behind_an_overdue_call_come_back_and_the_instance_is_silent(
+    killed: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A route queued behind a call that then misses its cycle is taken back, not sent: the
+    core gets it back (``InstanceSilent.withdrawn``) with the news that the instance is silent,
+    and routes it to instances that answer. Once the call is answered, the instance answers
+    again (``silent=False``) and its later routes are sent."""
+    monkeypatch.setattr(shell_io, "ANSWER_WAIT_S", 0.05)
+    a, b = _Instance(), _Instance()
+    io = _io({"a": a, "b": b}, call_s=5.0)
+    a.delay_s = 0.4  # slow, not hung
+    cut = fx.Interrupt(instance_id="a", trajectory_ids=("a0",), reason="x", requeue=True)
+    io.lanes.run("a", lambda: io.carry(cut))  # out before this cycle (not waited for)
+
+    def route(iid: str, *tids: str) -> fx.Route:
+        return fx.Route(instance_id=iid, version=0, trajectory_ids=tids)
+
+    got = await io.carry_all([route("a", "a1", "a2"), route("b", "b1")], lambda: 2.0)
+    assert got == []  # queued behind the interrupt, not waited for; b's route carried
+    io.touch("a")
+    assert "a" not in await io.poll_all()  # a poll behind them: not sent (its lane is busy)
+    got = await io.carry_all([route("b", "b2")], lambda: 3.0)
+    assert got == []
+    io._late_answer("a", "interrupt")  # what the cycle that waited for it says once it is late
+    assert io.take_late(3.5) == [
+        InstanceSilent(at=3.5, instance_id="a"),
+        InstanceSilent(at=3.5, instance_id="a", withdrawn=["a1", "a2"]),
+    ]
+    await io.wait_background(5)
+    while io.lanes.busy("a"):
+        await asyncio.sleep(0.05)
+    assert a.calls == ["interrupt"] and b.calls.count("submit") == 2  # a1, a2 never sent
+    assert [e for e in io.take_late(4.0) if isinstance(e, InstanceSilent)] == [
+        InstanceSilent(at=4.0, instance_id="a", silent=False)
+    ]
+    a.delay_s = 0.0
+    assert await io.carry_all([route("a", "a3")], lambda: 5.0) == []
+    assert a.calls == ["interrupt", "submit"] and killed == []

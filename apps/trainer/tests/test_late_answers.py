@@ -3,7 +3,8 @@
 tests pin what a late answer may and may not do to the control side's view of an instance:
 
 * a late poll answer that a command queued after its poll has overtaken is decoded (the next
-  delta follows it) but gives no snapshot: it lacks the command's effect;
+  delta follows it) but gives no snapshot: it lacks the command's effect (an abort's interrupt:
+  routes to an instance with a call overdue are taken back, see ``actors.silence``);
 * an instance with a command still out gets no extrapolated view (it would lack the command);
 * the ids an interrupt's answer reported go with the first poll sent after the interrupt, not
   with a late answer to a poll sent before it;
@@ -23,7 +24,6 @@ import pytest
 from structlog.testing import capture_logs
 
 from engine_adapters import EngineSnapshot, RunningTrajectory, SnapshotEncoder, unpack_ids
-from rollout_coordinator._records import RunningEntry
 from rollout_coordinator._speculative import SpeculativeState
 from staleflow_trainer.actors import shell_io
 from staleflow_trainer.actors.shell_io import ShellIO
@@ -109,9 +109,17 @@ def _route(iid: str, tid: str) -> fx.Route:
     return fx.Route(instance_id=iid, version=0, trajectory_ids=(tid,))
 
 
+class _Store:
+    async def drop(self, ids: list[str], reason: str) -> int:
+        return len(ids)
+
+
 async def test_a_late_answer_overtaken_by_a_command_gives_no_snapshot() -> None:
-    a = _Instance()
+    """(A route to the instance would not be sent: a call to it is overdue, so it is silent
+    and its routes are taken back; an abort's interrupt still goes.)"""
+    a = _Instance(("t1", "t2"))
     io = _io({"a": a})
+    io.ts = _Store()
     (first,) = (await _cycle(io)).values()
     st = SpeculativeState()
     st.add_instance("a", version=0, kv_capacity_tokens=1000)
@@ -119,15 +127,16 @@ async def test_a_late_answer_overtaken_by_a_command_gives_no_snapshot() -> None:
     io.touch("a")
     a.poll_delay_s = 0.3
     assert await _cycle(io) == {}  # the poll is late
-    st.route("a", RunningEntry("r1", 10, 0), now=time.monotonic())  # the core routes r1
-    await io.carry_all([_route("a", "r1")], time.monotonic)  # queued behind the poll
+    st.interrupt("a", ["t1"], now=time.monotonic())  # the protocol aborts t1
+    cut = fx.Interrupt(instance_id="a", trajectory_ids=("t1",), reason="x", requeue=False)
+    await io.carry_all([cut], time.monotonic)  # queued behind the poll
     await asyncio.sleep(0.5)
-    assert a.calls == ["poll", "poll", "submit"]
-    assert await _cycle(io) == {"a": None}  # its answer, taken before r1 was sent: no view
-    assert st.instances["a"].n_running == 1  # so r1 stays in the coordinator's view
+    assert a.calls == ["poll", "poll", "interrupt"]
+    assert await _cycle(io) == {"a": None}  # its answer, taken before t1 ended: no view
+    assert st.instances["a"].n_running == 1  # so t1 stays out of the coordinator's view
     a.poll_delay_s = 0.0
     (snap,) = (await _cycle(io)).values()  # the next delta follows the late one
-    assert snap is not None and [r.trajectory_id for r in snap.running] == ["r1"]
+    assert snap is not None and [r.trajectory_id for r in snap.running] == ["t2"]
 
 
 async def test_a_late_answer_with_no_command_since_is_used() -> None:

@@ -60,6 +60,8 @@ ONE_SHELL = {
     "its modelled time and never hangs",
     "coordinator.call_timeout_s": "a real-time limit on a call to an instance; a simulated "
     "instance answers in modelled time and never hangs",
+    "coordinator.poll_timeout_s": "a real-time limit on a poll of an instance; a simulated "
+    "instance answers in modelled time and never hangs",
     "coordinator.instance_error_limit": "failed calls to a live instance; a simulated "
     "instance's calls never fail (its death is a fault the simulator injects)",
     "coordinator.generate_error_limit": "failed generations on a live instance; a "

@@ -318,3 +318,30 @@ def test_the_admission_answers_kept_in_a_cycle_end_with_each_admission() -> None
     assert port.admit(new("ga/1", "ga"), 0) == 0
     assert not port.admissible("ga", 0)  # full now
     assert proto.buffer_fill(0).free == 0
+
+
+# ---- silent instances -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["staleflow", "all-vanilla"])
+def test_a_silent_instance_is_left_out_of_the_cycle_until_it_answers(policy):
+    from rollout_coordinator._state import coordinator_from_dict, coordinator_to_dict
+
+    coord, proto, clock = make(policy, instances=[("a", 0), ("b", 0)])
+    coord.step([snap("a", t=0.0), snap("b", t=0.0)], [], now=0.0)
+    coord.set_silent("a")
+    assert coord.silent == {"a"}
+    cmds = coord.step([], [new(f"t{i}", group=f"g{i // 2}") for i in range(4)], now=1.0)
+    assert {r.instance_id for r in routes(cmds)} == {"b"}, cmds
+    assert coord.instances["a"].n_running == 0
+    # kept across a save and restore
+    twin = coordinator_from_dict(coordinator_to_dict(coord), coord.config, proto, clock)
+    assert twin.silent == {"a"}
+    coord.set_silent("a", False)
+    cmds = coord.step([], [new(f"u{i}", group=f"h{i // 2}") for i in range(4)], now=2.0)
+    assert "a" in {r.instance_id for r in routes(cmds)}, cmds
+    with pytest.raises(KeyError, match="ghost"):
+        coord.set_silent("ghost")
+    coord.set_silent("b")
+    coord.remove_instance("b")
+    assert coord.silent == frozenset()

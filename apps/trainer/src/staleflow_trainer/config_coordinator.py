@@ -151,8 +151,15 @@ class CoordinatorConfig:
     call_timeout_s: float = _f(
         120.0,
         gt=0.0,
-        doc="a poll, route or interrupt not answered by then means a hung instance: its actor "
-        "is killed and it is lost (an interrupt may wait 30 s for its generations)",
+        doc="a route or interrupt not answered by then means a hung instance: its actor is "
+        "killed and it is lost (an interrupt may wait 30 s for its generations)",
+    )
+    poll_timeout_s: float = _f(
+        30.0,
+        gt=0.0,
+        doc="a poll not answered by then means a hung instance: its actor is killed and it is "
+        "lost (a well instance answers at once, once its finished results are written to the "
+        "trajectory server)",
     )
     instance_error_limit: int = _f(
         3,

@@ -34,7 +34,6 @@ coordinator (its admission caches assume so).
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -44,6 +43,7 @@ import structlog
 
 from rollout_coordinator._commands import Command, Drop, Interrupt, PendingRoutes, Route, Sync
 from rollout_coordinator._config import CoordinatorConfig
+from rollout_coordinator._port import _ProtocolPort
 from rollout_coordinator._records import InstanceSnapshot, QueuedTrajectory, QueueView
 from rollout_coordinator._speculative import InstanceState, SpeculativeState
 from rollout_coordinator.errors import (
@@ -56,9 +56,7 @@ from rollout_coordinator.errors import (
 from rollout_coordinator.policies import CycleView, GateState, Policy, build_policy
 from staleness_protocol import (
     Abort,
-    Admission,
     GcFifoConfig,
-    GroupState,
     ProtocolError,
     StalenessProtocol,
 )
@@ -83,76 +81,6 @@ class CycleReport:
     hungry: int = 0
     quota: int | None = None
     rejected: tuple[SnapshotRejected, ...] = ()
-
-
-class _ProtocolPort:
-    """The protocol as the routing strategies see it, with per-cycle admission caches."""
-
-    __slots__ = ("_answers", "_closed", "_coord", "_due", "_proto")
-
-    def __init__(self, coord: Coordinator) -> None:
-        self._coord = coord
-        self._proto = coord.protocol
-        self._closed: set[int] = set()  # versions where a fresh group is not admitted
-        self._due: dict[str, bool] = {}  # group -> reserved in the next buffer (this cycle)
-        # (group, version) -> admissible, until the next admission: the protocol's answer
-        # changes only when it reserves (nothing else changes it during a cycle), and the
-        # members of one group ask the same question one after another
-        self._answers: dict[tuple[str, int], bool] = {}
-
-    def admissible(self, group_id: str, version: int) -> bool:
-        key = (group_id, version)
-        answer = self._answers.get(key)
-        if answer is None:
-            answer = self._answers[key] = self._admissible(group_id, version)
-        return answer
-
-    def _admissible(self, group_id: str, version: int) -> bool:
-        fresh = group_id not in self._coord._known_groups
-        if fresh and version in self._closed:
-            return False
-        try:
-            answer = self._proto.can_reserve(group_id, version)
-        except ProtocolError:  # e.g. an unpublished version
-            return False
-        if answer is Admission.ADMIT:
-            return True
-        if fresh and answer is not Admission.DISCARD:  # WAIT / SYNC hold for every new group
-            self._closed.add(version)
-        return False
-
-    @property
-    def admitted_groups(self) -> set[str]:
-        return self._coord._known_groups
-
-    def refuses_fresh(self, version: int) -> bool:
-        return version in self._closed
-
-    def admit(self, item: QueuedTrajectory, version: int) -> int | None:
-        try:
-            buffer = self._proto.reserve(item.group_id, item.trajectory_id, version)
-        except ProtocolError:
-            return None
-        self._answers.clear()
-        self._coord._known_groups.add(item.group_id)
-        self._coord._admitted_total += 1
-        return buffer
-
-    def due(self, item: QueuedTrajectory) -> bool:
-        answer = self._due.get(item.group_id)
-        if answer is None:
-            answer = False  # unknown to the protocol; a FIFO (GcFifo) reserves nothing ahead
-            with contextlib.suppress(ProtocolError):
-                rec = self._proto.group(item.group_id)
-                answer = rec.state is GroupState.RESERVED and rec.buffer == self._proto.next_buffer
-            self._due[item.group_id] = answer
-        return answer
-
-    def can_resume(self, item: QueuedTrajectory, version: int) -> bool:
-        try:
-            return self._proto.can_resume(item.trajectory_id, version)
-        except ProtocolError:
-            return False
 
 
 class Coordinator:
@@ -207,6 +135,7 @@ class Coordinator:
         self._track_meant = self.config.preemption_rule == "abort"
         self._orphans: dict[str, int] = {}  # reserved, never handed out: tid -> V_traj
         self._aborted_since = self._dropped_since = 0  # by abort(), reported by the next step
+        self._silent: set[str] = set()  # out of every cycle's view until they answer again
         self.last_cycle = CycleReport(now=0.0)
         self._log = _log.bind(policy=self.policy.name)
 
@@ -230,18 +159,49 @@ class Coordinator:
         """The instance is gone; returns the trajectories the coordinator had routed to it
         (the caller returns them to the queue). Routes held for its sync become orphans."""
         self.state.remove_instance(instance_id)
+        self._silent.discard(instance_id)
         lost = list(self._routed.pop(instance_id, {}))
         self._meant.pop(instance_id, None)
         for tid in lost:
             self._where.pop(tid, None)
-        # held for its sync, or released by a sync that finished but not yet emitted: never
-        # issued; new ones keep their reservation and V_traj, partials are still queued
+        self._orphan_held(instance_id)  # held for its sync: never issued
+        return lost
+
+    @property
+    def silent(self) -> frozenset[str]:
+        """The instances marked silent (:meth:`set_silent`)."""
+        return frozenset(self._silent)
+
+    def set_silent(self, instance_id: str, silent: bool = True) -> None:
+        """Mark an instance silent (a call to it is overdue; it may be hung) or answering again.
+        A silent instance is left out of every cycle's view: nothing is routed or migrated to
+        it, none of its work is migrated away or preempted, it is not synced, and admission
+        does not count its room. The routes held for its sync are not issued (new ones keep
+        their reservation and V_traj, and are routed elsewhere); what it runs stays routed
+        there (the caller takes back what it never sent with :meth:`on_interrupted`, and loses
+        the instance with :meth:`remove_instance` if it never answers)."""
+        if instance_id not in self.state.instances:
+            raise KeyError(f"unknown instance {instance_id!r}")
+        if not silent:
+            self._silent.discard(instance_id)
+            return
+        self._silent.add(instance_id)
+        if ids := self._orphan_held(instance_id):  # counted there as running or waiting
+            gone = self.state.interrupt(instance_id, ids, now=self.clock())
+            self.state.withdraw_waiting(instance_id, len(ids) - len(gone))
+
+    def _orphan_held(self, instance_id: str) -> list[str]:
+        """The routes held for ``instance_id``'s sync, or released by it and not yet issued, are
+        not issued: new ones keep their reservation and V_traj, partials are still queued.
+        Returns their trajectory ids."""
         released = [r for r in self._released if r.instance_id == instance_id]
         self._released = [r for r in self._released if r.instance_id != instance_id]
-        for r in [*self.pending.orphan(instance_id), *released]:
+        held = [*self.pending.orphan(instance_id), *released]
+        for r in held:
+            self._forget(r.trajectory_id)
             if r.new:
                 self._orphans[r.trajectory_id] = r.version
-        return lost
+        return [r.trajectory_id for r in held]
 
     def on_sync_done(self, instance_id: str, version: int) -> None:
         self.state.finish_sync(instance_id, version, now=self.clock())
@@ -352,9 +312,12 @@ class Coordinator:
 
         if self._orphans:
             queue = self._with_orphans(queue)
+        instances = self.state.instances
+        if self._silent:
+            instances = {k: v for k, v in instances.items() if k not in self._silent}
         view = CycleView(
             now=now,
-            instances=self.state.instances,
+            instances=instances,
             queue=queue,
             latest_version=self.protocol.published_version,
             abort_floor=self.protocol.abort_floor,

@@ -109,6 +109,7 @@ def coordinator_to_dict(c: Coordinator) -> dict[str, Any]:
         "released": [_route(r) for r in c._released],
         "held": {iid: [_route(r) for r in rs] for iid, rs in c.pending._held.items()},
         "instances": [_instance(s) for s in c.state.instances.values()],
+        "silent": sorted(c._silent),
     }
 
 
@@ -139,4 +140,5 @@ def coordinator_from_dict(
     c._orphans = {str(t): int(v) for t, v in d["orphans"].items()}
     c._released = [Route(**r) for r in d["released"]]
     c.pending._held = {str(iid): [Route(**r) for r in rs] for iid, rs in d["held"].items()}
+    c._silent = {str(i) for i in d.get("silent", ())}  # absent: saved before it was kept
     return c

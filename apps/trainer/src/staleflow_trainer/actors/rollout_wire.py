@@ -1,5 +1,6 @@
 """A rollout instance's poll on the wire: its arguments and its answer, with the outcomes
-packed by prompt (``RolloutActor.poll`` sends them, the control shell unpacks them)."""
+packed by prompt (``RolloutActor.poll`` sends them, the control shell unpacks them); and an
+interrupt's answer."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine_adapters import pack_ids, unpack_ids
+from staleflow_trainer.control.events import Outcome
 
 
 def pack_outcomes(outcomes: Sequence[tuple[str, int, str | None]]) -> list[Any] | None:
@@ -59,3 +61,19 @@ def unpack_poll(p: Sequence[Any] | None) -> dict[str, Any] | None:
     delta, outcomes, refused, errors = [*p, None, None, None, None][:4]
     return {"snapshot": delta, "outcomes": [list(o) for o in unpack_outcomes(outcomes)],
             "refused": unpack_ids(refused or ()), "errors": list(errors or ())}  # fmt: skip
+
+
+def interrupt_outcomes(iid: str, ids: Sequence[str], answer: Sequence[Any]) -> list[Outcome]:
+    """The outcomes an interrupt of ``ids`` on ``iid`` answered with: per id (in the order sent)
+    its response length (unfinished), ``[length, finish reason]``, or None (its outcome came,
+    or comes, with a poll: left out). An answer of another length is refused."""
+    if len(answer) != len(ids):
+        raise ValueError(f"{iid!r} answered an interrupt of {len(ids)} ids with "
+                         f"{len(answer)} outcomes")  # fmt: skip
+    return [
+        Outcome(trajectory_id=t, generated=int(a), finish=None)
+        if isinstance(a, int)
+        else Outcome(trajectory_id=t, generated=int(a[0]), finish=str(a[1]))
+        for t, a in zip(ids, answer, strict=True)
+        if a is not None
+    ]

@@ -17,7 +17,8 @@ the run: a failed poll is tried again, up to ``coordinator.instance_error_limit`
 failed route or interrupt, or a call hung past ``coordinator.call_timeout_s``, ends it at once
 (:meth:`ShellIO.end_instance`). Calls to one instance go through its lane
 (``actors.lanes``): a control cycle waits ``ANSWER_WAIT_S`` at most for them, and an answer
-that comes later is handled in a later cycle (:meth:`ShellIO.take_late`).
+that comes later is handled in a later cycle (:meth:`ShellIO.take_late`); the instance is silent
+meanwhile (``actors.silence``).
 """
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ from staleflow_trainer.actors.in_store import InStore, in_store
 from staleflow_trainer.actors.io_bytes import ByteCounts, size
 from staleflow_trainer.actors.lanes import ANSWER_WAIT_S, Lanes
 from staleflow_trainer.actors.liveness import CallHung, answer_within, is_actor_death, kill_actor
-from staleflow_trainer.actors.rollout_wire import poll_args, unpack_poll
+from staleflow_trainer.actors.rollout_wire import interrupt_outcomes, poll_args, unpack_poll
+from staleflow_trainer.actors.silence import Silence
 from staleflow_trainer.config import AppConfig
 from staleflow_trainer.control import effects as fx
-from staleflow_trainer.control.events import InstanceLost, Outcome, Reported
+from staleflow_trainer.control.events import InstanceLost, InstanceSilent, Outcome, Reported
 from staleflow_trainer.data.tokenize import EncodedPrompts
 from trajectory_server.errors import StateError, TrajectoryServerError
 
@@ -121,6 +123,7 @@ class ShellIO(BackgroundCalls):
         self._answered: dict[str, float] = {}  # when an instance's poll answer arrived
         self._failed_polls: dict[str, tuple[int, float]] = {}  # in a row, and when to retry
         self.lanes = Lanes()
+        self.silence = Silence()  # calls overdue: routes taken back, the core told
         # polls out: the call, its request, and the ids whose end its answer's delta carries
         self._polls: dict[str, tuple[asyncio.Task[Any], Any, set[str]]] = {}
         self._ending: dict[str, set[str]] = {}  # the same, for the answer to be decoded next
@@ -202,15 +205,16 @@ class ShellIO(BackgroundCalls):
 
     async def carry_all(
         self, effects: Sequence[fx.Effect], now: Callable[[], float]
-    ) -> list[InstanceLost | Reported]:
+    ) -> list[InstanceLost | Reported | InstanceSilent]:
         """Carry out simple effects: those for one instance (or none) one after another, in
-        order, those for different instances at the same time. Returned: the outcomes that
-        interrupts answered with, as ``Reported`` events (no snapshot; the instance's next
-        poll does not repeat them), then for each instance found dead (it leaves the run,
-        :meth:`lose`) its ``InstanceLost``."""
+        order, those for different instances at the same time (routes to a silent instance are
+        taken back). Returned: the events of :meth:`take_late`, then for each instance found
+        dead (it leaves the run, :meth:`lose`) its ``InstanceLost``."""
         chains: dict[str, list[fx.Effect]] = {}
         for e in effects:
             chains.setdefault(str(getattr(e, "instance_id", "")), []).append(e)
+        queued = ((i, self.silence.queue(i, es) if i else es) for i, es in chains.items())
+        chains = {i: es for i, es in queued if es}
 
         async def chain(es: list[fx.Effect]) -> tuple[str, BaseException] | None:
             first = None
@@ -250,7 +254,8 @@ class ShellIO(BackgroundCalls):
 
     def _late_answer(self, iid: str, call: str) -> None:
         log.warning("instance_answer_late", instance=iid, call=call, waited_s=ANSWER_WAIT_S,
-                    lost_after_s=self.cfg.coordinator.call_timeout_s)  # fmt: skip
+                    lost_after_s=self._limit(call)[1])  # fmt: skip
+        self.silence.overdue(iid)
 
     def _spawn_late(self, t: asyncio.Task[Any], now: Callable[[], float]) -> None:
         """A chain of calls the cycle did not wait for: an instance it ends is lost once it
@@ -264,14 +269,16 @@ class ShellIO(BackgroundCalls):
 
         self.spawn(late())
 
-    def take_late(self, at: float) -> list[InstanceLost | Reported]:
+    def take_late(self, at: float) -> list[InstanceLost | Reported | InstanceSilent]:
         """The outcomes that interrupts answered with (as ``Reported`` events, no snapshot: the
-        instance's next poll does not repeat them), then the instances lost by calls that ended
-        after their cycle, not yet handed on."""
-        out: list[InstanceLost | Reported] = [
+        instance's next poll does not repeat them), the instances silent or answering again,
+        then the instances lost by calls that ended after their cycle, not yet handed on."""
+        out: list[InstanceLost | Reported | InstanceSilent] = [
             Reported(at=at, instance_id=iid, outcomes=outcomes)
             for iid, outcomes in self._interrupted  # an instance lost later reports them first
         ]
+        self.silence.answered(lambda i: self.lanes.busy(i) or i in self._polls)
+        out += self.silence.take_events(at)
         out.extend(self._late)
         self._interrupted, self._late = [], []
         return out
@@ -284,7 +291,8 @@ class ShellIO(BackgroundCalls):
                 self.submitted[g.group_id] = g.row
         elif isinstance(e, fx.Route):
             h = self.rollouts.get(e.instance_id)
-            if h is None or e.instance_id in self._killed:
+            sending = self.silence.sending(e)  # (not: taken back while it waited)
+            if h is None or e.instance_id in self._killed or not sending:
                 return None
             args = (e.version, pack_ids(e.trajectory_ids))
             self._counts.count("instances", size(args), "route")
@@ -329,19 +337,8 @@ class ShellIO(BackgroundCalls):
         return None
 
     def _took(self, iid: str, ids: Sequence[str], answer: Sequence[Any]) -> None:
-        """An interrupt's answer: per id (in the order sent) its response length (unfinished),
-        ``[length, finish reason]`` or None (its outcome came, or comes, with a poll)."""
-        if len(answer) != len(ids):
-            raise ValueError(f"{iid!r} answered an interrupt of {len(ids)} ids with "
-                             f"{len(answer)} outcomes")  # fmt: skip
-        outcomes = [
-            Outcome(trajectory_id=t, generated=int(a), finish=None)
-            if isinstance(a, int)
-            else Outcome(trajectory_id=t, generated=int(a[0]), finish=str(a[1]))
-            for t, a in zip(ids, answer, strict=True)
-            if a is not None
-        ]
-        if outcomes:
+        """An interrupt's answer (``rollout_wire.interrupt_outcomes``), handed on later."""
+        if outcomes := interrupt_outcomes(iid, ids, answer):
             self._interrupted.append((iid, outcomes))
             self._ended.setdefault(iid, set()).update(o.trajectory_id for o in outcomes)
 
@@ -523,16 +520,14 @@ class ShellIO(BackgroundCalls):
         if iid not in self.rollouts:
             return None
         del self.rollouts[iid]
-        self._killed.discard(iid)
-        self._decoders.pop(iid, None)
-        self._quiet.discard(iid)
-        self._signaled.discard(iid)
-        self._failed_polls.pop(iid, None)
+        for s in (self._killed, self._quiet, self._signaled):
+            s.discard(iid)
+        for d in (self._decoders, self._failed_polls, self._ended, self._ending, self._answered):
+            d.pop(iid, None)
         self.lanes.forget(iid)
+        self.silence.forget(iid)
         if (out := self._polls.pop(iid, None)) is not None:  # its answer is not read
             out[0].add_done_callback(lambda t: t.cancelled() or t.exception())
-        for d in (self._ended, self._ending, self._answered):
-            d.pop(iid, None)
         self.stop_watching(iid)
         requeued = list(await self.ts.instance_lost(iid))
         # one answer for what the store put back and what the core believes ran there: the
@@ -550,10 +545,14 @@ class ShellIO(BackgroundCalls):
                             dropped=st.dropped)  # fmt: skip
 
     async def _within(self, call: Any, what: str) -> Any:
-        """An instance's answer to ``call``; :class:`CallHung` after
-        ``coordinator.call_timeout_s``."""
-        limit_s = self.cfg.coordinator.call_timeout_s
-        return await answer_within(call, limit_s, what, "coordinator.call_timeout_s")
+        """An instance's answer to ``call``; :class:`CallHung` after :meth:`_limit`."""
+        key, limit_s = self._limit(what)
+        return await answer_within(call, limit_s, what, f"coordinator.{key}")
+
+    def _limit(self, what: str) -> tuple[str, float]:
+        """The setting, and its value, that bounds the wait for an answer to ``what``."""
+        key = "poll_timeout_s" if what == "poll" else "call_timeout_s"
+        return key, float(getattr(self.cfg.coordinator, key))
 
     def end_instance(self, iid: str, what: str, error: BaseException) -> RuntimeError:
         """``what`` (calls to live instance ``iid``) failed with ``error`` or hung

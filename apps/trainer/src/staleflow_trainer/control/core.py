@@ -37,23 +37,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 
-from rollout_coordinator import (
-    Coordinator,
-    InstanceSnapshot,
-    QueueView,
-)
-from rollout_coordinator import (
-    Drop as CoordDrop,
-)
-from rollout_coordinator import (
-    Interrupt as CoordInterrupt,
-)
-from rollout_coordinator import (
-    Route as CoordRoute,
-)
-from rollout_coordinator import (
-    Sync as CoordSync,
-)
+from rollout_coordinator import Coordinator, InstanceSnapshot, QueueView
+from rollout_coordinator import Drop as CoordDrop
+from rollout_coordinator import Interrupt as CoordInterrupt
+from rollout_coordinator import Route as CoordRoute
+from rollout_coordinator import Sync as CoordSync
 from staleflow_trainer.control import effects as fx
 from staleflow_trainer.control.config import (
     AnyProtocol,
@@ -65,6 +53,7 @@ from staleflow_trainer.control.events import (
     Event,
     InstanceJoined,
     InstanceLost,
+    InstanceSilent,
     Reported,
     Rewarded,
     SyncDone,
@@ -84,26 +73,13 @@ from staleness_protocol import (
     TrajectoryState,
 )
 
-COUNTERS = (
-    "routes",
-    "syncs",
-    "sync_failures",
-    "migrations",
-    "bounces",
-    "interrupts",
-    "aborts",
-    "filtered",
-    "reward_dropped",
-    "replacements",
-    "stuck_resolved",
-    "instances_lost",
-    "instances_joined",
-    "lost_requeued",
-    "lost_finished",
-    "store_dropped",
-    "late_outcomes",
-    "sync_interrupts",
-)
+_COUNTER_NAMES = """
+    routes syncs sync_failures migrations bounces interrupts aborts filtered reward_dropped
+    replacements stuck_resolved instances_lost instances_joined lost_requeued lost_finished
+    store_dropped late_outcomes sync_interrupts instances_silent withdrawn_routes
+"""
+#: the run's counters (the step records' ``counters``), in the order they are reported
+COUNTERS = tuple(_COUNTER_NAMES.split())
 
 
 class CoreHalted(Exception):
@@ -172,6 +148,8 @@ class ControlCore:
             self._joined(event)
         elif isinstance(event, InstanceLost):
             self._lost(event, out)
+        elif isinstance(event, InstanceSilent):
+            self._silent(event)
         else:  # pragma: no cover - the Event union is closed
             raise TypeError(f"not an event: {event!r}")
         if self.halted is not None:  # the shell stops at the Halt: nothing may follow it
@@ -438,6 +416,21 @@ class ControlCore:
             self.counters["instances_lost"] += 1
         self.counters["lost_requeued"] += len(lengths)
         self.report.instance_gone(iid, ev.at)
+
+    def _silent(self, ev: InstanceSilent) -> None:
+        iid = ev.instance_id
+        if iid not in self.coordinator.instances:
+            return  # lost meanwhile
+        if ev.silent and iid not in self.coordinator.silent:
+            self.counters["instances_silent"] += 1
+        self.coordinator.set_silent(iid, ev.silent)
+        held = self.ledger.held.get(iid, {})
+        back = [t for t in ev.withdrawn if t in held]  # (not settled or moved meanwhile)
+        for tid in back:
+            self.ledger.requeue(tid, None)
+        if back:
+            self.counters["withdrawn_routes"] += len(back)
+            self.coordinator.on_interrupted(iid, back)
 
     def _sync_done(self, ev: SyncDone) -> None:
         inst = self.coordinator.instances.get(ev.instance_id)

@@ -126,8 +126,31 @@ class InstanceLost:
     dropped: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_tuple)
 
 
+@attrs.frozen(kw_only=True, slots=True)
+class InstanceSilent:
+    """A call to an instance is overdue (``silent``; it may be hung), or it answered again
+    (not ``silent``). While silent, the coordinator leaves it out of every cycle: nothing is
+    routed, migrated or synced there, and what the batches still waiting for their trajectories
+    need goes to the other instances. ``withdrawn``: trajectories routed there whose route the
+    shell never sent (queued behind the overdue call) and now never will — they go back to the
+    queue, as the store still holds them there."""
+
+    at: float
+    instance_id: str
+    silent: bool = True
+    withdrawn: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
+
+
 Event = (
-    Cycle | Reported | Rewarded | SyncDone | SyncFailed | Trained | InstanceJoined | InstanceLost
+    Cycle
+    | Reported
+    | Rewarded
+    | SyncDone
+    | SyncFailed
+    | Trained
+    | InstanceJoined
+    | InstanceLost
+    | InstanceSilent
 )
 
 _KINDS: dict[str, type[Any]] = {
@@ -139,6 +162,7 @@ _KINDS: dict[str, type[Any]] = {
     "trained": Trained,
     "joined": InstanceJoined,
     "lost": InstanceLost,
+    "silent": InstanceSilent,
 }
 _NAMES = {cls: name for name, cls in _KINDS.items()}
 

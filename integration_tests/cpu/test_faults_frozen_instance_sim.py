@@ -1,0 +1,119 @@
+"""A rollout instance whose process is frozen (``SIGSTOP``: a hung driver, a debugger, a host
+that stops scheduling it) on the real deployment with sim engines: Ray, the trajectory server
+over TCP, the real rollout, control, reward and trainer actors.
+
+The frozen instance answers nothing: its poll is overdue after ``ANSWER_WAIT_S`` (2 s), so it
+is *silent* (``actors.silence``): the control core leaves it out of every cycle, the routes
+held for its sync and those queued behind its overdue call go to the other instance, and
+training goes on. ``coordinator.poll_timeout_s`` later its actor is killed and it is lost.
+Before, the router kept it as it last answered (free), the next batch's work waited there for
+its sync, and the trainer waited for that batch until the instance was lost.
+
+The instance is frozen right after a step, at a moment it holds no work in the trajectory
+server (work it holds cannot be had before it is lost: that batch waits for the loss).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from fault_checks import assert_ledger_balances, lost_record
+from tiny_setup import tiny_config
+
+pytestmark = [pytest.mark.fault, pytest.mark.ray, pytest.mark.sim, pytest.mark.timeout(300)]
+
+STEPS, PER_STEP = 14, 64  # the tiny example's batch: 8 groups of 8
+POLL_TIMEOUT_S = 20.0
+WATCHDOG_S = 180.0
+
+
+@pytest.fixture(scope="module")
+def frozen(
+    ray_session: None,
+    tmp_path_factory: pytest.TempPathFactory,
+    engine_required: Callable[[str], None],
+) -> dict[str, Any]:
+    engine_required("sim")
+    import ray
+
+    from staleflow_trainer.wiring import Deployment
+
+    cfg = tiny_config(
+        tmp_path_factory.mktemp("frozen_instance_sim"),
+        f"trainer.steps={STEPS}",
+        "run.checkpoint_every=0",
+        "run.resume=never",
+        f"coordinator.poll_timeout_s={POLL_TIMEOUT_S}",
+        "trainer.step_delay_s=0.3",
+        backend="sim",
+    )
+    out: dict[str, Any] = {"steps_at": {}}
+    dep = Deployment(cfg).start()
+    finished = threading.Event()
+
+    def watchdog() -> None:
+        if not finished.wait(WATCHDOG_S):
+            out["stopped_by_watchdog"] = True
+            ray.get(dep.coordinator.stop.remote())
+
+    def on_record(rec: dict[str, Any]) -> None:
+        step = int(rec["step"])
+        out["steps_at"][step] = time.monotonic()
+        if step < 3 or "victim" in out:
+            return
+        victim = sorted(dep.rollouts)[0]
+        h = dep.rollouts[victim]
+        pid = ray.get(h.__ray_call__.remote(lambda actor: os.getpid()))
+        if ray.get(dep.coordinator.held_by.remote(victim)):
+            return  # it holds work: freeze it after a later step
+        os.kill(pid, signal.SIGSTOP)
+        out.update(victim=victim, pid=pid, frozen_at=time.monotonic(), frozen_after=step)
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    try:
+        out["summary"] = dep.run(on_record=on_record)
+        finished.set()
+        out["record"] = lost_record(dep, out["victim"], f"the loop to lose {out['victim']}")
+        out["ledger"] = dep.ledger()
+        out["instances"] = ray.get(dep.coordinator.instances.remote())
+    finally:
+        finished.set()
+        if "pid" in out:
+            with contextlib.suppress(ProcessLookupError):  # killed by the control side already
+                os.kill(out["pid"], signal.SIGKILL)
+        dep.close()
+    return out
+
+
+def test_training_goes_on_while_the_instance_is_frozen(frozen: dict[str, Any]) -> None:
+    assert "stopped_by_watchdog" not in frozen, frozen["summary"]["counters"]
+    assert frozen["summary"]["steps_done"] == STEPS
+    assert frozen["frozen_after"] < STEPS - 3, frozen["steps_at"]  # steps were left to train
+    # every step after the freeze trained without waiting for the frozen instance's loss
+    # (before, the next batch waited there until poll_timeout_s had run out)
+    took = frozen["steps_at"][STEPS] - frozen["frozen_at"]
+    assert took < POLL_TIMEOUT_S - 5, (took, frozen["steps_at"])
+    counters = frozen["summary"]["counters"]
+    assert counters["instances_silent"] >= 1, counters
+
+
+def test_the_frozen_instance_is_lost_after_the_poll_timeout(frozen: dict[str, Any]) -> None:
+    rec, victim = frozen["record"], frozen["victim"]
+    assert (
+        f"poll on {victim!r} did not return within coordinator.poll_timeout_s=20" in rec["error"]
+    ), rec
+    assert frozen["summary"]["counters"]["instances_lost"] == 1
+    assert frozen["instances"] == [i for i in ("sim-0", "sim-1") if i != victim]
+
+
+def test_every_admitted_trajectory_is_consumed_or_dropped_with_a_reason(
+    frozen: dict[str, Any],
+) -> None:
+    assert_ledger_balances(frozen["ledger"], PER_STEP)
