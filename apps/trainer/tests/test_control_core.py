@@ -494,3 +494,24 @@ def test_nothing_follows_a_halt() -> None:
         trajectory_id=ids[-1], score=None, reason="boom")]))  # fmt: skip
     assert isinstance(effects[-1], fx.Halt), effects
     assert core.training is None and not any(isinstance(e, fx.Train) for e in effects)
+
+
+def test_routes_taken_back_then_the_instance_lost_are_requeued_and_counted_once() -> None:
+    """The instance's routes were taken back unsent (``InstanceSilent``) and then it was lost,
+    with the store listing the same routes as queued there: each goes back to the queue once
+    and is counted once, as withdrawn."""
+    core = ControlCore(make_config(), prompt_len=prompt_len)
+    for iid in ("a", "b"):
+        core.handle(InstanceJoined(at=0.0, instance_id=iid, kv_capacity_tokens=10_000, version=0))
+        core.handle(Reported(at=0.1, instance_id=iid, snapshot=InstanceSnapshot(
+            instance_id=iid, seq=1, time_s=0.1, version=0, kv_capacity_tokens=10_000)))  # fmt: skip
+    out = core.handle(Cycle(at=0.2))
+    on_a = [t for e in out if isinstance(e, fx.Route) and e.instance_id == "a"
+            for t in e.trajectory_ids]  # fmt: skip
+    assert on_a, out
+    core.handle(InstanceSilent(at=1.0, instance_id="a", withdrawn=on_a))
+    core.handle(InstanceLost(at=1.1, instance_id="a", requeued=[(t, 0) for t in on_a]))
+    assert ledger_problems(core) == []
+    c = core.counters
+    assert (c["withdrawn_routes"], c["lost_requeued"], c["instances_silent"]) == (len(on_a), 0, 1)
+    assert all(core.ledger.get(t).where.value == "queued" for t in on_a)  # type: ignore[union-attr]

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +24,7 @@ from trajectory_server.client import TrajectoryClient
 from trajectory_server.service import ConnectionLimits, TrajectoryService
 
 TOKEN = "store-token"
+SIM_TINY = Path(__file__).resolve().parents[3] / "examples" / "sim-tiny.yaml"
 IID = "sim-0"
 
 
@@ -323,3 +326,33 @@ async def test_a_route_the_store_could_not_be_reached_for_is_refused_not_failed(
         with pytest.raises(StoreUnreachable):
             await io.route(ids, 0)
         assert [store.location(t).instance_id for t in ids] == [IID] * 2
+
+
+async def test_a_stalled_store_fails_the_poll_before_the_poll_timeout_ends_the_instance() -> None:
+    """A store that takes requests and never answers: the instance's poll fails with
+    ``StoreUnreachable`` (tried again later by the control side) after two waits of
+    ``coordinator.store_wait_s``, before ``coordinator.poll_timeout_s`` would end it as hung."""
+    from staleflow_trainer.config import load_config
+
+    cfg = load_config(SIM_TINY, ["coordinator.poll_timeout_s=3"]).coordinator
+    assert cfg.store_wait_s == 1.0
+    store, ids = _store()
+    async with _served(store) as address:
+        proxy = CutProxy(address)
+        actor = RolloutActor(instance_id=IID, backend="sim", engine_kwargs={},
+                             ts_address=await proxy.start(), ts_token=TOKEN,
+                             store_timeout_s=cfg.store_wait_s)  # fmt: skip
+        actor._engine = SimAdapter(SimConfig(), instance_id=IID)
+        await actor._engine.start()
+        try:
+            await actor._io.connect()
+            actor._to_write.append((_result(ids[0], (4, 5), FinishReason.STOP), True))
+            proxy.stall()
+            t0 = time.monotonic()
+            with pytest.raises(StoreUnreachable, match=r"1 results .* kept"):
+                await actor.poll()
+            assert 2 * cfg.store_wait_s <= time.monotonic() - t0 < cfg.poll_timeout_s
+            assert len(actor._to_write) == 1  # kept for a later poll
+        finally:
+            await actor.close()
+            await proxy.stop()

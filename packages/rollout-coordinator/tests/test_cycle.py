@@ -345,3 +345,19 @@ def test_a_silent_instance_is_left_out_of_the_cycle_until_it_answers(policy):
     coord.set_silent("b")
     coord.remove_instance("b")
     assert coord.silent == frozenset()
+
+
+def test_routes_taken_back_unsent_leave_the_waiting_count_too():
+    """A route the caller never sent (``unroute``) is taken out of the instance's speculative
+    state, also where the instance had no room and it was counted as waiting."""
+    coord, _, _ = make("vanilla-routing", instances=[("a", 0)])
+    coord.step([snap("a", t=0.0, waiting=1, n=1)], [], now=0.0)
+    cmds = coord.step([], [new("t0", group="g0"), new("t1", group="g0")], now=1.0)
+    routed = [c.trajectory_id for c in routes(cmds)]
+    assert routed and coord.instances["a"].waiting == 1 + len(routed)  # no room: waiting
+    coord.set_silent("a")
+    coord.unroute("a", routed)
+    assert coord.instances["a"].waiting == 1  # the engine's own queue only
+    coord.unroute("a", routed)  # not routed there any more: nothing to take back
+    assert coord.instances["a"].waiting == 1
+    assert coord._routed["a"] == {}  # nor remembered as routed there

@@ -159,7 +159,8 @@ class CoordinatorConfig:
         gt=0.0,
         doc="a poll not answered by then means a hung instance: its actor is killed and it is "
         "lost (a well instance answers at once, once its finished results are written to the "
-        "trajectory server)",
+        "trajectory server; each of its requests there waits a third of this, 60 s at most, "
+        "so a stalled server fails the poll, which is tried again, before the limit)",
     )
     instance_error_limit: int = _f(
         3,
@@ -194,6 +195,13 @@ class CoordinatorConfig:
             raise ConfigError(
                 f"coordinator.{e.field}: {e}", key=f"coordinator.{e.field}", allowed=e.allowed
             ) from None
+
+    @property
+    def store_wait_s(self) -> float:
+        """How long a rollout instance waits on the trajectory server at a time (to connect,
+        send, get an answer): a third of ``poll_timeout_s``, 60 s at most. A write is tried
+        twice, so a stalled server fails the poll that writes before the poll's limit."""
+        return min(60.0, self.poll_timeout_s / 3)
 
     def strategy_overrides(self) -> dict[str, Any]:
         """The strategy fields set here (null ones left to the profile; ``off`` → None where

@@ -298,6 +298,7 @@ class Deployment:
                 ps_address=self._ps_addr,
                 ps_token=self._ps_token,
                 generate_error_limit=cfg.coordinator.generate_error_limit,
+                store_timeout_s=cfg.coordinator.store_wait_s,
             )
         )
         return iid, handle

@@ -186,7 +186,20 @@ class Coordinator:
             self._silent.discard(instance_id)
             return
         self._silent.add(instance_id)
-        if ids := self._orphan_held(instance_id):  # counted there as running or waiting
+        self._uncount(instance_id, self._orphan_held(instance_id))
+
+    def unroute(self, instance_id: str, trajectory_ids: Iterable[str]) -> None:
+        """Routes to ``instance_id`` that the caller never carried out (taken back before they
+        were sent): accounted as if they had not been made. The caller queues them again."""
+        ids = [t for t in trajectory_ids if self._where.get(t) == instance_id]
+        for tid in ids:
+            self._forget(tid)
+        self._uncount(instance_id, ids)
+
+    def _uncount(self, instance_id: str, ids: list[str]) -> None:
+        """Take routes that never reached the instance out of its speculative state, where
+        they were counted as running or, if it had no room, as waiting."""
+        if ids:
             gone = self.state.interrupt(instance_id, ids, now=self.clock())
             self.state.withdraw_waiting(instance_id, len(ids) - len(gone))
 

@@ -123,6 +123,7 @@ class RolloutActor(RolloutFaultHooks):
         ps_address: Sequence[Any] | None = None,
         ps_token: str | None = None,
         generate_error_limit: int = 16,
+        store_timeout_s: float = 60.0,
     ) -> None:
         self.instance_id = instance_id
         self._error_limit = generate_error_limit
@@ -131,7 +132,8 @@ class RolloutActor(RolloutFaultHooks):
         self._dying = False
         self.backend = backend
         self.engine_kwargs = dict(engine_kwargs)
-        self._io = InstanceStore(instance_id, ts_address, ts_token)
+        # each wait on the TS (connect, send, answer): coordinator.store_wait_s
+        self._io = InstanceStore(instance_id, ts_address, ts_token, timeout_s=store_timeout_s)
         self._ps_address = tuple(ps_address) if ps_address else None
         self._ps_token = ps_token or None
         self._ps: Any = None

@@ -8,7 +8,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from engine_adapters import pack_ids, unpack_ids
-from staleflow_trainer.control.events import Outcome
 
 
 def pack_outcomes(outcomes: Sequence[tuple[str, int, str | None]]) -> list[Any] | None:
@@ -63,17 +62,18 @@ def unpack_poll(p: Sequence[Any] | None) -> dict[str, Any] | None:
             "refused": unpack_ids(refused or ()), "errors": list(errors or ())}  # fmt: skip
 
 
-def interrupt_outcomes(iid: str, ids: Sequence[str], answer: Sequence[Any]) -> list[Outcome]:
-    """The outcomes an interrupt of ``ids`` on ``iid`` answered with: per id (in the order sent)
-    its response length (unfinished), ``[length, finish reason]``, or None (its outcome came,
-    or comes, with a poll: left out). An answer of another length is refused."""
+def interrupt_outcomes(
+    iid: str, ids: Sequence[str], answer: Sequence[Any]
+) -> list[tuple[str, int, str | None]]:
+    """The outcomes ``(id, response length, finish reason or None)`` an interrupt of ``ids`` on
+    ``iid`` answered with: per id (in the order sent) its response length (unfinished),
+    ``[length, finish reason]``, or None (its outcome came, or comes, with a poll: left out).
+    An answer of another length is refused."""
     if len(answer) != len(ids):
         raise ValueError(f"{iid!r} answered an interrupt of {len(ids)} ids with "
                          f"{len(answer)} outcomes")  # fmt: skip
     return [
-        Outcome(trajectory_id=t, generated=int(a), finish=None)
-        if isinstance(a, int)
-        else Outcome(trajectory_id=t, generated=int(a[0]), finish=str(a[1]))
+        (t, int(a), None) if isinstance(a, int) else (t, int(a[0]), str(a[1]))
         for t, a in zip(ids, answer, strict=True)
         if a is not None
     ]

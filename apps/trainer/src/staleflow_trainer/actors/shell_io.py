@@ -338,7 +338,8 @@ class ShellIO(BackgroundCalls):
 
     def _took(self, iid: str, ids: Sequence[str], answer: Sequence[Any]) -> None:
         """An interrupt's answer (``rollout_wire.interrupt_outcomes``), handed on later."""
-        if outcomes := interrupt_outcomes(iid, ids, answer):
+        if got := interrupt_outcomes(iid, ids, answer):
+            outcomes = [Outcome(trajectory_id=t, generated=g, finish=f) for t, g, f in got]
             self._interrupted.append((iid, outcomes))
             self._ended.setdefault(iid, set()).update(o.trajectory_id for o in outcomes)
 

@@ -27,9 +27,6 @@ class Silence:
         self._silent: set[str] = set()
         self._events: list[tuple[str, bool, tuple[str, ...]]] = []  # (iid, silent, withdrawn)
 
-    def is_silent(self, iid: str) -> bool:
-        return iid in self._silent
-
     def queue(self, iid: str, effects: Sequence[fx.Effect]) -> list[fx.Effect]:
         """The effects of ``iid`` to queue in its lane: routes are kept until they are sent
         (:meth:`sending`); to a silent instance they are taken back at once."""

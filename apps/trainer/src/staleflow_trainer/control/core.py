@@ -407,14 +407,17 @@ class ControlCore:
                                     dropped=dropped), out)  # fmt: skip
         self.coordinator.remove_instance(iid)  # routes held for it stay queued, reserved
         lengths = dict(ev.requeued)
-        for tid in self.ledger.held_by(iid):
+        held_ids = self.ledger.held_by(iid)
+        for tid in held_ids:
             self.ledger.requeue(tid, lengths.get(tid))
         self.ledger.forget_instance(iid)
         self._snapshots.pop(iid, None)
         self._sync_fail_streak.pop(iid, None)
         if not ev.setup:
             self.counters["instances_lost"] += 1
-        self.counters["lost_requeued"] += len(lengths)
+        # (one the store lists that is not held there any more was requeued before: taken
+        # back unsent while the instance was silent)
+        self.counters["lost_requeued"] += sum(1 for t in held_ids if t in lengths)
         self.report.instance_gone(iid, ev.at)
 
     def _silent(self, ev: InstanceSilent) -> None:
@@ -430,7 +433,7 @@ class ControlCore:
             self.ledger.requeue(tid, None)
         if back:
             self.counters["withdrawn_routes"] += len(back)
-            self.coordinator.on_interrupted(iid, back)
+            self.coordinator.unroute(iid, back)
 
     def _sync_done(self, ev: SyncDone) -> None:
         inst = self.coordinator.instances.get(ev.instance_id)
