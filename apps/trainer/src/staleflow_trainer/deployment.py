@@ -19,7 +19,7 @@ from typing import Any
 import structlog
 
 from staleflow_trainer.actors.liveness import is_actor_death, kill_actor
-from staleflow_trainer.actors.log_relay import replay
+from staleflow_trainer.actors.log_relay import WarningRelay, relayed_actors, replay
 from staleflow_trainer.actors.reconcile import TS_FILE, checkpoint_records
 from staleflow_trainer.atomic_files import make_run_dir
 from staleflow_trainer.config import AppConfig, dump_config, is_loopback, to_dict
@@ -340,8 +340,7 @@ class Deployment:
         )
 
     def _driver_pid_for_control(self) -> int | None:
-        """This process's pid when the control actor will run on this node (a local Ray):
-        the actor then stops as soon as this process is gone."""
+        """This pid if the control actor runs on this node (a local Ray): it stops once gone."""
         return None if self.cfg.ray.address else os.getpid()
 
     # ------------------------------------------------------------------------- faults
@@ -487,6 +486,9 @@ class Deployment:
         last_step = self.steps_at_start
         summary: Any = None
         replacer = self.replacer = Replacer(self, cfg.rollout.replace_lost, START_TIMEOUT_S)
+        relay = WarningRelay(
+            lambda: relayed_actors(self), log, enabled=not ray_prints_worker_logs()
+        )
 
         def emit(outs: list[dict[str, Any]], bar: Any) -> None:
             nonlocal last_step
@@ -525,6 +527,7 @@ class Deployment:
                         self.replace_crashed_coordinator(e)
                         continue
                     emit(outs, bar)
+                    relay.poll()  # the other actors' warnings
                     if not ready:  # losses are logged; with rollout.replace_lost, replaced
                         replacer.update(outs[-1]["instances"])
                     if ready and coord is self.coordinator:
@@ -537,6 +540,7 @@ class Deployment:
                             continue
                         break
             emit([ray.get(coord.drain.remote(last_step))], None)
+            relay.poll(wait_s=2.0)
         finally:
             replacer.close()
             writer.close()

@@ -1,17 +1,22 @@
-"""The control actor's warnings and errors, relayed to the run's own output.
+"""The actors' warnings and errors, relayed to the run's own output.
 
 Ray does not send the actors' output to the driver unless ``STALEFLOW_RAY_LOGS`` is set (it
-is noisy); their log lines stay in Ray's session logs (``/tmp/ray/session_latest/logs``). The
-control actor's warnings and errors are the ones a user must see — an instance that fails or
-hangs, a snapshot refused, a run that stops with outcomes unread — so the control actor keeps
-them (:func:`relay_warnings` installs the processor that does, in its own process) and hands
-them over with each ``drain`` (:func:`take`); the driver logs them again (:func:`replay`), with
-their level, event and fields, under ``relayed_from="control"``.
+is noisy); their log lines stay in Ray's session logs (``/tmp/ray/session_latest/logs``). Their
+warnings and errors are the lines a user must see — an instance that fails or hangs, a
+snapshot refused, a connection to the trajectory server that broke, a reward that could not
+be computed — so each actor keeps them (:func:`relay_warnings` installs the processor that
+does, in its own process) and hands them over (:func:`take`): the control actor with each
+``drain``, the others when the driver asks (:class:`KeepsWarnings`, :class:`WarningRelay`).
+The driver logs them again (:func:`replay`), with their level, event and fields, under
+``relayed_from`` (``control``, ``rollout:<id>``, ``trainer``, ``reward:<k>``,
+``param_server``).
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
@@ -62,17 +67,92 @@ def take() -> list[dict[str, Any]]:
     return out
 
 
-def replay(lines: list[dict[str, Any]], log: Any, *, skip: frozenset[str] = frozenset()) -> None:
-    """Log ``lines`` (from :func:`take`) again with ``log``, but those whose event is in
-    ``skip`` (the driver logs those itself)."""
+def replay(
+    lines: list[dict[str, Any]],
+    log: Any,
+    *,
+    skip: frozenset[str] = frozenset(),
+    source: str = "control",
+) -> None:
+    """Log ``lines`` (from :func:`take` in ``source``) again with ``log``, but those whose
+    event is in ``skip`` (the driver logs those itself). A field the driver's log call cannot
+    take by its name is renamed ``<role>_<name>`` (``control_self``, ``rollout_event``)."""
+    role = source.split(":")[0]
     for line in lines:
         fields = dict(line)
         level, event = str(fields.pop("level", "warning")), str(fields.pop("event", "?"))
         if event in skip:
             continue
-        fields = {(f"control_{k}" if k in _RESERVED else str(k)): v for k, v in fields.items()}
+        fields = {(f"{role}_{k}" if k in _RESERVED else str(k)): v for k, v in fields.items()}
         say = getattr(log, level if level in _LEVELS else "warning")
         try:
-            say(event, relayed_from="control", **fields)
+            say(event, relayed_from=source, **fields)
         except Exception as e:  # a line the driver cannot log must not end the run
-            log.warning("relayed_line_unreadable", relayed_from="control", error=repr(e)[:200])
+            log.warning("relayed_line_unreadable", relayed_from=source, error=repr(e)[:200])
+
+
+class KeepsWarnings:
+    """An actor whose warning and error lines the driver fetches (:meth:`take_logs`, from
+    :class:`WarningRelay`); its ``__init__`` calls :meth:`_keep_warnings`."""
+
+    def _keep_warnings(self) -> None:
+        relay_warnings()
+
+    def take_logs(self) -> list[dict[str, Any]]:
+        """The warning and error lines logged in this process since the last call."""
+        return take()
+
+
+#: How often (seconds) the driver asks each actor for its kept lines.
+FETCH_EVERY_S = 2.0
+
+
+def relayed_actors(dep: Any) -> dict[str, Any]:
+    """The actors of a ``Deployment`` whose lines :class:`WarningRelay` fetches, by the name
+    they are relayed from (the control actor hands its own over with ``drain``)."""
+    out = {f"rollout:{iid}": h for iid, h in dep.rollouts.items()}
+    out.update({f"reward:{k}": h for k, h in enumerate(dep.rewards)})
+    out.update({k: h for k, h in (("trainer", dep.trainer), ("param_server", dep.ps)) if h})
+    return out
+
+
+class WarningRelay:
+    """The driver's side: asks each actor of ``actors()`` for its kept lines (``take_logs``)
+    every :data:`FETCH_EVERY_S` and logs them again with ``log``. It never waits on an actor:
+    a call not answered yet is read at a later :meth:`poll` (a frozen actor holds its own
+    lines only), and one that failed (the actor is gone) is dropped. Off (``enabled=False``)
+    where Ray prints the actors' output itself."""
+
+    def __init__(self, actors: Callable[[], Mapping[str, Any]], log: Any, *, enabled: bool) -> None:
+        self._actors, self._log, self.enabled = actors, log, enabled
+        self._out: dict[str, Any] = {}  # name -> the call out
+        self._asked: dict[str, float] = {}  # name -> when it was last asked
+
+    def poll(self, wait_s: float = 0.0) -> None:
+        """Ask the actors due, then log what the answered calls brought (waiting ``wait_s``
+        at most for the calls out)."""
+        if not self.enabled:
+            return
+        import ray
+
+        now, actors = time.monotonic(), self._actors()
+        for name, h in actors.items():
+            if (
+                name not in self._out
+                and now - self._asked.get(name, -FETCH_EVERY_S) >= FETCH_EVERY_S
+            ):
+                self._out[name], self._asked[name] = h.take_logs.remote(), now
+        for name in [n for n in self._out if n not in actors]:  # left the run
+            del self._out[name]
+        refs = list(self._out.values())
+        if not refs:
+            return
+        ready = set(ray.wait(refs, num_returns=len(refs), timeout=wait_s)[0])
+        for name, ref in list(self._out.items()):
+            if ref in ready:
+                del self._out[name]
+                try:
+                    lines = ray.get(ref)
+                except Exception:  # gone: its loss is reported by the control side
+                    continue
+                replay(lines, self._log, source=name)

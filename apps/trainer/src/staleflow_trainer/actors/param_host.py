@@ -11,10 +11,12 @@ from typing import Any
 
 import structlog
 
+from staleflow_trainer.actors.log_relay import KeepsWarnings
+
 log = structlog.get_logger(__name__)
 
 
-class ParamServerHost:
+class ParamServerHost(KeepsWarnings):
     """Wrap with ``ray.remote``. Starts the service and its workers at construction."""
 
     def __init__(
@@ -27,6 +29,7 @@ class ParamServerHost:
         token: str | None = None,
         worker_pool_bytes: int = 64 << 20,
     ) -> None:
+        self._keep_warnings()
         from param_server import ParamServer, ParamServerConfig
 
         self._server = ParamServer(

@@ -18,6 +18,7 @@ from typing import Any
 
 import structlog
 
+from staleflow_trainer.actors.log_relay import KeepsWarnings
 from staleflow_trainer.actors.ts_link import StoreLink
 from staleflow_trainer.reward import RewardRunner
 from staleflow_trainer.reward.decode import ResponseDecoder
@@ -25,7 +26,7 @@ from staleflow_trainer.reward.decode import ResponseDecoder
 log = structlog.get_logger(__name__)
 
 
-class RewardActor:
+class RewardActor(KeepsWarnings):
     """Wrap with ``ray.remote``. ``score`` takes ids and returns ``[id, score | None, reason]``."""
 
     def __init__(
@@ -39,6 +40,7 @@ class RewardActor:
         ts_token: str | None,
         decoder: str | None = None,
     ) -> None:
+        self._keep_warnings()
         self._runner = RewardRunner(fn, retries=retries, timeout_s=timeout_s)
         self._decoder = ResponseDecoder(backend=decoder, tokenizer_path=tokenizer_path)
         log.info("reward_worker_started",

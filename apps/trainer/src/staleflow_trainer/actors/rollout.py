@@ -74,6 +74,7 @@ from engine_adapters import (
 from staleflow_trainer.actors.fault_hooks import RolloutFaultHooks
 from staleflow_trainer.actors.instance_store import InstanceStore, Item, StoreUnreachable
 from staleflow_trainer.actors.liveness import child_processes
+from staleflow_trainer.actors.log_relay import KeepsWarnings
 from staleflow_trainer.actors.rollout_wire import pack_outcomes
 from trajectory_server import Completion, Segment
 
@@ -109,7 +110,7 @@ def _finish(r: GenerateResult) -> str:
     return "length" if r.finish_reason is FinishReason.INTERRUPTED else r.finish_reason.value
 
 
-class RolloutActor(RolloutFaultHooks):
+class RolloutActor(RolloutFaultHooks, KeepsWarnings):
     """Wrap with ``ray.remote(max_concurrency=...)``; every method is async."""
 
     def __init__(
@@ -125,6 +126,7 @@ class RolloutActor(RolloutFaultHooks):
         generate_error_limit: int = 16,
         store_timeout_s: float = 60.0,
     ) -> None:
+        self._keep_warnings()
         self.instance_id = instance_id
         self._error_limit = generate_error_limit
         self._failed: set[str] = set()  # prompts failed since the last generation returned

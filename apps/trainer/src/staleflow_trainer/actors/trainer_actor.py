@@ -15,6 +15,7 @@ from typing import Any
 
 import structlog
 
+from staleflow_trainer.actors.log_relay import KeepsWarnings
 from staleflow_trainer.actors.ts_link import StoreLink
 from staleflow_trainer.config import from_dict
 from staleflow_trainer.trainer import Trainer, TrainSample
@@ -24,7 +25,7 @@ log = structlog.get_logger(__name__)
 _RETRY_EVERY_S = 0.5
 
 
-class TrainerActor:
+class TrainerActor(KeepsWarnings):
     """Wrap with ``ray.remote``. ``cfg`` is the resolved app config as a plain dict."""
 
     def __init__(
@@ -38,6 +39,7 @@ class TrainerActor:
         ts_address: Sequence[Any] | None = None,
         ts_token: str | None = None,
     ) -> None:
+        self._keep_warnings()
         app = from_dict(cfg)
         self._trainer = Trainer(
             app.trainer,
