@@ -103,8 +103,10 @@ class KeepsWarnings:
         return take()
 
 
-#: How often (seconds) the driver asks each actor for its kept lines.
+#: How often (seconds) the driver asks each actor for its kept lines; with many actors, less
+#: often: at most :data:`FETCH_PER_S` calls a second in all.
 FETCH_EVERY_S = 2.0
+FETCH_PER_S = 100.0
 
 
 def relayed_actors(dep: Any) -> dict[str, Any]:
@@ -118,7 +120,7 @@ def relayed_actors(dep: Any) -> dict[str, Any]:
 
 class WarningRelay:
     """The driver's side: asks each actor of ``actors()`` for its kept lines (``take_logs``)
-    every :data:`FETCH_EVERY_S` and logs them again with ``log``. It never waits on an actor:
+    every :data:`FETCH_EVERY_S` (:data:`FETCH_PER_S`) and logs them again with ``log``. It never waits on an actor:
     a call not answered yet is read at a later :meth:`poll` (a frozen actor holds its own
     lines only), and one that failed (the actor is gone) is dropped. Off (``enabled=False``)
     where Ray prints the actors' output itself."""
@@ -136,11 +138,9 @@ class WarningRelay:
         import ray
 
         now, actors = time.monotonic(), self._actors()
+        every = max(FETCH_EVERY_S, len(actors) / FETCH_PER_S)
         for name, h in actors.items():
-            if (
-                name not in self._out
-                and now - self._asked.get(name, -FETCH_EVERY_S) >= FETCH_EVERY_S
-            ):
+            if name not in self._out and now - self._asked.get(name, -every) >= every:
                 self._out[name], self._asked[name] = h.take_logs.remote(), now
         for name in [n for n in self._out if n not in actors]:  # left the run
             del self._out[name]
