@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import struct
 import time
 from typing import Any
 
@@ -73,11 +75,32 @@ def test_warnings_of_the_other_actors_are_relayed_without_waiting_on_any(
     assert logs == []
 
 
+def test_the_trajectory_servers_warnings_are_relayed(ray_session: None) -> None:
+    """The run's trajectory-server actor (the library's, keeping its lines): a peer that sends
+    a frame over the size limit before its hello is logged there, and relayed."""
+    import ray
+
+    from staleflow_trainer.actors.ts_actor import TrajectoryServerActor
+
+    ts = ray.remote(TrajectoryServerActor).remote(token="t")
+    host, port = ray.get(ts.start.remote())
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(struct.pack(">I", 1 << 30))  # a length prefix: 1 GiB
+        sock.recv(1024)  # its error answer, then it closes
+    relay = WarningRelay(lambda: {"trajectory_server": ts}, structlog.get_logger("d"), enabled=True)
+    with capture_logs() as logs:
+        relay.poll(wait_s=10.0)
+    got = [(e["relayed_from"], e["event"]) for e in logs]
+    assert ("trajectory_server", "frame_too_large") in got, got
+    ray.kill(ts)
+
+
 def test_every_actor_of_the_deployment_keeps_its_warnings() -> None:
     from staleflow_trainer.actors.param_host import ParamServerHost
     from staleflow_trainer.actors.reward_actor import RewardActor
     from staleflow_trainer.actors.rollout import RolloutActor
     from staleflow_trainer.actors.trainer_actor import TrainerActor
+    from staleflow_trainer.actors.ts_actor import TrajectoryServerActor
 
-    for cls in (RolloutActor, TrainerActor, RewardActor, ParamServerHost):
+    for cls in (RolloutActor, TrainerActor, RewardActor, ParamServerHost, TrajectoryServerActor):
         assert issubclass(cls, KeepsWarnings), cls

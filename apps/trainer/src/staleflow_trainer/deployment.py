@@ -94,7 +94,7 @@ class Deployment:
         from staleflow_trainer.actors.param_host import ParamServerHost
         from staleflow_trainer.actors.reward_actor import RewardActor
         from staleflow_trainer.actors.trainer_actor import TrainerActor
-        from trajectory_server.actor import TrajectoryServerActor
+        from staleflow_trainer.actors.ts_actor import TrajectoryServerActor
 
         cfg = self.cfg
         progress = self.startup

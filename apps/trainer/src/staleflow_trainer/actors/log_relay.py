@@ -9,7 +9,7 @@ does, in its own process) and hands them over (:func:`take`): the control actor 
 ``drain``, the others when the driver asks (:class:`KeepsWarnings`, :class:`WarningRelay`).
 The driver logs them again (:func:`replay`), with their level, event and fields, under
 ``relayed_from`` (``control``, ``rollout:<id>``, ``trainer``, ``reward:<k>``,
-``param_server``).
+``param_server``, ``trajectory_server``).
 """
 
 from __future__ import annotations
@@ -114,7 +114,8 @@ def relayed_actors(dep: Any) -> dict[str, Any]:
     they are relayed from (the control actor hands its own over with ``drain``)."""
     out = {f"rollout:{iid}": h for iid, h in dep.rollouts.items()}
     out.update({f"reward:{k}": h for k, h in enumerate(dep.rewards)})
-    out.update({k: h for k, h in (("trainer", dep.trainer), ("param_server", dep.ps)) if h})
+    more = (("trainer", dep.trainer), ("param_server", dep.ps), ("trajectory_server", dep.ts))
+    out.update({k: h for k, h in more if h is not None})
     return out
 
 
