@@ -1,13 +1,14 @@
 """Silent instances: a call to an instance that misses its cycle (``ANSWER_WAIT_S``) makes
 the instance *silent* until its calls are answered again. The control core then leaves it out
-of every cycle (:class:`~staleflow_trainer.control.events.InstanceSilent`), and the routes to
-it that were still queued behind the overdue call are taken back instead of sent: the core
-returns them to the queue and routes them to instances that answer.
+of every cycle (:class:`~staleflow_trainer.control.events.InstanceSilent`) and routes the work
+held for its sync elsewhere, and the routes to it that were still queued behind the overdue
+call are taken back instead of sent: the core returns them to the queue and routes them to
+instances that answer.
 
 Without it, a silent instance looked free to the router (its last answer said so), so the work
-of the next batch went there and waited, unsent, behind the overdue call until the instance was
-lost ``coordinator.call_timeout_s`` later, while the trainer waited for that batch and the
-other instances idled.
+of the next batch went there and waited (for its sync, or behind the overdue call) until the
+instance was lost (``coordinator.poll_timeout_s`` or ``call_timeout_s`` later), while the
+trainer waited for that batch and the other instances idled.
 """
 
 from __future__ import annotations
