@@ -1,14 +1,31 @@
 """What the fault tests check after a fault: the control loop lost an instance (waited for from
 the test's driver), the ledger balances, and what a lost instance held went back to the queue
-and ran elsewhere."""
+and ran elsewhere; and the watchdog that stops a faulted run that does not complete."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from waiting import wait_for
 
 from trajectory_server import routes_out_of_queue
+
+
+def watchdog(dep: Any, out: dict[str, Any], timeout_s: float) -> threading.Event:
+    """Stop ``dep``'s run (``out["stopped_by_watchdog"] = True``) unless the event returned is
+    set within ``timeout_s``."""
+    import ray
+
+    finished = threading.Event()
+
+    def watch() -> None:
+        if not finished.wait(timeout_s):
+            out["stopped_by_watchdog"] = True
+            ray.get(dep.coordinator.stop.remote())
+
+    threading.Thread(target=watch, daemon=True).start()
+    return finished
 
 
 def lost_record(dep: Any, iid: str, what: str, timeout_s: float = 60.0) -> dict[str, Any]:

@@ -25,13 +25,12 @@ Then the run completes on the second replacement, and the ledger balances.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from fault_checks import assert_ledger_balances, assert_routes_stopped, lost_record
+from fault_checks import assert_ledger_balances, assert_routes_stopped, lost_record, watchdog
 from structlog.testing import capture_logs
 from tiny_setup import tiny_config
 from waiting import wait_for
@@ -79,15 +78,9 @@ def dead(
     )
     out: dict[str, Any] = {}
     dep = Deployment(cfg).start()
-    finished = threading.Event()
     hung = out["hung"] = sorted(dep.rollouts)[0]
     ray.get(dep.rollouts[hung].hang_next_sync.remote())
     armed = time.monotonic()
-
-    def watchdog() -> None:
-        if not finished.wait(WATCHDOG_S):
-            out["stopped_by_watchdog"] = True
-            ray.get(dep.coordinator.stop.remote())
 
     def on_record(rec: dict[str, Any]) -> None:
         if int(rec["step"]) < 1 or "victim" in out:
@@ -124,7 +117,7 @@ def dead(
         out["silent_after_s"] = time.monotonic() - held_from
         out["silent_alive"] = _alive(h)
 
-    threading.Thread(target=watchdog, daemon=True).start()
+    finished = watchdog(dep, out, WATCHDOG_S)
     try:
         with capture_logs() as logs:  # the driver's own, and those relayed from the control
             out["summary"] = dep.run(on_record=on_record)

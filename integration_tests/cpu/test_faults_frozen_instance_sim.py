@@ -18,13 +18,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from fault_checks import assert_ledger_balances, lost_record
+from fault_checks import assert_ledger_balances, lost_record, watchdog
 from tiny_setup import tiny_config
 
 pytestmark = [pytest.mark.fault, pytest.mark.ray, pytest.mark.sim, pytest.mark.timeout(300)]
@@ -56,12 +55,6 @@ def frozen(
     )
     out: dict[str, Any] = {"steps_at": {}}
     dep = Deployment(cfg).start()
-    finished = threading.Event()
-
-    def watchdog() -> None:
-        if not finished.wait(WATCHDOG_S):
-            out["stopped_by_watchdog"] = True
-            ray.get(dep.coordinator.stop.remote())
 
     def on_record(rec: dict[str, Any]) -> None:
         step = int(rec["step"])
@@ -76,7 +69,7 @@ def frozen(
         os.kill(pid, signal.SIGSTOP)
         out.update(victim=victim, pid=pid, frozen_at=time.monotonic(), frozen_after=step)
 
-    threading.Thread(target=watchdog, daemon=True).start()
+    finished = watchdog(dep, out, WATCHDOG_S)
     try:
         out["summary"] = dep.run(on_record=on_record)
         finished.set()

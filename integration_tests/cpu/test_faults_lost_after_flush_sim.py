@@ -13,12 +13,11 @@ trajectory consumed, in flight or dropped with a reason); no route was refused.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from fault_checks import assert_ledger_balances
+from fault_checks import assert_ledger_balances, watchdog
 from tiny_setup import tiny_config
 from waiting import wait_for
 
@@ -61,12 +60,6 @@ def lost(
     )
     out: dict[str, Any] = {}
     dep = Deployment(cfg).start()
-    finished = threading.Event()
-
-    def watchdog() -> None:
-        if not finished.wait(WATCHDOG_S):
-            out["stopped_by_watchdog"] = True
-            ray.get(dep.coordinator.stop.remote())
 
     def on_record(rec: dict[str, Any]) -> None:
         if int(rec["step"]) < 1 or "victim" in out:
@@ -81,7 +74,7 @@ def lost(
         )
         dep.kill_instance(victim)
 
-    threading.Thread(target=watchdog, daemon=True).start()
+    finished = watchdog(dep, out, WATCHDOG_S)
     try:
         out["summary"] = dep.run(on_record=on_record)
         finished.set()
