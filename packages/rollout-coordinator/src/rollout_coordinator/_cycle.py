@@ -178,8 +178,8 @@ class Coordinator:
         it, none of its work is migrated away or preempted, it is not synced, and admission
         does not count its room. The routes held for its sync are not issued (new ones keep
         their reservation and V_traj, and are routed elsewhere); what it runs stays routed
-        there (the caller takes back what it never sent with :meth:`on_interrupted`, and loses
-        the instance with :meth:`remove_instance` if it never answers)."""
+        there (the caller takes back what it never sent with :meth:`unroute`, and loses the
+        instance with :meth:`remove_instance` if it never answers)."""
         if instance_id not in self.state.instances:
             raise KeyError(f"unknown instance {instance_id!r}")
         if not silent:
@@ -224,12 +224,7 @@ class Coordinator:
         """The pull failed: the instance keeps its version; held routes to it are not issued.
         Returns their trajectory ids (new ones keep their reservation and V_traj)."""
         self.state.fail_sync(instance_id, now=self.clock())
-        held = self.pending.orphan(instance_id)
-        for r in held:
-            self._forget(r.trajectory_id)
-            if r.new:
-                self._orphans[r.trajectory_id] = r.version
-        return [r.trajectory_id for r in held]
+        return self._orphan_held(instance_id)
 
     def on_interrupted(self, instance_id: str, trajectory_ids: Iterable[str]) -> None:
         """The engine stopped these (our Interrupt/Sync, or its own decision); idempotent."""

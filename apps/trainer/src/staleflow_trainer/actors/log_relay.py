@@ -121,9 +121,10 @@ def relayed_actors(dep: Any) -> dict[str, Any]:
 
 class WarningRelay:
     """The driver's side: asks each actor of ``actors()`` for its kept lines (``take_logs``)
-    every :data:`FETCH_EVERY_S` (:data:`FETCH_PER_S`) and logs them again with ``log``. It never waits on an actor:
-    a call not answered yet is read at a later :meth:`poll` (a frozen actor holds its own
-    lines only), and one that failed (the actor is gone) is dropped. Off (``enabled=False``)
+    every :data:`FETCH_EVERY_S` (see :data:`FETCH_PER_S`) and logs them again with ``log``.
+    It never waits on an actor: a call not answered yet is read at a later :meth:`poll` (a
+    frozen actor holds its own lines only), and one that failed (the actor is gone) is
+    dropped. Off (``enabled=False``)
     where Ray prints the actors' output itself."""
 
     def __init__(self, actors: Callable[[], Mapping[str, Any]], log: Any, *, enabled: bool) -> None:

@@ -133,7 +133,7 @@ class InstanceSilent:
     routed, migrated or synced there, and what the batches still waiting for their trajectories
     need goes to the other instances. ``withdrawn``: trajectories routed there whose route the
     shell never sent (queued behind the overdue call) and now never will — they go back to the
-    queue, as the store still holds them there."""
+    queue, where the store still holds them."""
 
     at: float
     instance_id: str
