@@ -2,9 +2,10 @@
 
 What it does, per staleness bound η (``--etas``, default 0, 1, 3):
 
-1. **Profile and fit** (once): ``staleflow profile`` on one real vLLM-CPU engine of the
-   config below (decode-step latency on a grid of running trajectories × KV tokens), then
-   ``staleflow fit-cost-model`` on it: the engines' cost model.
+1. **Profile and fit** (once): ``staleflow profile --instances 2`` on the config below
+   (decode-step latency on a grid of running trajectories × KV tokens, the config's two
+   vLLM-CPU engines decoding side by side as in training, with its sampling settings and one
+   thread each), then ``staleflow fit-cost-model`` on it: the engines' cost model.
 2. **A real run**: ``staleflow train`` on the config (Ray, 2 vLLM-CPU instances, the trajectory
    and parameter servers, the PyTorch trainer), ``--steps`` steps.
 3. **Calibrate what is not the rollout** from that run's step records, over its measured steps
@@ -30,8 +31,9 @@ would leave nothing for the rollout model to predict). Predicted, not calibrated
 the rollout does (decode and its batching, routing, syncs' timing, interrupts, waiting for the
 tail), the control cycle, and how they add up under η. Not modelled by the simulator: the
 prefill of prompts (at most 16 tokens here; set to 0), reward scoring time, Ray and RPC
-latencies between the processes, and that on this 2-core machine the engines, the trainer and
-the control process share the CPU (the profile measures one engine alone).
+latencies between the processes, and that on this 2-core machine the engines also share the
+CPU with the trainer, the control process, the trajectory server and the reward worker (the
+profile measures the two engines alone).
 
     .venv/bin/python benchmarks/bench_sim_vs_real.py [--etas 0,1,3] [--steps 33] [--warmup 3]
     .venv/bin/python benchmarks/bench_sim_vs_real.py --smoke   # eta 1, 6 steps, 2 warm-up
@@ -85,12 +87,13 @@ def _cli(*args: str) -> None:
 
 
 def fit_cost_model(work: Path) -> Path:
-    """Profile one real engine of the config and fit the cost model; the JSON's path."""
+    """Profile the config's engines side by side, as a training run starts them, and fit the
+    cost model; the JSON's path."""
     from staleflow_trainer.config import load_config
-    from staleflow_trainer.wiring import profile
+    from staleflow_trainer.profiling import profile
 
     cfg = load_config(CONFIG, _common(work / "profile", 1, 1))
-    if profile(cfg, steps=32) != 0:
+    if profile(cfg, steps=32, instances=cfg.rollout.num_instances) != 0:
         raise RuntimeError("staleflow profile failed")
     out = work / "cost_model.json"
     _cli("fit-cost-model", str(work / "profile" / "profile.jsonl"), "-o", str(out))

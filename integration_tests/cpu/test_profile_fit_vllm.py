@@ -4,7 +4,7 @@ The README's tiny model and ``examples/tiny.yaml`` with ``rollout.max_running=8`
 ``rollout.max_model_len=128``: the profile grid is running in {1, 2, 4, 8} x two KV sizes per
 trajectory (8 points, the fewest the fit accepts: it holds 20 % out and needs 6 to fit), 32
 decode steps each (the command's default of 8 is a ~25 ms window per point, too short on a
-shared 2-core machine: one descheduling made the fit reject the data). ``wiring.profile`` is
+shared 2-core machine: one descheduling made the fit reject the data). ``profiling.profile`` is
 what ``staleflow profile`` runs. Asserted: the JSONL holds exactly the grid with positive
 finite latencies from the vllm backend; the fit command succeeds and writes coefficients that
 load back as the coordinator's cost model and predict a positive step latency at every
@@ -22,7 +22,7 @@ import pytest
 from rollout_coordinator.cost_model import CostModel
 from staleflow_trainer.cli import main
 from staleflow_trainer.config import load_config
-from staleflow_trainer.wiring import profile
+from staleflow_trainer.profiling import profile
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 

@@ -272,6 +272,35 @@ class TestVllmBackend:
         with pytest.raises(InvalidRequest):
             await vllm.profile([(1, MAX_MODEL_LEN * 4)])
 
+    async def test_profile_decodes_with_the_rollouts_sampling(
+        self, vllm: VllmAdapter, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The profile's requests are built as generate's (one log-probability a token, the
+        rollout's temperature, top-p and seed), stop tokens left out: it times the rollout's
+        own decode steps."""
+        import engine_adapters.vllm._adapter as adapter_module
+
+        seen: list[Any] = []
+        real = adapter_module.measure_points
+
+        async def spy(engine: Any, points: Any, **kw: Any) -> Any:
+            seen.append(kw["params"])
+            return await real(engine, points, **kw)
+
+        monkeypatch.setattr(adapter_module, "measure_points", spy)
+        sampling = SamplingParams(temperature=0.7, top_p=0.9, seed=5, stop_token_ids=(3,))
+        points = await vllm.profile([(2, 64)], steps=6, sampling=sampling)
+        assert len(points) == 1 and points[0].step_latency_s > 0
+        (params,) = seen
+        rollout = vllm._sampling_params(
+            GenerateRequest(trajectory_id="x", prompt_token_ids=(5,), sampling=sampling)
+        )
+        assert (params.temperature, params.top_p, params.seed) == (0.7, 0.9, 5)
+        assert params.logprobs == rollout.logprobs == 1
+        assert params.output_kind == rollout.output_kind and params.ignore_eos
+        assert params.max_tokens == 7 and not params.stop_token_ids
+        assert list(rollout.stop_token_ids) == [3]
+
     async def test_profile_refuses_busy_engine(self, vllm: VllmAdapter) -> None:
         task = asyncio.create_task(vllm.generate(req("busy", max_new_tokens=400)))
         await asyncio.sleep(0)

@@ -115,7 +115,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _cmd_profile(args: argparse.Namespace) -> int:
     cfg = _load(args)
-    result = _lazy("staleflow_trainer.wiring").profile(cfg)
+    result = _lazy("staleflow_trainer.profiling").profile(
+        cfg, steps=args.steps, instances=args.instances
+    )
     return int(result or 0) if isinstance(result, int) else 0
 
 
@@ -205,9 +207,13 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "profile": (
         "measure an engine's decode-step latency",
-        "Start one rollout engine, run decode steps at several (running requests, KV tokens) "
-        "points and write RUN_DIR/profile.jsonl, the input of fit-cost-model.",
-        "  staleflow profile examples/tiny.yaml run_dir=runs/profile",
+        "Start rollout engines as staleflow train would (engine arguments, sampling settings, "
+        "rollout.cpus_per_instance threads), run decode steps at several (running requests, "
+        "KV tokens) points and write RUN_DIR/profile.jsonl, the input of fit-cost-model. "
+        "With --instances N, N engines decode every point at the same time, one process "
+        "each: instances that share a machine slow each other, and the profile says how much.",
+        "  staleflow profile examples/tiny.yaml run_dir=runs/profile\n"
+        "  staleflow profile examples/tiny.yaml run_dir=runs/profile --instances 2 --steps 32",
     ),
     "config": (
         "print the resolved config (every key, defaults filled in)",
@@ -311,7 +317,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="recommend the smallest η within this fraction of the best (default: 0.05)",
     )
     pln.set_defaults(fn=_cmd_plan)
-    with_config("profile").set_defaults(fn=_cmd_profile)
+    prof = with_config("profile")
+    prof.add_argument(
+        "--instances",
+        type=int,
+        default=1,
+        metavar="N",
+        help="engines measured side by side, one process each (default: 1, one engine alone)",
+    )
+    prof.add_argument(
+        "--steps",
+        type=int,
+        default=8,
+        metavar="K",
+        help="decode steps timed at each point (default: 8; 32 steadies a shared machine)",
+    )
+    prof.set_defaults(fn=_cmd_profile)
     with_config("config").set_defaults(fn=_cmd_config)
     # the fitter owns its options: everything after the name, ``--help`` included, is
     # handed to it (see main and _cmd_fit)

@@ -27,7 +27,6 @@ the store held (their V_traj and protocol reservations are kept).
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -36,10 +35,9 @@ import attrs
 import structlog
 
 from staleflow_trainer.actors.reconcile import latest_checkpoint
-from staleflow_trainer.atomic_files import make_run_dir
 from staleflow_trainer.config import AppConfig
 from staleflow_trainer.deployment import Deployment
-from staleflow_trainer.prepare import WORKER_ENV, engine_kwargs, init_ray, model_dir, role_options
+from staleflow_trainer.prepare import init_ray, role_options
 from staleflow_trainer.startup import finished_run_message
 
 log = structlog.get_logger(__name__)
@@ -127,45 +125,4 @@ def _report(s: RunSummary) -> None:
         c.print(f"[bold red]ledger problems[/]: {s.ledger['problems'][:5]}")
 
 
-def profile(cfg: AppConfig, *, steps: int = 8) -> int:
-    """``staleflow profile``: measure one engine's per-step decode latency on a grid of
-    (running, KV tokens) points; writes ``RUN_DIR/profile.jsonl`` (the input of
-    ``staleflow fit-cost-model``). Runs in this process, no Ray."""
-    import asyncio
-
-    from engine_adapters import create_engine, write_profile_jsonl
-
-    for k, v in WORKER_ENV.items():
-        os.environ.setdefault(k, v)
-    make_run_dir(cfg.run_dir)
-    path = model_dir(cfg)
-    r = cfg.rollout
-    per_traj = sorted({max(steps, (r.max_model_len - steps) // 2), r.max_model_len - steps})
-    running = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= r.max_running]
-    points = [(n, n * length) for n in running for length in per_traj]
-
-    async def measure() -> list[Any]:
-        engine = create_engine(r.backend, instance_id="profile-0", **engine_kwargs(cfg, 0, path))
-        await engine.start()
-        try:
-            # warm-up, discarded: an engine's first decode steps pay one-off costs (on vLLM-CPU
-            # the first point once read 14x slower than its neighbour and broke the fit)
-            await engine.profile(points[:1], steps=steps)
-            return list(await engine.profile(points, steps=steps))
-        finally:
-            await engine.close()
-
-    measured = asyncio.run(measure())
-    out = cfg.run_dir / "profile.jsonl"
-    out.unlink(missing_ok=True)
-    write_profile_jsonl(measured, out)
-    from rich.console import Console
-
-    Console(soft_wrap=True).print(
-        f"{len(measured)} profile points -> {out}\n"
-        f"fit them with: staleflow fit-cost-model {out} -o {cfg.run_dir / 'cost_model.json'}"
-    )
-    return 0
-
-
-__all__ = ["Deployment", "RunSummary", "init_ray", "profile", "role_options", "train"]
+__all__ = ["Deployment", "RunSummary", "init_ray", "role_options", "train"]

@@ -247,9 +247,17 @@ class EngineAdapter(abc.ABC):
         return None
 
     async def profile(
-        self, points: Sequence[tuple[int, int]], *, steps: int = 8
+        self,
+        points: Sequence[tuple[int, int]],
+        *,
+        steps: int = 8,
+        sampling: SamplingParams | None = None,
     ) -> list[ProfilePoint]:
-        """Measure per-step decode latency at (running trajectories, KV tokens) points."""
+        """Measure per-step decode latency at (running trajectories, KV tokens) points.
+
+        ``sampling``: the rollout's sampling settings; the measured requests decode with them
+        (stop tokens left out, so every request decodes ``steps`` tokens) and so time the
+        decode steps the rollout runs. Default ``SamplingParams()``."""
         raise NotImplementedError(f"{type(self).__name__} does not support profiling")
 
 

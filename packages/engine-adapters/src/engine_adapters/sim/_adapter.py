@@ -233,12 +233,20 @@ class SimAdapter(EngineAdapter):
         return self.core.snapshot(self._now())
 
     async def profile(
-        self, points: Sequence[tuple[int, int]], *, steps: int = 8
+        self,
+        points: Sequence[tuple[int, int]],
+        *,
+        steps: int = 8,
+        sampling: SamplingParams | None = None,
     ) -> list[ProfilePoint]:
         """Run a scratch copy of this engine at each (running, kv) point; mean step latency.
+        The simulated step time does not depend on ``sampling``: it is accepted for the
+        contract and has no effect.
 
-        ``kv_tokens`` of each result is the mean resident KV over the measured steps (it grows
-        by ``running`` per step), so a linear fit of the points recovers the cost model.
+        As in vLLM's profile, a point's KV is the batch's in the middle of the measured window:
+        the prompts hold ``kv/running - steps/2`` tokens each. ``kv_tokens`` of each result is
+        the mean resident KV over the measured steps (it grows by ``running`` per step), so a
+        linear fit of the points recovers the cost model.
         """
         if steps < 1:
             raise InvalidRequest(f"steps must be >= 1, got {steps}", field="steps")
@@ -282,16 +290,19 @@ class SimAdapter(EngineAdapter):
             raise InvalidRequest(
                 f"profile running={running} must be in [1, {cfg.max_running}]", field="points"
             )
-        per = kv // running
+        # the point's KV is the batch's in the middle of the window, as in vLLM's profile
+        start = kv - running * steps // 2
+        per = start // running
         if (
             per < 1
-            or per + steps >= cfg.max_model_len
-            or kv + running * (steps + 1) > cfg.kv_capacity
+            or per + steps + 1 > cfg.max_model_len
+            or start + running * (steps + 1) > cfg.kv_capacity
         ):
             raise InvalidRequest(
-                f"profile point (running={running}, kv={kv}) does not fit: need kv >= running, "
-                f"kv/running + steps < max_model_len={cfg.max_model_len} and "
-                f"kv + running·steps <= the KV capacity {cfg.kv_capacity}",
+                f"profile point (running={running}, kv={kv}) does not fit: its prompts of "
+                f"kv/running - steps/2 tokens need at least 1 token each, and "
+                f"kv/running + steps/2 + 1 <= max_model_len={cfg.max_model_len} and "
+                f"kv + running·steps/2 <= the KV capacity {cfg.kv_capacity}",
                 field="points",
             )
         no_prefill = attrs.evolve(
@@ -302,7 +313,7 @@ class SimAdapter(EngineAdapter):
             kv_capacity_tokens=cfg.kv_capacity,
         )
         scratch = SimEngineCore(no_prefill, instance_id="profile")
-        extra = kv - per * running
+        extra = start - per * running
         for i in range(running):
             plen = per + (1 if i < extra else 0)
             scratch.add(
@@ -315,11 +326,12 @@ class SimAdapter(EngineAdapter):
             )
         # All were admitted at t=0 in one batch; the first boundary is after steps+1 steps.
         elapsed = scratch.next_event_time()
-        per_step = [scratch.cost.step_latency(running, kv + running * j) for j in range(steps + 1)]
+        per_step = [
+            scratch.cost.step_latency(running, start + running * j) for j in range(steps + 1)
+        ]
         if not math.isclose(elapsed, sum(per_step), rel_tol=1e-9):
             raise AssertionError("profile batch was not admitted at once")
-        mean_kv = kv + running * steps / 2
-        return elapsed / (steps + 1), mean_kv
+        return elapsed / (steps + 1), start + running * steps / 2
 
     def _now(self) -> float:
         return max(self.clock.now(), self.core.now)

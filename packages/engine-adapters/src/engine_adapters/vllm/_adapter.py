@@ -51,6 +51,7 @@ from engine_adapters._contract import (
     GenerateResult,
     ProfilePoint,
     RunningTrajectory,
+    SamplingParams,
 )
 from engine_adapters.errors import (
     BackendNotInstalled,
@@ -64,6 +65,7 @@ from engine_adapters.errors import (
 from engine_adapters.vllm._config import DEFAULT_ENVIRONMENT, LOAD_MODES, VllmConfig
 from engine_adapters.vllm._inflight import InFlight
 from engine_adapters.vllm._profile import measure_points
+from engine_adapters.vllm._sampling import vllm_sampling_params
 from engine_adapters.vllm._stats import EngineStats, SchedulerView, stat_logger_factory
 from engine_adapters.vllm._weights import WeightSchema
 from engine_adapters.vllm._worker import encode_tensors
@@ -306,21 +308,9 @@ class VllmAdapter(EngineAdapter):
                 )
 
     def _sampling_params(self, request: GenerateRequest) -> Any:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        s = request.sampling
-        return SamplingParams(
-            n=1,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            seed=s.seed,
-            max_tokens=s.max_new_tokens - len(request.generated_token_ids),
-            stop_token_ids=list(s.stop_token_ids),
-            ignore_eos=True,
-            logprobs=1,
-            detokenize=False,
-            output_kind=RequestOutputKind.DELTA,
+        return vllm_sampling_params(
+            request.sampling,
+            max_tokens=request.sampling.max_new_tokens - len(request.generated_token_ids),
         )
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -563,10 +553,16 @@ class VllmAdapter(EngineAdapter):
     # ----------------------------------------------------------------- profile
 
     async def profile(
-        self, points: Sequence[tuple[int, int]], *, steps: int = 8
+        self,
+        points: Sequence[tuple[int, int]],
+        *,
+        steps: int = 8,
+        sampling: SamplingParams | None = None,
     ) -> list[ProfilePoint]:
         """Per-step decode latency at each (running, KV tokens) point; needs an idle engine
-        (how it is measured: :func:`engine_adapters.vllm._profile.measure_points`)."""
+        (how it is measured: :func:`engine_adapters.vllm._profile.measure_points`). The
+        requests decode with ``sampling`` (default ``SamplingParams()``) as ``generate``
+        would, stop tokens left out."""
         engine = self._require_engine()
         if self._active:
             raise EngineError(
@@ -584,4 +580,7 @@ class VllmAdapter(EngineAdapter):
             vocab_size=self._vocab_size,
             seed=self._config.seed,
             backend=self.backend,
+            params=vllm_sampling_params(
+                sampling or SamplingParams(), max_tokens=steps + 1, stop=False
+            ),
         )

@@ -46,19 +46,17 @@ def _check_point(
 
 
 async def _run_one(
-    engine: Any, n: int, prompt_len: int, *, steps: int, vocab_size: int, rng: random.Random
+    engine: Any,
+    n: int,
+    prompt_len: int,
+    *,
+    steps: int,
+    vocab_size: int,
+    rng: random.Random,
+    params: Any,
 ) -> float:
-    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
-    from vllm.sampling_params import RequestOutputKind
 
-    params = SamplingParams(
-        temperature=0.0,
-        max_tokens=steps + 1,
-        ignore_eos=True,
-        detokenize=False,
-        output_kind=RequestOutputKind.DELTA,
-    )
     salt = uuid.uuid4().hex  # no prefix-cache hits from earlier points
     arrivals: list[list[tuple[float, int]]] = [[] for _ in range(n)]
 
@@ -94,10 +92,13 @@ async def measure_points(
     vocab_size: int,
     seed: int,
     backend: str,
+    params: Any,
 ) -> list[ProfilePoint]:
     """For each point, ``running`` requests with random prompts of ``kv/running - steps/2``
     tokens decode ``steps`` tokens together; the latency is the time from the moment all of
-    them have their first token to the last token, divided by the decode steps in between."""
+    them have their first token to the last token, divided by the decode steps in between.
+    ``params`` are vLLM's sampling parameters for each request (the rollout's, through
+    :func:`engine_adapters.vllm._sampling.vllm_sampling_params`, ``steps + 1`` new tokens)."""
     plan = [
         (
             int(n),
@@ -116,7 +117,9 @@ async def measure_points(
     rng = random.Random(seed)
     results = []
     for n, kv, prompt_len in plan:
-        latency = await _run_one(engine, n, prompt_len, steps=steps, vocab_size=vocab_size, rng=rng)
+        latency = await _run_one(
+            engine, n, prompt_len, steps=steps, vocab_size=vocab_size, rng=rng, params=params
+        )
         results.append(
             ProfilePoint(running=n, kv_tokens=kv, step_latency_s=latency, backend=backend)
         )
