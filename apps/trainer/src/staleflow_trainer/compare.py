@@ -98,13 +98,22 @@ def default_seeds(cfg: AppConfig) -> tuple[int, ...]:
 
 
 def _run_one(args: tuple[AppConfig, str]) -> dict[str, Any]:
+    """One simulated run, logging warnings and errors only; the process's logging is as it
+    was afterwards (runs in this process must not change what its caller logs)."""
     import logging
 
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     from staleflow_trainer.simulate import run_and_write
 
-    cfg, run_dir = args
-    return run_and_write(cfg, Path(run_dir), plots=False)
+    configured, before = structlog.is_configured(), structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    try:
+        cfg, run_dir = args
+        return run_and_write(cfg, Path(run_dir), plots=False)
+    finally:
+        if configured:
+            structlog.configure(**before)
+        else:
+            structlog.reset_defaults()
 
 
 def run_specs(
