@@ -1,6 +1,15 @@
-"""Workspace-wide test settings: no hub, no telemetry, small vLLM KV cache."""
+"""Workspace-wide test settings: no hub, no telemetry, small vLLM KV cache; every test leaves
+structlog configured as it found it."""
 
 import os
+from collections.abc import Iterator
+
+import pytest
+
+try:
+    import structlog
+except ImportError:  # an environment of one package without it (the protocol alone)
+    structlog = None
 
 for _k, _v in {
     "HF_HUB_OFFLINE": "1",
@@ -13,3 +22,19 @@ for _k, _v in {
     "TOKENIZERS_PARALLELISM": "false",
 }.items():
     os.environ.setdefault(_k, _v)
+
+
+@pytest.fixture(autouse=True)
+def _structlog_configuration_restored() -> Iterator[None]:
+    """Every test starts with structlog as the one before it found it: ``staleflow``'s
+    ``main`` configures the process's logging (its ``--log-level``), which must not decide
+    what a later test's log capture sees."""
+    if structlog is None:
+        yield
+        return
+    configured, before = structlog.is_configured(), structlog.get_config()
+    yield
+    if configured:
+        structlog.configure(**before)
+    else:
+        structlog.reset_defaults()
