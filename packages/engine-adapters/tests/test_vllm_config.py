@@ -34,10 +34,39 @@ def test_gpu_defaults_leave_vllm_in_charge() -> None:
 
 def test_engine_kwargs_override_derived_fields() -> None:
     cfg = VllmConfig(
-        model_path="/m", engine_kwargs={"dtype": "bfloat16", "max_num_batched_tokens": 64}
+        model_path="/m",
+        max_model_len=64,
+        engine_kwargs={"dtype": "bfloat16", "max_num_batched_tokens": 64},
     )
     args = cfg.engine_args(on_gpu=False)
     assert args["dtype"] == "bfloat16" and args["max_num_batched_tokens"] == 64
+
+
+def test_cpu_prefills_prompts_whole() -> None:
+    """vLLM-CPU stops its engine when a seeded request is prefilled in chunks (see
+    test_vllm_seeded_prefill.py): on CPU chunked prefill is off and a step's token budget
+    holds a whole prompt; on a GPU vLLM keeps its own."""
+    args = VllmConfig(model_path="/m", max_model_len=512).engine_args(on_gpu=False)
+    assert args["enable_chunked_prefill"] is False and args["max_num_batched_tokens"] == 2048
+    args = VllmConfig(model_path="/m", max_model_len=8192).engine_args(on_gpu=False)
+    assert args["max_num_batched_tokens"] == 8192
+    gpu = VllmConfig(model_path="/m").engine_args(on_gpu=True)
+    assert "enable_chunked_prefill" not in gpu and "max_num_batched_tokens" not in gpu
+
+
+@pytest.mark.parametrize(
+    ("engine_kwargs", "field"),
+    [
+        ({"enable_chunked_prefill": True}, "engine_kwargs.enable_chunked_prefill"),
+        ({"max_num_batched_tokens": 511}, "engine_kwargs.max_num_batched_tokens"),
+    ],
+)
+def test_cpu_refuses_chunked_prefill(engine_kwargs: dict[str, object], field: str) -> None:
+    cfg = VllmConfig(model_path="/m", max_model_len=512, engine_kwargs=engine_kwargs)
+    with pytest.raises(InvalidRequest) as info:
+        cfg.engine_args(on_gpu=False)
+    assert info.value.field == field and field in str(info.value)
+    cfg.engine_args(on_gpu=True)  # a GPU's generator rewinds: vLLM's choice stands
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,8 @@ import attrs
 from engine_adapters.errors import InvalidRequest
 
 LoadMode = Literal["keep", "abort"]
+# vLLM's own default token budget of a step, raised to max_model_len on CPU (see engine_args)
+CPU_MIN_BATCHED_TOKENS = 2048
 LOAD_MODES: tuple[str, ...] = ("keep", "abort")
 
 
@@ -98,8 +100,32 @@ class VllmConfig:
         }
         if gpu:
             args["gpu_memory_utilization"] = self.gpu_memory_utilization
+        else:
+            # vLLM-CPU's model runner rewinds a seeded request's random generator after a
+            # prefill chunk that is not the last, which a CPU generator cannot do: the
+            # EngineCore dies ("CPU Generator does not use offset"). Every rollout request is
+            # seeded, so on CPU prompts (and resumed prefixes) are prefilled whole.
+            args["enable_chunked_prefill"] = False
+            args["max_num_batched_tokens"] = max(CPU_MIN_BATCHED_TOKENS, self.max_model_len)
         args.update(self.engine_kwargs)
+        if not gpu:
+            self._check_cpu_prefill(args)
         return args
+
+    def _check_cpu_prefill(self, args: Mapping[str, Any]) -> None:
+        if args["enable_chunked_prefill"]:
+            raise InvalidRequest(
+                "engine_kwargs.enable_chunked_prefill must be False on CPU: vLLM-CPU stops its "
+                "engine when a seeded request (every rollout request is) is prefilled in chunks",
+                field="engine_kwargs.enable_chunked_prefill",
+            )
+        budget = args["max_num_batched_tokens"]
+        if budget < self.max_model_len:
+            raise InvalidRequest(
+                f"engine_kwargs.max_num_batched_tokens must be >= max_model_len "
+                f"({self.max_model_len}) on CPU, where prompts are prefilled whole; got {budget}",
+                field="engine_kwargs.max_num_batched_tokens",
+            )
 
     def environment(self, *, on_gpu: bool | None = None) -> dict[str, str]:
         """Environment variables the engine process must see (inherited at spawn).
