@@ -11,6 +11,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from staleflow_trainer import replacements
+from staleflow_trainer.errors import ComponentLost
 from staleflow_trainer.replacements import Replacer
 
 
@@ -205,3 +206,33 @@ def test_with_no_replacements_a_loss_is_logged_and_nothing_else_happens(
     ]
     assert (logs[0]["requeued"], logs[0]["finished"], logs[0]["dropped"]) == (2, 1, 0)
     assert killed == [] and "r-0" in dep.rollouts and rep.started == 0  # left as it was
+
+
+def test_no_instance_left_and_none_starting_stops_the_run(
+    killed: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every instance lost and the replace_lost limit spent: nothing can generate, so the run
+    stops with ComponentLost naming each loss, instead of waiting for work forever."""
+    errors = {"r-0": "EngineDead('its EngineCore stopped')", "r-1": "ActorDiedError()"}
+    dep = _dep()
+    dep.coordinator.lost_instances = SimpleNamespace(
+        remote=lambda: Ref([{"instance_id": i, "error": e} for i, e in errors.items()])
+    )
+    monkeypatch.setattr(replacements, "_answer_within", lambda ref, timeout_s: ref.value)
+    rep = Replacer(dep, limit=0, timeout_s=60)
+    rep.update(["r-1"])  # one left: the run goes on
+    assert rep.stranded() is None
+    with pytest.raises(ComponentLost) as info:
+        rep.update([])
+    msg = str(info.value)
+    assert info.value.component == "rollout"
+    assert "r-0: EngineDead" in msg and "r-1: ActorDiedError" in msg
+    assert "rollout.replace_lost=0" in msg and "run.resume=auto" in msg
+
+
+def test_a_replacement_under_way_keeps_the_run_going(killed: list[Any]) -> None:
+    new = Rollout(Ref({"kv_capacity_tokens": 5000}, done=False), Ref({"version": 7}))
+    rep = Replacer(_dep(new), limit=1, timeout_s=60)
+    rep.update(["r-1"])  # r-0 lost: its replacement starts
+    rep.update([])  # r-1 lost beyond the limit, but r-2 is starting
+    assert rep.pending == 1 and rep.stranded() is None

@@ -528,7 +528,7 @@ class Deployment:
                         continue
                     emit(outs, bar)
                     relay.poll()  # the other actors' warnings
-                    if not ready:  # losses are logged; with rollout.replace_lost, replaced
+                    if not ready:  # losses logged, replaced (replace_lost); none left: raises
                         replacer.update(outs[-1]["instances"])
                     if ready and coord is self.coordinator:
                         try:

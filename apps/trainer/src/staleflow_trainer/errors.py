@@ -75,7 +75,8 @@ class CheckpointError(StaleflowError):
 
 
 class ComponentLost(StaleflowError):
-    """A component the run needs (the trainer) died; ``component`` names it. The run stops and
+    """A component the run needs died (the trainer), or every rollout instance is lost with none
+    left to replace them (``rollout``); ``component`` names it. The run stops and
     ``run.resume=auto|must`` restarts it from the last checkpoint."""
 
     def __init__(self, message: str, *, component: str) -> None:

@@ -29,6 +29,7 @@ import attrs
 import structlog
 
 from staleflow_trainer.actors.liveness import kill_actor
+from staleflow_trainer.errors import ComponentLost
 from staleflow_trainer.prepare import placement_hint
 
 log = structlog.get_logger(__name__)
@@ -77,22 +78,38 @@ class Replacer:
         self.replaced: dict[str, str] = {}  # lost id -> the instance that joined in its place
         self.not_replaced: list[str] = []  # lost beyond the limit, or their replacement failed
         self.members: set[str] = set(dep.rollouts)  # in the run, as far as the driver knows
+        self.lost: dict[str, str] = {}  # every instance lost so far -> the reason given
         self._starting: list[_Starting] = []
 
     def update(self, in_run: Iterable[str]) -> None:
         """``in_run``: the instances the control actor has now. Start a replacement for each
         member it left out while the limit allows, then move every replacement under way on
-        by what has answered (no waiting); one that joins is a member from then on."""
+        by what has answered (no waiting); one that joins is a member from then on. Raises
+        :class:`ComponentLost` once no instance is left in the run and none is starting."""
         live = set(in_run)
         for iid in sorted(self.members - live):
             self._lost(iid)
         self.members = live
         self._starting = [s for s in self._starting if not self._advance(s)]
+        if (why := self.stranded()) is not None:
+            raise ComponentLost(why, component="rollout")
 
     @property
     def pending(self) -> int:
         """Replacements started that have not joined or failed yet."""
         return len(self._starting)
+
+    def stranded(self) -> str | None:
+        """Why the run cannot go on, when no instance is left in it and none is starting
+        (every one lost, the ``rollout.replace_lost`` limit spent); None while one is."""
+        if self.members or self._starting:
+            return None
+        lost = "; ".join(f"{iid}: {why}" for iid, why in sorted(self.lost.items()))
+        return (
+            f"every rollout instance is lost ({lost}) and rollout.replace_lost="
+            f"{self.limit} starts no other ({self.started} started): nothing can generate. "
+            "The last checkpoint resumes the run (run.resume=auto) once the cause is fixed"
+        )
 
     def close(self) -> None:
         """Kill the replacements still under way (the run is over)."""
@@ -106,6 +123,7 @@ class Replacer:
         rec = self._lost_record(iid)  # what it held: back in the queue, finished or dropped
         # "queued": all that went back to the queue, routes it never took included
         held = {to: len(rec[k]) for k, to in _HELD if k in rec}
+        self.lost[iid] = str(rec.get("error") or "no reason recorded")
         log.warning("instance_lost", instance=iid, error=rec.get("error"), **held,
                     replace_lost=self.limit)  # fmt: skip
         if not self.limit:
