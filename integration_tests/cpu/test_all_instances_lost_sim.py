@@ -65,5 +65,5 @@ def test_a_run_left_without_instances_stops_naming_them(
     assert info.value.component == "rollout"
     msg = str(info.value)
     assert all(f"{iid}: " in msg for iid in victims), msg
-    assert "rollout.replace_lost=0" in msg
+    assert "of rollout.replace_lost=0 replacements" in msg
     assert out["ended_at"] - out["killed_at"] < WATCHDOG_S

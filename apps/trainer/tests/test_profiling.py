@@ -6,14 +6,26 @@ the thread budget a rollout instance gets. The vLLM path is in
 from __future__ import annotations
 
 import json
+import queue
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from staleflow_trainer.cli import main
 from staleflow_trainer.config import load_config
-from staleflow_trainer.errors import ConfigError
-from staleflow_trainer.profiling import context_tokens, engine_environment, grid, measure, profile
+from staleflow_trainer.errors import ComponentLost, ConfigError
+from staleflow_trainer.prepare import engine_kwargs, model_dir
+from staleflow_trainer.profiling import (
+    _measure_one,
+    context_tokens,
+    engine_environment,
+    grid,
+    max_steps,
+    measure,
+    profile,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
@@ -53,10 +65,41 @@ def test_two_engines_side_by_side_write_one_record_each_per_point(tmp_path: Path
         assert all(r["backend"] == "sim" and r["step_latency_s"] > 0 for r in half)
 
 
-def test_a_failing_engine_is_named_and_its_peer_does_not_hang(tmp_path: Path) -> None:
+def test_a_failing_engine_is_named(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path)
-    with pytest.raises(RuntimeError, match=r"profile engine \d failed: InvalidRequest"):
+    with pytest.raises(ComponentLost, match=r"profile engine \d failed: InvalidRequest"):
         measure(cfg, [(10_000, 20_000)], steps=4, instances=2)  # over max_running
+
+
+def test_a_failing_engine_releases_the_peer_waiting_for_it(tmp_path: Path) -> None:
+    """One engine process's work, run here: it fails (a point over max_running) while a peer
+    waits at the barrier; the peer is released at once, not after the barrier's limit."""
+    cfg = _cfg(tmp_path)
+    barrier, results = threading.Barrier(2), queue.Queue()  # type: ignore[var-annotated]
+    released: list[float] = []
+
+    def peer() -> None:
+        t0 = time.monotonic()
+        with pytest.raises(threading.BrokenBarrierError):
+            barrier.wait(timeout=60)
+        released.append(time.monotonic() - t0)
+
+    waiting = threading.Thread(target=peer)
+    waiting.start()
+    kwargs = engine_kwargs(cfg, 0, model_dir(cfg))
+    _measure_one(0, "sim", kwargs, {}, [(10_000, 20_000)], 4, None, barrier, results)
+    waiting.join(timeout=90)
+    assert results.get_nowait()[:2] == (0, "error")
+    assert released and released[0] < 30, released
+
+
+def test_steps_outside_what_the_context_holds_are_refused(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path)  # a sim engine's context: 192 tokens
+    assert max_steps(cfg) == 127  # 192 - 127 - 63 = 2 >= 1; 128 leaves 0
+    for steps in (1, 128):
+        with pytest.raises(ConfigError) as info:
+            profile(cfg, steps=steps)
+        assert info.value.key == "steps" and "--steps must be in [2, 127]" in str(info.value)
 
 
 def test_instances_below_one_is_refused_naming_the_option(tmp_path: Path) -> None:

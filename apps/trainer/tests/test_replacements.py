@@ -227,7 +227,7 @@ def test_no_instance_left_and_none_starting_stops_the_run(
     msg = str(info.value)
     assert info.value.component == "rollout"
     assert "r-0: EngineDead" in msg and "r-1: ActorDiedError" in msg
-    assert "rollout.replace_lost=0" in msg and "run.resume=auto" in msg
+    assert "0 of rollout.replace_lost=0 replacements started" in msg and "run.resume=auto" in msg
 
 
 def test_a_replacement_under_way_keeps_the_run_going(killed: list[Any]) -> None:

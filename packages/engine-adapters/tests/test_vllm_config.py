@@ -58,7 +58,9 @@ def test_cpu_prefills_prompts_whole() -> None:
     ("engine_kwargs", "field"),
     [
         ({"enable_chunked_prefill": True}, "engine_kwargs.enable_chunked_prefill"),
+        ({"enable_chunked_prefill": None}, "engine_kwargs.enable_chunked_prefill"),
         ({"max_num_batched_tokens": 511}, "engine_kwargs.max_num_batched_tokens"),
+        ({"max_num_batched_tokens": None}, "engine_kwargs.max_num_batched_tokens"),
     ],
 )
 def test_cpu_refuses_chunked_prefill(engine_kwargs: dict[str, object], field: str) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from staleflow_trainer.config import AppConfig
+from staleflow_trainer.errors import ComponentLost
 
 BARRIER_WAIT_S = 900.0  # the slowest engine's start and one point; a dead peer breaks it
 RESULT_WAIT_S = 5.0  # between checks that every engine process is alive
@@ -35,6 +36,13 @@ def context_tokens(cfg: AppConfig) -> int:
 
         return int(engine_config(cfg).max_model_len)
     return cfg.rollout.max_model_len
+
+
+def max_steps(cfg: AppConfig) -> int:
+    """The most decode steps a point can time: its longest trajectories' prompts of
+    ``context - steps - steps/2`` tokens need at least one."""
+    ctx = context_tokens(cfg)
+    return max(s for s in range(1, ctx + 1) if ctx - s - s // 2 >= 1)
 
 
 def grid(cfg: AppConfig, steps: int) -> list[tuple[int, int]]:
@@ -86,6 +94,9 @@ def _measure_one(
                 measured = await engine.profile([point], steps=steps, sampling=sampling)
                 out += [p.to_json() for p in measured]
             return out
+        except BaseException:
+            barrier.abort()  # the peers stop waiting before this engine closes
+            raise
         finally:
             await engine.close()
 
@@ -99,8 +110,8 @@ def _measure_one(
 def measure(
     cfg: AppConfig, points: Sequence[tuple[int, int]], *, steps: int, instances: int
 ) -> list[dict[str, Any]]:
-    """Every engine's records, engine by engine; raises RuntimeError naming the engine that
-    failed."""
+    """Every engine's records, engine by engine; raises ComponentLost naming the engine that
+    failed or exited."""
     from engine_adapters import SamplingParams
     from staleflow_trainer.prepare import engine_kwargs, model_dir
 
@@ -136,17 +147,22 @@ def measure(
             try:
                 i, status, payload = results.get(timeout=RESULT_WAIT_S)
             except queue.Empty:
-                dead = [
-                    (n, p.exitcode)
-                    for n, p in enumerate(procs)
-                    if n not in got and p.exitcode is not None
-                ]
-                if dead:
-                    n, code = dead[0]
-                    raise RuntimeError(f"profile engine {n} exited with code {code}") from None
-                continue
+                # read after the exit codes: a child puts its answer before it exits
+                dead = [(n, p.exitcode) for n, p in enumerate(procs)
+                        if n not in got and p.exitcode is not None]  # fmt: skip
+                try:
+                    i, status, payload = results.get_nowait()
+                except queue.Empty:
+                    if dead:
+                        n, code = dead[0]
+                        raise ComponentLost(
+                            f"profile engine {n} exited with code {code} without an answer",
+                            component=f"profile-{n}",
+                        ) from None
+                    continue
             if status != "ok":
-                raise RuntimeError(f"profile engine {i} failed: {payload}")
+                raise ComponentLost(f"profile engine {i} failed: {payload}",
+                                    component=f"profile-{i}")  # fmt: skip
             got[i] = payload
     finally:
         for p in procs:
@@ -168,6 +184,14 @@ def profile(cfg: AppConfig, *, steps: int = 8, instances: int = 1) -> int:
         raise ConfigError(
             f"--instances must be at least 1, got {instances}", key="instances", allowed=">= 1"
         )
+    most = max_steps(cfg)
+    if not 2 <= steps <= most:
+        raise ConfigError(
+            f"--steps must be in [2, {most}] (the engine's context holds "
+            f"{context_tokens(cfg)} tokens), got {steps}",
+            key="steps",
+            allowed=f"2 to {most}",
+        )
     make_run_dir(cfg.run_dir)
     records = measure(cfg, grid(cfg, steps), steps=steps, instances=instances)
     out = Path(cfg.run_dir) / "profile.jsonl"
@@ -183,4 +207,4 @@ def profile(cfg: AppConfig, *, steps: int = 8, instances: int = 1) -> int:
     return 0
 
 
-__all__ = ["context_tokens", "engine_environment", "grid", "measure", "profile"]
+__all__ = ["context_tokens", "engine_environment", "grid", "max_steps", "measure", "profile"]

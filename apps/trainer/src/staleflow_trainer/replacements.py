@@ -106,9 +106,10 @@ class Replacer:
             return None
         lost = "; ".join(f"{iid}: {why}" for iid, why in sorted(self.lost.items()))
         return (
-            f"every rollout instance is lost ({lost}) and rollout.replace_lost="
-            f"{self.limit} starts no other ({self.started} started): nothing can generate. "
-            "The last checkpoint resumes the run (run.resume=auto) once the cause is fixed"
+            f"every rollout instance is lost ({lost}) and none is starting "
+            f"({self.started} of rollout.replace_lost={self.limit} replacements started, "
+            f"{len(self.replaced)} joined): nothing can generate. The last checkpoint resumes "
+            "the run (run.resume=auto) once the cause is fixed"
         )
 
     def close(self) -> None:

@@ -293,16 +293,17 @@ class SimAdapter(EngineAdapter):
         # the point's KV is the batch's in the middle of the window, as in vLLM's profile
         start = kv - running * steps // 2
         per = start // running
+        longest = per + (1 if start % running else 0)  # the remainder lengthens some by one
         if (
             per < 1
-            or per + steps + 1 > cfg.max_model_len
+            or longest + steps + 1 > cfg.max_model_len
             or start + running * (steps + 1) > cfg.kv_capacity
         ):
             raise InvalidRequest(
                 f"profile point (running={running}, kv={kv}) does not fit: its prompts of "
                 f"kv/running - steps/2 tokens need at least 1 token each, and "
                 f"kv/running + steps/2 + 1 <= max_model_len={cfg.max_model_len} and "
-                f"kv + running·steps/2 <= the KV capacity {cfg.kv_capacity}",
+                f"kv + running·(steps/2 + 1) <= the KV capacity {cfg.kv_capacity}",
                 field="points",
             )
         no_prefill = attrs.evolve(

@@ -113,14 +113,14 @@ class VllmConfig:
         return args
 
     def _check_cpu_prefill(self, args: Mapping[str, Any]) -> None:
-        if args["enable_chunked_prefill"]:
+        if args["enable_chunked_prefill"] is not False:  # None lets vLLM turn it on
             raise InvalidRequest(
                 "engine_kwargs.enable_chunked_prefill must be False on CPU: vLLM-CPU stops its "
                 "engine when a seeded request (every rollout request is) is prefilled in chunks",
                 field="engine_kwargs.enable_chunked_prefill",
             )
         budget = args["max_num_batched_tokens"]
-        if budget < self.max_model_len:
+        if not isinstance(budget, int) or budget < self.max_model_len:
             raise InvalidRequest(
                 f"engine_kwargs.max_num_batched_tokens must be >= max_model_len "
                 f"({self.max_model_len}) on CPU, where prompts are prefilled whole; got {budget}",
