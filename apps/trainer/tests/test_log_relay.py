@@ -15,7 +15,8 @@ from staleflow_trainer.actors import log_relay
 
 @pytest.fixture
 def relayed() -> Iterator[None]:
-    configured, before = structlog.is_configured(), structlog.get_config()
+    """The relay installed (the workspace conftest restores structlog's configuration after
+    the test) and nothing kept from before or left for after."""
     log_relay.take()
     log_relay.relay_warnings()
     log_relay.relay_warnings()  # installs it once
@@ -23,10 +24,6 @@ def relayed() -> Iterator[None]:
         yield
     finally:
         log_relay.take()
-        if configured:
-            structlog.configure(**before)
-        else:
-            structlog.reset_defaults()
 
 
 def test_warnings_and_errors_are_kept_and_handed_over_once(relayed: None) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from staleflow_trainer.config import AppConfig
-from staleflow_trainer.errors import ComponentLost
+from staleflow_trainer.errors import ComponentLost, ConfigError
 
 BARRIER_WAIT_S = 900.0  # the slowest engine's start and one point; a dead peer breaks it
 RESULT_WAIT_S = 5.0  # between checks that every engine process is alive
@@ -178,7 +178,6 @@ def profile(cfg: AppConfig, *, steps: int = 8, instances: int = 1) -> int:
     ``RUN_DIR/profile.jsonl``. No Ray: the engines run in processes of this command."""
     from engine_adapters import ProfilePoint, write_profile_jsonl
     from staleflow_trainer.atomic_files import make_run_dir
-    from staleflow_trainer.errors import ConfigError
 
     if instances < 1:
         raise ConfigError(
