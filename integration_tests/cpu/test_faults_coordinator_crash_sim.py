@@ -154,3 +154,39 @@ def test_ledger_balances_and_nothing_routed_twice(crashed: dict[str, Any]) -> No
 def test_the_journal_was_written(crashed: dict[str, Any]) -> None:
     wal = crashed["wal"]
     assert wal["appends"] > 0 and wal["bytes"] > 0
+
+
+def test_instances_that_do_not_answer_at_a_replacement_are_killed(ray_session: None) -> None:
+    """Before a new control actor recovers, the driver asks every rollout actor whether it is
+    there, all at once within ``coordinator.call_timeout_s``. A dead one is left out; one that
+    does not answer is killed as well, so that it cannot hold its resources or write beside
+    the instance that replaces it."""
+    import asyncio
+
+    import ray
+
+    from staleflow_trainer.actors.liveness import unresponsive_actors
+
+    @ray.remote(num_cpus=0)
+    class Peer:
+        def __init__(self, hang_s: float) -> None:
+            self.hang_s = hang_s
+
+        async def stats(self) -> dict[str, Any]:
+            await asyncio.sleep(self.hang_s)
+            return {}
+
+    peers = {"ok": Peer.remote(0.0), "hung": Peer.remote(600.0), "dead": Peer.remote(0.0),
+             "slow": Peer.remote(1.0)}  # fmt: skip
+    ray.get([h.__ray_ready__.remote() for h in peers.values()])
+    ray.kill(peers["dead"], no_restart=True)
+    t0 = time.monotonic()
+    gone = unresponsive_actors(peers, 3.0)
+    assert time.monotonic() - t0 < 10  # one wait for all, not one per actor
+    assert set(gone) == {"hung", "dead"}, gone
+    assert "call_timeout_s" in gone["hung"] and "killed" in gone["hung"]
+    assert "Died" in gone["dead"] or "died" in gone["dead"], gone["dead"]
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(peers["hung"].stats.remote(), timeout=60)
+    assert ray.get(peers["ok"].stats.remote(), timeout=60) == {}
+    assert unresponsive_actors({}, 1.0) == {}

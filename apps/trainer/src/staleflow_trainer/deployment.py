@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from staleflow_trainer.actors.liveness import is_actor_death, kill_actor
+from staleflow_trainer.actors.liveness import is_actor_death, kill_actor, unresponsive_actors
 from staleflow_trainer.actors.log_relay import WarningRelay, relayed_actors, replay
 from staleflow_trainer.actors.reconcile import TS_FILE, checkpoint_records
 from staleflow_trainer.atomic_files import make_run_dir
@@ -414,12 +414,11 @@ class Deployment:
             )
         t0 = time.monotonic()
         ray.kill(self.coordinator, no_restart=True)  # make sure: it must not write any more
-        for iid, h in list(self.rollouts.items()):
-            try:
-                ray.get(h.stats.remote(), timeout=30)
-            except Exception as e:  # lost too: recovery requeues what the store shows it held
-                log.warning("instance_gone_at_coordinator_restart", instance=iid, error=repr(e))
-                self.rollouts.pop(iid)
+        # an instance lost too: recovery requeues what the store shows it held
+        limit_s = self.cfg.coordinator.call_timeout_s
+        for iid, why in unresponsive_actors(self.rollouts, limit_s).items():
+            log.warning("instance_gone_at_coordinator_restart", instance=iid, error=why)
+            self.rollouts.pop(iid)
         self.coordinator = self._make_coordinator(recover=True)
         info = dict(ray.get(self.coordinator.setup.remote()))
         info["restart_s"] = time.monotonic() - t0

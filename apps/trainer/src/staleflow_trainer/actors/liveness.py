@@ -62,6 +62,29 @@ def kill_actor(handle: Any) -> None:
     ray.kill(handle, no_restart=True)
 
 
+def unresponsive_actors(handles: dict[str, Any], limit_s: float) -> dict[str, str]:
+    """Ask every actor in ``handles`` for its ``stats`` at once and wait up to ``limit_s`` in
+    all; returns ``{name: why}`` for each one that died or did not answer in time. One that did
+    not answer is killed (no restart): left running it would hold its resources, and its later
+    writes would race the instance that replaces it."""
+    import ray
+
+    if not handles:
+        return {}
+    refs = {h.stats.remote(): name for name, h in handles.items()}
+    ready, late = ray.wait(list(refs), num_returns=len(refs), timeout=limit_s)
+    gone: dict[str, str] = {}
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except Exception as e:  # died, or its stats call failed: either way not usable
+            gone[refs[ref]] = repr(e)[:200]
+    for ref in late:
+        gone[refs[ref]] = f"no answer within {limit_s:g} s (coordinator.call_timeout_s); killed"
+        kill_actor(handles[refs[ref]])
+    return gone
+
+
 def sync_retry_delay(failures_in_row: int, backoff_s: float) -> float:
     """Seconds to wait before a sync after ``failures_in_row`` failed ones: 0 for the first
     try, then ``backoff_s`` doubling per failure, capped at 30 s."""
