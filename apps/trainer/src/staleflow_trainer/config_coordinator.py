@@ -69,6 +69,7 @@ STRATEGY_FIELDS = (
     "migration_min_running",
     "migration_amount",
     "migration_during_sync",
+    "migration_min_speedup",
     "preemption_rule",
     "preempt_abort_waiting",
     "bounce_waiting_threshold",
@@ -124,6 +125,9 @@ class CoordinatorConfig:
     migration_min_running: int | None = _f(None)
     migration_amount: str | None = _f(None, doc="half_gap or all")
     migration_during_sync: bool | None = _f(None)
+    migration_min_speedup: float | Literal["off"] | None = _f(
+        None, doc="migrate only for a predicted decode speedup of at least this"
+    )
     # Literal["off"] too: YAML 1.1 reads an unquoted off as false, which it turns back into "off"
     preemption_rule: str | Literal["off"] | None = _f(None, doc="bounce, abort or off")
     preempt_abort_waiting: int | None = _f(None)

@@ -14,7 +14,12 @@ positive load qualifies against an empty instance) and the partner runs ≥
 can serve (V_traj ≤ its version after sync) are interrupted — largest first (the tail that
 holds the batch back and the most KV relief): half the running-count gap
 (``migration_amount="half_gap"``) or all of them (``"all"``) — and return to the trajectory
-server, where the next cycle's router re-places them by marginal gain (the starving one has the
+server (with ``migration_min_speedup`` set, only if the cost model predicts them a decode step
+at least that many times faster on the starving instance, with them added, than on the loaded
+one: below the model's knee a step takes as long with 5 trajectories as with 20, and moving
+some of them gains nothing and costs their interrupt, the trip through the queue and the
+re-prefill; a loaded instance whose KV usage is at ``route_kv_limit`` or above is exempt, since
+what it holds is about to be preempted, which the step-time model does not see), where the next cycle's router re-places them by marginal gain (the starving one has the
 largest).
 
 Preemption (``preemption_rule``):
@@ -95,6 +100,14 @@ def migrate_to_starving(
     if k <= 0:
         return out
     movable.sort(key=lambda e: (-e.tokens, e.trajectory_id))
+    pressed = loaded.kv_usage >= cfg.route_kv_limit  # preemption is near: moving relieves it
+    if cfg.migration_min_speedup is not None and not pressed:
+        cm = cfg.cost_model
+        moved_kv = sum(e.tokens for e in movable[:k])
+        before = cm.step_latency(loaded.n_running, loaded.kv_used)
+        after = cm.step_latency(starving.n_running + k, starving.kv_used + moved_kv)
+        if before < cfg.migration_min_speedup * after:
+            return out
     out.append(
         Interrupt(
             instance_id=loaded.instance_id,
