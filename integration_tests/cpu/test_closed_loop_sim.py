@@ -179,8 +179,9 @@ def test_cost_model_routing_and_migration_beat_all_vanilla_when_rollout_bound() 
     assert statistics.fmean(r) >= 1.08 and min(r) >= 1.0, r
 
 
-def test_staleflow_beats_all_vanilla_on_a_skewed_workload() -> None:
-    """staleflow >= all-vanilla on a skewed, rollout-bound workload over seeds 0-9: measured
+def test_staleflow_beats_all_vanilla_on_average_on_a_skewed_workload() -> None:
+    """staleflow > all-vanilla on average on a skewed, rollout-bound workload (seeds 0-9; a
+    seed's ratio swings by up to ±0.3, so single seeds may fall below 1): measured
     mean 1.08, every seed 0.89-1.34 (before migration's speedup test, mean 1.05, 0.86-1.19;
     seed 2 went from 1.11 to 0.99, seed 3 from 0.88 to 1.21). The larger margin of the
     vanilla-sync ablation above shows per-instance sync gives part of the gain back here; on

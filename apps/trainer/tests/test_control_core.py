@@ -52,7 +52,9 @@ def prompt_len(row: int) -> int:
 def make_config(policy: str = "staleflow", eta: int = 1, **proto: Any) -> CoreConfig:
     return CoreConfig(
         protocol=ProtocolConfig(batch_size=2, group_size=2, eta=eta, **proto),
-        coordinator=CoordinatorConfig(policy=policy),
+        # the paper's migration rule: with its tiny loads the default speedup test would
+        # refuse every move, and the random runs would never migrate
+        coordinator=CoordinatorConfig(policy=policy, migration_min_speedup=None),
         steps=6,
         dynamic_sampling=proto.get("filtering", False),
         stuck_after_s=1.0,

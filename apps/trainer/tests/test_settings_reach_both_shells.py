@@ -41,6 +41,7 @@ CHANGES = {
     "coordinator.sync_kv_threshold": "0.6",
     "coordinator.migration_ratio": "7.0",
     "coordinator.migration_indicator": "running",
+    "coordinator.migration_min_speedup": "off",
     "coordinator.sync_retries": "2",
     "trainer.steps": "7",
     "trainer.dynamic_sampling": "true",

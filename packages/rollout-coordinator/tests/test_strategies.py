@@ -53,6 +53,9 @@ def test_paper_profile_holds_the_published_runs_values():
     robust = CoordinatorConfig.from_profile("robust")
     assert (robust.sync_lag_fraction, robust.partial_order) == (0.5, "gain")
     assert robust.due_first and not cfg.due_first and not CoordinatorConfig().due_first
+    # the speedup test is a rule beyond the paper: on by default, off in both paper profiles
+    assert CoordinatorConfig().migration_min_speedup == 1.1
+    assert cfg.migration_min_speedup is None and robust.migration_min_speedup is None
     assert set(PROFILES) == {"default", "paper", "robust"}
 
 
@@ -317,9 +320,10 @@ def test_migration_only_for_a_predicted_speedup():
     running) a step takes as long whatever the load, so half of 12 stays; half of 60 moves
     (about 1.36x faster) unless more is asked; an instance at the KV limit gives work anyway."""
 
-    def moved(n, tokens_each=1000, **cfg):
+    def moved(n, tokens_each=1000, idle_n=0, **cfg):
         coord, _, _ = make(instances=[("idle", 0), ("busy", 0)], **cfg)
-        cmds = coord.step([snap("idle"), snap("busy", n=n, tokens_each=tokens_each)], [], now=0.0)
+        busy = snap("busy", n=n, tokens_each=tokens_each)
+        cmds = coord.step([snap("idle", n=idle_n, tokens_each=tokens_each), busy], [], now=0.0)
         return sum(len(i.trajectory_ids) for i in interrupts(cmds))
 
     assert moved(12, migration_min_speedup=None) == 6  # the paper's rule: no such test
@@ -331,7 +335,17 @@ def test_migration_only_for_a_predicted_speedup():
     # a loaded instance at the routing KV limit is about to preempt: its work moves anyway
     # (predicted 1.21x: the KV term; 1.5 is asked)
     assert moved(12, tokens_each=7_600, migration_min_speedup=1.5) == 6  # 91 % of the KV
-    assert moved(12, tokens_each=7_400, migration_min_speedup=1.5) == 0  # 89 %, limit 0.9
+    assert moved(12, tokens_each=7_500, migration_min_speedup=1.5) == 6  # 90 %: the limit
+    assert moved(12, tokens_each=7_400, migration_min_speedup=1.5) == 0  # 89 %
+    # the starving instance's own load counts: 100 loaded against 16 starving (50 % and 8 %
+    # of the KV: ratio >= 5) balance at 42 moved, for a step 1.34x faster (1.54x if the
+    # starving one's own 16 were left out), so 1.3 passes and 1.4 does not
+    assert moved(100, tokens_each=500, idle_n=16, migration_min_speedup=1.3) == 42
+    assert moved(100, tokens_each=500, idle_n=16, migration_min_speedup=1.4) == 0
+    # judged at the balanced split whatever ``all`` moves: everything onto one instance is
+    # never faster, balancing 60 is (about 1.36x)
+    assert moved(60, migration_amount="all") == 60
+    assert moved(12, migration_amount="all") == 0
     for bad in (0.9, float("inf"), True):
         with pytest.raises(ConfigError, match="migration_min_speedup"):
             CoordinatorConfig(migration_min_speedup=bad)

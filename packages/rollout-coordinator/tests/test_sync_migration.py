@@ -125,10 +125,10 @@ def test_migration_stops_below_ratio_threshold():
 
 
 def test_migration_needs_min_running_and_no_queued_work():
-    coord, _, _ = make(instances=[("idle", 0), ("busy", 0)], migration_min_running=4)
+    coord, _, _ = make(instances=[("idle", 0), ("busy", 0)], migration_min_running=4, **OFF)
     assert interrupts(coord.step([snap("idle"), snap("busy", n=3)], [], now=0.0)) == []
     # once the idle instance took the queue's work, the ratio (12 vs 8 trajectories) is < 5
-    coord, _, _ = make(instances=[("idle", 0), ("busy", 0)], batch=8, group=8)
+    coord, _, _ = make(instances=[("idle", 0), ("busy", 0)], batch=8, group=8, **OFF)
     q = [new(f"t{k}") for k in range(8)]
     cmds = coord.step([snap("idle"), snap("busy", n=12)], q, now=0.0)
     assert coord.last_cycle.routes == 8
@@ -139,7 +139,7 @@ def test_migration_needs_min_running_and_no_queued_work():
 def test_migration_only_moves_what_the_starving_instance_can_serve():
     # sync_kv_threshold=0 keeps s from syncing (it would then serve version 1 and get the work)
     coord, proto, _ = make(
-        instances=[("s", 0), ("busy", 1)], start_version=1, sync_kv_threshold=0.0
+        instances=[("s", 0), ("busy", 1)], start_version=1, sync_kv_threshold=0.0, **OFF
     )
     for k in range(10):
         proto.reserve(f"g{k}", f"busy-r{k}", 1)
@@ -170,6 +170,7 @@ def test_migration_acts_under_the_even_router():
         batch=8,
         group=2,
         max_routes_per_cycle=1,
+        **OFF,
     )
     q = [new(f"t{k}", group=f"g{k // 2}") for k in range(4)]
     cmds = coord.step([snap("idle"), snap("busy", n=12, tokens_each=3000)], q, now=0.0)
@@ -177,7 +178,7 @@ def test_migration_acts_under_the_even_router():
 
 
 def test_vanilla_migration_is_passive():
-    coord, _, _ = make("vanilla-migration", instances=[("idle", 0), ("busy", 0)])
+    coord, _, _ = make("vanilla-migration", instances=[("idle", 0), ("busy", 0)], **OFF)
     assert interrupts(coord.step([snap("idle"), snap("busy", n=40)], [], now=0.0)) == []
 
 

@@ -10,7 +10,8 @@ A *profile* is a named set of field values (:data:`PROFILES`), applied with
 :meth:`CoordinatorConfig.from_profile` or ``from_dict({"profile": ...})``; explicit fields win.
 
 * ``default`` — the field defaults below (among them ``migration_min_speedup`` 1.1, a rule
-  beyond the paper: migrate only where the cost model predicts the moved work a faster step).
+  beyond the paper: migrate only where the cost model predicts that balancing the two
+  instances gives the moved work a faster step).
 * ``paper`` — the values of the published StaleFlow runs: θ 0.3; the router takes at most 128
   concurrent requests per instance with a KV limit of 100 %; a stale instance syncs once its KV
   usage is at most 0.5 and its engine waiting queue is empty, whether or not work at its version
@@ -19,15 +20,13 @@ A *profile* is a named set of field values (:data:`PROFILES`), applied with
   instance per cycle, never while a sync is issued or in flight; a request the engine preempts
   is aborted back to the trajectory server once the engine's waiting queue exceeds 3; new
   groups go to the version whose latest reservable buffer is latest.
-* ``robust`` — ``paper`` plus four rules beyond it: a stale instance syncs at once when it
+* ``robust`` — ``paper`` plus three rules beyond it: a stale instance syncs at once when it
   lags the latest published version by ``⌈η/2⌉`` (greedy global sync at η ≤ 2; no instance
   rides an old version to the abort floor, so syncs cannot pile up into a herd there; see
   :mod:`rollout_coordinator.policies.sync_per_instance`); queued partial trajectories go to
   the instance with the best marginal gain among every version that can serve them, not to
-  the oldest version first; ``due_first`` (work the trainer waits for skips θ, and θ
-  refuses an instance only for trajectories at least as long as the one it refused); and
-  ``migration_min_speedup`` 1.1 (migration only where the cost model predicts the moved
-  trajectories a step at least 1.1× faster).
+  the oldest version first; and ``due_first`` (work the trainer waits for skips θ, and θ
+  refuses an instance only for trajectories at least as long as the one it refused).
 """
 
 from __future__ import annotations
@@ -192,13 +191,16 @@ class CoordinatorConfig:
     migration_amount: str = attrs.field(default="half_gap", validator=_one_of(*MIGRATION_AMOUNTS))
     #: Whether migration may act in a cycle where a sync is issued or in flight.
     migration_during_sync: bool = attrs.field(default=True, validator=_bool)
-    #: Migrate only if the routing cost model predicts the moved trajectories decode at least
-    #: this many times faster on the starving instance (with them) than on the loaded one:
-    #: below the model's knee an instance's step takes the same time whatever it runs, so
-    #: moving part of a small load only costs the move. A loaded instance at or above
+    #: Migrate only if the routing cost model predicts that balancing the two instances (half
+    #: the running-count gap onto the starving one, whatever ``migration_amount`` then moves)
+    #: gives the moved trajectories a decode step at least this many times faster than the
+    #: loaded instance's now: below the model's knee an instance's step takes about the same
+    #: time whatever it runs, so moving part of a small load only costs the move. A loaded
+    #: instance at or above
     #: ``route_kv_limit`` KV usage is exempt (its work is about to be preempted, which the
-    #: model does not see). None: no such test (the paper's rule). A rule beyond the paper's
-    #: runs (see the throughput docs for what it measured).
+    #: model does not see). None: no such test (the paper's rule; the ``paper`` and
+    #: ``robust`` profiles). A rule beyond the paper's runs (see the throughput docs for what
+    #: it measured).
     migration_min_speedup: float | None = attrs.field(default=1.1, validator=_optional_speedup)
 
     # --- preemption ---
@@ -284,11 +286,5 @@ PAPER: dict[str, Any] = {
 PROFILES: dict[str, dict[str, Any]] = {
     "default": {},
     "paper": PAPER,
-    "robust": {
-        **PAPER,
-        "sync_lag_fraction": 0.5,
-        "partial_order": "gain",
-        "due_first": True,
-        "migration_min_speedup": 1.1,
-    },
+    "robust": {**PAPER, "sync_lag_fraction": 0.5, "partial_order": "gain", "due_first": True},
 }

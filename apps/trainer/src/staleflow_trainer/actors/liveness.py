@@ -62,11 +62,13 @@ def kill_actor(handle: Any) -> None:
     ray.kill(handle, no_restart=True)
 
 
-def unresponsive_actors(handles: dict[str, Any], limit_s: float) -> dict[str, str]:
-    """Ask every actor in ``handles`` for its ``stats`` at once and wait up to ``limit_s`` in
-    all; returns ``{name: why}`` for each one that died or did not answer in time. One that did
-    not answer is killed (no restart): left running it would hold its resources, and its later
-    writes would race the instance that replaces it."""
+def unresponsive_actors(
+    handles: dict[str, Any], limit_s: float, setting: str = "coordinator.call_timeout_s"
+) -> dict[str, str]:
+    """Ask every actor in ``handles`` for its ``stats`` at once, wait up to ``limit_s`` (the
+    value of ``setting``) in all, and kill (no restart) each one that failed or did not answer
+    in time; returns ``{name: why}`` for those. Left running, such an actor would hold its
+    resources, and its later writes would race the instance that replaces it."""
     import ray
 
     if not handles:
@@ -80,8 +82,10 @@ def unresponsive_actors(handles: dict[str, Any], limit_s: float) -> dict[str, st
         except Exception as e:  # died, or its stats call failed: either way not usable
             gone[refs[ref]] = repr(e)[:200]
     for ref in late:
-        gone[refs[ref]] = f"no answer within {limit_s:g} s (coordinator.call_timeout_s); killed"
-        kill_actor(handles[refs[ref]])
+        gone[refs[ref]] = f"no answer within {setting}={limit_s:g} s"
+    for name in gone:
+        with contextlib.suppress(Exception):  # one already dead needs no kill
+            kill_actor(handles[name])
     return gone
 
 

@@ -14,12 +14,13 @@ positive load qualifies against an empty instance) and the partner runs ≥
 can serve (V_traj ≤ its version after sync) are interrupted — largest first (the tail that
 holds the batch back and the most KV relief): half the running-count gap
 (``migration_amount="half_gap"``) or all of them (``"all"``) — and return to the trajectory
-server (with ``migration_min_speedup`` set, only if the cost model predicts them a decode step
-at least that many times faster on the starving instance, with them added, than on the loaded
-one: below the model's knee a step takes as long with 5 trajectories as with 20, and moving
-some of them gains nothing and costs their interrupt, the trip through the queue and the
-re-prefill; a loaded instance whose KV usage is at ``route_kv_limit`` or above is exempt, since
-what it holds is about to be preempted, which the step-time model does not see), where the next cycle's router re-places them by marginal gain (the starving one has the
+server (with ``migration_min_speedup`` set, only if the cost model predicts that balancing the
+two instances — half the running-count gap onto the starving one — gives the moved work a
+decode step at least that many times faster than the loaded instance's now, whatever amount
+then moves: below the model's knee a step takes about as long with 5 trajectories as with 20,
+and moving some of them gains nothing and costs their interrupt, the trip through the queue
+and the re-prefill; a loaded instance whose KV usage is at ``route_kv_limit`` or above is
+exempt, since what it holds is about to be preempted, which the step-time model does not see), where the next cycle's router re-places them by marginal gain (the starving one has the
 largest).
 
 Preemption (``preemption_rule``):
@@ -44,6 +45,8 @@ Preemption (``preemption_rule``):
 from __future__ import annotations
 
 from rollout_coordinator._commands import Interrupt, InterruptReason
+from rollout_coordinator._config import CoordinatorConfig
+from rollout_coordinator._records import RunningEntry
 from rollout_coordinator._speculative import InstanceState
 from rollout_coordinator.policies._base import CycleView, RoutingResult, VTrajLookup
 
@@ -93,21 +96,13 @@ def migrate_to_starving(
         return out
     target_v = starving.target_version
     movable = [e for e in loaded.running_entries() if (v_traj(e.trajectory_id) or 0) <= target_v]
-    if cfg.migration_amount == "all":
-        k = len(movable)
-    else:
-        k = min(len(movable), (loaded.n_running - starving.n_running) // 2)
+    half_gap = min(len(movable), (loaded.n_running - starving.n_running) // 2)
+    k = len(movable) if cfg.migration_amount == "all" else half_gap
     if k <= 0:
         return out
     movable.sort(key=lambda e: (-e.tokens, e.trajectory_id))
-    pressed = loaded.kv_usage >= cfg.route_kv_limit  # preemption is near: moving relieves it
-    if cfg.migration_min_speedup is not None and not pressed:
-        cm = cfg.cost_model
-        moved_kv = sum(e.tokens for e in movable[:k])
-        before = cm.step_latency(loaded.n_running, loaded.kv_used)
-        after = cm.step_latency(starving.n_running + k, starving.kv_used + moved_kv)
-        if before < cfg.migration_min_speedup * after:
-            return out
+    if not _pays(cfg, loaded, starving, movable, half_gap):
+        return out
     out.append(
         Interrupt(
             instance_id=loaded.instance_id,
@@ -117,6 +112,32 @@ def migrate_to_starving(
         )
     )
     return out
+
+
+def _pays(
+    cfg: CoordinatorConfig,
+    loaded: InstanceState,
+    starving: InstanceState,
+    movable: list[RunningEntry],
+    half_gap: int,
+) -> bool:
+    """``migration_min_speedup``: balancing the two instances (the largest ``half_gap`` of
+    ``movable``, sorted largest first, onto the starving one) must give the moved trajectories
+    a step at least that many times faster than the loaded instance's now. Judged at the
+    balanced split whatever ``migration_amount`` moves: with ``all`` the router re-places the
+    moved work by marginal gain, and moving everything onto one instance is never faster. A
+    loaded instance at or above ``route_kv_limit`` KV usage passes: its work is about to be
+    preempted, which the step-time model does not see."""
+    speedup = cfg.migration_min_speedup
+    if speedup is None or loaded.kv_usage >= cfg.route_kv_limit:
+        return True
+    if half_gap <= 0:
+        return False
+    cm = cfg.cost_model
+    moved_kv = sum(e.tokens for e in movable[:half_gap])
+    before = cm.step_latency(loaded.n_running, loaded.kv_used)
+    after = cm.step_latency(starving.n_running + half_gap, starving.kv_used + moved_kv)
+    return before >= speedup * after
 
 
 def _bounce(view: CycleView) -> list[Interrupt]:
