@@ -6,11 +6,6 @@ from collections.abc import Iterator
 
 import pytest
 
-try:
-    import structlog
-except ImportError:  # an environment of one package without it (the protocol alone)
-    structlog = None
-
 for _k, _v in {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
@@ -23,18 +18,19 @@ for _k, _v in {
 }.items():
     os.environ.setdefault(_k, _v)
 
+try:  # after the settings above: nothing the app imports may read the environment first
+    from staleflow_trainer.cli import logging_restored
+except ImportError:  # an environment of one package without the app (the protocol alone)
+    logging_restored = None
+
 
 @pytest.fixture(autouse=True)
 def _structlog_configuration_restored() -> Iterator[None]:
     """Every test starts with structlog as the one before it found it: ``staleflow``'s
     ``main`` configures the process's logging (its ``--log-level``), which must not decide
     what a later test's log capture sees."""
-    if structlog is None:
+    if logging_restored is None:
         yield
         return
-    configured, before = structlog.is_configured(), structlog.get_config()
-    yield
-    if configured:
-        structlog.configure(**before)
-    else:
-        structlog.reset_defaults()
+    with logging_restored():
+        yield

@@ -24,7 +24,7 @@ import importlib.util
 import logging
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -354,6 +354,20 @@ def configure_logging(level: str = "info") -> None:
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
         logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),  # the current stderr
     )
+
+
+@contextlib.contextmanager
+def logging_restored() -> Iterator[None]:
+    """Within the block the process's structlog configuration may change; after it, it is as
+    it was (unconfigured again if it was)."""
+    configured, before = structlog.is_configured(), structlog.get_config()
+    try:
+        yield
+    finally:
+        if configured:
+            structlog.configure(**before)
+        else:
+            structlog.reset_defaults()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

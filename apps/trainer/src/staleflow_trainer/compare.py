@@ -102,18 +102,13 @@ def _run_one(args: tuple[AppConfig, str]) -> dict[str, Any]:
     was afterwards (runs in this process must not change what its caller logs)."""
     import logging
 
+    from staleflow_trainer.cli import logging_restored
     from staleflow_trainer.simulate import run_and_write
 
-    configured, before = structlog.is_configured(), structlog.get_config()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    try:
+    with logging_restored():
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
         cfg, run_dir = args
         return run_and_write(cfg, Path(run_dir), plots=False)
-    finally:
-        if configured:
-            structlog.configure(**before)
-        else:
-            structlog.reset_defaults()
 
 
 def run_specs(

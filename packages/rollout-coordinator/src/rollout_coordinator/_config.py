@@ -196,11 +196,10 @@ class CoordinatorConfig:
     #: gives the moved trajectories a decode step at least this many times faster than the
     #: loaded instance's now: below the model's knee an instance's step takes about the same
     #: time whatever it runs, so moving part of a small load only costs the move. A loaded
-    #: instance at or above
-    #: ``route_kv_limit`` KV usage is exempt (its work is about to be preempted, which the
-    #: model does not see). None: no such test (the paper's rule; the ``paper`` and
-    #: ``robust`` profiles). A rule beyond the paper's runs (see the throughput docs for what
-    #: it measured).
+    #: instance at or above ``route_kv_limit`` KV usage is exempt (its work is about to be
+    #: preempted, which the model does not see). None: no such test (the paper's rule; the
+    #: ``paper`` and ``robust`` profiles). A rule beyond the paper's runs (see the throughput
+    #: docs for what it measured).
     migration_min_speedup: float | None = attrs.field(default=1.1, validator=_optional_speedup)
 
     # --- preemption ---

@@ -14,14 +14,17 @@ positive load qualifies against an empty instance) and the partner runs ≥
 can serve (V_traj ≤ its version after sync) are interrupted — largest first (the tail that
 holds the batch back and the most KV relief): half the running-count gap
 (``migration_amount="half_gap"``) or all of them (``"all"``) — and return to the trajectory
-server (with ``migration_min_speedup`` set, only if the cost model predicts that balancing the
-two instances — half the running-count gap onto the starving one — gives the moved work a
-decode step at least that many times faster than the loaded instance's now, whatever amount
-then moves: below the model's knee a step takes about as long with 5 trajectories as with 20,
-and moving some of them gains nothing and costs their interrupt, the trip through the queue
-and the re-prefill; a loaded instance whose KV usage is at ``route_kv_limit`` or above is
-exempt, since what it holds is about to be preempted, which the step-time model does not see), where the next cycle's router re-places them by marginal gain (the starving one has the
+server, where the next cycle's router re-places them by marginal gain (the starving one has the
 largest).
+
+With ``migration_min_speedup`` set, that happens only if the cost model predicts that
+balancing the two instances — half the running-count gap onto the starving one — gives the
+moved work a decode step at least that many times faster than the loaded instance's now,
+whatever amount then moves: below the model's knee a step takes about as long with 5
+trajectories as with 20, and moving some of them gains nothing and costs their interrupt, the
+trip through the queue and the re-prefill. A loaded instance whose KV usage is at
+``route_kv_limit`` or above is exempt, since what it holds is about to be preempted, which the
+step-time model does not see.
 
 Preemption (``preemption_rule``):
 
