@@ -10,6 +10,10 @@ the write-ahead journal and the run goes on. Then: the run completed its steps, 
 was routed twice, the ledger balances (every admitted trajectory consumed once, in flight, or
 dropped with a reason), consumed staleness <= eta, and no step was trained twice (trainer
 version = steps, metrics rows 1..steps exactly once, each batch trained once).
+
+Two more tests: the driver's check of the rollout actors before a replacement starts (hung
+and dead ones are killed), and a crash while one instance's sync hangs (the replacement waits
+for it within its limits only, then kills and loses it).
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from fault_checks import assert_ledger_balances, watchdog
 from tiny_setup import tiny_config
+from waiting import wait_for
 
 from staleflow_trainer.actors.fault_hooks import CRASH_RECORD
 from trajectory_server import routes_out_of_queue
@@ -191,3 +197,79 @@ def test_instances_that_do_not_answer_at_a_replacement_are_killed(ray_session: N
             ray.get(peers[name].stats.remote(), timeout=60)
     assert ray.get(peers["ok"].stats.remote(), timeout=60) == {}
     assert unresponsive_actors({}, 1.0) == {}
+
+
+#: the limits of the test below: a recovery waits at most their sum for an instance's quiesce
+HUNG_SYNC_TIMEOUT_S, HUNG_CALL_TIMEOUT_S = 10.0, 6.0
+
+
+def test_a_replacement_does_not_wait_for_an_instance_whose_sync_hangs(
+    ray_session: None, tmp_path: Any, engine_required: Callable[[str], None]
+) -> None:
+    """The control actor dies while an instance's sync hangs (its engine is fine, its actor
+    answers other calls). The replacement stops every instance before it goes on, and an
+    instance stops only once its sync is over: it waits for that one at most
+    ``coordinator.sync_timeout_s`` + ``coordinator.call_timeout_s``, then kills its actor and
+    loses it, and the run completes on the other instance. Before, the replacement, and so the
+    run, waited for it for good."""
+    engine_required("sim")
+    import ray
+
+    from staleflow_trainer.wiring import Deployment
+
+    steps = 6
+    cfg = tiny_config(
+        tmp_path,
+        f"trainer.steps={steps}",
+        "run.checkpoint_every=0",
+        "run.resume=never",
+        "run.coordinator_restarts=1",
+        f"protocol.batch_size={BATCH}",
+        f"protocol.group_size={GROUP}",
+        f"protocol.eta={ETA}",
+        "rollout.sampling.max_new_tokens=6",
+        "sim.workload.response_len_median=4",
+        f"coordinator.sync_timeout_s={HUNG_SYNC_TIMEOUT_S}",
+        f"coordinator.call_timeout_s={HUNG_CALL_TIMEOUT_S}",
+        backend="sim",
+    )
+    out: dict[str, Any] = {}
+    dep = Deployment(cfg).start()
+    hung = sorted(dep.rollouts)[0]
+    handle = dep.rollouts[hung]
+    ray.get(handle.hang_next_sync.remote())
+
+    def on_record(rec: dict[str, Any]) -> None:
+        if "crashed" in out:
+            return
+        wait_for(lambda: ray.get(handle.sync_hanging.remote()), 60, f"{hung}'s sync to hang",
+                 every_s=0.05)  # fmt: skip
+        ray.kill(dep.coordinator, no_restart=True)  # well within the loop's own sync limit
+        out["crashed"] = int(rec["step"])
+
+    finished = watchdog(dep, out, 240.0)
+    try:
+        out["summary"] = dep.run(on_record=on_record)
+        finished.set()
+        out["ledger"] = dep.ledger()
+        out["lost"] = ray.get(dep.coordinator.lost_instances.remote())
+        out["instances"] = ray.get(dep.coordinator.instances.remote())
+        out["replacements"] = list(dep.coordinator_crashes)
+    finally:
+        finished.set()
+        dep.close()
+    assert "stopped_by_watchdog" not in out
+    assert out["summary"]["steps_done"] == steps
+    assert len(out["replacements"]) == 1
+    limit = HUNG_SYNC_TIMEOUT_S + HUNG_CALL_TIMEOUT_S
+    # the replacement waited the limit out for the hung one, and not much longer
+    assert limit <= out["replacements"][0]["restart_s"] < limit + 30, out["replacements"]
+    assert hung not in out["instances"]
+    rec = next(x for x in out["lost"] if x["instance_id"] == hung)
+    assert rec["error"] == (
+        f"{hung!r} quiesce and start did not return within coordinator.sync_timeout_s + "
+        f"coordinator.call_timeout_s={limit:g}"
+    ), rec
+    with pytest.raises(ray.exceptions.RayActorError):  # its actor was killed
+        ray.get(handle.stats.remote(), timeout=30)
+    assert_ledger_balances(out["ledger"], BATCH * GROUP)

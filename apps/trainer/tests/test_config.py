@@ -251,6 +251,21 @@ def test_unquoted_off_means_off() -> None:
         AppConfig().evolve("sim.gpu_memory_utilization=off")
 
 
+def test_coordinator_strategy_errors_say_off_where_the_file_takes_off() -> None:
+    """The package spells a switched-off strategy None; the message names the YAML value."""
+    e = _err(["coordinator.migration_min_speedup=0.5"])
+    assert e.key == "coordinator.migration_min_speedup"
+    assert str(e) == (
+        "coordinator.migration_min_speedup must be a finite number >= 1 or off, got 0.5"
+    )
+    assert e.allowed == "a finite number >= 1 or off"
+    e = _err(["coordinator.migration_min_running=0"])  # takes no off: none offered
+    assert str(e) == "coordinator.migration_min_running must be an integer >= 1, got 0"
+    e = _err(["coordinator.cost_model=/nonexistent/cost.json"])  # the package's detail kept
+    assert str(e).startswith("coordinator.cost_model must be ")
+    assert "cannot read cost model '/nonexistent/cost.json'" in str(e)
+
+
 # ---------------------------------------------------------------------------------------------
 # absurd protocol sizes (admission would never stop)
 

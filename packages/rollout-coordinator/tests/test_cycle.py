@@ -107,6 +107,10 @@ def test_config_from_dict_resolves_cost_model_and_rejects_unknown_fields(tmp_pat
     with pytest.raises(ConfigError) as ei:
         CoordinatorConfig.from_dict({"thetta": 0.4})
     assert ei.value.field == "thetta"
+    with pytest.raises(ConfigError) as ei:  # an unreadable file: why, kept apart
+        CoordinatorConfig.from_dict({"cost_model": str(tmp_path / "none.json")})
+    assert ei.value.field == "cost_model" and ei.value.value == str(tmp_path / "none.json")
+    assert "none.json" in ei.value.detail and ei.value.detail in str(ei.value)
 
 
 # ---- registry -------------------------------------------------------------------------------

@@ -196,8 +196,13 @@ class CoordinatorConfig:
                 }
             )
         except _PackageConfigError as e:
+            key, off = f"coordinator.{e.field}", e.field in _UNSETTABLE
+            # the package spells "off" None; this file takes ``off``
+            allowed = e.allowed.replace("None (off)", "off") if off else e.allowed
+            value = "off" if off and e.value is None else repr(e.value)
+            detail = f" ({e.detail})" if e.detail else ""
             raise ConfigError(
-                f"coordinator.{e.field}: {e}", key=f"coordinator.{e.field}", allowed=e.allowed
+                f"{key} must be {allowed}, got {value}{detail}", key=key, allowed=allowed
             ) from None
 
     @property

@@ -40,6 +40,7 @@ class ConfigError(CoordinatorError, ValueError):
         self.field = field
         self.value = value
         self.allowed = allowed
+        self.detail = detail
 
 
 class UnknownPolicy(ConfigError):

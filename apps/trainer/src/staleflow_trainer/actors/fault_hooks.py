@@ -94,6 +94,7 @@ class RolloutFaultHooks:
         self._hold_work_armed = False
         self._poll_held: list[str] | None = None
         self._hang_sync_armed = False
+        self._sync_hanging = False
 
     async def hold_poll_after_finish(self) -> None:
         """Hold the next poll answer that carries a finished trajectory (written to the TS)
@@ -132,9 +133,14 @@ class RolloutFaultHooks:
         """The next sync never returns (until this process dies), its engine untouched."""
         self._hang_sync_armed = True
 
+    async def sync_hanging(self) -> bool:
+        """Whether a sync hangs here now (:meth:`hang_next_sync`)."""
+        return self._sync_hanging
+
     async def _maybe_hang_sync(self) -> None:
         if self._hang_sync_armed:
             self._hang_sync_armed = False
+            self._sync_hanging = True
             await asyncio.Event().wait()  # until the process is killed
 
     async def kill_engine(self) -> list[int]:

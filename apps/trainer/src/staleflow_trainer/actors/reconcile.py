@@ -22,6 +22,8 @@ by the shell from :meth:`~staleflow_trainer.control.ControlCore.pending_work`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import shutil
 from collections.abc import Callable, Sequence
@@ -31,6 +33,7 @@ from typing import Any
 import structlog
 
 from staleflow_trainer.actors.in_store import in_store
+from staleflow_trainer.actors.liveness import CallHung, answer_within, kill_actor
 from staleflow_trainer.atomic_files import atomic_write_bytes, read_verified_bytes
 from staleflow_trainer.control import ControlCore
 from staleflow_trainer.control import effects as fx
@@ -132,16 +135,8 @@ async def world_to_core(
     instance that died is a loss of the run (counted); ``resumed``: the core's instances were
     the replaced deployment's, none of them is a loss."""
     events: list[Event] = []
-    live = dict(io.rollouts)
-    infos: dict[str, dict[str, Any]] = {}
-    for iid in list(live):
-        try:
-            await live[iid].quiesce.remote()  # everything it ran is written back to the TS
-            infos[iid] = await live[iid].start.remote()
-        except Exception as e:  # died meanwhile: treated as gone
-            log.warning("instance_gone_at_recovery", instance=iid, error=repr(e)[:200])
-            live.pop(iid)
-            io.rollouts.pop(iid, None)
+    infos = await _restarted(io)
+    live = set(infos)
     for iid in core.instances():
         await io.ts.instance_lost(iid)  # stale ownership (a dead or restarted process)
         events.append(await _as_in_store(core, io, iid, now()))
@@ -152,6 +147,45 @@ async def world_to_core(
                                      version=int(info["version"]), setup=True))  # fmt: skip
     await _fix_store(core, io)
     return events
+
+
+async def _restarted(io: Any) -> dict[str, dict[str, Any]]:
+    """Stop every live instance and start it again (``quiesce``: it waits out a sync, stops
+    everything and writes back what it ran; then ``start``), all at once, within
+    ``coordinator.sync_timeout_s`` + ``coordinator.call_timeout_s`` in all: ``{id: start's
+    answer}``. An instance that died or failed is left out; one that does not answer in time
+    (a sync that hangs) is killed and left out too, with a loss record. Without the limit,
+    one instance stuck in a sync held the recovery, and the run, for good."""
+    c = io.cfg.coordinator
+    limit_s = c.sync_timeout_s + c.call_timeout_s
+    setting = "coordinator.sync_timeout_s + coordinator.call_timeout_s"
+
+    async def restart(handle: Any) -> dict[str, Any]:
+        await handle.quiesce.remote()  # everything it ran is written back to the TS
+        return dict(await handle.start.remote())
+
+    names = list(io.rollouts)
+    calls = [
+        answer_within(restart(io.rollouts[i]), limit_s, f"{i!r} quiesce and start", setting)
+        for i in names
+    ]
+    answers = await asyncio.gather(*calls, return_exceptions=True)
+    infos: dict[str, dict[str, Any]] = {}
+    for iid, answer in zip(names, answers, strict=True):
+        if not isinstance(answer, BaseException):
+            infos[iid] = answer
+            continue
+        if isinstance(answer, CallHung):
+            why = str(answer)
+            log.error("instance_hung_at_recovery", instance=iid, error=why)
+            with contextlib.suppress(Exception):  # one that died meanwhile needs no kill
+                kill_actor(io.rollouts[iid])
+        else:  # died meanwhile: treated as gone
+            why = repr(answer)[:300]
+            log.warning("instance_gone_at_recovery", instance=iid, error=why)
+        io.rollouts.pop(iid, None)
+        io.lost.append({"instance_id": iid, "error": why})
+    return infos
 
 
 async def _as_in_store(core: ControlCore, io: Any, iid: str, at: float) -> Reported:
