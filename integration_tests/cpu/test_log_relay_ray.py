@@ -95,6 +95,42 @@ def test_the_trajectory_servers_warnings_are_relayed(ray_session: None) -> None:
     ray.kill(ts)
 
 
+def test_a_dying_instances_last_error_is_relayed_before_its_process_ends(
+    ray_session: None,
+) -> None:
+    """A rollout instance whose engine died ends its own process; the error that says why
+    must reach the driver first. The instance waits (bounded) until the driver's relay has
+    taken its lines: a real rollout actor with a sim engine, the trajectory server's actor."""
+    import ray
+
+    from staleflow_trainer.actors.rollout import RolloutActor
+    from staleflow_trainer.actors.ts_actor import TrajectoryServerActor
+
+    ts = ray.remote(TrajectoryServerActor).remote(token="t")
+    host, port = ray.get(ts.start.remote())
+    inst = ray.remote(RolloutActor).remote(
+        instance_id="sim-0", backend="sim", engine_kwargs={}, ts_address=(host, port),
+        ts_token="t",
+    )  # fmt: skip
+    ray.get(inst.start.remote())
+    actors = {"rollout:sim-0": inst}
+    relay = WarningRelay(lambda: actors, structlog.get_logger("driver"), enabled=True)
+    relay.poll(wait_s=10.0)  # the driver has asked for its lines before: it relays them
+    ray.get(inst.kill_engine.remote())  # the health check finds it within a second
+    got: list[tuple[str, str]] = []
+    deadline = time.monotonic() + 30
+    with capture_logs() as logs:
+        while time.monotonic() < deadline and ("engine_dead", "error") not in got:
+            relay.poll(wait_s=0.2)
+            got = [(e["event"], e["log_level"]) for e in logs]
+    assert ("engine_dead", "error") in got, got
+    with pytest.raises(ray.exceptions.RayActorError):  # and then its process ended
+        while time.monotonic() < deadline + 30:
+            ray.get(inst.stats.remote(), timeout=30)
+            time.sleep(0.2)
+    ray.kill(ts)
+
+
 def test_every_actor_of_the_deployment_keeps_its_warnings() -> None:
     from staleflow_trainer.actors.param_host import ParamServerHost
     from staleflow_trainer.actors.reward_actor import RewardActor

@@ -56,6 +56,43 @@ def test_lines_beyond_the_limit_are_counted(relayed: None) -> None:
     assert [g["event"] for g in log_relay.take()] == ["w"]
 
 
+def test_a_process_about_to_end_waits_for_its_lines_to_be_taken(
+    relayed: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``handed_over``: a dying rollout instance waits (bounded) for the driver to take the
+    line that says why it ends; where nobody ever took lines (no relay), it does not wait."""
+    import asyncio
+    import time
+
+    log = structlog.get_logger("t")
+
+    async def take_later(after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        log_relay.take()
+
+    async def scenario() -> tuple[bool, float, bool, float]:
+        log.error("engine_dead", error="gone")
+        t0 = time.monotonic()
+        taker = asyncio.create_task(take_later(0.3))
+        taken = await log_relay.handed_over(10.0)
+        waited = time.monotonic() - t0
+        await taker
+        log.error("engine_dead", error="again")  # nobody takes it this time
+        t0 = time.monotonic()
+        left = await log_relay.handed_over(0.4)
+        return taken, waited, left, time.monotonic() - t0
+
+    taken, waited, left, bounded = asyncio.run(scenario())
+    assert taken and 0.25 <= waited < 5.0  # until the lines were taken, not the limit
+    assert not left and 0.35 <= bounded < 5.0  # the limit, then it goes on
+    log_relay.take()
+    monkeypatch.setattr(log_relay, "_asked", [False])  # a process whose lines nobody takes
+    log.error("engine_dead", error="unrelayed")
+    t0 = time.monotonic()
+    assert asyncio.run(log_relay.handed_over(10.0)) is False
+    assert time.monotonic() - t0 < 1.0
+
+
 def test_replay_logs_each_line_at_its_level_but_the_skipped() -> None:
     lines = [
         {"level": "warning", "event": "instance_answer_late", "instance": "a"},

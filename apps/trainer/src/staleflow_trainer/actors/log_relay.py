@@ -31,6 +31,7 @@ _OWN = ("timestamp", "level", "exc_info", "stack_info", "stack", "exception")
 _RESERVED = ("self", "method_name", "event", "level", "relayed_from")
 _kept: deque[dict[str, Any]] = deque(maxlen=KEEP)
 _seen = [0, 0]  # lines kept since the start, and handed over
+_asked = [False]  # whether anyone took the lines yet (a driver that relays them)
 
 
 def _keep(logger: Any, method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
@@ -59,12 +60,26 @@ def relay_warnings() -> None:
 def take() -> list[dict[str, Any]]:
     """The lines kept since the last call (each ``{"level", "event", ...fields}``); if some
     were dropped meanwhile (more than :data:`KEEP`), a first line says how many."""
+    _asked[0] = True
     out = [_kept.popleft() for _ in range(len(_kept))]
     dropped = _seen[0] - _seen[1] - len(out)
     _seen[1] = _seen[0]
     if dropped > 0:
         out.insert(0, {"level": "warning", "event": "relayed_lines_dropped", "count": dropped})
     return out
+
+
+async def handed_over(timeout_s: float) -> bool:
+    """Wait, up to ``timeout_s``, until the lines kept so far have been taken (:func:`take`),
+    if anyone ever took them: a process about to end itself gives the driver the chance to
+    fetch its last lines (why it ends), which would die with it otherwise. True if none are
+    left behind."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout_s
+    while _kept and _asked[0] and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return not _kept
 
 
 def replay(

@@ -35,8 +35,8 @@ trajectory server (TS) directly:
   shell's first call); ``probe`` greedy-decodes a fixed prompt (tests check served weights).
 
 An engine whose process died (``engine_adapters.EngineDead``: found by a call, or by the
-health check every ``HEALTH_CHECK_S``) ends this actor's process, with an error in its log,
-once what already finished is in the TS (``DYING_FLUSH_S`` at most). The control shell then
+health check every ``HEALTH_CHECK_S``) ends this actor's process, with an error in its log
+(relayed to the driver's), once what already finished is in the TS. The control shell then
 sees a dead instance, as if the actor had been killed: what the TS held here goes back to the
 queue and the run goes on without it. Without this, a dead vLLM EngineCore left an instance
 that never answered its sync again and held its work.
@@ -74,7 +74,7 @@ from engine_adapters import (
 from staleflow_trainer.actors.fault_hooks import RolloutFaultHooks
 from staleflow_trainer.actors.instance_store import InstanceStore, Item, StoreUnreachable
 from staleflow_trainer.actors.liveness import child_processes
-from staleflow_trainer.actors.log_relay import KeepsWarnings
+from staleflow_trainer.actors.log_relay import FETCH_EVERY_S, KeepsWarnings, handed_over
 from staleflow_trainer.actors.rollout_wire import pack_outcomes
 from trajectory_server import Completion, Segment
 
@@ -97,6 +97,9 @@ HEALTH_CHECK_S = 1.0
 ENGINE_DEAD_EXIT = 75
 #: Before it ends, a dying instance writes what already finished to the TS for this long at most.
 DYING_FLUSH_S = 5.0
+#: A dying instance then waits this long at most for the driver to fetch its last warning and
+#: error lines (``log_relay``: it asks every ``FETCH_EVERY_S``), the reason it ends among them.
+LAST_LINES_S = 2 * FETCH_EVERY_S
 #: How long an instance whose generations keep failing waits for its engine's snapshot.
 SNAPSHOT_CHECK_S = 10.0
 
@@ -346,8 +349,9 @@ class RolloutActor(RolloutFaultHooks, KeepsWarnings):
         """The engine is gone for good: end this process, so the control shell sees a dead
         instance (its work goes back to the queue) rather than one that fails every call.
         What already finished is written to the TS first, if that takes at most
-        ``DYING_FLUSH_S`` (the control side then learns from the TS that it finished), and
-        the process's children (an engine process that may still hold memory) are killed."""
+        ``DYING_FLUSH_S`` (the control side then learns from the TS that it finished), its last
+        lines are left for the driver to fetch (``LAST_LINES_S``), and the process's children
+        (an engine process that may still hold memory) are killed."""
         if self._dying:  # the first call ends the process
             await asyncio.get_running_loop().create_future()
         self._dying = True
@@ -356,6 +360,8 @@ class RolloutActor(RolloutFaultHooks, KeepsWarnings):
                             exit_status=ENGINE_DEAD_EXIT)  # fmt: skip
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._flush(), DYING_FLUSH_S)
+            with contextlib.suppress(Exception):  # the driver fetches the lines that say why
+                await handed_over(LAST_LINES_S)
             for pid, _ in child_processes():
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
