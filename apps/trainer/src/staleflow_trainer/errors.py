@@ -16,9 +16,24 @@ Tree::
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class StaleflowError(Exception):
-    """Root of the app's exceptions."""
+    """Root of the app's exceptions. Each pickles with its fields (``key``, ``path``, ...), so
+    it crosses a process boundary as itself: from a simulation worker process of ``compare``
+    or from a Ray actor (the subclasses' keyword-only fields would fail the default rebuild)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuilt, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuilt(cls: type[StaleflowError], args: tuple[Any, ...], fields: dict[str, Any]) -> Any:
+    """An error of ``cls`` with ``args`` and ``fields``, built as pickle rebuilds it."""
+    err = cls.__new__(cls)
+    Exception.__init__(err, *args)
+    err.__dict__.update(fields)
+    return err
 
 
 class ConfigError(StaleflowError):
