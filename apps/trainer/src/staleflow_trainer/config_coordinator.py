@@ -70,6 +70,7 @@ STRATEGY_FIELDS = (
     "migration_amount",
     "migration_during_sync",
     "migration_min_speedup",
+    "migration_move_cost_s",
     "preemption_rule",
     "preempt_abort_waiting",
     "bounce_waiting_threshold",
@@ -127,6 +128,9 @@ class CoordinatorConfig:
     migration_during_sync: bool | None = _f(None)
     migration_min_speedup: float | Literal["off"] | None = _f(
         None, doc="migrate only for a predicted decode speedup of at least this"
+    )
+    migration_move_cost_s: float | Literal["off"] | None = _f(
+        None, doc="... and only if the time it saves the moved work is at least this"
     )
     # Literal["off"] too: YAML 1.1 reads an unquoted off as false, which it turns back into "off"
     preemption_rule: str | Literal["off"] | None = _f(None, doc="bounce, abort or off")

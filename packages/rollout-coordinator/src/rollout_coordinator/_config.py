@@ -9,9 +9,10 @@ Profiles
 A *profile* is a named set of field values (:data:`PROFILES`), applied with
 :meth:`CoordinatorConfig.from_profile` or ``from_dict({"profile": ...})``; explicit fields win.
 
-* ``default`` — the field defaults below (among them ``migration_min_speedup`` 1.1, a rule
-  beyond the paper: migrate only where the cost model predicts that balancing the two
-  instances gives the moved work a faster step).
+* ``default`` — the field defaults below (among them ``migration_min_speedup`` 1.1 and
+  ``migration_move_cost_s`` 0.1, rules beyond the paper: migrate only where the cost model
+  predicts that balancing the two instances gives the moved work a faster step, and that the
+  time this saves the moved trajectories exceeds what the move costs them).
 * ``paper`` — the values of the published StaleFlow runs: θ 0.3; the router takes at most 128
   concurrent requests per instance with a KV limit of 100 %; a stale instance syncs once its KV
   usage is at most 0.5 and its engine waiting queue is empty, whether or not work at its version
@@ -84,6 +85,13 @@ def _optional_speedup(inst: Any, a: attrs.Attribute[Any], v: Any) -> None:
         isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 1.0
     ):
         raise ConfigError(a.name, v, "a finite number >= 1 or None (off)")
+
+
+def _optional_cost(inst: Any, a: attrs.Attribute[Any], v: Any) -> None:
+    if v is not None and not (
+        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0.0
+    ):
+        raise ConfigError(a.name, v, "a finite number of seconds >= 0 or None (off)")
 
 
 def _optional_fraction(inst: Any, a: attrs.Attribute[float | None], v: float | None) -> None:
@@ -201,6 +209,15 @@ class CoordinatorConfig:
     #: ``paper`` and ``robust`` profiles). A rule beyond the paper's runs (see the throughput
     #: docs for what it measured).
     migration_min_speedup: float | None = attrs.field(default=1.1, validator=_optional_speedup)
+    #: Seconds a moved trajectory stands still (the interrupt, the trip through the queue, the
+    #: route to the starving instance: about two control cycles). With it, migration also
+    #: needs the step it saves the moved trajectories, times the tokens each is expected to
+    #: generate still (as many as it has so far: a long-tailed length's expectation), to be
+    #: at least this on average: a young or short trajectory gains less from a faster step
+    #: than it loses in the move. Judged with ``migration_min_speedup``'s split and exemption
+    #: (and only where that test is on). None: no such test (the paper's rule). A rule beyond
+    #: the paper's runs.
+    migration_move_cost_s: float | None = attrs.field(default=0.1, validator=_optional_cost)
 
     # --- preemption ---
     #: What happens to work the engine preempts or is about to: ``bounce`` (interrupt running
@@ -277,6 +294,7 @@ PAPER: dict[str, Any] = {
     "migration_amount": "all",
     "migration_during_sync": False,
     "migration_min_speedup": None,
+    "migration_move_cost_s": None,
     "preemption_rule": "abort",
     "preempt_abort_waiting": 3,
 }

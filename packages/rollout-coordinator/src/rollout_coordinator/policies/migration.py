@@ -24,7 +24,11 @@ whatever amount then moves: below the model's knee a step takes about as long wi
 trajectories as with 20, and moving some of them gains nothing and costs their interrupt, the
 trip through the queue and the re-prefill. A loaded instance whose KV usage is at
 ``route_kv_limit`` or above is exempt, since what it holds is about to be preempted, which the
-step-time model does not see.
+step-time model does not see. With ``migration_move_cost_s`` as well, the step saved, times the
+tokens the moved trajectories are expected to generate still (on average as many as they have
+so far, the expectation of a long-tailed length), must be at least that many seconds, what a
+move costs a trajectory in standing still: a trajectory that has just started, or a workload of
+short responses, gains less from a faster step than it loses in the move.
 
 Preemption (``preemption_rule``):
 
@@ -126,21 +130,31 @@ def _pays(
 ) -> bool:
     """``migration_min_speedup``: balancing the two instances (the largest ``half_gap`` of
     ``movable``, sorted largest first, onto the starving one) must give the moved trajectories
-    a step at least that many times faster than the loaded instance's now. Judged at the
-    balanced split whatever ``migration_amount`` moves: with ``all`` the router re-places the
-    moved work by marginal gain, and moving everything onto one instance is never faster. A
-    loaded instance at or above ``route_kv_limit`` KV usage passes: its work is about to be
-    preempted, which the step-time model does not see."""
+    a step at least that many times faster than the loaded instance's now, and
+    (``migration_move_cost_s``) the time that saves them, their mean generated count taken as
+    the tokens each has still to go, at least the move's cost. Judged at the balanced split
+    whatever ``migration_amount`` moves: with ``all`` the router re-places the moved work by
+    marginal gain, and moving everything onto one instance is never faster. A loaded instance
+    at or above ``route_kv_limit`` KV usage passes: its work is about to be preempted, which
+    the step-time model does not see."""
     speedup = cfg.migration_min_speedup
     if speedup is None or loaded.kv_usage >= cfg.route_kv_limit:
         return True
     if half_gap <= 0:
         return False
     cm = cfg.cost_model
-    moved_kv = sum(e.tokens for e in movable[:half_gap])
+    moved = movable[:half_gap]
+    moved_kv = sum(e.tokens for e in moved)
     before = cm.step_latency(loaded.n_running, loaded.kv_used)
     after = cm.step_latency(starving.n_running + half_gap, starving.kv_used + moved_kv)
-    return before >= speedup * after
+    if before < speedup * after:
+        return False
+    cost = cfg.migration_move_cost_s
+    if cost is None:
+        return True
+    # each moved trajectory is expected to generate as many tokens again as it has
+    expected = sum(e.generated_tokens for e in moved) / len(moved)
+    return expected * (before - after) >= cost
 
 
 def _bounce(view: CycleView) -> list[Interrupt]:
