@@ -236,14 +236,18 @@ async def test_trajectory_server_rejects_confused_peers_without_changing_state()
                 await call
             assert named in str(info.value), what
             assert snapshot() == before, what
-        # wrong schema version, wrong token, oversized frame, not msgpack: rejected on the wire
+        # wrong schema version, a wrong token, oversized frame, not msgpack: rejected on the wire
         ping = {"schema": SCHEMA_VERSION, "type": "ping", "id": 1, "token": "s3cret", "body": {}}
         ok = await _raw_call(host, port, _frame(ping))
         assert ok is not None and ok["type"] == "ok"
+        # after the hello the connection is authenticated: a request needs no token of its own
+        no_token = {k: v for k, v in ping.items() if k != "token"}
+        for frame in (_frame(no_token), _frame({**ping, "token": None})):
+            ok = await _raw_call(host, port, frame)
+            assert ok is not None and ok["type"] == "ok", ok
         for what, frame in [
             ("schema", _frame({**ping, "schema": SCHEMA_VERSION + 1})),
             ("token", _frame({**ping, "token": "guess"})),
-            ("no token", _frame({**ping, "token": None})),
             ("oversized", struct.pack(">I", 1 << 20) + b"\0" * 64),
             ("not msgpack", struct.pack(">I", 3) + b"\xc1\xc1\xc1"),
         ]:

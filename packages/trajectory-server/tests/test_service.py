@@ -274,6 +274,40 @@ async def test_wrong_or_missing_token_rejected_state_unchanged() -> None:
             await good.close()
 
 
+async def test_an_authenticated_connection_needs_no_token_per_request() -> None:
+    """The hello carries the token once; the connection's requests then leave it out (the TCP
+    client's do: fewer bytes a frame), and one that carries a wrong token is still refused.
+    A frame handed over by other means (the actor's ``handle``, a Ray call) needs it."""
+    async with TrajectoryService(token=TOKEN) as svc:
+        svc.store.submit_group("g", [1], 2)
+        sent = w.encode_request(w.Stats(), 3)
+        assert "token" not in msgpack.unpackb(sent)  # what the TCP client sends
+        assert len(sent) < len(w.encode_request(w.Stats(), 3, TOKEN))
+        reader, writer = await _hello(svc.address[1], TOKEN)
+        try:
+            resp = await _frame_call(reader, writer, sent)
+            assert resp.ok and resp.request_id == 3, resp
+            route = w.Route(instance_id="i0", trajectory_ids=("g/0",), version=0)
+            resp = await _frame_call(reader, writer, w.encode_request(route, 4, "wrong"))
+            assert isinstance(resp.body, Unauthorized)
+            resp = await _frame_call(reader, writer, w.encode_request(route, 5, TOKEN))
+            assert resp.ok, resp
+        finally:
+            writer.close()
+        client = await TrajectoryClient.connect(*svc.address, token=TOKEN)
+        try:
+            assert len(await client.route("i0", ["g/1"], 0)) == 1
+        finally:
+            await client.close()
+    dispatcher = Dispatcher(token=TOKEN)  # not a connection's: every frame carries the token
+    resp = w.decode_response(dispatcher.handle_frame(w.encode_request(w.Stats(), 6)))
+    assert isinstance(resp.body, Unauthorized)
+    assert w.decode_response(dispatcher.handle_frame(w.encode_request(w.Stats(), 7, TOKEN))).ok
+    actor = TrajectoryServerActor(token=TOKEN)
+    resp = w.decode_response(await actor.handle(w.encode_request(w.Stats(), 8)))
+    assert isinstance(resp.body, Unauthorized)
+
+
 def test_bind_rules() -> None:
     check_bind("127.0.0.1", allow_remote=False, token=None)
     check_bind("::1", allow_remote=False, token=None)

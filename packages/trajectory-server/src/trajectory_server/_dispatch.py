@@ -63,14 +63,19 @@ class Dispatcher:
     def has_token(self) -> bool:
         return self._token is not None
 
-    def handle_frame(self, data: bytes) -> bytes:
-        """Decode, authorize, execute and encode; any error becomes an error response."""
+    def handle_frame(self, data: bytes, *, authenticated: bool = False) -> bytes:
+        """Decode, authorize, execute and encode; any error becomes an error response.
+
+        ``authenticated``: the frame came on a connection whose hello carried the token (the
+        TCP service's); it may then leave the token out, and one it carries is still checked.
+        Otherwise (a frame handed over by other means, such as a Ray call) it must carry it."""
         self.requests += 1
         rid = 0
         try:
             frame = _wire.decode_request(data, max_bytes=self.max_message_bytes)
             rid = frame.request_id
-            self.authorize(frame.token)
+            if not (authenticated and frame.token is None):
+                self.authorize(frame.token)
             result = self.execute(frame.request)
             return _wire.encode_ok(rid, _wire.encode_result(frame.request, result))
         except TrajectoryServerError as exc:

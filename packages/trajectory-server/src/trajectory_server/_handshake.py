@@ -12,9 +12,10 @@ longer than :data:`PRE_AUTH_MAX_BYTES` without reading the body; it unpacks the 
 :data:`PRE_AUTH_LIMITS` (short strings, no binary, a handful of entries per container) and checks
 the token in constant time. It answers ``ok`` with ``{"max_message_bytes", "idle_timeout_s"}``,
 or a typed error (``Unauthorized``, ``ServiceBusy``) and closes. Only after an ``ok`` does the
-server read frames up to ``max_message_bytes`` and decode them. Requests still carry the token
-(the same frames also travel through :meth:`TrajectoryServerActor.handle`), and it is checked on
-every one.
+server read frames up to ``max_message_bytes`` and decode them. The connection is then
+authenticated: its requests leave the token out (a request that carries one anyway has it
+checked, so a wrong one is still refused). Frames handed over by other means — through
+:meth:`TrajectoryServerActor.handle`, a Ray call — must carry the token, checked on every one.
 
 :class:`ConnectionLimits` bounds what idle or hostile peers can hold: at most
 ``max_unauthenticated`` connections may be waiting for their hello (a new one beyond that closes

@@ -176,7 +176,7 @@ class TrajectoryService:
                 data = await self._read_frame(reader, writer, peer, limit)
                 if data is None:
                     return
-                await _write(writer, self.dispatcher.handle_frame(data))
+                await _write(writer, self.dispatcher.handle_frame(data, authenticated=True))
         except (ConnectionError, asyncio.CancelledError):
             return
         finally:

@@ -2,8 +2,10 @@
 
 A request frame is a msgpack map::
 
-    {"schema": SCHEMA_VERSION, "type": "<request type>", "id": <int>, "token": <str|None>,
+    {"schema": SCHEMA_VERSION, "type": "<request type>", "id": <int>, "token": <str>,
      "body": {...fields of the request record...}}
+
+(``token`` left out where the frame needs none: on a TCP connection its hello authenticated)
 
 and a response frame::
 
@@ -487,15 +489,13 @@ def _envelope(obj: Any, kinds: tuple[str, ...] | None) -> tuple[str, int, _plain
 
 
 def encode_request(req: Any, request_id: int, token: str | None = None) -> bytes:
-    return _pack(
-        {
-            "schema": SCHEMA_VERSION,
-            "type": req.TYPE,
-            "id": request_id,
-            "token": token,
-            "body": _encode_body(req),
-        }
-    )
+    """A request frame; ``token`` None leaves the envelope's ``token`` out (a request on an
+    authenticated TCP connection needs none)."""
+    envelope: dict[str, Any] = {"schema": SCHEMA_VERSION, "type": req.TYPE, "id": request_id}
+    if token is not None:
+        envelope["token"] = token
+    envelope["body"] = _encode_body(req)
+    return _pack(envelope)
 
 
 def peek_request_id(data: bytes) -> int:

@@ -364,7 +364,7 @@ class TrajectoryClient(_Client):
         if self._failure is not None:
             raise self._ended(self._failure)
         rid = next(self._ids)
-        data = _wire.encode_request(req, rid, self.token)
+        data = _wire.encode_request(req, rid)  # the hello authenticated this connection
         if len(data) > self.max_message_bytes:
             raise MessageTooLarge(
                 f"{req.TYPE} request of {len(data)} bytes exceeds the limit of "
