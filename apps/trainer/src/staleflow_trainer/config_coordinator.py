@@ -130,7 +130,9 @@ class CoordinatorConfig:
         None, doc="migrate only for a predicted decode speedup of at least this"
     )
     migration_move_cost_s: float | Literal["off"] | None = _f(
-        None, doc="... and only if the time it saves the moved work is at least this"
+        None,
+        doc="... and only if the time it saves the moved work is at least this many seconds "
+        "(what a move costs: about two control cycles; scale it with snapshot_interval_s)",
     )
     # Literal["off"] too: YAML 1.1 reads an unquoted off as false, which it turns back into "off"
     preemption_rule: str | Literal["off"] | None = _f(None, doc="bounce, abort or off")
