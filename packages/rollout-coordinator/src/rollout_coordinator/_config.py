@@ -73,25 +73,21 @@ def _optional_positive_int(inst: Any, a: attrs.Attribute[int | None], v: int | N
         raise ConfigError(a.name, v, "an integer >= 1 or None (off)")
 
 
-def _optional_non_negative(inst: Any, a: attrs.Attribute[float | None], v: float | None) -> None:
-    if v is not None and not (
-        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-    ):
-        raise ConfigError(a.name, v, "a finite number >= 0 or None (η)")
+def _optional_finite(low: float, allowed: str) -> Any:
+    """A validator: None, or a finite number (not a bool) >= ``low``; ``allowed`` says so."""
+
+    def check(inst: Any, a: attrs.Attribute[Any], v: Any) -> None:
+        if v is not None and not (
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= low
+        ):
+            raise ConfigError(a.name, v, allowed)
+
+    return check
 
 
-def _optional_speedup(inst: Any, a: attrs.Attribute[Any], v: Any) -> None:
-    if v is not None and not (
-        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 1.0
-    ):
-        raise ConfigError(a.name, v, "a finite number >= 1 or None (off)")
-
-
-def _optional_cost(inst: Any, a: attrs.Attribute[Any], v: Any) -> None:
-    if v is not None and not (
-        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0.0
-    ):
-        raise ConfigError(a.name, v, "a finite number of seconds >= 0 or None (off)")
+_optional_non_negative = _optional_finite(0.0, "a finite number >= 0 or None (η)")
+_optional_speedup = _optional_finite(1.0, "a finite number >= 1 or None (off)")
+_optional_cost = _optional_finite(0.0, "a finite number of seconds >= 0 or None (off)")
 
 
 def _optional_fraction(inst: Any, a: attrs.Attribute[float | None], v: float | None) -> None:
