@@ -1,6 +1,7 @@
 """What the fault tests check after a fault: the control loop lost an instance (waited for from
 the test's driver), the ledger balances, and what a lost instance held went back to the queue
-and ran elsewhere; and the watchdog that stops a faulted run that does not complete."""
+and ran elsewhere; and the watchdog that stops a faulted run that does not complete
+(:func:`run_watched` runs one under it)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,18 @@ def watchdog(dep: Any, out: dict[str, Any], timeout_s: float) -> threading.Event
 
     threading.Thread(target=watch, daemon=True).start()
     return finished
+
+
+def run_watched(
+    dep: Any, out: dict[str, Any], timeout_s: float, on_record: Any = None
+) -> dict[str, Any]:
+    """``dep.run(on_record=...)`` under :func:`watchdog` (``timeout_s``): its summary, or what
+    it raises. The watchdog is off once the run has ended either way."""
+    finished = watchdog(dep, out, timeout_s)
+    try:
+        return dict(dep.run(on_record=on_record))
+    finally:
+        finished.set()
 
 
 def lost_record(dep: Any, iid: str, what: str, timeout_s: float = 60.0) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fault_checks import watchdog
+from fault_checks import run_watched
 from tiny_setup import tiny_config
 
 pytestmark = [pytest.mark.fault, pytest.mark.ray, pytest.mark.sim, pytest.mark.timeout(300)]
@@ -54,10 +54,8 @@ def test_a_run_left_without_instances_stops_naming_them(
                 dep.kill_instance(iid)
 
     try:
-        finished = watchdog(dep, out, WATCHDOG_S)
         with pytest.raises(ComponentLost) as info:
-            dep.run(on_record=on_record)
-        finished.set()
+            run_watched(dep, out, WATCHDOG_S, on_record)
         out["ended_at"] = time.monotonic()
     finally:
         dep.close()

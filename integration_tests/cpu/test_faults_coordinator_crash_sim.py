@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from fault_checks import assert_ledger_balances, watchdog
+from fault_checks import assert_ledger_balances, run_watched
 from tiny_setup import tiny_config
 from waiting import wait_for
 
@@ -247,16 +247,13 @@ def test_a_replacement_does_not_wait_for_an_instance_whose_sync_hangs(
         ray.kill(dep.coordinator, no_restart=True)  # well within the loop's own sync limit
         out["crashed"] = int(rec["step"])
 
-    finished = watchdog(dep, out, 240.0)
     try:
-        out["summary"] = dep.run(on_record=on_record)
-        finished.set()
+        out["summary"] = run_watched(dep, out, 240.0, on_record)
         out["ledger"] = dep.ledger()
         out["lost"] = ray.get(dep.coordinator.lost_instances.remote())
         out["instances"] = ray.get(dep.coordinator.instances.remote())
         out["replacements"] = list(dep.coordinator_crashes)
     finally:
-        finished.set()
         dep.close()
     assert "stopped_by_watchdog" not in out
     assert out["summary"]["steps_done"] == steps

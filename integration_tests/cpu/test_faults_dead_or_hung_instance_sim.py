@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from fault_checks import assert_ledger_balances, assert_routes_stopped, lost_record, watchdog
+from fault_checks import assert_ledger_balances, assert_routes_stopped, lost_record, run_watched
 from structlog.testing import capture_logs
 from tiny_setup import tiny_config
 from waiting import wait_for
@@ -117,19 +117,16 @@ def dead(
         out["silent_after_s"] = time.monotonic() - held_from
         out["silent_alive"] = _alive(h)
 
-    finished = watchdog(dep, out, WATCHDOG_S)
     try:
         with capture_logs() as logs:  # the driver's own, and those relayed from the control
-            out["summary"] = dep.run(on_record=on_record)
+            out["summary"] = run_watched(dep, out, WATCHDOG_S, on_record)
         out["relayed"] = [e for e in logs if e.get("relayed_from") == "control"]
         out["relaying"] = not ray_prints_worker_logs()  # else Ray prints them (a developer's)
-        finished.set()
         out["ledger"] = dep.ledger()
         out["histories"] = ray.get(dep.coordinator.histories.remote())
         out["instances"] = ray.get(dep.coordinator.instances.remote())
         out["actor_alive"] = _alive(dep.rollouts.get(out["victim"]))
     finally:
-        finished.set()
         dep.close()
     return out
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from fault_checks import assert_ledger_balances, lost_record, watchdog
+from fault_checks import assert_ledger_balances, lost_record, run_watched
 from tiny_setup import tiny_config
 
 pytestmark = [pytest.mark.fault, pytest.mark.ray, pytest.mark.sim, pytest.mark.timeout(300)]
@@ -69,15 +69,12 @@ def frozen(
         os.kill(pid, signal.SIGSTOP)
         out.update(victim=victim, pid=pid, frozen_at=time.monotonic(), frozen_after=step)
 
-    finished = watchdog(dep, out, WATCHDOG_S)
     try:
-        out["summary"] = dep.run(on_record=on_record)
-        finished.set()
+        out["summary"] = run_watched(dep, out, WATCHDOG_S, on_record)
         out["record"] = lost_record(dep, out["victim"], f"the loop to lose {out['victim']}")
         out["ledger"] = dep.ledger()
         out["instances"] = ray.get(dep.coordinator.instances.remote())
     finally:
-        finished.set()
         if "pid" in out:
             with contextlib.suppress(ProcessLookupError):  # killed by the control side already
                 os.kill(out["pid"], signal.SIGKILL)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from fault_checks import assert_ledger_balances, watchdog
+from fault_checks import assert_ledger_balances, run_watched
 from tiny_setup import tiny_config
 from waiting import wait_for
 
@@ -74,15 +74,12 @@ def lost(
         )
         dep.kill_instance(victim)
 
-    finished = watchdog(dep, out, WATCHDOG_S)
     try:
-        out["summary"] = dep.run(on_record=on_record)
-        finished.set()
+        out["summary"] = run_watched(dep, out, WATCHDOG_S, on_record)
         out["ledger"] = dep.ledger()
         out["histories"] = ray.get(dep.coordinator.histories.remote())
         out["lost"] = ray.get(dep.coordinator.lost_instances.remote())
     finally:
-        finished.set()
         dep.close()
     return out
 
