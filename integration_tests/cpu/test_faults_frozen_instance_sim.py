@@ -10,7 +10,9 @@ Before, the router kept it as it last answered (free), the next batch's work wai
 its sync, and the trainer waited for that batch until the instance was lost.
 
 The instance is frozen right after a step, at a moment it holds no work in the trajectory
-server (work it holds cannot be had before it is lost: that batch waits for the loss).
+server (work it holds cannot be had before it is lost: that batch waits for the loss). If the
+first call that finds it frozen is a route (it looked free), that route's work would wait for
+the loss too: the instance is thawed and frozen again after a later step.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 import pytest
 from fault_checks import assert_ledger_balances, lost_record, run_watched
 from tiny_setup import tiny_config
+from waiting import wait_for
 
 pytestmark = [pytest.mark.fault, pytest.mark.ray, pytest.mark.sim, pytest.mark.timeout(300)]
 
@@ -66,8 +69,25 @@ def frozen(
         pid = ray.get(h.__ray_call__.remote(lambda actor: os.getpid()))
         if ray.get(dep.coordinator.held_by.remote(victim)):
             return  # it holds work: freeze it after a later step
+        silent = ray.get(dep.coordinator.summary.remote())["counters"]["instances_silent"]
         os.kill(pid, signal.SIGSTOP)
-        out.update(victim=victim, pid=pid, frozen_at=time.monotonic(), frozen_after=step)
+        frozen_at = time.monotonic()
+        # the first call that finds it frozen makes it silent; if that call was a route, its
+        # work waits for the loss (what the instance holds cannot be had before): thaw it and
+        # freeze it after a later step (a sync, the usual first call, holds no work)
+        wait_for(
+            lambda: (
+                ray.get(dep.coordinator.summary.remote())["counters"]["instances_silent"] > silent
+            ),
+            30,
+            f"{victim} to be found silent",
+            every_s=0.05,
+        )
+        if ray.get(dep.coordinator.held_by.remote(victim)):
+            os.kill(pid, signal.SIGCONT)
+            out["thawed"] = out.get("thawed", 0) + 1
+            return
+        out.update(victim=victim, pid=pid, frozen_at=frozen_at, frozen_after=step)
 
     try:
         out["summary"] = run_watched(dep, out, WATCHDOG_S, on_record)
