@@ -156,7 +156,7 @@ def _scenario(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> dic
     from staleflow_trainer.actors.trainer_actor import TrainerActor
     from staleflow_trainer.config import load_config, to_dict
     from staleflow_trainer.data import encode_records
-    from staleflow_trainer.prepare import engine_kwargs
+    from staleflow_trainer.prepare import rollout_kwargs
     from staleflow_trainer.tiny_model import resolve_model_path
     from trajectory_server.actor import TrajectoryServerActor
 
@@ -191,8 +191,7 @@ def _scenario(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> dic
     for i in range(2):
         r = RolloutActor(
             instance_id=f"sim-{i}",
-            backend="sim",
-            engine_kwargs=engine_kwargs(cfg, i, model),
+            **rollout_kwargs(cfg, i, model),
             ts_address=ts_addr,
             ts_token="tok",
             ps_address=("127.0.0.1", 1),

@@ -27,7 +27,6 @@ from staleflow_trainer.errors import ComponentLost
 from staleflow_trainer.metrics import MetricsWriter, TimelineWriter
 from staleflow_trainer.prepare import (
     check_local_cpus,
-    engine_kwargs,
     init_ray,
     model_dir,
     placement_hint,
@@ -35,6 +34,7 @@ from staleflow_trainer.prepare import (
     ray_prints_worker_logs,
     resolve_resume,
     role_options,
+    rollout_kwargs,
     verify_checkpoint,
 )
 from staleflow_trainer.progress import ProgressBar, StartupProgress
@@ -291,8 +291,7 @@ class Deployment:
             )
             .remote(
                 instance_id=iid,
-                backend=cfg.rollout.backend,
-                engine_kwargs=engine_kwargs(cfg, slot, self.model_path),
+                **rollout_kwargs(cfg, slot, self.model_path),
                 ts_address=self._ts_addr,
                 ts_token=self._ts_token,
                 ps_address=self._ps_addr,

@@ -129,6 +129,22 @@ def preflight(cfg: AppConfig, model_path: Path) -> tuple[EncodedPrompts, str | N
     return prompts, backend
 
 
+def rollout_kwargs(cfg: AppConfig, i: int, model_path: Path) -> dict[str, Any]:
+    """What rollout instance ``i`` is built with (``RolloutActor``): its backend, its engine's
+    arguments and, for sim engines, the workload's response lengths (it draws each
+    trajectory's from its id; the same as ``staleflow simulate`` gives that group)."""
+    lengths = None
+    if cfg.rollout.backend == "sim":
+        from staleflow_trainer.sim.workload import engine_lengths
+
+        lengths = engine_lengths(cfg)
+    return {
+        "backend": cfg.rollout.backend,
+        "engine_kwargs": engine_kwargs(cfg, i, model_path),
+        "lengths": lengths,
+    }
+
+
 def engine_kwargs(cfg: AppConfig, i: int, model_path: Path) -> dict[str, Any]:
     r = cfg.rollout
     if r.backend == "vllm":

@@ -1,10 +1,11 @@
 """What the control shell sends the trajectory server for a new prompt group: the prompt's
-token ids and metadata, the sampling parameters (with the seed the group always gets), and, for
-sim engines, the response lengths the simulator's workload gives its members."""
+token ids and metadata and the sampling parameters (with the seed the group always gets). A sim
+engine's response lengths do not travel with it: the instance draws them from the trajectory
+ids (``sim.workload.GroupLengths.of``)."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import structlog
 
@@ -23,7 +24,6 @@ class GroupSubmitter:
     def __init__(self, cfg: AppConfig, prompts: EncodedPrompts) -> None:
         self.cfg = cfg
         self.prompts = prompts
-        self._lengths: Any = None  # sim engines: the simulator's GroupLengths
 
     def prompt_ids(self, row: int) -> list[int]:
         return list(self.prompts.ids(row))
@@ -48,18 +48,6 @@ class GroupSubmitter:
                     seed=(self.cfg.run.seed * 1_000_003 + serial * 64) % (2**31),
                 ),
                 metadata={k: getattr(rec, k) for k in _METADATA},
-                target_lengths=self.target_lengths(serial, g.members),
             )
         except TrajectoryServerError as err:  # already there (resubmitted after a crash)
             log.debug("submit_group_noop", group_id=g.group_id, error=str(err)[:200])
-
-    def target_lengths(self, serial: int, members: int) -> list[int] | None:
-        """Response lengths the sim engine stops at (None: a real engine): the simulator's."""
-        if self.cfg.rollout.backend != "sim":
-            return None
-        if self._lengths is None:
-            from staleflow_trainer.sim.workload import engine_lengths
-
-            self._lengths = engine_lengths(self.cfg)
-        cap = self.cfg.rollout.sampling.max_new_tokens
-        return cast(list[int], self._lengths.targets(serial - 1, members, cap))

@@ -72,7 +72,12 @@ from engine_adapters import (
     unpack_ids,
 )
 from staleflow_trainer.actors.fault_hooks import RolloutFaultHooks
-from staleflow_trainer.actors.instance_store import InstanceStore, Item, StoreUnreachable
+from staleflow_trainer.actors.instance_store import (
+    InstanceStore,
+    Item,
+    StoreUnreachable,
+    generate_request,
+)
 from staleflow_trainer.actors.liveness import child_processes
 from staleflow_trainer.actors.log_relay import FETCH_EVERY_S, KeepsWarnings, handed_over
 from staleflow_trainer.actors.rollout_wire import pack_outcomes
@@ -128,6 +133,7 @@ class RolloutActor(RolloutFaultHooks, KeepsWarnings):
         ps_token: str | None = None,
         generate_error_limit: int = 16,
         store_timeout_s: float = 60.0,
+        lengths: Any = None,
     ) -> None:
         self._keep_warnings()
         self.instance_id = instance_id
@@ -137,6 +143,7 @@ class RolloutActor(RolloutFaultHooks, KeepsWarnings):
         self._dying = False
         self.backend = backend
         self.engine_kwargs = dict(engine_kwargs)
+        self._lengths = lengths  # sim engines: the response lengths (sim.workload.GroupLengths)
         # each wait on the TS (connect, send, answer): coordinator.store_wait_s
         self._io = InstanceStore(instance_id, ts_address, ts_token, timeout_s=store_timeout_s)
         self._ps_address = tuple(ps_address) if ps_address else None
@@ -205,24 +212,13 @@ class RolloutActor(RolloutFaultHooks, KeepsWarnings):
             tid = t.trajectory_id
             if tid in self._tasks:  # already generating here (a lost route settled twice)
                 continue
-            s = t.sampling
-            req = GenerateRequest(
-                trajectory_id=tid,
-                prompt_token_ids=t.prompt_token_ids,
-                sampling=SamplingParams(
-                    temperature=s.temperature,
-                    top_p=s.top_p,
-                    max_new_tokens=s.max_new_tokens,
-                    stop_token_ids=tuple(s.stop_token_ids),
-                    seed=s.seed,
-                ),
-                generated_token_ids=t.generated_token_ids,
-                generated_logprobs=t.generated_logprobs,
-                generated_versions=t.generated_versions,
-                target_length=t.target_length,
-            )
+            # sim engines: the workload's length for this id (no length crosses the control
+            # process); otherwise whatever the store's record carries
+            cap = t.sampling.max_new_tokens
+            target = t.target_length if self._lengths is None else self._lengths.of(tid, cap)
+            req = generate_request(t, target)
             self._known[tid] = len(req.generated_token_ids)
-            self._max_new[tid] = int(s.max_new_tokens)
+            self._max_new[tid] = int(cap)
             self._tasks[tid] = asyncio.get_running_loop().create_task(self._run(engine, req))
             started += 1
         await asyncio.sleep(0)  # let each task register with the engine before we return

@@ -52,6 +52,17 @@ class GroupLengths:
         row = self.chunk(c)[i]
         return [max(1, min(int(row[m % len(row)]), cap)) for m in range(members)]
 
+    def of(self, trajectory_id: str, cap: int) -> int | None:
+        """The length of trajectory ``g<index>/<member>`` (member ``member`` of group
+        ``index``; what :meth:`targets` gives it), in ``[1, cap]``; None for an id of another
+        shape. A rollout instance with a sim engine finds its trajectories' lengths here, from
+        their ids: no length travels with the work."""
+        head, _, tail = trajectory_id.rpartition("/")
+        if not (head[:1] == "g" and head[1:].isdigit() and tail.isdigit()):
+            return None
+        member = int(tail)
+        return self.targets(int(head[1:]), member + 1, cap)[member]
+
 
 def engine_lengths(cfg: Any) -> GroupLengths:
     """The lengths of an app config's groups (``staleflow train`` with sim engines: the same as
