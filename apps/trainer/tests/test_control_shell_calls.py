@@ -305,7 +305,7 @@ async def test_settling_waits_for_a_call_still_out_and_feeds_the_loss_it_ends_in
     monkeypatch.setattr(shell_io, "kill_actor", lambda h: None)
     monkeypatch.setattr(control, "SETTLE_BACKGROUND_S", 0.05)
     monkeypatch.setattr(control, "POLL_RETRY_S", 0.0)  # its rounds of polls do not wait for it
-    cfg = load_config(SIM_TINY, [f"run.run_dir={tmp_path}", "coordinator.call_timeout_s=0.5"])
+    cfg = load_config(SIM_TINY, [f"run.run_dir={tmp_path}", "coordinator.poll_timeout_s=0.5"])
     log: list[tuple[str, str]] = []
 
     async def answer(*args: Any) -> None:
@@ -343,7 +343,7 @@ async def test_settling_waits_for_a_call_still_out_and_feeds_the_loss_it_ends_in
     assert actor.io.lanes.busy("a") and ("end", "b1") in log
     await actor._settle()
     assert [e.instance_id for e in fed if isinstance(e, InstanceLost)] == ["a"]
-    assert "route on 'a' did not return within coordinator.call_timeout_s=0.5" in lost[0]
+    assert "route on 'a' did not return within coordinator.poll_timeout_s=0.5" in lost[0]
     assert actor.io.take_late(0.0) == [] and list(actor.io.rollouts) == ["b"]
 
 

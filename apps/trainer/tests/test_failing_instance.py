@@ -93,8 +93,13 @@ def killed(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     return out
 
 
-def _io(rollouts: dict[str, Any], limit: int = 3, call_s: float = 30.0) -> ShellIO:
-    limits = [f"coordinator.{k}_timeout_s={call_s}" for k in ("call", "poll")]
+def _io(
+    rollouts: dict[str, Any], limit: int = 3, call_s: float = 30.0, poll_s: float | None = None
+) -> ShellIO:
+    limits = [
+        f"coordinator.call_timeout_s={call_s}",
+        f"coordinator.poll_timeout_s={poll_s or call_s}",
+    ]
     cfg = load_config(SIM_TINY, [f"coordinator.instance_error_limit={limit}", *limits])
     io = ShellIO(cfg, prompts=EncodedPrompts((), ()), ts_address=("127.0.0.1", 1), ts_token="t",
                  rollouts=rollouts, trainer=None, rewards=[], reward_spec={})  # fmt: skip
@@ -210,8 +215,12 @@ async def test_a_failed_interrupt_ends_the_instance(killed: list[Any], requeue: 
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize("call", ["poll", "route", "interrupt"])
 async def test_a_call_that_hangs_ends_the_instance_at_once(killed: list[Any], call: str) -> None:
+    # a poll or a route (answered at once by a well instance) is bounded by poll_timeout_s, an
+    # interrupt (which may wait for its generations) by call_timeout_s; the other one is long
+    key = "call_timeout_s" if call == "interrupt" else "poll_timeout_s"
     a, b = _Instance(), _Instance()
-    io = _io({"a": a, "b": b}, call_s=0.2)
+    io = _io({"a": a, "b": b}, **({"call_s": 0.2} if key == "call_timeout_s" else
+                                  {"call_s": 60.0, "poll_s": 0.2}))  # fmt: skip
     a.hanging = True
     if call == "poll":
         got = await io.poll_all()
@@ -228,7 +237,6 @@ async def test_a_call_that_hangs_ends_the_instance_at_once(killed: list[Any], ca
         assert [e.instance_id for e in lost] == ["a"]
         err = io.lost[0]["error"]
         assert b.calls == ["submit"]
-    key = "poll_timeout_s" if call == "poll" else "call_timeout_s"
     assert f"{call} on 'a' did not return within coordinator.{key}=0.2" in str(err)
     assert killed == [a]
 

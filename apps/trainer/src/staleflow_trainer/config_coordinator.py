@@ -161,16 +161,17 @@ class CoordinatorConfig:
     call_timeout_s: float = _f(
         120.0,
         gt=0.0,
-        doc="a route or interrupt not answered by then means a hung instance: its actor is "
-        "killed and it is lost (an interrupt may wait 30 s for its generations)",
+        doc="an interrupt not answered by then means a hung instance: its actor is killed and "
+        "it is lost (an interrupt may wait 30 s for its generations)",
     )
     poll_timeout_s: float = _f(
         30.0,
         gt=0.0,
-        doc="a poll not answered by then means a hung instance: its actor is killed and it is "
-        "lost (a well instance answers at once, once its finished results are written to the "
-        "trajectory server; each of its requests there waits a third of this, 60 s at most, "
-        "so a stalled server fails the poll, which is tried again, before the limit)",
+        doc="a poll or route not answered by then means a hung instance: its actor is killed "
+        "and it is lost (a well instance answers a poll at once, once its finished results are "
+        "written to the trajectory server, and a route once the server handed it the work; "
+        "each of its requests there waits a third of this, 60 s at most, so a stalled server "
+        "fails the call before the limit; a failed poll is tried again)",
     )
     instance_error_limit: int = _f(
         3,

@@ -83,7 +83,9 @@ class RolloutFaultHooks:
     not seen. :meth:`hold_poll_with_work` holds a poll before it writes anything, while the
     instance has work the TS has not got back — an instance killed mid-generation.
     :meth:`kill_engine` kills the engine under a live actor — an engine process that crashed;
-    :meth:`hang_next_sync` makes the next sync never return — an engine that hangs."""
+    :meth:`hang_next_sync` makes the next sync never return — an engine that hangs;
+    :meth:`hang_next_route` makes the next route never return, before it takes anything from
+    the TS — an instance that froze as the route reached it."""
 
     _tasks: Mapping[str, Any]
     _to_write: Sequence[tuple[Any, bool]]
@@ -95,6 +97,8 @@ class RolloutFaultHooks:
         self._poll_held: list[str] | None = None
         self._hang_sync_armed = False
         self._sync_hanging = False
+        self._hang_route_armed = False
+        self._route_held: list[str] | None = None
 
     async def hold_poll_after_finish(self) -> None:
         """Hold the next poll answer that carries a finished trajectory (written to the TS)
@@ -141,6 +145,21 @@ class RolloutFaultHooks:
         if self._hang_sync_armed:
             self._hang_sync_armed = False
             self._sync_hanging = True
+            await asyncio.Event().wait()  # until the process is killed
+
+    async def hang_next_route(self) -> None:
+        """The next route (``submit``) never returns (until this process dies), before it asks
+        the TS for anything: its trajectories stay queued there."""
+        self._hang_route_armed = True
+
+    async def route_held(self) -> list[str] | None:
+        """The ids of the route being held (None: none held, :meth:`hang_next_route`)."""
+        return None if self._route_held is None else list(self._route_held)
+
+    async def _maybe_hang_route(self, ids: Sequence[str]) -> None:
+        if self._hang_route_armed:
+            self._hang_route_armed = False
+            self._route_held = list(ids)
             await asyncio.Event().wait()  # until the process is killed
 
     async def kill_engine(self) -> list[int]:

@@ -202,8 +202,9 @@ class RolloutActor(RolloutFaultHooks, KeepsWarnings):
         """Take these queued trajectories from the TS (routing them here at ``version``, their
         V_traj for a partial) and start generating; returns how many started. The ids may
         come packed (``engine_adapters.pack_ids``)."""
-        engine = self._require()
-        payloads, refused = await self._io.route(unpack_ids(trajectory_ids), int(version))
+        engine, ids = self._require(), unpack_ids(trajectory_ids)
+        await self._maybe_hang_route(ids)  # fault tests only
+        payloads, refused = await self._io.route(ids, int(version))
         for tid, error in refused:
             self._refused.append(tid)
             self._errors.append({"trajectory_id": tid, "error": error})

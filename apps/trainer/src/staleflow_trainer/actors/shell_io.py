@@ -14,7 +14,8 @@ polls its view is extrapolated in time (:meth:`ShellIO.views`). Finished payload
 the trajectory server with ``free`` (``release`` would send them back); the bytes that cross
 this process are counted (``actors.io_bytes``). A live instance whose calls fail or hang leaves
 the run: a failed poll is tried again, up to ``coordinator.instance_error_limit`` in a row; a
-failed route or interrupt, or a call hung past ``coordinator.call_timeout_s``, ends it at once
+failed route or interrupt, or a call hung past its limit (``coordinator.poll_timeout_s`` for a
+poll or route, ``coordinator.call_timeout_s`` for an interrupt), ends it at once
 (:meth:`ShellIO.end_instance`). Calls to one instance go through its lane
 (``actors.lanes``): a control cycle waits ``ANSWER_WAIT_S`` at most for them, and an answer
 that comes later is handled in a later cycle (:meth:`ShellIO.take_late`); the instance is silent
@@ -552,7 +553,9 @@ class ShellIO(BackgroundCalls):
 
     def _limit(self, what: str) -> tuple[str, float]:
         """The setting, and its value, that bounds the wait for an answer to ``what``."""
-        key = "poll_timeout_s" if what == "poll" else "call_timeout_s"
+        # a well instance answers a poll or a route at once (a route: once the store handed
+        # it the payloads); an interrupt may wait for its generations
+        key = "poll_timeout_s" if what in ("poll", "route") else "call_timeout_s"
         return key, float(getattr(self.cfg.coordinator, key))
 
     def end_instance(self, iid: str, what: str, error: BaseException) -> RuntimeError:
