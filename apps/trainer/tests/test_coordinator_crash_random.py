@@ -154,11 +154,11 @@ def _scenario(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> dic
     from staleflow_trainer.actors.reward_actor import RewardActor
     from staleflow_trainer.actors.rollout import RolloutActor
     from staleflow_trainer.actors.trainer_actor import TrainerActor
+    from staleflow_trainer.actors.ts_actor import TrajectoryServerActor
     from staleflow_trainer.config import load_config, to_dict
     from staleflow_trainer.data import encode_records
     from staleflow_trainer.prepare import rollout_kwargs
     from staleflow_trainer.tiny_model import resolve_model_path
-    from trajectory_server.actor import TrajectoryServerActor
 
     monkeypatch.setattr(param_server, "ParamServerClient", _FakeParamServer)
     _FakeParamServer.latest = 0
@@ -187,6 +187,7 @@ def _scenario(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> dic
     cluster = _Loop()
     ts = TrajectoryServerActor(token="tok", checkpoint_path=str(tmp_path / "ts.bin"))
     ts_addr = cluster.run(ts.start())
+    cluster.run(ts.load_prompts(prompts))  # as the deployment does: groups go by row
     rollouts = {}
     for i in range(2):
         r = RolloutActor(

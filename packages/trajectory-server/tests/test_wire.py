@@ -59,6 +59,19 @@ REQUESTS = [
     w.SubmitGroup(
         group_id="h", prompt_token_ids=IntArray([5]), n=1, sampling=SamplingParams(), metadata={}
     ),
+    w.SubmitGroup(
+        group_id="h",
+        prompt_token_ids=None,
+        n=2,
+        sampling=SamplingParams(),
+        metadata={},
+        prompt_key=7,
+    ),
+    w.PutPrompts(
+        keys=(0, 7),
+        prompt_token_ids=(IntArray([1, 2]), IntArray([3])),
+        metadata=({"gt": "4"}, None),
+    ),
     w.Route(instance_id="i0", trajectory_ids=("a", "b"), version=3),
     w.ReturnPartial(instance_id="i0", segments=(SEG,)),
     w.Finish(instance_id="i0", completions=(DONE,)),

@@ -159,10 +159,12 @@ class Deployment:
         )
         ts_host = cfg.ray.trajectory_server_host
         with progress.phase("servers", "starting the trajectory and parameter servers"):
-            ts_addr, ps_addr = ray.get(
+            # the prompt table: groups go by row, no prompt passes through the control process
+            ts_addr, ps_addr, _ = ray.get(
                 [
                     self.ts.start.remote(host=ts_host, allow_remote=not is_loopback(ts_host)),
                     self.ps.address.remote(),
+                    self.ts.load_prompts.remote(self._prompts),
                 ]
             )
         self._ps_addr, self._ps_token = ps_addr, ps_token

@@ -40,6 +40,7 @@ from typing import Any
 import attrs
 
 from trajectory_server._invariants import check_store
+from trajectory_server._prompts import PromptTable
 from trajectory_server._queue import ALL_LEVELS, LevelQueue, queue_entry
 from trajectory_server._records import (
     FINISHED,
@@ -94,6 +95,7 @@ class TrajectoryStore:
         self._history: dict[str, list[LedgerEvent]] = {}
         self._event_seq = 0
         self._enqueue_seq = 0
+        self.prompts = PromptTable()  # put once, submitted by key (not checkpointed)
 
     # -- submission ------------------------------------------------------------------------------
 
@@ -131,15 +133,18 @@ class TrajectoryStore:
     def submit_group(
         self,
         group_id: str,
-        prompt_token_ids: Iterable[int],
+        prompt_token_ids: Iterable[int] | None,
         n: int,
         *,
         sampling: SamplingParams | None = None,
         metadata: Mapping[str, Any] | None = None,
         target_lengths: Sequence[int] | None = None,
+        prompt_key: int | None = None,
     ) -> tuple[str, ...]:
         """Expand one prompt into ``n`` trajectories ``{group_id}/{i}`` (pass n' for group-level
-        redundancy). With a sampling ``seed``, member ``i`` gets ``seed + i`` so members differ."""
+        redundancy). With a sampling ``seed``, member ``i`` gets ``seed + i`` so members differ.
+        The prompt comes as ``prompt_token_ids`` or as ``prompt_key``, a key of :attr:`prompts`
+        (its metadata then under ``metadata``'s entries), never both."""
         check_id("group_id", group_id)
         if not is_int(n) or not 1 <= n <= MAX_GROUP_SIZE:
             raise InvalidRecord(
@@ -152,6 +157,11 @@ class TrajectoryStore:
                 f"target_lengths must have n={n} entries, got {len(target_lengths)}",
                 field="target_lengths",
             )
+        if (prompt_key is None) == (prompt_token_ids is None):
+            raise InvalidRecord("give one of prompt_token_ids and prompt_key", field="prompt_key")
+        if prompt_token_ids is None:  # by its key
+            prompt_token_ids, put = self.prompts.get(prompt_key)
+            metadata = {**put, **(metadata or {})}
         sampling = sampling if sampling is not None else SamplingParams()
         first = Trajectory(
             trajectory_id=f"{group_id}/0",
@@ -163,17 +173,12 @@ class TrajectoryStore:
         )
         members = [first]
         for i in range(1, n):
-            s = (
-                sampling
-                if sampling.seed is None
-                else attrs.evolve(sampling, seed=sampling.seed + i)
-            )
+            seed = sampling.seed
+            s = sampling if seed is None else attrs.evolve(sampling, seed=seed + i)
+            target = None if target_lengths is None else target_lengths[i]
             members.append(
                 attrs.evolve(
-                    first,
-                    trajectory_id=f"{group_id}/{i}",
-                    sampling=s,
-                    target_length=None if target_lengths is None else target_lengths[i],
+                    first, trajectory_id=f"{group_id}/{i}", sampling=s, target_length=target
                 )
             )
         return self.submit(members)

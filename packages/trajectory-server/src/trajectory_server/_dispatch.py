@@ -15,7 +15,7 @@ from typing import Any
 
 import structlog
 
-from trajectory_server import _wire
+from trajectory_server import _requests, _wire
 from trajectory_server._core import TrajectoryStore
 from trajectory_server._version import __version__
 from trajectory_server.errors import (
@@ -104,16 +104,16 @@ class Dispatcher:
     def execute(self, req: Any) -> Any:
         """Run one decoded request against the store and return its typed result."""
         s = self.store
-        if isinstance(req, _wire.Route):
+        if isinstance(req, _requests.Route):
             return s.route(req.instance_id, req.trajectory_ids, req.version)
-        if isinstance(req, _wire.ReturnPartial):
+        if isinstance(req, _requests.ReturnPartial):
             return s.return_partial(req.instance_id, req.segments)
-        if isinstance(req, _wire.Finish):
+        if isinstance(req, _requests.Finish):
             done = s.finish(req.instance_id, req.completions)
             return done if req.echo else len(done)
-        if isinstance(req, _wire.Submit):
+        if isinstance(req, _requests.Submit):
             return s.submit(req.trajectories)
-        if isinstance(req, _wire.SubmitGroup):
+        if isinstance(req, _requests.SubmitGroup):
             return s.submit_group(
                 req.group_id,
                 req.prompt_token_ids,
@@ -121,38 +121,41 @@ class Dispatcher:
                 sampling=req.sampling,
                 metadata=req.metadata,
                 target_lengths=req.target_lengths,
+                prompt_key=req.prompt_key,
             )
-        if isinstance(req, _wire.Drop):
+        if isinstance(req, _requests.PutPrompts):
+            return s.prompts.put(zip(req.keys, req.prompt_token_ids, req.metadata, strict=True))
+        if isinstance(req, _requests.Drop):
             return s.drop(req.trajectory_ids, req.reason)
-        if isinstance(req, _wire.DropGroup):
+        if isinstance(req, _requests.DropGroup):
             return s.drop_group(req.group_id, req.reason)
-        if isinstance(req, _wire.InstanceLost):
+        if isinstance(req, _requests.InstanceLost):
             return s.instance_lost(req.instance_id)
-        if isinstance(req, _wire.Release):
+        if isinstance(req, _requests.Release):
             return s.release(req.trajectory_ids)
-        if isinstance(req, _wire.Free):
+        if isinstance(req, _requests.Free):
             return s.free(req.trajectory_ids)
-        if isinstance(req, _wire.FinishedIds):
+        if isinstance(req, _requests.FinishedIds):
             return s.finished_ids()
-        if isinstance(req, _wire.GetFinished):
+        if isinstance(req, _requests.GetFinished):
             return s.finished(req.trajectory_ids)
-        if isinstance(req, _wire.QueueView):
+        if isinstance(req, _requests.QueueView):
             return s.queue_view(req.limit, level=req.level)
-        if isinstance(req, _wire.Stats):
+        if isinstance(req, _requests.Stats):
             return s.stats()
-        if isinstance(req, _wire.Locate):
+        if isinstance(req, _requests.Locate):
             return tuple(s.location(t) for t in req.trajectory_ids)
-        if isinstance(req, _wire.Get):
+        if isinstance(req, _requests.Get):
             return tuple(s.get(t) for t in req.trajectory_ids)
-        if isinstance(req, _wire.History):
+        if isinstance(req, _requests.History):
             return s.history(req.trajectory_id)
-        if isinstance(req, _wire.HeldBy):
+        if isinstance(req, _requests.HeldBy):
             return s.held_by(req.instance_id)
-        if isinstance(req, _wire.Group):
+        if isinstance(req, _requests.Group):
             return s.group(req.group_id)
-        if isinstance(req, _wire.SaveCheckpoint):
+        if isinstance(req, _requests.SaveCheckpoint):
             return str(self.save_checkpoint())
-        if isinstance(req, _wire.Ping):
+        if isinstance(req, _requests.Ping):
             return {"schema": _wire.SCHEMA_VERSION, "version": __version__}
         raise MalformedMessage(f"unsupported request {type(req).__name__}", field="type")
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 import attrs
 import msgpack
@@ -35,11 +35,31 @@ from trajectory_server import _plain
 from trajectory_server._core import ALL_LEVELS
 from trajectory_server._packed import IntArray
 from trajectory_server._records import (
-    Completion,
-    SamplingParams,
-    Segment,
-    Trajectory,
     is_int,
+)
+from trajectory_server._requests import (
+    REQUEST_TYPES,
+    Drop,
+    DropGroup,
+    Finish,
+    FinishedIds,
+    Free,
+    Get,
+    GetFinished,
+    Group,
+    HeldBy,
+    History,
+    InstanceLost,
+    Locate,
+    PutPrompts,
+    QueueView,
+    Release,
+    ReturnPartial,
+    Route,
+    SaveCheckpoint,
+    Stats,
+    Submit,
+    SubmitGroup,
 )
 from trajectory_server.errors import (
     ERROR_CLASSES,
@@ -69,171 +89,6 @@ FRAME_LIMITS: dict[str, int] = {
 """``msgpack.unpackb`` bounds for every frame (each defaults to the frame length otherwise)."""
 
 
-# -- request records -----------------------------------------------------------------------------
-
-
-@attrs.frozen(kw_only=True)
-class Submit:
-    TYPE: ClassVar[str] = "submit"
-    trajectories: tuple[Trajectory, ...]
-
-
-@attrs.frozen(kw_only=True)
-class SubmitGroup:
-    TYPE: ClassVar[str] = "submit_group"
-    group_id: str
-    prompt_token_ids: IntArray
-    n: int
-    sampling: SamplingParams
-    metadata: dict[str, Any]
-    target_lengths: tuple[int, ...] | None = None
-
-
-@attrs.frozen(kw_only=True)
-class Route:
-    TYPE: ClassVar[str] = "route"
-    instance_id: str
-    trajectory_ids: tuple[str, ...]
-    version: int
-
-
-@attrs.frozen(kw_only=True)
-class ReturnPartial:
-    TYPE: ClassVar[str] = "return_partial"
-    instance_id: str
-    segments: tuple[Segment, ...]
-
-
-@attrs.frozen(kw_only=True)
-class Finish:
-    TYPE: ClassVar[str] = "finish"
-    instance_id: str
-    completions: tuple[Completion, ...]
-    echo: bool = True  # False: the answer is the count finished, not the records
-
-
-@attrs.frozen(kw_only=True)
-class Drop:
-    TYPE: ClassVar[str] = "drop"
-    trajectory_ids: tuple[str, ...]
-    reason: str
-
-
-@attrs.frozen(kw_only=True)
-class DropGroup:
-    TYPE: ClassVar[str] = "drop_group"
-    group_id: str
-    reason: str
-
-
-@attrs.frozen(kw_only=True)
-class InstanceLost:
-    TYPE: ClassVar[str] = "instance_lost"
-    instance_id: str
-
-
-@attrs.frozen(kw_only=True)
-class Release:
-    TYPE: ClassVar[str] = "release"
-    trajectory_ids: tuple[str, ...]
-
-
-@attrs.frozen(kw_only=True)
-class Free:
-    TYPE: ClassVar[str] = "free"
-    trajectory_ids: tuple[str, ...]
-
-
-@attrs.frozen(kw_only=True)
-class GetFinished:
-    TYPE: ClassVar[str] = "finished"
-    trajectory_ids: tuple[str, ...] | None = None
-
-
-@attrs.frozen(kw_only=True)
-class QueueView:
-    TYPE: ClassVar[str] = "queue_view"
-    limit: int | None = None
-    level: Any = ALL_LEVELS  # int, None (unversioned) or ALL_LEVELS
-
-
-@attrs.frozen(kw_only=True)
-class FinishedIds:
-    TYPE: ClassVar[str] = "finished_ids"
-
-
-@attrs.frozen(kw_only=True)
-class Stats:
-    TYPE: ClassVar[str] = "stats"
-
-
-@attrs.frozen(kw_only=True)
-class Locate:
-    TYPE: ClassVar[str] = "locate"
-    trajectory_ids: tuple[str, ...]
-
-
-@attrs.frozen(kw_only=True)
-class Get:
-    TYPE: ClassVar[str] = "get"
-    trajectory_ids: tuple[str, ...]
-
-
-@attrs.frozen(kw_only=True)
-class History:
-    TYPE: ClassVar[str] = "history"
-    trajectory_id: str
-
-
-@attrs.frozen(kw_only=True)
-class HeldBy:
-    TYPE: ClassVar[str] = "held_by"
-    instance_id: str
-
-
-@attrs.frozen(kw_only=True)
-class Group:
-    TYPE: ClassVar[str] = "group"
-    group_id: str
-
-
-@attrs.frozen(kw_only=True)
-class SaveCheckpoint:
-    """Write a checkpoint to the path the *server* was configured with (peers name no paths)."""
-
-    TYPE: ClassVar[str] = "save_checkpoint"
-
-
-@attrs.frozen(kw_only=True)
-class Ping:
-    TYPE: ClassVar[str] = "ping"
-
-
-Request = (
-    Submit
-    | SubmitGroup
-    | Route
-    | ReturnPartial
-    | Finish
-    | Drop
-    | DropGroup
-    | InstanceLost
-    | Release
-    | Free
-    | GetFinished
-    | FinishedIds
-    | QueueView
-    | Stats
-    | Locate
-    | Get
-    | History
-    | HeldBy
-    | Group
-    | SaveCheckpoint
-    | Ping
-)
-
-
 # -- body codecs ---------------------------------------------------------------------------------
 
 
@@ -252,17 +107,40 @@ def _opt_str_list(r: _plain.Reader, name: str) -> tuple[str, ...] | None:
     return tuple(r.texts(name))
 
 
+def _put_prompts(r: _plain.Reader) -> PutPrompts:
+    keys, tokens, metadata = r.integers("keys"), r.items("prompt_token_ids"), r.items("metadata")
+    for i, (b, m) in enumerate(zip(tokens, metadata, strict=False)):
+        if not isinstance(b, bytes) or len(b) % IntArray.itemsize:
+            r.fail(f"{r.path}.prompt_token_ids[{i}]", "must be packed int32 bytes")
+        if m is not None and not isinstance(m, dict):
+            r.fail(f"{r.path}.metadata[{i}]", f"must be a map or null, got {type(m).__name__}")
+    if not len(keys) == len(tokens) == len(metadata):
+        r.fail(r.path, "keys, prompt_token_ids and metadata differ in length: "
+               f"{len(keys)}, {len(tokens)}, {len(metadata)}")  # fmt: skip
+    return PutPrompts(keys=tuple(keys), prompt_token_ids=tuple(map(IntArray.from_bytes, tokens)),
+                      metadata=tuple(metadata))  # fmt: skip
+
+
 def _encode_body(req: Any) -> dict[str, Any]:
     if isinstance(req, Submit):
         return {"trajectories": [_plain.trajectory_to_plain(t, True) for t in req.trajectories]}
-    if isinstance(req, SubmitGroup):
+    if isinstance(req, SubmitGroup):  # fields that are None (or empty metadata) left out
+        body = {"group_id": req.group_id, "n": req.n}
+        if req.prompt_token_ids is not None:
+            body["prompt_token_ids"] = req.prompt_token_ids.to_bytes()
+        if req.prompt_key is not None:
+            body["prompt_key"] = req.prompt_key
+        body["sampling"] = _plain.sampling_to_plain(req.sampling)
+        if req.metadata:
+            body["metadata"] = req.metadata
+        if req.target_lengths is not None:
+            body["target_lengths"] = list(req.target_lengths)
+        return body
+    if isinstance(req, PutPrompts):
         return {
-            "group_id": req.group_id,
-            "prompt_token_ids": req.prompt_token_ids.to_bytes(),
-            "n": req.n,
-            "sampling": _plain.sampling_to_plain(req.sampling),
-            "metadata": req.metadata,
-            "target_lengths": None if req.target_lengths is None else list(req.target_lengths),
+            "keys": list(req.keys),
+            "prompt_token_ids": [t.to_bytes() for t in req.prompt_token_ids],
+            "metadata": list(req.metadata),
         }
     if isinstance(req, ReturnPartial):
         return {
@@ -291,13 +169,18 @@ def _decode_body(cls: type, r: _plain.Reader) -> Any:
         targets = r.obj.get("target_lengths")
         out = SubmitGroup(
             group_id=r.text("group_id"),
-            prompt_token_ids=r.int_array("prompt_token_ids"),
+            prompt_token_ids=r.int_array("prompt_token_ids")
+            if "prompt_token_ids" in r.obj
+            else None,
             n=r.integer("n"),
             sampling=_plain.sampling_from_plain(r.sub("sampling")),
-            metadata=r.mapping("metadata"),
+            metadata=r.mapping("metadata", {}),
             target_lengths=None if targets is None else tuple(r.integers("target_lengths")),
+            prompt_key=r.integer("prompt_key", None),
         )
         r.seen.add("target_lengths")
+    elif cls is PutPrompts:
+        out = _put_prompts(r)
     elif cls is Route:
         out = Route(
             instance_id=r.text("instance_id"),
@@ -343,34 +226,6 @@ def _decode_body(cls: type, r: _plain.Reader) -> Any:
     return out
 
 
-REQUEST_TYPES: dict[str, type] = {
-    c.TYPE: c
-    for c in (
-        Submit,
-        SubmitGroup,
-        Route,
-        ReturnPartial,
-        Finish,
-        Drop,
-        DropGroup,
-        InstanceLost,
-        Release,
-        Free,
-        GetFinished,
-        FinishedIds,
-        QueueView,
-        Stats,
-        Locate,
-        Get,
-        History,
-        HeldBy,
-        Group,
-        SaveCheckpoint,
-        Ping,
-    )
-}
-
-
 # -- results -------------------------------------------------------------------------------------
 # Each request type's result is one of a few shapes; these encode/decode them.
 
@@ -411,7 +266,7 @@ def encode_result(req: Any, result: Any) -> Any:
 
 def decode_result(req: Any, body: Any) -> Any:
     path = f"{req.TYPE}.result"
-    if isinstance(req, Free) or (isinstance(req, Finish) and not req.echo):
+    if isinstance(req, Free | PutPrompts) or (isinstance(req, Finish) and not req.echo):
         if not is_int(body) or body < 0:
             raise MalformedMessage(f"{path}: must be an int >= 0", field=path)
         return body

@@ -22,7 +22,7 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, overload
 
-from trajectory_server import _handshake, _wire
+from trajectory_server import _handshake, _requests, _wire
 from trajectory_server._core import ALL_LEVELS, TrajectoryStore
 from trajectory_server._dispatch import Dispatcher
 from trajectory_server._packed import as_int_array
@@ -51,6 +51,8 @@ from trajectory_server.errors import (
 #: How long :meth:`TrajectoryClient.close` lets buffered bytes drain before it cuts the
 #: connection (a server that stopped reading would hold it open otherwise).
 CLOSE_WAIT_S = 5.0
+#: About how many bytes of prompt tokens one :meth:`put_prompts` request carries.
+PUT_FRAME_BYTES = 4 << 20
 
 
 class _Client(abc.ABC):
@@ -86,35 +88,65 @@ class _Client(abc.ABC):
         await self.close()
 
     async def ping(self) -> dict[str, Any]:
-        return await self._call(_wire.Ping())  # type: ignore[no-any-return]
+        return await self._call(_requests.Ping())  # type: ignore[no-any-return]
 
     async def submit(self, trajectories: Sequence[Trajectory]) -> tuple[str, ...]:
-        return await self._call(_wire.Submit(trajectories=tuple(trajectories)))  # type: ignore[no-any-return]
+        return await self._call(_requests.Submit(trajectories=tuple(trajectories)))  # type: ignore[no-any-return]
 
     async def submit_group(
         self,
         group_id: str,
-        prompt_token_ids: Iterable[int],
+        prompt_token_ids: Iterable[int] | None,
         n: int,
         *,
         sampling: SamplingParams | None = None,
         metadata: Mapping[str, Any] | None = None,
         target_lengths: Sequence[int] | None = None,
+        prompt_key: int | None = None,
     ) -> tuple[str, ...]:
-        req = _wire.SubmitGroup(
+        """``TrajectoryStore.submit_group``: the prompt as its token ids, or (``None`` for
+        them) as ``prompt_key``, a key :meth:`put_prompts` put it under."""
+        req = _requests.SubmitGroup(
             group_id=group_id,
-            prompt_token_ids=as_int_array(prompt_token_ids),
+            prompt_token_ids=None if prompt_token_ids is None else as_int_array(prompt_token_ids),
             n=n,
             sampling=sampling if sampling is not None else SamplingParams(),
             metadata=json_value(dict(metadata or {})),
             target_lengths=None if target_lengths is None else tuple(target_lengths),
+            prompt_key=prompt_key,
         )
+        return await self._call(req)  # type: ignore[no-any-return]
+
+    async def put_prompts(
+        self,
+        prompts: Iterable[tuple[int, Iterable[int], Mapping[str, Any] | None]],
+        *,
+        frame_bytes: int = PUT_FRAME_BYTES,
+    ) -> int:
+        """Put ``(key, prompt token ids, metadata or None)`` items into the store's prompt
+        table (``TrajectoryStore.prompts``), in requests of about ``frame_bytes`` each (each
+        all or none); returns how many were put. A key put again replaces its prompt."""
+        done, batch, size = 0, [], 0
+        for key, ids, meta in prompts:
+            tokens = as_int_array(ids)
+            batch.append((key, tokens, None if meta is None else json_value(dict(meta))))
+            size += len(tokens) * tokens.itemsize + 64
+            if size >= frame_bytes:
+                done += await self._put(batch)
+                batch, size = [], 0
+        if batch:
+            done += await self._put(batch)
+        return done
+
+    async def _put(self, batch: Sequence[tuple[int, Any, Any]]) -> int:
+        keys, tokens, metadata = zip(*batch, strict=True)
+        req = _requests.PutPrompts(keys=keys, prompt_token_ids=tokens, metadata=metadata)
         return await self._call(req)  # type: ignore[no-any-return]
 
     async def route(
         self, instance_id: str, trajectory_ids: Sequence[str], version: int
     ) -> tuple[Trajectory, ...]:
-        req = _wire.Route(
+        req = _requests.Route(
             instance_id=instance_id, trajectory_ids=id_tuple(trajectory_ids), version=version
         )
         return await self._call(req)  # type: ignore[no-any-return]
@@ -122,7 +154,7 @@ class _Client(abc.ABC):
     async def return_partial(
         self, instance_id: str, segments: Sequence[Segment]
     ) -> tuple[QueueEntry, ...]:
-        req = _wire.ReturnPartial(instance_id=instance_id, segments=tuple(segments))
+        req = _requests.ReturnPartial(instance_id=instance_id, segments=tuple(segments))
         return await self._call(req)  # type: ignore[no-any-return]
 
     @overload
@@ -150,68 +182,68 @@ class _Client(abc.ABC):
     ) -> tuple[FinishedTrajectory, ...] | int:
         """Running -> finished; answers the finished records whole, or with ``echo=False``
         only how many finished (an engine that wrote the tokens needs nothing back)."""
-        req = _wire.Finish(instance_id=instance_id, completions=tuple(completions), echo=echo)
+        req = _requests.Finish(instance_id=instance_id, completions=tuple(completions), echo=echo)
         return await self._call(req)  # type: ignore[no-any-return]
 
     async def drop(self, trajectory_ids: Sequence[str], reason: str) -> None:
-        await self._call(_wire.Drop(trajectory_ids=id_tuple(trajectory_ids), reason=reason))
+        await self._call(_requests.Drop(trajectory_ids=id_tuple(trajectory_ids), reason=reason))
 
     async def drop_group(self, group_id: str, reason: str) -> tuple[str, ...]:
-        return await self._call(_wire.DropGroup(group_id=group_id, reason=reason))  # type: ignore[no-any-return]
+        return await self._call(_requests.DropGroup(group_id=group_id, reason=reason))  # type: ignore[no-any-return]
 
     async def instance_lost(self, instance_id: str) -> tuple[str, ...]:
-        return await self._call(_wire.InstanceLost(instance_id=instance_id))  # type: ignore[no-any-return]
+        return await self._call(_requests.InstanceLost(instance_id=instance_id))  # type: ignore[no-any-return]
 
     async def release(self, trajectory_ids: Sequence[str]) -> tuple[FinishedTrajectory, ...]:
-        return await self._call(_wire.Release(trajectory_ids=id_tuple(trajectory_ids)))  # type: ignore[no-any-return]
+        return await self._call(_requests.Release(trajectory_ids=id_tuple(trajectory_ids)))  # type: ignore[no-any-return]
 
     async def free(self, trajectory_ids: Sequence[str]) -> int:
         """Free finished payloads read elsewhere (:meth:`finished`) without receiving them: what
         :meth:`release` does, answered with the count freed."""
-        return await self._call(_wire.Free(trajectory_ids=id_tuple(trajectory_ids)))  # type: ignore[no-any-return]
+        return await self._call(_requests.Free(trajectory_ids=id_tuple(trajectory_ids)))  # type: ignore[no-any-return]
 
     async def finished(
         self, trajectory_ids: Sequence[str] | None = None
     ) -> tuple[FinishedTrajectory, ...]:
         ids = None if trajectory_ids is None else id_tuple(trajectory_ids)
-        return await self._call(_wire.GetFinished(trajectory_ids=ids))  # type: ignore[no-any-return]
+        return await self._call(_requests.GetFinished(trajectory_ids=ids))  # type: ignore[no-any-return]
 
     async def finished_ids(self) -> tuple[str, ...]:
         """The ids of the unreleased finished trajectories, without their payloads."""
-        return await self._call(_wire.FinishedIds())  # type: ignore[no-any-return]
+        return await self._call(_requests.FinishedIds())  # type: ignore[no-any-return]
 
     async def queue_view(
         self, limit: int | None = None, *, level: Any = ALL_LEVELS
     ) -> tuple[QueueEntry, ...]:
-        return await self._call(_wire.QueueView(limit=limit, level=level))  # type: ignore[no-any-return]
+        return await self._call(_requests.QueueView(limit=limit, level=level))  # type: ignore[no-any-return]
 
     async def stats(self) -> StoreStats:
-        return await self._call(_wire.Stats())  # type: ignore[no-any-return]
+        return await self._call(_requests.Stats())  # type: ignore[no-any-return]
 
     async def level_counts(self) -> dict[int | None, int]:
         return (await self.stats()).queued_by_level
 
     async def locate(self, trajectory_ids: Sequence[str]) -> tuple[Location, ...]:
-        return await self._call(_wire.Locate(trajectory_ids=id_tuple(trajectory_ids)))  # type: ignore[no-any-return]
+        return await self._call(_requests.Locate(trajectory_ids=id_tuple(trajectory_ids)))  # type: ignore[no-any-return]
 
     async def location(self, trajectory_id: str) -> Location:
         return (await self.locate([trajectory_id]))[0]
 
     async def get(self, trajectory_id: str) -> Trajectory:
-        return (await self._call(_wire.Get(trajectory_ids=(trajectory_id,))))[0]  # type: ignore[no-any-return]
+        return (await self._call(_requests.Get(trajectory_ids=(trajectory_id,))))[0]  # type: ignore[no-any-return]
 
     async def history(self, trajectory_id: str) -> tuple[LedgerEvent, ...]:
-        return await self._call(_wire.History(trajectory_id=trajectory_id))  # type: ignore[no-any-return]
+        return await self._call(_requests.History(trajectory_id=trajectory_id))  # type: ignore[no-any-return]
 
     async def held_by(self, instance_id: str) -> tuple[str, ...]:
-        return await self._call(_wire.HeldBy(instance_id=instance_id))  # type: ignore[no-any-return]
+        return await self._call(_requests.HeldBy(instance_id=instance_id))  # type: ignore[no-any-return]
 
     async def group(self, group_id: str) -> tuple[str, ...]:
-        return await self._call(_wire.Group(group_id=group_id))  # type: ignore[no-any-return]
+        return await self._call(_requests.Group(group_id=group_id))  # type: ignore[no-any-return]
 
     async def save_checkpoint(self) -> str:
         """Ask the server to checkpoint to its configured path; returns that path."""
-        return await self._call(_wire.SaveCheckpoint())  # type: ignore[no-any-return]
+        return await self._call(_requests.SaveCheckpoint())  # type: ignore[no-any-return]
 
 
 class InProcessTrajectoryClient(_Client):

@@ -1,7 +1,9 @@
-"""What the control shell sends the trajectory server for a new prompt group: the prompt's
-token ids and metadata and the sampling parameters (with the seed the group always gets). A sim
-engine's response lengths do not travel with it: the instance draws them from the trajectory
-ids (``sim.workload.GroupLengths.of``)."""
+"""What the control shell sends the trajectory server for a new prompt group: the prompt's row
+(the key of the server's prompt table, which the driver filled at start-up:
+``TrajectoryServerActor.load_prompts``), the member count and the sampling parameters (with
+the seed the group always gets). No prompt tokens or metadata travel with it, nor a sim
+engine's response lengths: the instance draws those from the trajectory ids
+(``sim.workload.GroupLengths.of``)."""
 
 from __future__ import annotations
 
@@ -13,11 +15,9 @@ from staleflow_trainer.config import AppConfig
 from staleflow_trainer.control import effects as fx
 from staleflow_trainer.data.tokenize import EncodedPrompts
 from trajectory_server import SamplingParams
-from trajectory_server.errors import TrajectoryServerError
+from trajectory_server.errors import DuplicateTrajectory
 
 log = structlog.get_logger(__name__)
-
-_METADATA = ("index", "ground_truth", "data_source", "extra_info")  # a prompt record's
 
 
 class GroupSubmitter:
@@ -25,21 +25,18 @@ class GroupSubmitter:
         self.cfg = cfg
         self.prompts = prompts
 
-    def prompt_ids(self, row: int) -> list[int]:
-        return list(self.prompts.ids(row))
-
     async def submit(self, ts: Any, g: fx.GroupSpec) -> None:
         """Submit group ``g`` to the trajectory server ``ts`` (already there, after a crash:
         nothing to do)."""
-        rec = self.prompts.records[g.row]
         s = self.cfg.rollout.sampling
         serial = int(g.group_id[1:]) + 1  # the seed a group always had
         eos = self.prompts.eos_token_id
         try:
             await ts.submit_group(
                 g.group_id,
-                self.prompt_ids(g.row),
+                None,
                 g.members,
+                prompt_key=g.row,
                 sampling=SamplingParams(
                     temperature=s.temperature,
                     top_p=s.top_p,
@@ -47,7 +44,6 @@ class GroupSubmitter:
                     stop_token_ids=() if eos is None else (eos,),
                     seed=(self.cfg.run.seed * 1_000_003 + serial * 64) % (2**31),
                 ),
-                metadata={k: getattr(rec, k) for k in _METADATA},
             )
-        except TrajectoryServerError as err:  # already there (resubmitted after a crash)
+        except DuplicateTrajectory as err:  # already there (resubmitted after a crash)
             log.debug("submit_group_noop", group_id=g.group_id, error=str(err)[:200])

@@ -143,9 +143,6 @@ class ShellIO(BackgroundCalls):
 
         self.ts = await TrajectoryClient.connect(*self.ts_address, token=self.ts_token)
 
-    def prompt_ids(self, row: int) -> list[int]:
-        return self.groups.prompt_ids(row)
-
     def prompt_len(self, row: int) -> int:
         return self.prompts.length(row)
 

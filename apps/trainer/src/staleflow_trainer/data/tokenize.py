@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
 
 from staleflow_trainer.data.records import PromptRecord
 from staleflow_trainer.errors import DataError
+
+#: a prompt record's fields that travel with its trajectories (what a reward function reads)
+PROMPT_METADATA = ("index", "ground_truth", "data_source", "extra_info")
 
 
 def _where(source: str | None, row: int) -> str:
@@ -119,6 +122,14 @@ class EncodedPrompts:
         if not 0 <= row < len(self.records):
             raise IndexError(f"prompt row {row} is not in 0..{len(self.records) - 1}")
         return self._offsets[row], self._offsets[row + 1]
+
+    def table(self) -> Iterator[tuple[int, array[int], dict[str, Any]]]:
+        """Every row as the trajectory server's prompt table takes it: the row (its key), its
+        token ids and the metadata a reward function reads (the record's ``index``,
+        ``ground_truth``, ``data_source`` and ``extra_info``)."""
+        for row, rec in enumerate(self.records):
+            a, b = self._span(row)
+            yield row, self._flat[a:b], {k: getattr(rec, k) for k in PROMPT_METADATA}
 
     def ids(self, row: int) -> tuple[int, ...]:
         """Row ``row``'s prompt token ids."""
