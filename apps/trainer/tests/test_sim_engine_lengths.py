@@ -44,9 +44,10 @@ def test_a_trajectory_id_draws_the_simulators_length(tmp_path: Path, workload: l
     for index in (0, 1, 64, 299):  # group g<index>, across the stream's chunks
         want = [min(x, cap) for x in stream.group(index).response_lens[:MEMBERS]]
         assert [lengths.of(f"g{index}/{m}", cap) for m in range(MEMBERS)] == want
+        assert [lengths.of(f"g{index:06d}/{m}", cap) for m in range(MEMBERS)] == want  # minted
         assert lengths.targets(index, MEMBERS, cap) == want
     assert lengths.of("g3/1", 5) == min(lengths.targets(3, 2, cap)[1], 5)  # capped
-    for other in ("x/1", "g3", "g3/x", "g/1", "gx/1", "g3/1/2"):  # an id of another shape
+    for other in ("x/1", "g3", "g3/x", "g/1", "gx/1", "g3/1/2", "g\u00b2/1", "g3/\u0663"):
         assert lengths.of(other, cap) is None
 
 
@@ -100,3 +101,15 @@ async def test_a_sim_instance_ends_each_trajectory_at_its_ids_length(tmp_path: P
     finally:
         await actor.close()
         await svc.stop()
+
+
+def test_lengths_drawn_again_after_their_chunk_was_evicted_are_the_same(tmp_path: Path) -> None:
+    from staleflow_trainer.sim.workload import CHUNK, KEEP_CHUNKS
+
+    cfg = load_config(SIM_TINY, [f"run.run_dir={tmp_path}"])
+    lengths, cap = engine_lengths(cfg), cfg.rollout.sampling.max_new_tokens
+    first = [lengths.of(f"g{i:06d}/1", cap) for i in range(3)]
+    for c in range(1, KEEP_CHUNKS + 2):  # more chunks than it keeps: the first goes
+        lengths.of(f"g{c * CHUNK}/0", cap)
+    assert len(lengths._chunks) == KEEP_CHUNKS and 0 not in lengths._chunks
+    assert [lengths.of(f"g{i:06d}/1", cap) for i in range(3)] == first

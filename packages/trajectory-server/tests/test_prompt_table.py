@@ -33,9 +33,10 @@ def test_a_group_submitted_by_key_gets_the_prompt_and_its_metadata() -> None:
     ("args", "kwargs", "field", "says"),
     [
         (("g", None, 2), {"prompt_key": 4}, "prompt_key", "no prompt under key 4 \\(1 put"),
-        (("g", None, 2), {}, "prompt_key", "give one of prompt_token_ids and prompt_key"),
-        (("g", [1], 2), {"prompt_key": 3}, "prompt_key", "give one of"),
-        (("g", None, 2), {"prompt_key": True}, "prompt_key", "no prompt under key True"),
+        (("g", None, 2), {}, "prompt_key", "give prompt_token_ids or prompt_key, got neither"),
+        (("g", [1], 2), {"prompt_key": 3}, "prompt_key", "got both"),
+        (("g", None, 2), {"prompt_key": True}, "prompt_key", "prompt_key must be an int, got bool"),
+        (("g", None, 2), {"prompt_key": 3.0}, "prompt_key", "must be an int, got float"),
     ],
 )
 def test_a_bad_submission_by_key_is_refused_and_changes_nothing(
@@ -56,6 +57,8 @@ def test_a_bad_submission_by_key_is_refused_and_changes_nothing(
         ((2**63, [1], None), "prompt_key"),
         (("3", [1], None), "prompt_key"),
         ((3, [], None), "prompt_token_ids"),
+        ((3, [2**40], None), "prompt_token_ids"),
+        ((3, "abc", None), "prompt_token_ids"),
         ((3, [1], "not a map"), "metadata"),
         ((3, [1]), "prompts"),
     ],
@@ -80,7 +83,7 @@ def test_a_submission_by_key_carries_no_prompt_on_the_wire() -> None:
     by_key = w.SubmitGroup(group_id="g7", prompt_token_ids=None, n=8, sampling=SamplingParams(),
                            metadata={}, prompt_key=123)  # fmt: skip
     body = msgpack.unpackb(w.encode_request(by_key, 1))["body"]
-    assert set(body) == {"group_id", "n", "prompt_key", "sampling"}
+    assert set(body) == {"group_id", "n", "prompt_key", "sampling", "metadata"}
     assert w.decode_request(w.encode_request(by_key, 1)).request == by_key
 
 

@@ -161,8 +161,9 @@ class CoordinatorConfig:
     call_timeout_s: float = _f(
         120.0,
         gt=0.0,
-        doc="an interrupt not answered by then means a hung instance: its actor is killed and "
-        "it is lost (an interrupt may wait 30 s for its generations)",
+        doc="an interrupt, or a call that stops an instance (at the end of the run, or when a "
+        "replacement control actor takes over), not answered by then means a hung instance: its "
+        "actor is killed and it is lost (an interrupt may wait 30 s for its generations)",
     )
     poll_timeout_s: float = _f(
         30.0,

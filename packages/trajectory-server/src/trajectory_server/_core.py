@@ -158,7 +158,10 @@ class TrajectoryStore:
                 field="target_lengths",
             )
         if (prompt_key is None) == (prompt_token_ids is None):
-            raise InvalidRecord("give one of prompt_token_ids and prompt_key", field="prompt_key")
+            both = "both" if prompt_key is not None else "neither"
+            raise InvalidRecord(
+                f"give prompt_token_ids or prompt_key, got {both}", field="prompt_key"
+            )
         if prompt_token_ids is None:  # by its key
             prompt_token_ids, put = self.prompts.get(prompt_key)
             metadata = {**put, **(metadata or {})}

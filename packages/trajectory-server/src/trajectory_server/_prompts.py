@@ -50,7 +50,13 @@ class PromptTable:
                     field="prompt_key",
                     value=key,
                 )
-            tokens = as_int_array(ids)
+            try:
+                tokens = as_int_array(ids)
+            except (InvalidRecord, TypeError, ValueError, OverflowError) as exc:
+                raise InvalidRecord(
+                    f"prompt {key}: token ids must be ints in the int32 range ({exc})",
+                    field="prompt_token_ids",
+                ) from None
             if not len(tokens):
                 raise InvalidRecord(
                     f"prompt {key} is empty; a prompt needs >= 1 token", field="prompt_token_ids"
@@ -61,7 +67,11 @@ class PromptTable:
 
     def get(self, key: Any) -> tuple[IntArray, dict[str, Any]]:
         """The prompt token ids and metadata put under ``key``."""
-        got = self._rows.get(key) if is_int(key) else None
+        if not is_int(key):
+            raise InvalidRecord(
+                f"prompt_key must be an int, got {type(key).__name__}", field="prompt_key"
+            )
+        got = self._rows.get(key)
         if got is None:
             raise InvalidRecord(
                 f"no prompt under key {key!r:.40} ({len(self._rows)} put; put_prompts first)",

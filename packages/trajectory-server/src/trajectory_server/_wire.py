@@ -124,15 +124,14 @@ def _put_prompts(r: _plain.Reader) -> PutPrompts:
 def _encode_body(req: Any) -> dict[str, Any]:
     if isinstance(req, Submit):
         return {"trajectories": [_plain.trajectory_to_plain(t, True) for t in req.trajectories]}
-    if isinstance(req, SubmitGroup):  # fields that are None (or empty metadata) left out
+    if isinstance(req, SubmitGroup):  # the fields that are None left out
         body = {"group_id": req.group_id, "n": req.n}
         if req.prompt_token_ids is not None:
             body["prompt_token_ids"] = req.prompt_token_ids.to_bytes()
         if req.prompt_key is not None:
             body["prompt_key"] = req.prompt_key
         body["sampling"] = _plain.sampling_to_plain(req.sampling)
-        if req.metadata:
-            body["metadata"] = req.metadata
+        body["metadata"] = req.metadata  # (always: an older server requires it)
         if req.target_lengths is not None:
             body["target_lengths"] = list(req.target_lengths)
         return body

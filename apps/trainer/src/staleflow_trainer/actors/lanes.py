@@ -1,8 +1,9 @@
 """One lane of calls per rollout instance: the control shell's calls to one instance run one
 after another, in the order they were made, and calls to different instances run at the same
 time. The control loop waits for a lane only so long (``ANSWER_WAIT_S``): an instance that does
-not answer holds its own lane until its call ends (answered, failed, or hung past
-``coordinator.call_timeout_s``), not the loop and every other instance with it.
+not answer holds its own lane until its call ends (answered, failed, or hung past its limit:
+``coordinator.poll_timeout_s`` for a poll or a route, ``coordinator.call_timeout_s`` for an
+interrupt), not the loop and every other instance with it.
 """
 
 from __future__ import annotations

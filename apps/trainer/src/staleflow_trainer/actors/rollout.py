@@ -216,7 +216,8 @@ class RolloutActor(RolloutFaultHooks, KeepsWarnings):
             # sim engines: the workload's length for this id (no length crosses the control
             # process); otherwise whatever the store's record carries
             cap = t.sampling.max_new_tokens
-            target = t.target_length if self._lengths is None else self._lengths.of(tid, cap)
+            target = None if self._lengths is None else self._lengths.of(tid, cap)
+            target = t.target_length if target is None else target
             req = generate_request(t, target)
             self._known[tid] = len(req.generated_token_ids)
             self._max_new[tid] = int(cap)

@@ -10,6 +10,7 @@ workload in the same order.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import attrs
@@ -19,6 +20,10 @@ from engine_adapters.workload import LengthSampler
 from staleflow_trainer.sim.spec import SimSpec
 
 CHUNK = 64
+#: chunks of lengths a GroupLengths keeps drawn (the oldest goes first)
+KEEP_CHUNKS = 16
+#: a trajectory id the control core mints, ``g<group index>/<member>`` (``g000064/3``)
+_SIM_ID = re.compile(r"g(\d+)/(\d+)", re.ASCII)
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -43,6 +48,8 @@ class GroupLengths:
         """Chunk ``c``'s lengths, one row per group (``CHUNK`` x ``members``)."""
         got = self._chunks.get(c)
         if got is None:
+            if len(self._chunks) >= KEEP_CHUNKS:  # drawn again if asked for again: the same
+                del self._chunks[next(iter(self._chunks))]
             got = self._chunks[c] = self._sampler.groups(CHUNK, self._members, stream=c)
         return got
 
@@ -57,11 +64,11 @@ class GroupLengths:
         ``index``; what :meth:`targets` gives it), in ``[1, cap]``; None for an id of another
         shape. A rollout instance with a sim engine finds its trajectories' lengths here, from
         their ids: no length travels with the work."""
-        head, _, tail = trajectory_id.rpartition("/")
-        if not (head[:1] == "g" and head[1:].isdigit() and tail.isdigit()):
+        got = _SIM_ID.fullmatch(trajectory_id)
+        if got is None:
             return None
-        member = int(tail)
-        return self.targets(int(head[1:]), member + 1, cap)[member]
+        index, member = int(got[1]), int(got[2])
+        return self.targets(index, member + 1, cap)[member]
 
 
 def engine_lengths(cfg: Any) -> GroupLengths:
