@@ -33,8 +33,9 @@ async def test_a_group_goes_by_its_row_and_gets_the_prompt_from_the_table(tmp_pa
     assert await ts.load_prompts(prompts) == 3
     client = InProcessTrajectoryClient(ts._dispatcher, token="t")
     await GroupSubmitter(cfg, prompts).submit(client, fx.GroupSpec(group_id="g4", row=1, members=4))
-    sent = client.wire_bytes()["submit_group"]["sent"]
-    assert sent < 300, sent  # the row, not the prompt's 1.2 KB
+    sent = client.wire_bytes()["submit_group"]
+    assert sent["sent"] < 300, sent  # the row, not the prompt's 1.2 KB
+    assert sent["received"] < 40, sent  # the member count, not their ids
     store = ts.store
     for i in range(4):
         t = store.get(f"g4/{i}")

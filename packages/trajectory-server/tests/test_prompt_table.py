@@ -123,6 +123,9 @@ async def test_prompts_put_over_tcp_in_several_requests_serve_submissions_by_key
         assert client.wire_bytes()["submit_group"]["sent"] < 200  # not 88 tokens (352 B)
         assert store.get(ids[3]).prompt_token_ids.tolist() == list(range(1, 89))
         assert store.get(ids[3]).metadata == {"row": 49}
+        assert await client.submit_group("h2", None, 4, prompt_key=3, echo=False) == 4
+        assert client.wire_bytes()["submit_group"]["received"] < 60 + 40  # a count, no ids
+        assert store.group("h2") == tuple(f"h2/{i}" for i in range(4))
         with pytest.raises(InvalidRecord, match="no prompt under key 50"):
             await client.submit_group("h", None, 4, prompt_key=50)
     finally:

@@ -67,6 +67,14 @@ REQUESTS = [
         metadata={},
         prompt_key=7,
     ),
+    w.SubmitGroup(
+        group_id="h",
+        prompt_token_ids=IntArray([5]),
+        n=2,
+        sampling=SamplingParams(),
+        metadata={},
+        echo=False,
+    ),
     w.PutPrompts(
         keys=(0, 7),
         prompt_token_ids=(IntArray([1, 2]), IntArray([3])),

@@ -114,7 +114,7 @@ class Dispatcher:
         if isinstance(req, _requests.Submit):
             return s.submit(req.trajectories)
         if isinstance(req, _requests.SubmitGroup):
-            return s.submit_group(
+            ids = s.submit_group(
                 req.group_id,
                 req.prompt_token_ids,
                 req.n,
@@ -123,6 +123,7 @@ class Dispatcher:
                 target_lengths=req.target_lengths,
                 prompt_key=req.prompt_key,
             )
+            return ids if req.echo else len(ids)
         if isinstance(req, _requests.PutPrompts):
             return s.prompts.put(zip(req.keys, req.prompt_token_ids, req.metadata, strict=True))
         if isinstance(req, _requests.Drop):

@@ -32,6 +32,7 @@ class SubmitGroup:
     metadata: dict[str, Any]
     target_lengths: tuple[int, ...] | None = None
     prompt_key: int | None = None
+    echo: bool = True  # False: the answer is the count of members, not their ids
 
 
 @attrs.frozen(kw_only=True)

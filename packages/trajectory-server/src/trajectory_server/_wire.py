@@ -134,6 +134,8 @@ def _encode_body(req: Any) -> dict[str, Any]:
         body["metadata"] = req.metadata  # (always: an older server requires it)
         if req.target_lengths is not None:
             body["target_lengths"] = list(req.target_lengths)
+        if not req.echo:
+            body["echo"] = False
         return body
     if isinstance(req, PutPrompts):
         return {
@@ -176,6 +178,7 @@ def _decode_body(cls: type, r: _plain.Reader) -> Any:
             metadata=r.mapping("metadata", {}),
             target_lengths=None if targets is None else tuple(r.integers("target_lengths")),
             prompt_key=r.integer("prompt_key", None),
+            echo=r.flag("echo", True),
         )
         r.seen.add("target_lengths")
     elif cls is PutPrompts:
@@ -242,7 +245,7 @@ def _list_of(value: Any, path: str, decode: Callable[[_plain.Reader], Any]) -> t
 
 
 def encode_result(req: Any, result: Any) -> Any:
-    if isinstance(req, Finish) and not req.echo:
+    if isinstance(req, Finish | SubmitGroup) and not req.echo:
         return result  # the count finished (the dispatcher's answer)
     if isinstance(req, Route | Get):
         return [_plain.trajectory_to_plain(t, True) for t in result]
@@ -265,7 +268,9 @@ def encode_result(req: Any, result: Any) -> Any:
 
 def decode_result(req: Any, body: Any) -> Any:
     path = f"{req.TYPE}.result"
-    if isinstance(req, Free | PutPrompts) or (isinstance(req, Finish) and not req.echo):
+    if isinstance(req, Free | PutPrompts) or (
+        isinstance(req, Finish | SubmitGroup) and not req.echo
+    ):
         if not is_int(body) or body < 0:
             raise MalformedMessage(f"{path}: must be an int >= 0", field=path)
         return body

@@ -103,9 +103,11 @@ class _Client(abc.ABC):
         metadata: Mapping[str, Any] | None = None,
         target_lengths: Sequence[int] | None = None,
         prompt_key: int | None = None,
-    ) -> tuple[str, ...]:
+        echo: bool = True,
+    ) -> Any:
         """``TrajectoryStore.submit_group``: the prompt as its token ids, or (``None`` for
-        them) as ``prompt_key``, a key :meth:`put_prompts` put it under."""
+        them) as ``prompt_key``, a key :meth:`put_prompts` put it under. Answers the members'
+        ids; with ``echo=False`` their count (a caller that knows the ids, ``group_id/i``)."""
         req = _requests.SubmitGroup(
             group_id=group_id,
             prompt_token_ids=None if prompt_token_ids is None else as_int_array(prompt_token_ids),
@@ -114,8 +116,9 @@ class _Client(abc.ABC):
             metadata=json_value(dict(metadata or {})),
             target_lengths=None if target_lengths is None else tuple(target_lengths),
             prompt_key=prompt_key,
+            echo=echo,
         )
-        return await self._call(req)  # type: ignore[no-any-return]
+        return await self._call(req)
 
     async def put_prompts(
         self,

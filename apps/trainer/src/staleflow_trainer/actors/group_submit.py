@@ -37,6 +37,7 @@ class GroupSubmitter:
                 None,
                 g.members,
                 prompt_key=g.row,
+                echo=False,  # the ids are group_id/i: a count comes back
                 sampling=SamplingParams(
                     temperature=s.temperature,
                     top_p=s.top_p,
