@@ -52,9 +52,10 @@ REFUSED = (StateError, InvalidRecord, MessageTooLarge)
 
 def generate_request(t: Any, target_length: int | None) -> GenerateRequest:
     """The engine request for a trajectory routed here (``t``: the store's ``Trajectory``
-    record; the engine's request takes its token arrays as they are): its prompt, sampling parameters and
-    the output the store already holds (a partial's prefix); ``target_length``: where a sim
-    engine ends it (None: a real engine, or the store's record had none)."""
+    record; the engine's request takes its token arrays as they are): its prompt, sampling
+    parameters and the output the store already holds (a partial's prefix);
+    ``target_length``: where a sim engine ends it (None: a real engine, or the store's record
+    had none)."""
     s = t.sampling
     return GenerateRequest(
         trajectory_id=t.trajectory_id,
