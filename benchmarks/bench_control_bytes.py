@@ -8,7 +8,12 @@ parameter server, the real trainer) with sim engine instances: ``examples/tiny.y
 8 x 8, 2 instances; ``--eta``, default 1), one run per response length ``L`` (every response
 is ``L`` tokens: ``sim.workload.response_len_median=L``, sigma 0, capped at
 ``max_new_tokens=L``). The sim engines use a fast custom cost model (0.1 ms per decode step),
-so a run's wall time is mostly training and control, not generation.
+so a run's wall time is mostly training and control, not generation. Each instance's KV holds
+``KV_TRAJECTORIES`` full-length trajectories at every length (``sim.kv_capacity_tokens``): with
+the capacity the 30B model's geometry gives (274 736 tokens), the instances ran out of KV from
+4 096 tokens on, and a KV-bound instance preempts and admits its work one trajectory at a time,
+which the control side is told of at any length; the headroom keeps that out of the comparison
+between lengths.
 
 After each run it reads ``ControlActor.io_stats()`` (per peer kind: ``instances``,
 ``rewards``, ``trainer``, the pickled size of every Ray call's arguments and answer; ``ts``,
@@ -73,6 +78,10 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 KINDS = ("instances", "ts", "rewards", "trainer")
 PROMPT_MAX = 16  # examples/tiny.yaml's data.max_prompt_len
+MAX_RUNNING = 64  # examples/tiny.yaml's rollout.max_running
+#: KV capacity of each sim instance, in full-length trajectories (prompt + response): every
+#: length gets the same headroom, so that no length runs its instances out of KV
+KV_TRAJECTORIES = 1.25 * MAX_RUNNING
 
 
 def overrides(run_dir: Path, length: int, steps: int, eta: int = 1) -> list[str]:
@@ -97,6 +106,7 @@ def overrides(run_dir: Path, length: int, steps: int, eta: int = 1) -> list[str]
         "sim.workload.response_len_sigma=0",
         f"rollout.sampling.max_new_tokens={length}",
         f"rollout.max_model_len={length + PROMPT_MAX}",
+        f"sim.kv_capacity_tokens={round(KV_TRAJECTORIES * (length + PROMPT_MAX))}",
         f"model.tiny.max_position_embeddings={max(256, length + PROMPT_MAX)}",
     ]
 

@@ -149,9 +149,10 @@ def test_a_count_behind_the_extrapolation_is_never_negative() -> None:
     steps = 0
     for k in range(4):
         steps += 10
-        link.poll(snap({"a": (5, steps)}, steps=steps, seq=k + 1))
+        link.poll(snap({"a": (5, steps), "c": (5, steps)}, steps=steps, seq=k + 1))
     steps += 14  # faster, within the allowance: the receiver's step counter runs 4 behind
-    s = snap({"a": (5, steps), "b": (5, 0)}, steps=steps, seq=5)  # b starts now
+    # b starts as c leaves (the running count stays: the step counter is not resent)
+    s = snap({"a": (5, steps), "b": (5, 0)}, steps=steps, seq=5)
     got = link.poll(s)
     assert got is not None and got.decode_steps == steps - 4
     assert {r.trajectory_id: r.generated_tokens for r in got.running} == {"a": steps - 4, "b": 0}
@@ -535,3 +536,42 @@ def test_packed_ids_are_compact_and_malformed_ones_are_refused() -> None:
         unpack_ids([3, "g7"])
     with pytest.raises(ValueError, match="follows no prefix"):
         unpack_ids(["g7", True])
+
+
+def test_the_running_count_sets_the_pace_a_start_or_an_end_needs_no_correction() -> None:
+    """An engine whose decode step takes the same time whatever it runs (below its knee),
+    checked every 0.1 s as an instance does, polled when a check finds the view off or a
+    trajectory starts or ends: the delta that reports a start or an end also sends the pace
+    from then on (the step rate last seen while busy, none while idle; the KV growing by the
+    running count a step), so once the pace is learnt no check finds the view off. Sending
+    the mean rate since the last values instead (the old pace) asked for a correcting poll
+    after every start and end."""
+    link = Link()
+    link.enc = SnapshotEncoder(tolerance=0.05)
+    # (from tick, running ids): 100 decode steps a second, a tick is 0.1 s
+    plan = [(0, "ab"), (10, "abc"), (20, ""), (30, "d"), (40, "de"), (50, "")]
+    started: dict[str, int] = {}
+    steps = kv = 0
+    polls: list[tuple[int, str]] = []
+    for tick in range(60):
+        ids = [ids for at, ids in plan if at <= tick][-1]
+        now = {t: started.setdefault(t, steps) for t in ids}
+        for t in [t for t in started if t not in ids]:
+            del started[t]
+        kv = sum(5 + steps - s0 for s0 in now.values())
+        running = {t: (5, steps - s0) for t, s0 in now.items()}
+        s = attrs.evolve(snap(running, steps=steps, seq=1), time_s=tick / 10,
+                         kv_used_tokens=kv, kv_capacity_tokens=100_000)  # fmt: skip
+        event = any(at == tick for at, _ in plan)
+        if link.enc.due(s) or event:
+            got = link.poll(s)
+            assert got is not None and view(got) == view(s)  # tolerance: exact when resent
+            polls.append((tick, "event" if event else "drift"))
+        elif tick >= 10:  # the extrapolated view, within one check's progress
+            got = link.dec.view(s.time_s)
+            assert got is not None and abs(got.decode_steps - steps) <= 10
+            assert abs(got.kv_used_tokens - kv) <= 10 * len(ids)
+        if ids:
+            steps += 10
+    drift = [t for t, why in polls if why == "drift"]
+    assert drift and max(drift) < 10  # learning the pace, then never again

@@ -25,7 +25,11 @@ field again only when the receiver's extrapolation is off by more than its ``tol
 allows: that share of the change since the value was last sent, and, with a tolerance above
 0, at least the change since the previous check (the jitter of an engine's pace over one
 check; a field that :meth:`SnapshotEncoder.due` found off is sent with the next delta anyway);
-``tps`` is resent when it moves by more than that share. With the default tolerance of 0 the
+``tps`` is resent when it moves by more than that share. A delta that changes the running
+count sends both fields as they are, with the pace they keep from then on: none while nothing
+runs, else the step rate last sent while trajectories ran and a KV rate of that many tokens a
+step (:meth:`SnapshotEncoder._repace`), so that a start or an end needs no correction after
+it. With the default tolerance of 0 the
 reconstruction is exact at every poll when both clocks agree (a test's); an engine that
 decodes at a steady pace then sends nothing at all. A snapshot with nothing changed encodes to
 ``None``. Because the receiver extrapolates by time, not by polls, it need not poll to keep
@@ -178,7 +182,7 @@ def _check_tolerance(tolerance: float) -> float:
 class SnapshotEncoder:
     """Turns one instance's successive snapshots into deltas (see the module docstring)."""
 
-    __slots__ = ("_acked", "_flagged", "_head", "_k", "_pace", "_sent", "tolerance")
+    __slots__ = ("_acked", "_busy", "_flagged", "_head", "_k", "_pace", "_sent", "tolerance")
 
     def __init__(self, tolerance: float = 0.0) -> None:
         self.tolerance = _check_tolerance(tolerance)
@@ -188,6 +192,7 @@ class SnapshotEncoder:
         self._sent: dict[str, tuple[int, int]] = {}  # id -> (prompt, offset) the receiver holds
         self._pace = {f: _Pace() for f in _PROGRESS}  # what the receiver extrapolates
         self._flagged: set[str] = set()  # progress fields due() found off: the next delta's
+        self._busy = 0.0  # the decode-step rate last sent while trajectories ran
 
     def _allowed(self, field: str, value: int) -> float:
         """How far the receiver's view of ``field`` may be off: the tolerance's share of the
@@ -262,6 +267,30 @@ class SnapshotEncoder:
             self._pace[f].last = v
         return due
 
+    def _repace(
+        self, progress: dict[str, int], t: float, head: dict[str, Any], out: dict[str, Any]
+    ) -> None:
+        """The running count changed (or a full delta goes with no pace known): the progress
+        fields are sent as they are, with the pace they keep from here. An engine with
+        nothing running takes no decode step; one that runs ``n`` trajectories takes them at
+        the rate last sent while it ran (a decode step's time hardly moves with the batch
+        below an engine's knee) or, before it ever ran, at its throughput over ``n`` (each
+        step gives each a token), and each step adds a token to each running trajectory's KV
+        (``kv``'s rate is ``n`` times ``steps``'). What the mean rate since the last values
+        would say instead is the old pace: the receiver would be off at once, and the next
+        check would ask for a poll to correct it."""
+        n, tps = int(head["n"]), float(head["tps"])
+        if self._pace["steps"].rate:
+            self._busy = self._pace["steps"].rate
+        step_rate = (self._busy or tps / n) if n else 0.0
+        for f, rate in (("steps", step_rate), ("kv", n * step_rate)):
+            pace, v = self._pace[f], progress[f]
+            pace.base, pace.t0, pace.last = v, t, v
+            out[f] = v
+            rate = round(rate) if abs(rate) >= 100 else round(rate, 3)
+            if rate != pace.rate:
+                pace.rate = out[_PACE_KEY[f]] = rate
+
     def encode(
         self,
         snap: EngineSnapshot,
@@ -298,10 +327,14 @@ class SnapshotEncoder:
         if full:  # the rates the sender knows go along: the receiver extrapolates at once
             out = {"full": 1, **head, **progress}
             self._pace = {f: _Pace(v, t, self._pace[f].rate) for f, v in progress.items()}
+            if not self._pace["steps"].rate:
+                self._repace(progress, t, head, out)
             out.update({_PACE_KEY[f]: p.rate for f, p in self._pace.items() if p.rate})
         else:
             out = {f: v for f, v in head.items() if self._changed(f, v)}
-            for f, v in progress.items():
+            if "n" in out:  # the running count sets the pace: see _repace
+                self._repace(progress, t, head, out)
+            for f, v in progress.items() if "n" not in out else ():
                 pace = self._pace[f]
                 if f in self._flagged or self._off(f, v, t, snap.kv_capacity_tokens):
                     out[f] = v

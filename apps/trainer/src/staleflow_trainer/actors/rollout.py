@@ -18,7 +18,8 @@ trajectory server (TS) directly:
   control side's view of the instance is off (checked every ``DRIFT_CHECK_S`` while it
   generates), False after ``timeout_s``: the control shell polls an instance when it says so
   or was sent a command, and extrapolates its view in between;
-* ``poll(ack, full)`` writes what is pending, then returns the outcomes since the last poll (id,
+* ``poll(ack, full)`` waits until the engine holds the work routed since the last poll
+  (``admission``), writes what is pending, then returns the outcomes since the last poll (id,
   response length, finish reason or None; grouped by id prefix,
   ``rollout_wire.pack_outcomes``), each exactly once, and a snapshot taken after them as a
   delta from the last one sent (``engine_adapters.SnapshotEncoder``): the header fields that
@@ -71,6 +72,7 @@ from engine_adapters import (
     pack_ids,
     unpack_ids,
 )
+from staleflow_trainer.actors.admission import admitted
 from staleflow_trainer.actors.fault_hooks import RolloutFaultHooks
 from staleflow_trainer.actors.instance_store import (
     InstanceStore,
@@ -155,13 +157,12 @@ class RolloutActor(RolloutFaultHooks, KeepsWarnings):
         self._max_new: dict[str, int] = {}
         self._to_write: list[tuple[GenerateResult, bool]] = []  # (result, finished)
         self._outcomes: list[tuple[str, int, str | None]] = []  # (id, length, finish)
-        # ids whose outcome an interrupt's answer carried since the last poll: their end
-        # travels beside the next snapshot delta as if it were the poll's own
+        # ids whose outcome an interrupt answered since the last poll (ended beside its delta)
         self._reported: set[str] = set()
         self._refused: list[str] = []
+        self._routed: list[str] = []  # since the last poll, which waits until the engine has them
         self._errors: list[dict[str, Any]] = []
-        # its first delta is a full snapshot; then the control side extrapolates the step
-        # counter and KV use in time, corrected once off by more than the tolerance
+        # a full snapshot first; then the control side extrapolates progress, corrected if off
         self._encoder = SnapshotEncoder(tolerance=SNAPSHOT_TOLERANCE)
         self._write_lock = asyncio.Lock()
         self._ready = asyncio.Event()  # a result (or a correction) waits to be reported
@@ -196,8 +197,6 @@ class RolloutActor(RolloutFaultHooks, KeepsWarnings):
             "kv_capacity_tokens": snap.kv_capacity_tokens,
         }
 
-    # ------------------------------------------------------------------------------- generation
-
     async def submit(self, version: int, trajectory_ids: Sequence[Any]) -> int:
         """Take these queued trajectories from the TS (routing them here at ``version``, their
         V_traj for a partial) and start generating; returns how many started. The ids may
@@ -223,6 +222,7 @@ class RolloutActor(RolloutFaultHooks, KeepsWarnings):
             self._max_new[tid] = int(cap)
             self._tasks[tid] = asyncio.get_running_loop().create_task(self._run(engine, req))
             started += 1
+        self._routed += (t.trajectory_id for t in payloads)
         await asyncio.sleep(0)  # let each task register with the engine before we return
         return started
 
@@ -432,6 +432,8 @@ class RolloutActor(RolloutFaultHooks, KeepsWarnings):
         self._polling = True
         try:
             await self._maybe_hold_work()  # fault tests only
+            routed, self._routed = self._routed, []  # the engine holds them first: admission
+            await admitted(lambda: self._snapshot(engine), routed, self._tasks.__contains__)
             await self._flush()
             snap = await self._snapshot(engine)
             # trajectories that ended before or while the snapshot was taken are reported
@@ -523,8 +525,6 @@ class RolloutActor(RolloutFaultHooks, KeepsWarnings):
         async with self._sync_lock:
             await self.interrupt(None)
         return await self.poll()
-
-    # ---------------------------------------------------------------------------------- weights
 
     def _client(self) -> Any:
         if self._ps is None:
