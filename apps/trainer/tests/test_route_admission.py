@@ -59,8 +59,14 @@ async def test_work_that_already_ended_does_not_hold_the_route() -> None:
     assert calls[0] == 1
 
 
-async def test_an_engine_that_never_steps_holds_the_route_for_the_limit_only() -> None:
-    calls, snapshot = _engine([_snap((), 2, 0)])  # no step counter, and no room
+async def test_an_engine_without_a_step_counter_is_waited_for_until_the_work_is_queued() -> None:
+    calls, snapshot = _engine([_snap((), 0, 0), _snap((), 2, 0)])  # SGLang's: no counter
+    assert not await admitted(snapshot, ["a", "b"], lambda t: True)  # type: ignore[arg-type]
+    assert calls[0] == 2
+
+
+async def test_work_the_engine_never_takes_holds_the_poll_for_the_limit_only() -> None:
+    calls, snapshot = _engine([_snap(("x",), 0, 3)])  # never queued, never running
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     assert not await admitted(snapshot, ["a", "b"], lambda t: True, wait_s=0.1)  # type: ignore[arg-type]
@@ -76,6 +82,7 @@ async def test_the_poll_after_a_route_sees_its_work_running(tmp_path: Path) -> N
     cfg = load_config(SIM_TINY, [f"run.run_dir={tmp_path}", *over])
     store, members = TrajectoryStore(), 4
     sampling = SamplingParams(max_new_tokens=6000)
+    first = list(store.submit_group("g6", [5, 6, 7], 1, sampling=sampling))
     ids = list(store.submit_group("g7", [5, 6, 7], members, sampling=sampling))
     svc = TrajectoryService(store, token="tok")
     address = await svc.start()
@@ -85,15 +92,24 @@ async def test_the_poll_after_a_route_sees_its_work_running(tmp_path: Path) -> N
                          lengths=engine_lengths(cfg))  # fmt: skip
     try:
         await actor.start()
+        # a first trajectory, until the engine has stepped (a step counter that reads 0 may
+        # be none at all, as SGLang's: then the poll waits only until the work is queued)
+        assert await actor.submit(0, first) == 1
+        async with asyncio.timeout(30):
+            while not (await actor._snapshot(actor._require())).decode_steps:
+                await asyncio.sleep(0.01)
+            await actor.poll(None, True)
         assert await actor.submit(0, ids) == members
-        answer = await actor.poll(None, True)
+        async with asyncio.timeout(30):
+            answer = await actor.poll(None, True)
         decoder = SnapshotDecoder("sim-0")
         snap = decoder.decode(answer[0] if answer else None, time_s=0.0)
         assert snap is not None
-        assert sorted(r.trajectory_id for r in snap.running) == sorted(ids)
+        assert sorted(r.trajectory_id for r in snap.running) == sorted(first + ids)
         assert snap.waiting == 0
         # their start is known: the instance does not ask for a poll because of it
         assert not await actor.wait_results(0.5)
     finally:
-        await actor.close()
-        await svc.stop()
+        async with asyncio.timeout(30):
+            await actor.close()
+            await svc.stop()

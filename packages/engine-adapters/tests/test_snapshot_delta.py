@@ -575,3 +575,24 @@ def test_the_running_count_sets_the_pace_a_start_or_an_end_needs_no_correction()
             steps += 10
     drift = [t for t, why in polls if why == "drift"]
     assert drift and max(drift) < 10  # learning the pace, then never again
+
+
+def test_an_engine_without_a_step_counter_keeps_its_counts_when_the_running_count_changes() -> None:
+    """SGLang's adapter keeps no step counter (``decode_steps`` stays 0): a start sends no step
+    rate, so the receiver's counts do not run ahead of the engine's and come back down."""
+    link = Link()
+    link.enc = SnapshotEncoder(tolerance=0.05)
+
+    def at(t: float, running: dict[str, tuple[int, int]], kv: int) -> EngineSnapshot:
+        s = snap(running, steps=0, seq=1)
+        return attrs.evolve(s, time_s=t, kv_used_tokens=kv, kv_capacity_tokens=100_000,
+                            throughput_tokens_per_s=200.0)  # fmt: skip
+
+    link.poll(at(0.0, {"a": (5, 0)}, 5))
+    got = link.poll(at(0.1, {"a": (5, 0), "b": (5, 0)}, 10))
+    assert got is not None and got.decode_steps == 0
+    d = link.enc.encode(at(0.2, {"a": (5, 0), "b": (5, 0)}, 10), **link.dec.request())
+    later = link.dec.view(0.5)
+    assert later is not None and later.decode_steps == 0
+    assert all(r.generated_tokens == 0 for r in later.running)
+    assert d is None or "ds" not in F(d)

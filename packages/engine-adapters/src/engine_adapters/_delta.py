@@ -182,7 +182,17 @@ def _check_tolerance(tolerance: float) -> float:
 class SnapshotEncoder:
     """Turns one instance's successive snapshots into deltas (see the module docstring)."""
 
-    __slots__ = ("_acked", "_busy", "_flagged", "_head", "_k", "_pace", "_sent", "tolerance")
+    __slots__ = (
+        "_acked",
+        "_busy",
+        "_flagged",
+        "_head",
+        "_k",
+        "_pace",
+        "_sent",
+        "_stepping",
+        "tolerance",
+    )
 
     def __init__(self, tolerance: float = 0.0) -> None:
         self.tolerance = _check_tolerance(tolerance)
@@ -193,6 +203,7 @@ class SnapshotEncoder:
         self._pace = {f: _Pace() for f in _PROGRESS}  # what the receiver extrapolates
         self._flagged: set[str] = set()  # progress fields due() found off: the next delta's
         self._busy = 0.0  # the decode-step rate last sent while trajectories ran
+        self._stepping = False  # the engine keeps a step counter (it was seen above 0)
 
     def _allowed(self, field: str, value: int) -> float:
         """How far the receiver's view of ``field`` may be off: the tolerance's share of the
@@ -276,14 +287,19 @@ class SnapshotEncoder:
         the rate last sent while it ran (a decode step's time hardly moves with the batch
         below an engine's knee) or, before it ever ran, at its throughput over ``n`` (each
         step gives each a token), and each step adds a token to each running trajectory's KV
-        (``kv``'s rate is ``n`` times ``steps``'). What the mean rate since the last values
-        would say instead is the old pace: the receiver would be off at once, and the next
-        check would ask for a poll to correct it."""
+        (``kv``'s rate is ``n`` times ``steps``'). An engine that keeps no step counter (it
+        never read above 0) keeps it at 0, and its KV grows by its throughput. What the mean
+        rate since the last values would say instead is the old pace: the receiver would be
+        off at once, and the next check would ask for a poll to correct it."""
         n, tps = int(head["n"]), float(head["tps"])
         if self._pace["steps"].rate:
             self._busy = self._pace["steps"].rate
-        step_rate = (self._busy or tps / n) if n else 0.0
-        for f, rate in (("steps", step_rate), ("kv", n * step_rate)):
+        if not self._stepping:  # no step counter: it stays 0, and the KV grows by throughput
+            rates = (0.0, tps if n else 0.0)
+        else:
+            step_rate = (self._busy or tps / n) if n else 0.0
+            rates = (step_rate, n * step_rate)
+        for f, rate in zip(_PROGRESS, rates, strict=True):
             pace, v = self._pace[f], progress[f]
             pace.base, pace.t0, pace.last = v, t, v
             out[f] = v
@@ -307,6 +323,7 @@ class SnapshotEncoder:
         if ack is not None:
             self._acked = ack == self._k
         full = full or not self._acked  # the last delta was lost or never decoded
+        self._stepping = self._stepping or snap.decode_steps > 0
         old = {} if full else self._sent
         steps, t = snap.decode_steps, snap.time_s
         cur: dict[str, tuple[int, int]] = {}
@@ -327,7 +344,7 @@ class SnapshotEncoder:
         if full:  # the rates the sender knows go along: the receiver extrapolates at once
             out = {"full": 1, **head, **progress}
             self._pace = {f: _Pace(v, t, self._pace[f].rate) for f, v in progress.items()}
-            if not self._pace["steps"].rate:
+            if not self._pace["steps"].rate or head["n"] != self._head.get("n"):
                 self._repace(progress, t, head, out)
             out.update({_PACE_KEY[f]: p.rate for f, p in self._pace.items() if p.rate})
         else:

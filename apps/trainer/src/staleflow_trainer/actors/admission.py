@@ -8,9 +8,10 @@ instance would ask for another poll a moment later, as the work starts
 (``SnapshotEncoder.due``): one request and answer more per route for work that outlives a poll.
 So the poll first calls :func:`admitted`, which returns once every routed trajectory still
 generating runs, or the engine has taken a decode step since they were all queued (those
-still waiting wait for room, which the poll reports), or ``ADMIT_WAIT_S`` passed (the bound
-for an engine that keeps no step counter, whose ``decode_steps`` stays 0, when some of the
-work waits for room). The route itself does not wait: the control cycle waits for its answer.
+still waiting wait for room, which the poll reports), or ``ADMIT_WAIT_S`` passed. An engine
+whose step counter reads 0 (it keeps none, as SGLang's adapter, or has not stepped yet) is
+waited for only until the work is queued. The route itself does not wait: the control cycle
+waits for its answer.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ async def admitted(
             return True
         if queued_at is None:
             if snap.waiting >= pending:
+                if not snap.decode_steps:  # no step counter (or no step yet): queued will do
+                    return False
                 queued_at = snap.decode_steps
         elif snap.decode_steps > queued_at:
             return False

@@ -221,8 +221,8 @@ class RolloutActor(RolloutFaultHooks, KeepsWarnings):
             self._known[tid] = len(req.generated_token_ids)
             self._max_new[tid] = int(cap)
             self._tasks[tid] = asyncio.get_running_loop().create_task(self._run(engine, req))
+            self._routed.append(tid)
             started += 1
-        self._routed += (t.trajectory_id for t in payloads)
         await asyncio.sleep(0)  # let each task register with the engine before we return
         return started
 
@@ -428,12 +428,12 @@ class RolloutActor(RolloutFaultHooks, KeepsWarnings):
         says. Raises ``StoreUnreachable`` if the TS cannot be reached: what it could not write
         is kept for the next poll."""
         engine = self._require()
-        self._ready.clear()  # what arrives from here on sets it again
         self._polling = True
         try:
             await self._maybe_hold_work()  # fault tests only
             routed, self._routed = self._routed, []  # the engine holds them first: admission
             await admitted(lambda: self._snapshot(engine), routed, self._tasks.__contains__)
+            self._ready.clear()  # what arrives from here on sets it again
             await self._flush()
             snap = await self._snapshot(engine)
             # trajectories that ended before or while the snapshot was taken are reported
