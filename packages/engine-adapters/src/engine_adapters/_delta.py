@@ -108,10 +108,14 @@ class _Pace:
         """(Sender) restart from ``value`` at ``t`` with the mean rate since the last value
         sent (exact for a steady engine), rounded as it is sent."""
         if t > self.t0:
-            rate = (value - self.base) / (t - self.t0)
-            # a whole number from 100 on (0.5 % off at most, and a third of the bytes)
-            self.rate = round(rate) if abs(rate) >= 100 else round(rate, 3)
+            self.rate = _wire_rate((value - self.base) / (t - self.t0))
         self.base, self.t0 = value, t
+
+
+def _wire_rate(rate: float) -> float:
+    """A rate as it is sent: a whole number from 100 on (0.5 % off at most, and a third of the
+    bytes), else to three decimals."""
+    return round(rate) if abs(rate) >= 100 else round(rate, 3)
 
 
 _PACE_KEY = {"steps": "ds", "kv": "dk"}
@@ -303,7 +307,7 @@ class SnapshotEncoder:
             pace, v = self._pace[f], progress[f]
             pace.base, pace.t0, pace.last = v, t, v
             out[f] = v
-            rate = round(rate) if abs(rate) >= 100 else round(rate, 3)
+            rate = _wire_rate(rate)
             if rate != pace.rate:
                 pace.rate = out[_PACE_KEY[f]] = rate
 
@@ -351,15 +355,16 @@ class SnapshotEncoder:
             out = {f: v for f, v in head.items() if self._changed(f, v)}
             if "n" in out:  # the running count sets the pace: see _repace
                 self._repace(progress, t, head, out)
-            for f, v in progress.items() if "n" not in out else ():
-                pace = self._pace[f]
-                if f in self._flagged or self._off(f, v, t, snap.kv_capacity_tokens):
-                    out[f] = v
-                    was = pace.rate
-                    pace.rebase(v, t)
-                    if pace.rate != was:
-                        out[_PACE_KEY[f]] = pace.rate
-                pace.last = v
+            else:
+                for f, v in progress.items():
+                    pace = self._pace[f]
+                    if f in self._flagged or self._off(f, v, t, snap.kv_capacity_tokens):
+                        out[f] = v
+                        was = pace.rate
+                        pace.rebase(v, t)
+                        if pace.rate != was:
+                            out[_PACE_KEY[f]] = pace.rate
+                    pace.last = v
         self._flagged.clear()
         if add:
             out["add"] = list(add.values())

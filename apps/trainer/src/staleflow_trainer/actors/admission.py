@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Collection
 
 from engine_adapters import EngineSnapshot
 
-#: The longest a route waits for the engine to take its work (seconds).
+#: The longest a poll waits for the engine to take the routed work (seconds).
 ADMIT_WAIT_S = 0.25
 #: How often it looks meanwhile (seconds).
 ADMIT_CHECK_S = 0.002
