@@ -192,3 +192,27 @@ async def test_a_killed_engine_is_dead_for_every_waiting_and_later_call() -> Non
     engine.kill()  # a second kill changes nothing
     await engine.close()  # closing a dead engine neither hangs nor raises
     await engine.check_health()  # nothing to report
+
+
+@pytest.mark.parametrize("yields", range(6))
+async def test_close_right_after_generate_calls_returns(yields: int) -> None:
+    """``close`` on a real clock just after new work woke the driver: the driver's sleep
+    ends on the wake-up and on the cancel at once. A sleep that swallowed the cancel (Python
+    3.11's ``asyncio.wait_for`` returns the result of a wait that finished as it was
+    cancelled) left the driver asleep for good, with nothing left to wake it, and ``close``
+    waiting on it (found when a rollout actor closed right after a route)."""
+    eng = SimAdapter(config(), speed=1.0)  # a real clock: 9 ms a step and more
+    await eng.start()
+    tasks = [asyncio.ensure_future(eng.generate(req(f"g/{i}", target=500))) for i in range(4)]
+    for _ in range(yields):
+        await asyncio.sleep(0)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    async with asyncio.timeout(10):  # a close that hangs ends the test instead of hanging it
+        await eng.close()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert loop.time() - t0 < 5
+    assert all(
+        isinstance(r, EngineUnavailable) or r.finish_reason is FinishReason.INTERRUPTED  # type: ignore[union-attr]
+        for r in results
+    ), results

@@ -211,10 +211,10 @@ class TrajectoryService:
     ) -> bool:
         """Read and check the hello; True once this connection is authenticated."""
         try:
-            data = await asyncio.wait_for(
-                self._read_frame(reader, writer, peer, _handshake.PRE_AUTH_MAX_BYTES, idle=False),
-                self.limits.handshake_timeout_s,
-            )
+            async with asyncio.timeout(self.limits.handshake_timeout_s):
+                data = await self._read_frame(
+                    reader, writer, peer, _handshake.PRE_AUTH_MAX_BYTES, idle=False
+                )
         except TimeoutError:
             log.warning("handshake_timeout", peer=peer, timeout_s=self.limits.handshake_timeout_s)
             return False
@@ -255,8 +255,11 @@ class TrajectoryService:
     ) -> bytes | None:
         """One frame's body, or None when the connection should close (EOF, too large, idle)."""
         timeout = self.limits.idle_timeout_s if idle else None
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel that comes
+        # as its read completes, and ``stop`` waits on every connection's task
         try:
-            header = await asyncio.wait_for(reader.readexactly(LENGTH.size), timeout)
+            async with asyncio.timeout(timeout):
+                header = await reader.readexactly(LENGTH.size)
             (size,) = LENGTH.unpack(header)
             if size > limit:
                 exc = MessageTooLarge(
@@ -265,7 +268,8 @@ class TrajectoryService:
                 log.warning("frame_too_large", peer=peer, size=size, limit=limit)
                 await _write(writer, _wire.encode_error(0, exc))
                 return None
-            return await asyncio.wait_for(reader.readexactly(size), timeout)
+            async with asyncio.timeout(timeout):
+                return await reader.readexactly(size)
         except (asyncio.IncompleteReadError, ConnectionError):
             return None
         except TimeoutError:

@@ -99,9 +99,10 @@ def sync_retry_delay(failures_in_row: int, backoff_s: float) -> float:
 
 async def wait_or_timeout(event: asyncio.Event, timeout_s: float) -> None:
     """Return when ``event`` is set or after ``timeout_s`` (at once if it is not positive)."""
-    if timeout_s > 0:
+    if timeout_s > 0:  # not wait_for, which on Python 3.11 can swallow a cancel of the caller
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
 
 
 def child_processes() -> list[tuple[int, str]]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -136,16 +135,19 @@ class SimAdapter(EngineAdapter):
             self._log.info("sim_started", config_cost=self.config.cost.name)
 
     async def close(self) -> None:
+        """Interrupt what runs (each ``generate`` returns its partial output) and stop the
+        driver; calls from here on fail with :class:`EngineUnavailable`."""
         if self._closed:
             return
+        self._closed = True  # refused from here: nothing new reaches the core after the interrupt
         if self._driver is not None:
             if self._dead is None:
                 self._sync()
                 self._finish(self.core.interrupt(None, self._now()))
             self._driver.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._driver
-        self._closed = True
+            # the driver's own cancellation comes back as its result; a cancel of this call
+            # still propagates
+            await asyncio.gather(self._driver, return_exceptions=True)
         for _, fut in self._load_waiters:
             if not fut.done():
                 fut.set_exception(EngineUnavailable(f"sim instance {self.instance_id!r} closed"))

@@ -35,8 +35,11 @@ class RealClock:
 
     async def sleep_until(self, t: float, wake: asyncio.Event) -> None:
         delay = None if math.isinf(t) else max(0.0, (t - self.now()) / self.speed)
+        # not asyncio.wait_for: on Python 3.11 it returns the result of a wait that finished
+        # as it was cancelled, and swallows the cancel (a driver told to stop slept on)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), delay)
+            async with asyncio.timeout(delay):
+                await wake.wait()
 
 
 class VirtualClock:
