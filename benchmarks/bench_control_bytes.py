@@ -7,9 +7,24 @@ reward workers and the trainer directly. This benchmark checks that on the real 
 parameter server, the real trainer) with sim engine instances: ``examples/tiny.yaml`` (B x n =
 8 x 8, 2 instances; ``--eta``, default 1), one run per response length ``L`` (every response
 is ``L`` tokens: ``sim.workload.response_len_median=L``, sigma 0, capped at
-``max_new_tokens=L``). The sim engines use a fast custom cost model (0.1 ms per decode step),
-so a run's wall time is mostly training and control, not generation. Each instance's KV holds
-``KV_TRAJECTORIES`` full-length trajectories at every length (``sim.kv_capacity_tokens``): with
+``max_new_tokens=L``). The sim engines use a fast cost model (``--step-ms``, 1 ms a decode step
+by default, whatever they run), so a run's wall time is mostly training and control, not
+generation, and the coordinator ranks and migrates by that same model
+(``coordinator.cost_model``, a coefficient file; the engines take the coordinator's model by
+default), as it would after ``staleflow profile`` on a real engine. With the example's model
+for a 7B model on an H20 instead, the router believed a step takes 9 to 31 ms and grows with
+the KV that long trajectories hold (2.3 times from 16 to 8,192 tokens), where these engines
+took 0.1 ms whatever they held; migration paid on paper from 4,096 tokens on and moved a
+quarter of the trajectories: bytes that measured that mismatch, not the data path. A response
+that ends before the control side's first poll after its route (16 tokens take 16 ms at 1 ms a
+step; the control cycle here is 0.1 s) never has its start reported, and costs one snapshot
+entry and a share of one poll less than any response that outlives that poll: about 4 B a
+trajectory, the step between the shortest length and the rest. At 10 ms a step (what a 7B model
+on one H20 takes) the runs' schedules differ between lengths (syncs interrupt 0.16 to 0.19 of
+the trajectories up to 4,096 tokens, none at 8,192), which is what such a comparison then
+measures; at 1 ms none is re-admitted at any length. Each instance's KV holds
+``KV_TRAJECTORIES_PER_RUNNING`` (1.25) full-length trajectories for each one it may run
+(``rollout.max_running``), at every length (``sim.kv_capacity_tokens``): with
 the capacity the 30B model's geometry gives (274 736 tokens), the instances ran out of KV from
 4 096 tokens on, and a KV-bound instance preempts and admits its work one trajectory at a time,
 which the control side is told of at any length; the headroom keeps that out of the comparison
@@ -77,14 +92,35 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 KINDS = ("instances", "ts", "rewards", "trainer")
-PROMPT_MAX = 16  # examples/tiny.yaml's data.max_prompt_len
-MAX_RUNNING = 64  # examples/tiny.yaml's rollout.max_running
-#: KV capacity of each sim instance, in full-length trajectories (prompt + response): every
-#: length gets the same headroom, so that no length runs its instances out of KV
-KV_TRAJECTORIES = 1.25 * MAX_RUNNING
+#: KV capacity of each sim instance, in full-length trajectories (prompt + response), per
+#: trajectory the instance may run (the example's ``rollout.max_running``): every length gets
+#: the same headroom, so that no length runs its instances out of KV
+KV_TRAJECTORIES_PER_RUNNING = 1.25
 
 
-def overrides(run_dir: Path, length: int, steps: int, eta: int = 1) -> list[str]:
+#: The sim engines' decode step by default, whatever they run (ms; ``--step-ms``)
+STEP_MS = 1.0
+
+
+def cost_model_file(directory: Path, step_ms: float) -> Path:
+    """The engines' cost model as a coefficient file (a flat ``step_ms`` a decode step: the
+    model's floor ``k2``), which the coordinator ranks by too."""
+    from engine_adapters.cost_model import CostModel
+
+    path = directory / "engine-cost-model.json"
+    flat = {"k1": 0.0, "k2": step_ms / 1000, "k3": 0.0, "k4": 0.0, "name": f"flat-{step_ms}ms"}
+    CostModel.from_dict(flat).save(path)
+    return path
+
+
+def overrides(
+    run_dir: Path, length: int, steps: int, eta: int = 1, *, cost_model: Path
+) -> list[str]:
+    from staleflow_trainer.config import load_config
+
+    example = load_config(EXAMPLES / "tiny.yaml", [])
+    context = length + example.data.max_prompt_len  # the longest prompt and a full response
+    kv = KV_TRAJECTORIES_PER_RUNNING * example.rollout.max_running * context
     return [
         f"protocol.eta={eta}",
         f"run_dir={run_dir}",
@@ -97,28 +133,30 @@ def overrides(run_dir: Path, length: int, steps: int, eta: int = 1) -> list[str]
         "rollout.backend=sim",
         "sim.total_gpus=3",
         "sim.rollout_gpus=2",
-        "sim.cost_model=custom",
-        "sim.k1=0",
-        "sim.k2=0.0001",
-        "sim.k3=0",
-        "sim.k4=0",
+        f"coordinator.cost_model={cost_model}",  # the engines' too (sim.cost_model: coordinator)
         f"sim.workload.response_len_median={length}",
         "sim.workload.response_len_sigma=0",
         f"rollout.sampling.max_new_tokens={length}",
-        f"rollout.max_model_len={length + PROMPT_MAX}",
-        f"sim.kv_capacity_tokens={round(KV_TRAJECTORIES * (length + PROMPT_MAX))}",
-        f"model.tiny.max_position_embeddings={max(256, length + PROMPT_MAX)}",
+        f"rollout.max_model_len={context}",
+        f"sim.kv_capacity_tokens={round(kv)}",
+        f"model.tiny.max_position_embeddings={max(256, context)}",
     ]
 
 
-def run_length(run_dir: Path, length: int, steps: int, eta: int = 1) -> dict[str, Any]:
+def run_length(
+    run_dir: Path, length: int, steps: int, eta: int = 1, step_ms: float = STEP_MS
+) -> dict[str, Any]:
     """One deployment at response length ``length``; its control bytes per trajectory."""
     import ray
 
     from staleflow_trainer.config import load_config
     from staleflow_trainer.wiring import Deployment
 
-    cfg = load_config(EXAMPLES / "tiny.yaml", overrides(run_dir, length, steps, eta))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    model = cost_model_file(run_dir, step_ms)
+    cfg = load_config(
+        EXAMPLES / "tiny.yaml", overrides(run_dir, length, steps, eta, cost_model=model)
+    )
     dep = Deployment(cfg).start()
     try:
         t0 = time.perf_counter()
@@ -249,6 +287,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--steps", type=int, default=4, help="training steps per run")
     ap.add_argument("--eta", type=int, default=1, help="staleness bound of the runs (>= 0)")
     ap.add_argument("--repeats", type=int, default=1, help="runs per length (>= 1)")
+    ap.add_argument("--step-ms", type=float, default=STEP_MS, help="the engines' decode step")
     ap.add_argument("--smoke", action="store_true", help="lengths 16,256 and 2 steps")
     ap.add_argument("--out", default=None, help="default: bench-results/control_bytes.json")
     a = ap.parse_args(argv)
@@ -261,6 +300,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ap.error(f"--eta must be >= 0, got {a.eta}")
     if repeats < 1:
         ap.error(f"--repeats must be >= 1, got {a.repeats}")
+    if not 0 < a.step_ms <= 1000:
+        ap.error(f"--step-ms must be in (0, 1000], got {a.step_ms}")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
 
@@ -273,7 +314,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="bench-control-bytes-") as d:
             for rep in range(repeats):  # lengths interleaved: a slow spell hits every length
                 for length in lengths:
-                    r = run_length(Path(d) / f"L{length}-{rep}", length, steps, a.eta)
+                    r = run_length(Path(d) / f"L{length}-{rep}", length, steps, a.eta, a.step_ms)
                     runs.append({**r, "repeat": rep})
     finally:
         if started:
@@ -298,6 +339,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     res = {
         "smoke": a.smoke,
         "eta": a.eta,
+        "step_ms": a.step_ms,
         "repeats": repeats,
         "runs": runs,
         "ratio_longest_over_shortest": ratio,  # of the means over the repeats
