@@ -299,13 +299,13 @@ async def test_control_actor_refuses_bad_joins_at_the_call(tmp_path: Any) -> Non
     from staleflow_trainer.control.config import core_config
     from staleflow_trainer.control.core import ControlCore
     from staleflow_trainer.control.events import InstanceJoined
-    from staleflow_trainer.data import EncodedPrompts
+    from staleflow_trainer.data import PromptLengths
 
     cfg = load_config(
         Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml", [f"run_dir={tmp_path}"]
     )
     actor = ControlActor(
-        cfg=to_dict(cfg), prompts=EncodedPrompts((), ()), ts_address=("127.0.0.1", 1), ts_token="t",
+        cfg=to_dict(cfg), prompts=PromptLengths(()), ts_address=("127.0.0.1", 1), ts_token="t",
         rollouts={"vllm-0": object()}, trainer=None, rewards=[],
     )  # fmt: skip
     actor.core = ControlCore(core_config(cfg, rows=8), prompt_len=lambda r: 4)

@@ -20,7 +20,7 @@ from staleflow_trainer.config import load_config, to_dict
 from staleflow_trainer.control import ControlCore, core_config
 from staleflow_trainer.control import effects as fx
 from staleflow_trainer.control.events import InstanceLost, Rewarded
-from staleflow_trainer.data import EncodedPrompts
+from staleflow_trainer.data import PromptLengths
 from staleflow_trainer.sim.shell import Simulation
 
 SIM_TINY = Path(__file__).resolve().parents[3] / "examples" / "sim-tiny.yaml"
@@ -63,7 +63,7 @@ class _Store:
 
 def _io(rollouts: dict[str, Any]) -> ShellIO:
     cfg = load_config(SIM_TINY, [])
-    io = ShellIO(cfg, prompts=EncodedPrompts((), ()), ts_address=("127.0.0.1", 1), ts_token="t",
+    io = ShellIO(cfg, prompts=PromptLengths(()), ts_address=("127.0.0.1", 1), ts_token="t",
                  rollouts=rollouts, trainer=None, rewards=[], reward_spec={})  # fmt: skip
     io.ts = _Store()
     return io
@@ -106,7 +106,7 @@ async def test_an_event_from_background_work_starts_the_next_cycle_at_once(
     # a 60 s tick: only the posted event can start the second cycle within the test's bound
     over = [f"run.run_dir={tmp_path}", "coordinator.snapshot_interval_s=60"]
     cfg = load_config(SIM_TINY, over)
-    actor = ControlActor(cfg=to_dict(cfg), prompts=EncodedPrompts((), ()), ts_address=("127.0.0.1", 1),
+    actor = ControlActor(cfg=to_dict(cfg), prompts=PromptLengths(()), ts_address=("127.0.0.1", 1),
                          ts_token="t", rollouts={}, trainer=None, rewards=[])  # fmt: skip
     sim = Simulation(cfg)
     actor.core = ControlCore(core_config(cfg, rows=None),
@@ -229,7 +229,7 @@ async def _settled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 
     monkeypatch.setattr(control, "POLL_RETRY_S", 0.0)
     cfg = load_config(SIM_TINY, [f"run.run_dir={tmp_path}"])
-    actor = ControlActor(cfg=to_dict(cfg), prompts=EncodedPrompts((), ()), ts_address=("127.0.0.1", 1),
+    actor = ControlActor(cfg=to_dict(cfg), prompts=PromptLengths(()), ts_address=("127.0.0.1", 1),
                          ts_token="t", rollouts={"a": object(), "b": object()}, trainer=None,
                          rewards=[])  # fmt: skip
     rounds = iter(answers)
@@ -315,7 +315,7 @@ async def test_settling_waits_for_a_call_still_out_and_feeds_the_loss_it_ends_in
     well = _Instance("b", log)
     for inst in (hung, well):
         inst.poll = inst.interrupt = _Remote(answer)  # type: ignore[attr-defined]
-    actor = ControlActor(cfg=to_dict(cfg), prompts=EncodedPrompts((), ()), ts_address=("127.0.0.1", 1),
+    actor = ControlActor(cfg=to_dict(cfg), prompts=PromptLengths(()), ts_address=("127.0.0.1", 1),
                          ts_token="t", rollouts={"a": hung, "b": well}, trainer=None,
                          rewards=[])  # fmt: skip
     lost: list[str] = []
@@ -353,7 +353,7 @@ async def test_a_failure_of_the_loop_itself_is_logged_before_it_ends_the_run(
     from structlog.testing import capture_logs
 
     cfg = load_config(SIM_TINY, [f"run.run_dir={tmp_path}"])
-    actor = ControlActor(cfg=to_dict(cfg), prompts=EncodedPrompts((), ()), ts_address=("127.0.0.1", 1),
+    actor = ControlActor(cfg=to_dict(cfg), prompts=PromptLengths(()), ts_address=("127.0.0.1", 1),
                          ts_token="t", rollouts={}, trainer=None, rewards=[])  # fmt: skip
     sim = Simulation(cfg)
     actor.core = ControlCore(core_config(cfg, rows=None),

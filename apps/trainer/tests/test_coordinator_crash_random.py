@@ -216,7 +216,7 @@ def _scenario(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> dic
             for r in rollouts.values():
                 cluster.run(r.start())
             actor = ControlActor(
-                cfg=to_dict(cfg), prompts=prompts, ts_address=ts_addr, ts_token="tok",
+                cfg=to_dict(cfg), prompts=prompts.lengths(), ts_address=ts_addr, ts_token="tok",
                 rollouts=handles, trainer=_Handle(trainer, cluster),
                 rewards=[_Handle(reward, cluster)], recover=gen > 0,
             )  # fmt: skip

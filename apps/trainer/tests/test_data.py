@@ -256,7 +256,7 @@ async def connect(*a, **k):
 TrajectoryClient.connect = connect
 cfg = load_config(None, ["run_dir={tmp_path}"])
 rec = PromptRecord(index=0, prompt="1+1=", ground_truth="2")
-io = ShellIO(cfg, prompts=EncodedPrompts([rec], [(5, 6, 7)], 2), ts_address=("127.0.0.1", 1),
+io = ShellIO(cfg, prompts=EncodedPrompts([rec], [(5, 6, 7)], 2).lengths(), ts_address=("127.0.0.1", 1),
              ts_token="t", rollouts={{}}, trainer=None, rewards=[], reward_spec={{}})
 asyncio.run(io.start())
 print(io.rows, io.prompt_len(0), "transformers" in sys.modules,

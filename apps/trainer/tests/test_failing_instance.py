@@ -25,7 +25,7 @@ from staleflow_trainer.actors.shell_io import ShellIO
 from staleflow_trainer.config import load_config
 from staleflow_trainer.control import effects as fx
 from staleflow_trainer.control.events import InstanceLost, InstanceSilent, Reported
-from staleflow_trainer.data import EncodedPrompts
+from staleflow_trainer.data import PromptLengths
 
 SIM_TINY = Path(__file__).resolve().parents[3] / "examples" / "sim-tiny.yaml"
 
@@ -101,7 +101,7 @@ def _io(
         f"coordinator.poll_timeout_s={poll_s or call_s}",
     ]
     cfg = load_config(SIM_TINY, [f"coordinator.instance_error_limit={limit}", *limits])
-    io = ShellIO(cfg, prompts=EncodedPrompts((), ()), ts_address=("127.0.0.1", 1), ts_token="t",
+    io = ShellIO(cfg, prompts=PromptLengths(()), ts_address=("127.0.0.1", 1), ts_token="t",
                  rollouts=rollouts, trainer=None, rewards=[], reward_spec={})  # fmt: skip
     io.ts = _Store()
     return io

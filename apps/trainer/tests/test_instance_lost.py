@@ -12,7 +12,7 @@ import numpy as np
 from staleflow_trainer.actors.shell_io import ShellIO
 from staleflow_trainer.config import load_config
 from staleflow_trainer.control.events import InstanceLost
-from staleflow_trainer.data import EncodedPrompts
+from staleflow_trainer.data import PromptLengths
 from trajectory_server import Segment, TrajectoryStore
 from trajectory_server.client import InProcessTrajectoryClient
 
@@ -36,7 +36,7 @@ async def test_lost_instance_requeues_versioned_partials_with_their_lengths(
     store.route("i0", ["g/1"], 3)  # and out again, with 3 tokens held
     store.route("i1", ["g/2"], 3)
     io = ShellIO(
-        load_config(EXAMPLE, [f"run.run_dir={tmp_path}"]), prompts=EncodedPrompts((), ()),
+        load_config(EXAMPLE, [f"run.run_dir={tmp_path}"]), prompts=PromptLengths(()),
         ts_address=("127.0.0.1", 1), ts_token="t", rollouts={"i0": None, "i1": None},
         trainer=None, rewards=[], reward_spec={},
     )  # fmt: skip

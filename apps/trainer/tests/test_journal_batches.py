@@ -17,7 +17,7 @@ from staleflow_trainer.actors.control import ControlActor
 from staleflow_trainer.config import load_config, to_dict
 from staleflow_trainer.control import ControlCore, core_config
 from staleflow_trainer.control.events import Event, Trained, event_from_dict
-from staleflow_trainer.data import EncodedPrompts
+from staleflow_trainer.data import PromptLengths
 from staleflow_trainer.sim.shell import Simulation
 
 SIM_TINY = Path(__file__).resolve().parents[3] / "examples" / "sim-tiny.yaml"
@@ -61,7 +61,7 @@ async def test_journal_replay_equals_the_live_core_after_every_batch(
     assert sum(isinstance(e, Trained) for e in events) == 6
 
     actor = ControlActor(
-        cfg=to_dict(cfg), prompts=EncodedPrompts((), ()), ts_address=("127.0.0.1", 1), ts_token="t",
+        cfg=to_dict(cfg), prompts=PromptLengths(()), ts_address=("127.0.0.1", 1), ts_token="t",
         rollouts={}, trainer=_Trainer(), rewards=[],
     )  # fmt: skip
     sim = Simulation(cfg)  # the same prompt lengths as the recorded run

@@ -29,7 +29,7 @@ from staleflow_trainer.actors import shell_io
 from staleflow_trainer.actors.shell_io import ShellIO
 from staleflow_trainer.config import load_config
 from staleflow_trainer.control import effects as fx
-from staleflow_trainer.data import EncodedPrompts
+from staleflow_trainer.data import PromptLengths
 
 SIM_TINY = Path(__file__).resolve().parents[3] / "examples" / "sim-tiny.yaml"
 pytestmark = pytest.mark.timeout(20)
@@ -92,7 +92,7 @@ def _fast(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _io(rollouts: dict[str, Any]) -> ShellIO:
     cfg = load_config(SIM_TINY, ["coordinator.call_timeout_s=30"])
-    return ShellIO(cfg, prompts=EncodedPrompts((), ()), ts_address=("127.0.0.1", 1), ts_token="t",
+    return ShellIO(cfg, prompts=PromptLengths(()), ts_address=("127.0.0.1", 1), ts_token="t",
                    rollouts=rollouts, trainer=None, rewards=[], reward_spec={})  # fmt: skip
 
 

@@ -36,7 +36,7 @@ from staleflow_trainer.control.events import (
     event_to_dict,
 )
 from staleflow_trainer.control.ledger import Where
-from staleflow_trainer.data import EncodedPrompts
+from staleflow_trainer.data import PromptLengths
 from trajectory_server import Completion, SamplingParams, Segment, TrajectoryStore
 from trajectory_server.client import InProcessTrajectoryClient
 from trajectory_server.errors import TrajectoryServerError
@@ -136,7 +136,7 @@ def _actor(tmp_path: Path, store: TrajectoryStore) -> tuple[ControlActor, dict[s
             "protocol.eta=1", "protocol.stuck_threshold=0", "rollout.num_instances=2"]  # fmt: skip
     cfg = load_config(SIM_TINY, over)
     insts = {iid: _Instance(iid, store) for iid in ("a", "b")}
-    actor = ControlActor(cfg=to_dict(cfg), prompts=EncodedPrompts((), ()), ts_address=("127.0.0.1", 1),
+    actor = ControlActor(cfg=to_dict(cfg), prompts=PromptLengths(()), ts_address=("127.0.0.1", 1),
                          ts_token="t", rollouts=dict(insts), trainer=None, rewards=[])  # fmt: skip
     actor.core = ControlCore(core_config(cfg, rows=None), prompt_len=lambda row: 3)
     actor.io.ts = InProcessTrajectoryClient(store)
@@ -273,7 +273,7 @@ async def test_in_store_sorts_by_what_the_store_holds(tmp_path: Path) -> None:
     assert (await in_store(ts, ["g/3"], "i1")).running == ("g/3",)
 
     io = ShellIO(
-        load_config(SIM_TINY, [f"run.run_dir={tmp_path}"]), prompts=EncodedPrompts((), ()),
+        load_config(SIM_TINY, [f"run.run_dir={tmp_path}"]), prompts=PromptLengths(()),
         ts_address=("127.0.0.1", 1), ts_token="t", rollouts={"i1": None}, trainer=None,
         rewards=[], reward_spec={}, held_by=lambda iid: ["g/3"],
     )  # fmt: skip

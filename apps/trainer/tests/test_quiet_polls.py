@@ -20,7 +20,7 @@ from staleflow_trainer.actors import shell_io
 from staleflow_trainer.actors.shell_io import POLL_REASONS, QUIET_POLL_S, ShellIO
 from staleflow_trainer.config import load_config
 from staleflow_trainer.control import effects as fx
-from staleflow_trainer.data import EncodedPrompts
+from staleflow_trainer.data import PromptLengths
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tiny.yaml"
 
@@ -74,7 +74,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 def _io(tmp_path: Path, inst: FakeInstance) -> ShellIO:
     return ShellIO(
-        load_config(EXAMPLE, [f"run.run_dir={tmp_path}"]), prompts=EncodedPrompts((), ()),
+        load_config(EXAMPLE, [f"run.run_dir={tmp_path}"]), prompts=PromptLengths(()),
         ts_address=("127.0.0.1", 1), ts_token="t", rollouts={inst.iid: inst},
         trainer=None, rewards=[], reward_spec={},
     )  # fmt: skip

@@ -16,7 +16,7 @@ from staleflow_trainer.control import effects as fx
 from staleflow_trainer.control.config import core_config
 from staleflow_trainer.control.core import ControlCore
 from staleflow_trainer.control.events import InstanceJoined, SyncDone
-from staleflow_trainer.data import EncodedPrompts
+from staleflow_trainer.data import PromptLengths
 from staleflow_trainer.errors import ComponentLost, ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tiny.yaml"
@@ -40,7 +40,7 @@ def _actor(tmp_path: Path, *overrides: str) -> tuple[ControlActor, _Refuses]:
     cfg = load_config(EXAMPLE, [f"run.run_dir={tmp_path}", *overrides])
     handle = _Refuses()
     actor = ControlActor(
-        cfg=to_dict(cfg), prompts=EncodedPrompts((), ()), ts_address=("127.0.0.1", 1), ts_token="t",
+        cfg=to_dict(cfg), prompts=PromptLengths(()), ts_address=("127.0.0.1", 1), ts_token="t",
         rollouts={"vllm-0": handle}, trainer=None, rewards=[],
     )  # fmt: skip
     actor.core = ControlCore(core_config(cfg, rows=8), prompt_len=lambda r: 4)

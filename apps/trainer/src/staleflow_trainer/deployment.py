@@ -80,6 +80,7 @@ class Deployment:
         self._ts_token: str | None = None
         self._cfg_dict: dict[str, Any] = {}
         self._prompts: Any = None  # the encoded prompts in Ray's object store (a reference)
+        self._prompt_lengths: Any = None  # and their lengths (what the control process takes)
         self._decoder: Any = None  # the tokenizer's backend there, for reward workers, or None
         self._opts: Callable[..., dict[str, Any]] | None = None
         self._started_ray = False
@@ -119,9 +120,8 @@ class Deployment:
         ray_what = f"joining {cfg.ray.address}" if cfg.ray.address else "starting a local Ray"
         with progress.phase("ray", ray_what):
             self._started_ray = init_ray(cfg, progress)
-        # the control process (and any that replaces it) takes the prompts from the object
-        # store, on whichever node it runs: no dataset file, no tokenizer there
-        self._prompts = ray.put(prompts)
+        # the TS takes the prompts, the control process their lengths: no dataset, no tokenizer
+        self._prompts, self._prompt_lengths = ray.put(prompts), ray.put(prompts.lengths())
         # the reward workers decode with the tokenizer's backend when it decodes alike (no
         # transformers in them); None: they load the tokenizer
         self._decoder = None if decoder is None else ray.put(decoder)
@@ -326,7 +326,7 @@ class Deployment:
             .options(**role_options(self.cfg, "control", num_cpus=0, max_concurrency=64))
             .remote(
                 cfg=self._cfg_dict,
-                prompts=self._prompts,
+                prompts=self._prompt_lengths,
                 ts_address=self._ts_addr,
                 ts_token=self._ts_token,
                 rollouts=self.rollouts,
@@ -588,7 +588,7 @@ class Deployment:
                 ray.kill(h)
         self.rollouts, self.rewards = {}, []
         self.coordinator = self.trainer = self.ps = self.ts = None
-        self._prompts = self._decoder = None  # their copies in the object store go too
+        self._prompts = self._prompt_lengths = self._decoder = None  # and their stored copies
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False

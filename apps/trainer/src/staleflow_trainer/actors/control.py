@@ -61,7 +61,7 @@ from staleflow_trainer.control.events import (
     event_from_dict,
     event_to_dict,
 )
-from staleflow_trainer.data.tokenize import EncodedPrompts
+from staleflow_trainer.data.tokenize import PromptLengths
 from staleflow_trainer.errors import ComponentLost
 
 log = structlog.get_logger(__name__)
@@ -76,7 +76,7 @@ class ControlActor(FaultHooks):
         self,
         *,
         cfg: Mapping[str, Any],
-        prompts: EncodedPrompts,
+        prompts: PromptLengths,
         ts_address: Sequence[Any],
         ts_token: str,
         rollouts: Mapping[str, Any],

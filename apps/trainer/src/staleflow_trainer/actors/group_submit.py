@@ -13,7 +13,7 @@ import structlog
 
 from staleflow_trainer.config import AppConfig
 from staleflow_trainer.control import effects as fx
-from staleflow_trainer.data.tokenize import EncodedPrompts
+from staleflow_trainer.data.tokenize import PromptLengths
 from trajectory_server import SamplingParams
 from trajectory_server.errors import DuplicateTrajectory
 
@@ -21,7 +21,7 @@ log = structlog.get_logger(__name__)
 
 
 class GroupSubmitter:
-    def __init__(self, cfg: AppConfig, prompts: EncodedPrompts) -> None:
+    def __init__(self, cfg: AppConfig, prompts: PromptLengths) -> None:
         self.cfg = cfg
         self.prompts = prompts
 

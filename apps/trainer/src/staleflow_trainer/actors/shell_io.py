@@ -45,7 +45,7 @@ from staleflow_trainer.actors.silence import Silence
 from staleflow_trainer.config import AppConfig
 from staleflow_trainer.control import effects as fx
 from staleflow_trainer.control.events import InstanceLost, InstanceSilent, Outcome, Reported
-from staleflow_trainer.data.tokenize import EncodedPrompts
+from staleflow_trainer.data.tokenize import PromptLengths
 from trajectory_server.errors import StateError, TrajectoryServerError
 
 log = structlog.get_logger(__name__)
@@ -79,7 +79,7 @@ class ShellIO(BackgroundCalls):
         self,
         cfg: AppConfig,
         *,
-        prompts: EncodedPrompts,
+        prompts: PromptLengths,
         ts_address: tuple[Any, ...],
         ts_token: str,
         rollouts: dict[str, Any],

@@ -5,13 +5,19 @@ from typing import Any
 from staleflow_trainer.data.cursor import DataCursor
 from staleflow_trainer.data.loaders import check_prompt_lengths, load_dataset
 from staleflow_trainer.data.records import PromptRecord
-from staleflow_trainer.data.tokenize import EncodedPrompts, encode_prompt, encode_prompts
+from staleflow_trainer.data.tokenize import (
+    EncodedPrompts,
+    PromptLengths,
+    encode_prompt,
+    encode_prompts,
+)
 from staleflow_trainer.data.toy import TOY_TASKS, toy_accuracy, toy_records, toy_score
 
 __all__ = [
     "TOY_TASKS",
     "DataCursor",
     "EncodedPrompts",
+    "PromptLengths",
     "PromptRecord",
     "check_prompt_lengths",
     "encode_prompt",

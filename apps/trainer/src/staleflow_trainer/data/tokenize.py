@@ -88,12 +88,37 @@ def encode_prompts(
 
 
 @attrs.frozen(init=False)
+class PromptLengths:
+    """What the control process needs of a run's prompts: how many rows there are, each
+    row's length in tokens (the core routes and budgets by it) and the tokenizer's
+    end-of-sequence id (a stop token of every group's sampling). The tokens and metadata stay
+    in the trajectory server's prompt table; this is 4 bytes a row, in memory and pickled.
+    :meth:`EncodedPrompts.lengths` makes it."""
+
+    eos_token_id: int | None
+    _lengths: array[int] = attrs.field(repr=False)
+
+    def __init__(self, lengths: Iterable[int], eos_token_id: int | None = None) -> None:
+        self.__attrs_init__(eos_token_id, array("i", lengths))
+
+    def __len__(self) -> int:
+        return len(self._lengths)
+
+    def length(self, row: int) -> int:
+        """How many tokens row ``row``'s prompt has."""
+        if not 0 <= row < len(self._lengths):
+            raise IndexError(f"prompt row {row} is not in 0..{len(self._lengths) - 1}")
+        return self._lengths[row]
+
+
+@attrs.frozen(init=False)
 class EncodedPrompts:
     """A run's prompts, loaded and tokenized once (by the driver, which checks them before
     anything starts): each row's record and token ids, and the tokenizer's end-of-sequence
-    id (None: it has none). The control process receives this instead of loading the
-    dataset and a tokenizer itself, so it needs neither the data files nor ``transformers``.
-    The ids are held in one flat array (4 bytes a token, in memory and pickled)."""
+    id (None: it has none). The driver puts them in the trajectory server's prompt table
+    (:meth:`table`) and hands the control process their :meth:`lengths` only, so that
+    neither loads the dataset or a tokenizer itself. The ids are held in one flat array (4
+    bytes a token, in memory and pickled)."""
 
     records: tuple[PromptRecord, ...]
     eos_token_id: int | None
@@ -140,3 +165,10 @@ class EncodedPrompts:
         """How many tokens row ``row``'s prompt has."""
         a, b = self._span(row)
         return b - a
+
+    def lengths(self) -> PromptLengths:
+        """Each row's length and the end-of-sequence id: what the control process needs."""
+        offsets = self._offsets
+        return PromptLengths(
+            (offsets[i + 1] - offsets[i] for i in range(len(self.records))), self.eos_token_id
+        )
