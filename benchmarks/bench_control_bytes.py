@@ -11,18 +11,18 @@ is ``L`` tokens: ``sim.workload.response_len_median=L``, sigma 0, capped at
 by default, whatever they run), so a run's wall time is mostly training and control, not
 generation, and the coordinator ranks and migrates by that same model
 (``coordinator.cost_model``, a coefficient file; the engines take the coordinator's model by
-default), as it would after ``staleflow profile`` on a real engine. With the example's model
-for a 7B model on an H20 instead, the router believed a step takes 9 to 31 ms and grows with
-the KV that long trajectories hold (2.3 times from 16 to 8,192 tokens), where these engines
-took 0.1 ms whatever they held; migration paid on paper from 4,096 tokens on and moved a
-quarter of the trajectories: bytes that measured that mismatch, not the data path. A response
-that ends before the control side's first poll after its route (16 tokens take 16 ms at 1 ms a
-step; the control cycle here is 0.1 s) never has its start reported, and costs one snapshot
-entry and a share of one poll less than any response that outlives that poll: about 4 B a
-trajectory, the step between the shortest length and the rest. At 10 ms a step (what a 7B model
-on one H20 takes) the runs' schedules differ between lengths (syncs interrupt 0.16 to 0.19 of
-the trajectories up to 4,096 tokens, none at 8,192), which is what such a comparison then
-measures; at 1 ms none is re-admitted at any length. Each instance's KV holds
+default), as it would after ``staleflow profile`` on a real engine. A router whose model
+differs from its engines' migrates by the difference, and the bytes then measure that: with the
+example's model for a 7B model on an H20 (a step of 9 to 31 ms that grows 2.3 times with the KV
+from 16 to 8,192 tokens) against engines at a flat 0.1 ms, migration paid on paper from 4,096
+tokens on and moved about a quarter of the trajectories. A response that ends before the
+control side's first poll after its route (16 tokens take 16 ms at 1 ms a step; the control
+cycle here is 0.1 s) never has its start reported, and costs one snapshot entry and a share of
+one poll less than any response that outlives that poll: about 4 B a trajectory, the step
+between the shortest length and the rest. At 10 ms a step (what a 7B model on one H20 takes)
+the runs' schedules differ between lengths (syncs interrupt 0.16 to 0.19 of the trajectories up
+to 4,096 tokens, none at 8,192), which is what such a comparison then measures; at 1 ms none is
+re-admitted at any length. Each instance's KV holds
 ``KV_TRAJECTORIES_PER_RUNNING`` (1.25) full-length trajectories for each one it may run
 (``rollout.max_running``), at every length (``sim.kv_capacity_tokens``): with
 the capacity the 30B model's geometry gives (274 736 tokens), the instances ran out of KV from
@@ -74,7 +74,7 @@ length (the lengths interleaved), and a least-squares fit of bytes per trajector
 (from four runs on). Writes ``bench-results/control_bytes.json``.
 
     .venv/bin/python benchmarks/bench_control_bytes.py [--lengths 16,256,2048] [--steps 4] \
-        [--repeats 3] [--eta 1]
+        [--repeats 3] [--eta 1] [--step-ms 1]
     .venv/bin/python benchmarks/bench_control_bytes.py --smoke   # 2 lengths, 2 steps
 """
 

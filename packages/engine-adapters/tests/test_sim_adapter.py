@@ -216,3 +216,26 @@ async def test_close_right_after_generate_calls_returns(yields: int) -> None:
         isinstance(r, EngineUnavailable) or r.finish_reason is FinishReason.INTERRUPTED  # type: ignore[union-attr]
         for r in results
     ), results
+
+
+async def test_a_cancelled_close_still_closes_and_a_second_close_waits_for_it() -> None:
+    """A ``close`` cancelled while it waits for the driver: the closing runs on, a weight
+    load that waited fails, the work is interrupted, and a second ``close`` returns only once
+    the driver has stopped."""
+    shapes = {"w": (4, 8)}
+    eng = SimAdapter(config(weight_shapes=shapes, weight_load_constant_s=30.0), speed=1.0)
+    await eng.start()
+    running = asyncio.ensure_future(eng.generate(req("g/0", target=500)))
+    loading = asyncio.ensure_future(eng.load_weights(1, {"w": np.zeros((4, 8), np.float32)}))
+    await asyncio.sleep(0.05)
+    first = asyncio.ensure_future(eng.close())
+    await asyncio.sleep(0)
+    first.cancel()
+    async with asyncio.timeout(10):
+        await eng.close()
+        with pytest.raises(EngineUnavailable, match="closed"):
+            await loading
+        assert (await running).finish_reason is FinishReason.INTERRUPTED
+    assert eng._driver is not None and eng._driver.done()
+    with pytest.raises(asyncio.CancelledError):
+        await first

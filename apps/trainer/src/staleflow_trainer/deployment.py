@@ -79,8 +79,7 @@ class Deployment:
         self._ts_addr: Any = None
         self._ts_token: str | None = None
         self._cfg_dict: dict[str, Any] = {}
-        self._prompts: Any = None  # the encoded prompts in Ray's object store (a reference)
-        self._prompt_lengths: Any = None  # and their lengths (what the control process takes)
+        self._prompt_lengths: Any = None  # in Ray's object store: what the control process takes
         self._decoder: Any = None  # the tokenizer's backend there, for reward workers, or None
         self._opts: Callable[..., dict[str, Any]] | None = None
         self._started_ray = False
@@ -121,7 +120,7 @@ class Deployment:
         with progress.phase("ray", ray_what):
             self._started_ray = init_ray(cfg, progress)
         # the TS takes the prompts, the control process their lengths: no dataset, no tokenizer
-        self._prompts, self._prompt_lengths = ray.put(prompts), ray.put(prompts.lengths())
+        self._prompt_lengths = ray.put(prompts.lengths())
         # the reward workers decode with the tokenizer's backend when it decodes alike (no
         # transformers in them); None: they load the tokenizer
         self._decoder = None if decoder is None else ray.put(decoder)
@@ -164,7 +163,7 @@ class Deployment:
                 [
                     self.ts.start.remote(host=ts_host, allow_remote=not is_loopback(ts_host)),
                     self.ps.address.remote(),
-                    self.ts.load_prompts.remote(self._prompts),
+                    self.ts.load_prompts.remote(prompts),  # then gone from the object store
                 ]
             )
         self._ps_addr, self._ps_token = ps_addr, ps_token
@@ -588,7 +587,7 @@ class Deployment:
                 ray.kill(h)
         self.rollouts, self.rewards = {}, []
         self.coordinator = self.trainer = self.ps = self.ts = None
-        self._prompts = self._prompt_lengths = self._decoder = None  # and their stored copies
+        self._prompt_lengths = self._decoder = None  # their copies in the object store go too
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False

@@ -462,7 +462,8 @@ class RolloutActor(RolloutFaultHooks, KeepsWarnings):
         side's view of this instance is off (at once if either is already so), False after
         ``timeout_s`` without."""
         try:
-            await asyncio.wait_for(self._ready.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):  # not wait_for: see liveness.wait_or_timeout
+                await self._ready.wait()
         except TimeoutError:
             return False
         return True

@@ -113,6 +113,7 @@ class SimAdapter(EngineAdapter):
         self._wake = asyncio.Event()
         self._driver: asyncio.Task[None] | None = None
         self._closed = False
+        self._closing: asyncio.Future[None] | None = None  # close()'s work, once it started
         self._dead: str | None = None  # why it died (kill)
         self._log = log.bind(instance=instance_id, backend="sim")
 
@@ -135,24 +136,33 @@ class SimAdapter(EngineAdapter):
             self._log.info("sim_started", config_cost=self.config.cost.name)
 
     async def close(self) -> None:
-        """Interrupt what runs (each ``generate`` returns its partial output) and stop the
-        driver; calls from here on fail with :class:`EngineUnavailable`."""
-        if self._closed:
-            return
+        """Interrupt what runs (each ``generate`` returns its partial output), fail waiting
+        weight loads and stop the driver; calls from here on fail (:class:`EngineUnavailable`,
+        or :class:`EngineDead` after :meth:`kill`). The closing runs to its end even if this
+        call is cancelled, and every call returns once it has."""
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
         self._closed = True  # refused from here: nothing new reaches the core after the interrupt
-        if self._driver is not None:
-            if self._dead is None:
-                self._sync()
-                self._finish(self.core.interrupt(None, self._now()))
-            self._driver.cancel()
-            # the driver's own cancellation comes back as its result; a cancel of this call
-            # still propagates
-            await asyncio.gather(self._driver, return_exceptions=True)
-        for _, fut in self._load_waiters:
-            if not fut.done():
-                fut.set_exception(EngineUnavailable(f"sim instance {self.instance_id!r} closed"))
-        self._load_waiters.clear()
-        self._log.info("sim_closed")
+        try:
+            if self._driver is not None:
+                if self._dead is None:
+                    self._sync()
+                    self._finish(self.core.interrupt(None, self._now()))
+                self._driver.cancel()
+                (ended,) = await asyncio.gather(self._driver, return_exceptions=True)
+                if not isinstance(ended, asyncio.CancelledError | type(None)):
+                    self._log.warning("sim_driver_failed", error=repr(ended)[:300])
+        finally:
+            for _, fut in self._load_waiters:
+                if not fut.done():
+                    fut.set_exception(
+                        EngineUnavailable(f"sim instance {self.instance_id!r} closed")
+                    )
+            self._load_waiters.clear()
+            self._log.info("sim_closed")
 
     def kill(self) -> None:
         """Fault injection: the engine dies as a crashed engine process would. Waiting
