@@ -97,12 +97,16 @@ def sync_retry_delay(failures_in_row: int, backoff_s: float) -> float:
     return float(min(30.0, backoff_s * 2 ** (failures_in_row - 1)))
 
 
-async def wait_or_timeout(event: asyncio.Event, timeout_s: float) -> None:
-    """Return when ``event`` is set or after ``timeout_s`` (at once if it is not positive)."""
-    if timeout_s > 0:  # not wait_for, which on Python 3.11 can swallow a cancel of the caller
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):
-                await event.wait()
+async def wait_or_timeout(event: asyncio.Event, timeout_s: float) -> bool:
+    """Return when ``event`` is set or after ``timeout_s`` (at once if it is not positive):
+    True if it was set (it may have been cleared since), False if the time ran out."""
+    if timeout_s <= 0:
+        return event.is_set()
+    try:  # not wait_for, which on Python 3.11 can swallow a cancel of the caller
+        async with asyncio.timeout(timeout_s):
+            return await event.wait()
+    except TimeoutError:
+        return False
 
 
 def child_processes() -> list[tuple[int, str]]:

@@ -80,7 +80,7 @@ from staleflow_trainer.actors.instance_store import (
     StoreUnreachable,
     generate_request,
 )
-from staleflow_trainer.actors.liveness import child_processes
+from staleflow_trainer.actors.liveness import child_processes, wait_or_timeout
 from staleflow_trainer.actors.log_relay import FETCH_EVERY_S, KeepsWarnings, handed_over
 from staleflow_trainer.actors.rollout_wire import pack_outcomes
 from trajectory_server import Completion, Segment
@@ -461,12 +461,7 @@ class RolloutActor(RolloutFaultHooks, KeepsWarnings):
         """True as soon as a result waits to be reported by :meth:`poll`, or the control
         side's view of this instance is off (at once if either is already so), False after
         ``timeout_s`` without."""
-        try:
-            async with asyncio.timeout(timeout_s):  # not wait_for: see liveness.wait_or_timeout
-                await self._ready.wait()
-        except TimeoutError:
-            return False
-        return True
+        return await wait_or_timeout(self._ready, timeout_s)
 
     async def interrupt(
         self, trajectory_ids: Sequence[Any] | None = None, report: bool = False

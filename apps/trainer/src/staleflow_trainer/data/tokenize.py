@@ -87,6 +87,11 @@ def encode_prompts(
     return out
 
 
+def _check_row(row: int, rows: int) -> None:
+    if not 0 <= row < rows:
+        raise IndexError(f"prompt row {row} is not in 0..{rows - 1}")
+
+
 @attrs.frozen(init=False)
 class PromptLengths:
     """What the control process needs of a run's prompts: how many rows there are, each
@@ -106,8 +111,7 @@ class PromptLengths:
 
     def length(self, row: int) -> int:
         """How many tokens row ``row``'s prompt has."""
-        if not 0 <= row < len(self._lengths):
-            raise IndexError(f"prompt row {row} is not in 0..{len(self._lengths) - 1}")
+        _check_row(row, len(self._lengths))
         return self._lengths[row]
 
 
@@ -144,8 +148,7 @@ class EncodedPrompts:
         return len(self.records)
 
     def _span(self, row: int) -> tuple[int, int]:
-        if not 0 <= row < len(self.records):
-            raise IndexError(f"prompt row {row} is not in 0..{len(self.records) - 1}")
+        _check_row(row, len(self.records))
         return self._offsets[row], self._offsets[row + 1]
 
     def table(self) -> Iterator[tuple[int, array[int], dict[str, Any]]]:
