@@ -1,5 +1,6 @@
 """The shape of the tree holds: no Python module over 600 lines, the Ray control shell over
-the control core at most 500 (its logic lives in the core, not in the shell)."""
+the control core at most 500 (its logic lives in the core, not in the shell), and no shipped
+wait that can swallow a cancellation."""
 
 from __future__ import annotations
 
@@ -34,6 +35,16 @@ def test_no_module_over_600_lines() -> None:
 
 def test_the_ray_control_shell_stays_thin() -> None:
     assert _lines(SHELL) <= MAX_SHELL_LINES
+
+
+def test_no_asyncio_wait_for_in_shipped_code() -> None:
+    """Shipped code bounds a wait with ``asyncio.timeout``: on Python 3.11, ``asyncio.wait_for``
+    can swallow a cancellation that lands as the awaited call completes, and a task cancelled
+    that way runs on (a close that waits for it never returns)."""
+    shipped = [p for p in _python_files() if p.startswith(("packages/", "apps/")) and "/src/" in p]
+    assert len(shipped) > 50  # the listing works
+    calls = [p for p in shipped if "asyncio.wait_for(" in (ROOT / p).read_text()]
+    assert calls == [], f"use asyncio.timeout instead of asyncio.wait_for in {calls}"
 
 
 def test_every_app_module_imports_first() -> None:

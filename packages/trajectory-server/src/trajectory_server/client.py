@@ -336,17 +336,15 @@ class TrajectoryClient(_Client):
                 f"timeout_s must be > 0 or None, got {timeout_s!r}", field="timeout_s"
             )
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port), timeout=timeout_s
-            )
+            async with asyncio.timeout(timeout_s):
+                reader, writer = await asyncio.open_connection(host, port)
         except (OSError, TimeoutError) as exc:
             raise TransportError(
                 f"cannot connect to trajectory server at {host}:{port}: {exc}", host=host, port=port
             ) from exc
         try:
-            welcome = await asyncio.wait_for(
-                _authenticate(reader, writer, token, max_message_bytes), timeout=timeout_s
-            )
+            async with asyncio.timeout(timeout_s):
+                welcome = await _authenticate(reader, writer, token, max_message_bytes)
         except BaseException as exc:
             writer.close()
             if isinstance(exc, TimeoutError):
@@ -388,7 +386,8 @@ class TrajectoryClient(_Client):
                     await task
         self._writer.close()
         try:  # what is still buffered goes out first; a peer that reads nothing gets cut
-            await asyncio.wait_for(self._writer.wait_closed(), timeout=CLOSE_WAIT_S)
+            async with asyncio.timeout(CLOSE_WAIT_S):
+                await self._writer.wait_closed()
         except TimeoutError:
             self._writer.transport.abort()
         except Exception:  # the connection is being closed anyway

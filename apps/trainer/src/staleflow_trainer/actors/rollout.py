@@ -275,7 +275,8 @@ class RolloutActor(RolloutFaultHooks, KeepsWarnings):
             return
         self._checking = True
         try:
-            snap = await asyncio.wait_for(self._engine.snapshot(), SNAPSHOT_CHECK_S)
+            async with asyncio.timeout(SNAPSHOT_CHECK_S):
+                snap = await self._engine.snapshot()
         except Exception:
             return
         finally:
@@ -357,7 +358,8 @@ class RolloutActor(RolloutFaultHooks, KeepsWarnings):
             self._log.error("engine_dead", error=str(error), running=len(self._tasks),
                             exit_status=ENGINE_DEAD_EXIT)  # fmt: skip
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._flush(), DYING_FLUSH_S)
+                async with asyncio.timeout(DYING_FLUSH_S):
+                    await self._flush()
             with contextlib.suppress(Exception):  # the driver fetches the lines that say why
                 await handed_over(LAST_LINES_S)
             for pid, _ in child_processes():

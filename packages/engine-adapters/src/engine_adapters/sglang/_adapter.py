@@ -228,7 +228,8 @@ class SglangAdapter(EngineAdapter):
         else:
             for t in targets:
                 await self._post("/abort_request", {"rid": t})
-        results = await asyncio.wait_for(asyncio.gather(*futures), self._request_timeout_s)
+        async with asyncio.timeout(self._request_timeout_s):
+            results = await asyncio.gather(*futures)
         self._log.debug("sglang_interrupted", count=len(results))
         return list(results)
 

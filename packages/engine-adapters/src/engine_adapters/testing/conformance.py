@@ -32,7 +32,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -53,6 +53,8 @@ from engine_adapters.errors import (
 )
 
 EngineFactory = Callable[[], Awaitable[EngineAdapter]]
+
+T = TypeVar("T")
 
 
 def _tid(tag: str) -> str:
@@ -143,6 +145,12 @@ class EngineConformance:
                 raise AssertionError(f"timed out waiting for {what}; last snapshot: {snap}")
             await asyncio.sleep(0.01)
 
+    async def within(self, aw: Awaitable[T]) -> T:
+        """``await aw``, failing after ``wait_timeout_s`` (``asyncio.timeout``: on Python 3.11
+        ``asyncio.wait_for`` can swallow a cancellation that lands as ``aw`` completes)."""
+        async with asyncio.timeout(self.wait_timeout_s):
+            return await aw
+
     @staticmethod
     def check_result(result: GenerateResult, request: GenerateRequest) -> None:
         n = len(result.token_ids)
@@ -158,7 +166,7 @@ class EngineConformance:
     # ------------------------------------------------------------------ generate
     async def test_generate_returns_aligned_tokens(self, engine: EngineAdapter) -> None:
         req = self.request("basic", max_new_tokens=16)
-        result = await asyncio.wait_for(engine.generate(req), self.wait_timeout_s)
+        result = await self.within(engine.generate(req))
         self.check_result(result, req)
         # no stop ids: generation ends only at max_new_tokens (no implicit EOS)
         assert len(result.token_ids) == 16
@@ -168,7 +176,7 @@ class EngineConformance:
     @pytest.mark.parametrize("max_new", [1, 7])
     async def test_max_new_tokens_respected(self, engine: EngineAdapter, max_new: int) -> None:
         req = self.request("maxnew", max_new_tokens=max_new)
-        result = await asyncio.wait_for(engine.generate(req), self.wait_timeout_s)
+        result = await self.within(engine.generate(req))
         self.check_result(result, req)
         assert len(result.token_ids) == max_new
         assert result.finish_reason is FinishReason.LENGTH
@@ -178,7 +186,7 @@ class EngineConformance:
         stop = free.token_ids[6]
         first = free.token_ids.index(stop)
         req = self.request("stop", max_new_tokens=32, stop=(stop,))
-        result = await asyncio.wait_for(engine.generate(req), self.wait_timeout_s)
+        result = await self.within(engine.generate(req))
         self.check_result(result, req)
         assert result.finish_reason is FinishReason.STOP
         assert result.token_ids == free.token_ids[: first + 1]
@@ -189,9 +197,7 @@ class EngineConformance:
             self.request(f"conc{i}", max_new_tokens=5 + i, prompt=self.prompt(6, i))
             for i in range(self.max_running + 2)
         ]
-        results = await asyncio.wait_for(
-            asyncio.gather(*(engine.generate(r) for r in reqs)), self.wait_timeout_s
-        )
+        results = await self.within(asyncio.gather(*(engine.generate(r) for r in reqs)))
         for req, res in zip(reqs, results, strict=True):
             self.check_result(res, req)
             assert len(res.token_ids) == req.sampling.max_new_tokens
@@ -201,7 +207,7 @@ class EngineConformance:
         head = await engine.generate(self.request("head", max_new_tokens=10))
         assert head.finish_reason is FinishReason.LENGTH and len(head.token_ids) == 10
         req = self.request("resume", max_new_tokens=24, resume=head)
-        result = await asyncio.wait_for(engine.generate(req), self.wait_timeout_s)
+        result = await self.within(engine.generate(req))
         self.check_result(result, req)
         assert len(result.token_ids) == 24
         assert result.finish_reason is FinishReason.LENGTH
@@ -224,7 +230,7 @@ class EngineConformance:
         self.check_result(partial, req)
         assert partial.finish_reason is FinishReason.INTERRUPTED
         assert 0 < len(partial.token_ids) < self.long_tokens
-        resolved = await asyncio.wait_for(task, self.wait_timeout_s)
+        resolved = await self.within(task)
         assert resolved == partial
         snap = await engine.snapshot()
         assert req.trajectory_id not in {r.trajectory_id for r in snap.running}
@@ -243,7 +249,7 @@ class EngineConformance:
         partials = await engine.interrupt(None)
         ids = [p.trajectory_id for p in partials]
         assert sorted(ids) == sorted(r.trajectory_id for r in reqs)  # each exactly once
-        resolved = await asyncio.wait_for(asyncio.gather(*tasks), self.wait_timeout_s)
+        resolved = await self.within(asyncio.gather(*tasks))
         by_id = {p.trajectory_id: p for p in partials}
         for req, res in zip(reqs, resolved, strict=True):
             self.check_result(res, req)
@@ -273,7 +279,7 @@ class EngineConformance:
         assert running <= {r.trajectory_id for r in after.running}  # still running
         rest = await engine.interrupt(list(tasks))
         assert sorted(p.trajectory_id for p in rest) == sorted(tasks)
-        await asyncio.wait_for(asyncio.gather(*tasks.values()), self.wait_timeout_s)
+        await self.within(asyncio.gather(*tasks.values()))
 
     async def test_interrupt_unknown_id_stops_nothing(self, engine: EngineAdapter) -> None:
         req = self.request("unk", max_new_tokens=self.long_tokens)
@@ -296,9 +302,7 @@ class EngineConformance:
     async def test_load_weights_changes_version(self, engine: EngineAdapter) -> None:
         old = engine.version
         new = old + 1
-        served = await asyncio.wait_for(
-            engine.load_weights(new, self.valid_weights(engine, new)), self.wait_timeout_s
-        )
+        served = await self.within(engine.load_weights(new, self.valid_weights(engine, new)))
         assert served == new == engine.version
         assert (await engine.snapshot()).version == new
         result = await engine.generate(self.request("afterload", max_new_tokens=8))
