@@ -208,6 +208,13 @@ def run_length(
             k: v / n for k, v in sorted(dict(io.get("by_call", {})).items())
         },
         "total_bytes_per_trajectory": sum(per.values()),
+        # of which the calls that only kept watch on a live instance (a wait_results whose time
+        # ran out, a quiet poll answered None): a cost per instance and second, not per
+        # trajectory, so its share grows with how long trajectories run, whatever they carry
+        "watch_bytes_per_trajectory": int(io.get("watch", 0)) / n,
+        "watch_bytes_per_instance_s": int(io.get("watch", 0))
+        / (cfg.rollout.num_instances * max(wall_s, 1e-9)),
+        "total_without_watch_per_trajectory": sum(per.values()) - int(io.get("watch", 0)) / n,
         # instance polls per trajectory, by why each was sent (shell_io.POLL_REASONS); each
         # costs a request and an answer, and an "asked" one a wait_results answer too
         "polls_per_trajectory": {k: v / n for k, v in sorted(dict(io.get("polls", {})).items())},
@@ -243,8 +250,13 @@ def _fit(runs: list[dict[str, Any]], get: Callable[[dict[str, Any]], float]) -> 
     }
 
 
-def _verdict(by_len: dict[int, list[dict[str, Any]]], fit: dict[str, Any] | None) -> dict[str, Any]:
-    """Whether the total bytes per trajectory grow with response length, on the raw curve
+def _verdict(
+    by_len: dict[int, list[dict[str, Any]]],
+    fit: dict[str, Any] | None,
+    key: str = "total_bytes_per_trajectory",
+) -> dict[str, Any]:
+    """Whether the bytes per trajectory (``key`` of each run: the total, or the total without
+    the calls that only kept watch) grow with response length, on the raw curve
     (re-admissions included). "Does not grow" means both:
 
     * ``ratio``: the mean at the longest length exceeds the mean at the shortest by no more
@@ -255,8 +267,8 @@ def _verdict(by_len: dict[int, list[dict[str, Any]]], fit: dict[str, Any] | None
 
     ``met`` is None where the runs cannot tell (one run per length: no spread)."""
     lengths = sorted(by_len)
-    lo = [float(r["total_bytes_per_trajectory"]) for r in by_len[lengths[0]]]
-    hi = [float(r["total_bytes_per_trajectory"]) for r in by_len[lengths[-1]]]
+    lo = [float(r[key]) for r in by_len[lengths[0]]]
+    hi = [float(r[key]) for r in by_len[lengths[-1]]]
     (m_lo, sd_lo), (m_hi, sd_hi) = _mean_sd(lo), _mean_sd(hi)
     out: dict[str, Any] = {"ratio": m_hi / m_lo, "difference": m_hi - m_lo}
     if len(lo) < 2 or len(hi) < 2 or fit is None:
@@ -347,8 +359,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "fit_total": _fit(runs, lambda r: r["total_bytes_per_trajectory"]),
         "verdict": None,  # filled in below, from the fit on length alone
         "fit_instances": _fit(runs, lambda r: r["bytes_per_trajectory"]["instances"]),
+        "fit_without_watch": _fit(runs, lambda r: r["total_without_watch_per_trajectory"]),
+        "verdict_without_watch": None,
     }
     res["verdict"] = _verdict(by_len, res["fit_total"]["length_only"])
+    res["verdict_without_watch"] = _verdict(
+        by_len, res["fit_without_watch"]["length_only"], "total_without_watch_per_trajectory"
+    )
     out = Path(a.out) if a.out else ROOT / "bench-results" / "control_bytes.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1))
@@ -385,17 +402,22 @@ def _print(res: dict[str, Any], lengths: list[int], by_len: dict[int, list[Any]]
     _print_means(lengths, by_len, "polls_per_trajectory", 3,
                  "mean instance polls per trajectory, by why each was sent")  # fmt: skip
     print(f"{'L':>6} {'total B/traj mean ± sd':>24} {'instances mean ± sd':>22} "
-          f"{'re-admissions/traj':>18}")  # fmt: skip
+          f"{'re-admissions/traj':>18} {'watch B/traj':>12} {'watch B/inst/s':>14} "
+          f"{'total w/o watch':>15}")  # fmt: skip
     for L in lengths:
         rs = by_len[L]
         t = _mean_sd([r["total_bytes_per_trajectory"] for r in rs])
         i = _mean_sd([r["bytes_per_trajectory"]["instances"] for r in rs])
         n = _mean_sd([r["readmissions_per_trajectory"] for r in rs])
-        print(f"{L:>6} {t[0]:>15.1f} ± {t[1]:>5.1f} {i[0]:>13.1f} ± {i[1]:>5.1f} {n[0]:>18.2f}")
+        w = _mean_sd([r["watch_bytes_per_trajectory"] for r in rs])
+        ws = _mean_sd([r["watch_bytes_per_instance_s"] for r in rs])
+        b = _mean_sd([r["total_without_watch_per_trajectory"] for r in rs])
+        print(f"{L:>6} {t[0]:>15.1f} ± {t[1]:>5.1f} {i[0]:>13.1f} ± {i[1]:>5.1f} {n[0]:>18.2f} "
+              f"{w[0]:>12.2f} {ws[0]:>14.2f} {b[0]:>9.1f} ± {b[1]:>3.1f}")  # fmt: skip
     rr = res["ratio_longest_over_shortest"]
     print(f"longest/shortest, of the means (L x{res['length_ratio']:.0f}): "
           + ", ".join(f"{k} {v:.2f}" if v is not None else f"{k} -" for k, v in rr.items()))  # fmt: skip
-    for name in ("fit_total", "fit_instances"):
+    for name in ("fit_total", "fit_instances", "fit_without_watch"):
         for model, f in res[name].items():
             if f is None:
                 print(f"{name} {model}: not enough runs to estimate")
@@ -404,15 +426,19 @@ def _print(res: dict[str, Any], lengths: list[int], by_len: dict[int, list[Any]]
             print(f"{name} {model}: B/traj = {f['intercept']:.1f} "
                   + " ".join(f"{f[k]:+.2f} ± {1.96 * f[k + '_se']:.2f} {k}" for k in terms)
                   + "  (± 95 %)")  # fmt: skip
-    v = res["verdict"]
+    _print_verdict("bar (bytes per trajectory do not grow with length)", res["verdict"])
+    _print_verdict("the same without the calls that only kept watch on live instances",
+                   res["verdict_without_watch"])  # fmt: skip
+
+
+def _print_verdict(what: str, v: dict[str, Any]) -> None:
     if v["met"] is None:
-        print(f"bar (bytes per trajectory do not grow with length): no verdict, {v['why']}; "
-              f"longest/shortest {v['ratio']:.2f}")  # fmt: skip
+        print(f"{what}: no verdict, {v['why']}; longest/shortest {v['ratio']:.2f}")
         return
     lo, hi = v["slope_95"]
-    print(f"bar (bytes per trajectory do not grow with length): "
+    print(f"{what}: "
           f"{'MET' if v['met'] else 'MISSED'} -- longest/shortest {v['ratio']:.2f} "
-          f"(+{v['difference']:.1f} B; the spread allows up to {v['ratio_bound']:.2f}, "
+          f"({v['difference']:+.1f} B; the spread allows up to {v['ratio_bound']:.2f}, "
           f"+{v['difference_bound']:.1f} B: {'ok' if v['ratio_ok'] else 'over'}), "
           f"slope {v['slope_per_1k_tokens']:+.2f} B per 1K tokens, 95 % [{lo:+.2f}, {hi:+.2f}] "
           f"({'reaches zero' if v['slope_ok'] else 'above zero'})")  # fmt: skip

@@ -43,12 +43,29 @@ def test_bench_control_bytes_smoke(ray_session: None, tmp_path: Path) -> None:
         polls = r["polls_per_trajectory"]
         assert set(polls) <= set(POLL_REASONS), polls
         assert polls["no_view"] * r["trajectories"] >= 2 and polls["command"] > 0, polls
+        # keeping watch is a part of the instances' bytes (wait_results calls whose time ran
+        # out, quiet polls answered None), reported per trajectory and per instance-second
+        watch = r["watch_bytes_per_trajectory"]
+        assert (
+            0
+            <= watch
+            <= by_call["instances.wait_results"]
+            + by_call["instances.poll"]
+            + (by_call["instances.poll_answer"])
+        )
+        assert r["total_without_watch_per_trajectory"] == pytest.approx(
+            r["total_bytes_per_trajectory"] - watch
+        )
+        assert r["watch_bytes_per_instance_s"] == pytest.approx(
+            watch * r["trajectories"] / (2 * r["run_wall_s"])
+        )
     assert res["length_ratio"] == 16
     assert res["ratio_longest_over_shortest"]["total"] > 0
     # two runs cannot estimate a slope's error: the fits say so instead of printing one
     assert res["fit_total"] == {"length_only": None, "with_readmissions": None}
     # nor a spread to judge the bar by: no verdict, and why
     assert res["verdict"]["met"] is None and "--repeats" in res["verdict"]["why"]
+    assert res["verdict_without_watch"]["met"] is None
     # no payload crosses the control process: what it exchanges with the store, the reward
     # workers and the trainer per trajectory does not grow with a 16x longer response
     for kind in ("ts", "rewards", "trainer"):

@@ -13,9 +13,11 @@ from typing import Any
 
 import pytest
 
+from engine_adapters import unpack_ids
 from staleflow_trainer.actors import background_calls, shell_io
 from staleflow_trainer.actors.control import ControlActor
 from staleflow_trainer.actors.shell_io import ShellIO
+from staleflow_trainer.actors.work_wire import pack_scores
 from staleflow_trainer.config import load_config, to_dict
 from staleflow_trainer.control import ControlCore, core_config
 from staleflow_trainer.control import effects as fx
@@ -191,12 +193,13 @@ async def _until(cond: Any) -> None:
 
 class _Scorer:
     def __init__(self, dead: bool, calls: list[list[str]]) -> None:
-        async def score(ids: list[str]) -> list[list[Any]]:
+        async def score(packed: list[Any]) -> list[Any]:
             await asyncio.sleep(0)  # both calls are in flight before either fails
             if dead:
                 raise _Dead("reward")
+            ids = unpack_ids(packed)
             calls.append(ids)
-            return [[t, 1.0, None] for t in ids]
+            return pack_scores([(1.0, None)] * len(ids))
 
         self.score = _Remote(score)
 

@@ -17,6 +17,7 @@ import pytest
 
 from engine_adapters import EngineSnapshot, RunningTrajectory, SnapshotEncoder, unpack_ids
 from staleflow_trainer.actors import shell_io
+from staleflow_trainer.actors.io_bytes import size
 from staleflow_trainer.actors.shell_io import POLL_REASONS, QUIET_POLL_S, ShellIO
 from staleflow_trainer.config import load_config
 from staleflow_trainer.control import effects as fx
@@ -100,10 +101,14 @@ async def test_an_idle_instance_is_polled_again_only_after_a_command_or_the_quie
         clock[0] += 0.1
         assert await _cycle(io) == {}
     assert inst.polls == 1
+    assert io.byte_stats()["watch"] == 0
 
     clock[0] += QUIET_POLL_S  # still polled now and then, so a lost instance is noticed
     assert "i0" in await _cycle(io)
     assert inst.polls == 2
+    # that poll only showed the instance is alive (answered None): counted as keeping watch
+    by_call = io.byte_stats()["by_call"]
+    assert size(None) < io.byte_stats()["watch"] < by_call["instances.poll"] + size(None)
 
     assert await io.carry(fx.Route(instance_id="i0", version=0, trajectory_ids=["t0"])) is None
     assert "i0" in await _cycle(io)  # a command wakes it ...
@@ -192,5 +197,22 @@ async def test_an_instance_with_work_is_polled_when_it_asks_and_viewed_in_betwee
         await _settle()
         assert "i0" in await _cycle(io)
         assert io.byte_stats()["polls"] == {"no_view": 1, "command": 1, "asked": 3, "quiet": 1}
+    finally:
+        io.stop_watching()
+
+
+async def test_a_watch_whose_time_ran_out_is_counted_as_keeping_watch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shell_io, "WATCH_S", 0.01)
+    inst = WatchedInstance("i0")
+    io = _io(tmp_path, inst)
+    try:
+        await io.poll_all()  # starts its watcher
+        await asyncio.sleep(0.1)  # several waits run out, each renewed
+        renewals = io.byte_stats()["watch"] // (size(0.01) + size(False))
+        assert renewals >= 2 and io.byte_stats()["watch"] % (size(0.01) + size(False)) == 0
+        by_call = io.byte_stats()["by_call"]
+        assert by_call["instances.wait_results"] >= io.byte_stats()["watch"]
     finally:
         io.stop_watching()

@@ -5,12 +5,14 @@ ends with (:attr:`BackgroundCalls.fatal`), which stops the run."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, cast
+from typing import Any
 
 import structlog
 
+from engine_adapters import pack_ids
 from staleflow_trainer.actors.io_bytes import ByteCounts, size
 from staleflow_trainer.actors.liveness import is_actor_death
+from staleflow_trainer.actors.work_wire import score_rows, train_batch
 from staleflow_trainer.config import AppConfig
 from staleflow_trainer.control import effects as fx
 
@@ -51,13 +53,14 @@ class BackgroundCalls:
                                            if s)))  # fmt: skip
 
     async def _score_shard(self, i: int, shard: list[str]) -> list[list[Any]]:
+        packed = pack_ids(shard)
         for attempt in (0, 1):
-            self._counts.count("rewards", size(shard), "score")
+            self._counts.count("rewards", size(packed), "score")
             worker = self.rewards[i]
             try:
-                rows = cast(list[list[Any]], await worker.score.remote(shard))
-                self._counts.count("rewards", size(rows), "score_answer")
-                return rows
+                answer = await worker.score.remote(packed)
+                self._counts.count("rewards", size(answer), "score_answer")
+                return score_rows(packed, answer)
             except Exception as err:
                 if not is_actor_death(err) or attempt or not self.reward_spec:
                     return [[t, None, f"reward worker failed: {err!r}"[:200]] for t in shard]
@@ -78,13 +81,7 @@ class BackgroundCalls:
         return ray.remote(RewardActor).options(**options).remote(**self.reward_spec)
 
     async def train(self, e: fx.Train) -> dict[str, Any]:
-        batch = {
-            "version": e.version,
-            "group_ids": list(e.group_ids),
-            "trajectory_ids": [list(m) for m in e.trajectory_ids],
-            "staleness": [list(s) for s in e.staleness],
-            "rewards": [list(r) for r in e.rewards],
-        }
+        batch = train_batch(e.version, e.group_ids, e.trajectory_ids, e.staleness, e.rewards)
         self._counts.count("trainer", size(batch), "train")
         metrics = dict(await self.trainer.train_batch.remote(batch))
         self._counts.count("trainer", size(metrics), "train_answer")

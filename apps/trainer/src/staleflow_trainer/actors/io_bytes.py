@@ -21,11 +21,18 @@ class ByteCounts:
         self._kinds: dict[str, int] = {}
         self._by_call: dict[str, int] = {}
         self.polls: dict[str, int] = {}
+        #: bytes of calls that only kept watch on a live instance (a ``wait_results`` whose time
+        #: ran out, a quiet poll answered None): they accrue per instance and second, whatever
+        #: the trajectories (also counted in their calls)
+        self.watch_bytes = 0
 
     def count(self, kind: str, n: int, call: str) -> None:
         self._kinds[kind] = self._kinds.get(kind, 0) + n
         key = f"{kind}.{call}"
         self._by_call[key] = self._by_call.get(key, 0) + n
+
+    def watch(self, n: int) -> None:
+        self.watch_bytes += n
 
     def poll(self, why: str) -> None:
         self.polls[why] = self.polls.get(why, 0) + 1
@@ -33,11 +40,12 @@ class ByteCounts:
     def stats(self, ts: Any) -> dict[str, Any]:
         """Bytes per peer kind, under ``by_call`` per ``kind.call`` (a call's arguments and
         its answer counted apart: ``poll`` and ``poll_answer``; for the trajectory server
-        ``ts`` by request type, from its client's socket counts), and under ``polls`` the polls
-        sent by reason."""
+        ``ts`` by request type, from its client's socket counts), under ``polls`` the polls
+        sent by reason, and under ``watch`` the bytes of calls that only kept watch (see
+        :attr:`watch_bytes`)."""
         kinds, by_call = dict(self._kinds), dict(self._by_call)
         counted = getattr(ts, "wire_bytes", None)  # None: no client yet, or a test's fake
         for t, c in (counted() if counted is not None else {}).items():
             kinds["ts"] = kinds.get("ts", 0) + c["sent"] + c["received"]
             by_call[f"ts.{t}"], by_call[f"ts.{t}_answer"] = c["sent"], c["received"]
-        return {**kinds, "by_call": by_call, "polls": dict(self.polls)}
+        return {**kinds, "by_call": by_call, "polls": dict(self.polls), "watch": self.watch_bytes}

@@ -18,8 +18,10 @@ from typing import Any
 
 import structlog
 
+from engine_adapters import unpack_ids
 from staleflow_trainer.actors.log_relay import KeepsWarnings
 from staleflow_trainer.actors.ts_link import StoreLink
+from staleflow_trainer.actors.work_wire import pack_scores
 from staleflow_trainer.reward import RewardRunner
 from staleflow_trainer.reward.decode import ResponseDecoder
 
@@ -27,7 +29,8 @@ log = structlog.get_logger(__name__)
 
 
 class RewardActor(KeepsWarnings):
-    """Wrap with ``ray.remote``. ``score`` takes ids and returns ``[id, score | None, reason]``."""
+    """Wrap with ``ray.remote``. ``score`` takes ids (packed, ``engine_adapters.pack_ids``)
+    and answers a score or None and a reason for each (``work_wire.pack_scores``)."""
 
     def __init__(
         self,
@@ -64,14 +67,16 @@ class RewardActor(KeepsWarnings):
 
         return self._ts.run(read)
 
-    def score(self, trajectory_ids: Sequence[str]) -> list[list[Any]]:
-        ids = [str(t) for t in trajectory_ids]
+    def score(self, trajectory_ids: Sequence[Any]) -> list[Any]:
+        """Score these trajectories (the ids may come packed): ``[scores, reasons]`` in the
+        order the ids unpack (``work_wire.pack_scores``)."""
+        ids = unpack_ids(trajectory_ids)
         payloads = self._read(ids)
-        out: list[list[Any]] = []
+        out: list[tuple[float | None, str | None]] = []
         for tid in ids:
             t = payloads.get(tid)
             if t is None:
-                out.append([tid, None, "not a finished trajectory in the store"])
+                out.append((None, "not a finished trajectory in the store"))
                 continue
             md = dict(t.metadata)
             text = self._decoder.decode(t.generated_token_ids)
@@ -82,5 +87,5 @@ class RewardActor(KeepsWarnings):
                 ground_truth=str(md.get("ground_truth", "")),
                 extra_info=dict(md.get("extra_info") or {}),
             )
-            out.append([tid, o.score, o.reason])
-        return out
+            out.append((o.score, o.reason))
+        return pack_scores(out)

@@ -126,7 +126,7 @@ class ShellIO(BackgroundCalls):
         self.lanes = Lanes()
         self.silence = Silence()  # calls overdue: routes taken back, the core told
         # polls out: the call, its request, and the ids whose end its answer's delta carries
-        self._polls: dict[str, tuple[asyncio.Task[Any], Any, set[str]]] = {}
+        self._polls: dict[str, tuple[asyncio.Task[Any], Any, set[str], str]] = {}  # +why
         self._ending: dict[str, set[str]] = {}  # the same, for the answer to be decoded next
         self._stale: set[str] = set()  # late answers that a command has overtaken
         self._late: list[InstanceLost] = []  # instances lost by calls that ended late
@@ -383,6 +383,8 @@ class ShellIO(BackgroundCalls):
             while self.rollouts.get(iid) is h:
                 ready = await wait.remote(WATCH_S)
                 self._counts.count("instances", size(WATCH_S) + size(ready), "wait_results")
+                if not ready:  # its time ran out: the next call only renews the watch
+                    self._counts.watch(size(WATCH_S) + size(ready))
                 if ready:
                     polled.clear()
                     self._ask_poll(iid)  # results, or its view is off
@@ -457,13 +459,13 @@ class ShellIO(BackgroundCalls):
 
         for i in iids:  # its answer's delta carries the end of those interrupted before it
             task = self.lanes.run(i, functools.partial(poll, i, self.rollouts[i]))
-            self._polls[i] = (task, args[i], self._ended.pop(i, set()))
+            self._polls[i] = (task, args[i], self._ended.pop(i, set()), due[i])
         waited = [self._polls[i][0] for i in (self._polls if wait_all else iids)]
         if waited:
             await asyncio.wait(waited, timeout=None if wait_all else ANSWER_WAIT_S)
         out: dict[str, Any] = {}
         limit = self.cfg.coordinator.instance_error_limit
-        for iid, (t, sent, ended) in list(self._polls.items()):
+        for iid, (t, sent, ended, why) in list(self._polls.items()):
             if not t.done():
                 if iid in due:
                     self._late_answer(iid, "poll")
@@ -492,6 +494,8 @@ class ShellIO(BackgroundCalls):
                 self._poll_done[iid].set()  # its watcher goes on
             if not isinstance(p, BaseException):
                 self._counts.count("instances", size(p), "poll_answer")
+                if why == "quiet" and p is None:  # it only showed the instance is alive
+                    self._counts.watch((size(sent) if sent else 0) + size(p))
                 p = unpack_poll(p)
             out[iid] = p
         return out

@@ -17,6 +17,7 @@ import structlog
 
 from staleflow_trainer.actors.log_relay import KeepsWarnings
 from staleflow_trainer.actors.ts_link import StoreLink
+from staleflow_trainer.actors.work_wire import batch_members
 from staleflow_trainer.config import from_dict
 from staleflow_trainer.trainer import Trainer, TrainSample
 
@@ -174,9 +175,10 @@ class TrainerActor(KeepsWarnings):
             return metrics
 
     def train_batch(self, batch: Mapping[str, Any]) -> dict[str, Any]:
-        """Train a consumed batch named by ids (``version``, ``group_ids``,
-        ``trajectory_ids`` per group, ``staleness`` and ``rewards`` per trajectory): the
-        payloads are read from the trajectory server here, never through the control shell.
+        """Train a consumed batch named by ids (``work_wire.train_batch``: ``version``,
+        ``group_ids``, each group's ``members`` packed, ``staleness`` and ``rewards`` per
+        member): the payloads are read from the trajectory server here, never through the
+        control shell.
         Idempotent per consumed version like :meth:`train_step` (a replayed batch whose
         payloads the store already released answers from the record of that step)."""
         version = int(batch["version"])
@@ -189,7 +191,7 @@ class TrainerActor(KeepsWarnings):
         metrics = self.train_step(samples, consumed_version=version)
         if self._replays == replays:
             with self._lock:
-                ids = [str(t) for members in batch["trajectory_ids"] for t in members]
+                ids = [t for members in batch_members(batch) for t in members]
                 self._trained.append((version, ids))
         return metrics
 
@@ -202,7 +204,8 @@ class TrainerActor(KeepsWarnings):
     def _read_samples(self, batch: Mapping[str, Any]) -> list[dict[str, Any]]:
         if self._ts is None:
             raise RuntimeError("the trainer has no trajectory-server address")
-        ids = [str(t) for members in batch["trajectory_ids"] for t in members]
+        groups = batch_members(batch)
+        ids = [t for members in groups for t in members]
 
         async def read(ts: Any) -> dict[str, Any]:
             return {ft.trajectory.trajectory_id: ft for ft in await ts.finished(ids)}
@@ -210,7 +213,7 @@ class TrainerActor(KeepsWarnings):
         finished = self._ts.run(read)
         samples = []
         for gid, members, stale, rewards in zip(
-            batch["group_ids"], batch["trajectory_ids"], batch["staleness"], batch["rewards"],
+            batch["group_ids"], groups, batch["staleness"], batch["rewards"],
             strict=True,
         ):  # fmt: skip
             for tid, s, r in zip(members, stale, rewards, strict=True):

@@ -1,0 +1,65 @@
+"""What the control shell sends the reward workers and the trainer, and what comes back, on the
+wire: trajectory ids packed by prompt (``engine_adapters.pack_ids``: a group's prefix once,
+then its member numbers), and answers in the order of the ids sent, so no id comes back.
+
+* a score call sends the packed ids (``RewardActor.score``) and is answered ``[scores,
+  reasons]``: one score (or None) per id, in the unpacked order, and the reason of each id
+  with no score under its index (:func:`pack_scores`, :func:`score_rows`);
+* a training step sends each consumed group's members packed (:func:`train_batch`), beside
+  their staleness and rewards in the unpacked order (:func:`batch_members`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from engine_adapters import pack_ids, unpack_ids
+
+
+def pack_scores(scores: Sequence[tuple[float | None, str | None]]) -> list[Any]:
+    """``(score or None, reason)`` per id, in the order of the ids received, as ``[scores,
+    reasons]`` (``reasons``: index -> reason, for the ids with no score)."""
+    return [
+        [s for s, _ in scores],
+        {i: str(r) for i, (s, r) in enumerate(scores) if s is None},
+    ]
+
+
+def score_rows(packed_ids: Sequence[Any], answer: Sequence[Any]) -> list[list[Any]]:
+    """``[id, score | None, reason | None]`` per id of a score call that sent ``packed_ids``
+    and got ``answer`` (:func:`pack_scores`). An answer that does not line up is refused."""
+    ids = unpack_ids(packed_ids)
+    scores, reasons = answer
+    if len(scores) != len(ids):
+        raise ValueError(f"a reward worker answered {len(scores)} scores for {len(ids)} ids")
+    return [
+        [t, s, None if s is not None else str(reasons.get(i, "no score"))]
+        for i, (t, s) in enumerate(zip(ids, scores, strict=True))
+    ]
+
+
+def train_batch(
+    version: int,
+    group_ids: Sequence[str],
+    members: Sequence[Sequence[str]],
+    staleness: Sequence[Sequence[int]],
+    rewards: Sequence[Sequence[float]],
+) -> dict[str, Any]:
+    """A consumed batch for ``TrainerActor.train_batch``: per group its id, its members packed,
+    and their staleness and rewards in the order the members unpack."""
+    packed, stale, scored = [], [], []
+    for ids, s, r in zip(members, staleness, rewards, strict=True):
+        p = pack_ids(ids)
+        at = {t: i for i, t in enumerate(ids)}
+        order = [at[t] for t in unpack_ids(p)]
+        packed.append(p)
+        stale.append([int(s[i]) for i in order])
+        scored.append([float(r[i]) for i in order])
+    return {"version": int(version), "group_ids": list(group_ids), "members": packed,
+            "staleness": stale, "rewards": scored}  # fmt: skip
+
+
+def batch_members(batch: Mapping[str, Any]) -> list[list[str]]:
+    """The members of each group of a :func:`train_batch`, in the order of its staleness and
+    rewards."""
+    return [unpack_ids(p) for p in batch["members"]]

@@ -1,0 +1,57 @@
+"""The ids and answers between the control shell, the reward workers and the trainer."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from engine_adapters import pack_ids
+from staleflow_trainer.actors.work_wire import batch_members, pack_scores, score_rows, train_batch
+
+
+def test_scores_come_back_by_position_with_the_reasons_of_the_missing() -> None:
+    ids = ["g1/0", "g1/1", "x", "g2/3"]
+    packed = pack_ids(ids)
+    # the worker scores in the order the ids unpack (here: g1/0, g1/1, x, g2/3)
+    answer = pack_scores([(1.0, None), (None, "timed out"), (0.0, "wrong"), (None, None)])
+    assert score_rows(packed, answer) == [
+        ["g1/0", 1.0, None],
+        ["g1/1", None, "timed out"],
+        ["x", 0.0, None],  # a reason beside a score is not kept
+        ["g2/3", None, "None"],
+    ]
+
+
+def test_an_answer_that_does_not_line_up_is_refused() -> None:
+    with pytest.raises(ValueError, match="2 scores for 3 ids"):
+        score_rows(pack_ids(["g/0", "g/1", "g/2"]), pack_scores([(1.0, None)] * 2))
+
+
+def test_a_batch_keeps_each_members_staleness_and_reward() -> None:
+    members = [["g7/2", "g7/0", "g7/5"], ["a/1", "odd-id", "a/3"]]
+    staleness = [[1, 0, 2], [3, 1, 0]]
+    rewards = [[0.5, 1.0, 0.0], [0.25, 0.75, 1.0]]
+    batch = train_batch(4, ["g7", "a"], members, staleness, rewards)
+    got = {
+        t: (s, r)
+        for ids, ss, rr in zip(
+            batch_members(batch), batch["staleness"], batch["rewards"], strict=True
+        )
+        for t, s, r in zip(ids, ss, rr, strict=True)
+    }
+    want = {
+        t: (s, r)
+        for ids, ss, rr in zip(members, staleness, rewards, strict=True)
+        for t, s, r in zip(ids, ss, rr, strict=True)
+    }
+    assert got == want and batch["version"] == 4 and batch["group_ids"] == ["g7", "a"]
+    assert [sorted(m) for m in batch_members(batch)] == [sorted(m) for m in members]
+
+
+def test_packed_ids_cost_less_than_the_ids() -> None:
+    members = [[f"g{g}/{i}" for i in range(16)] for g in range(100, 164)]
+    batch = train_batch(1, [f"g{g}" for g in range(100, 164)], members,
+                        [[1] * 16] * 64, [[0.5] * 16] * 64)  # fmt: skip
+    plain = {"members": members}
+    assert len(pickle.dumps(batch["members"])) < 0.4 * len(pickle.dumps(plain["members"]))
