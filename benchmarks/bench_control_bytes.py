@@ -42,7 +42,11 @@ the bytes do not grow with length). The last line is the verdict on that bar, on
 curve (re-admissions included): met when the mean total at the longest length exceeds the
 one at the shortest by at most 1.96 standard errors of that difference (from the runs'
 spread) and the per-1K-token slope of the fit on length alone is at most 1.96 of its
-standard errors above zero; no verdict from one run per length.
+standard errors above zero; no verdict from one run per length. A second verdict, by the same
+rule, leaves out the calls that only kept watch on live instances (a ``wait_results`` whose
+time ran out and was made again, a quiet poll answered None: ``io_stats()["watch"]``): they
+cost per instance and second whatever the trajectories carry, so their share of a trajectory
+grows with how long it runs; they are printed per trajectory and per instance-second.
 
 An instance is polled only when it has something to say (``actors.shell_io``): a command went
 to it, or its ``wait_results`` call answered because a result is ready or because the
