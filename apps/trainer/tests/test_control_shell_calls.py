@@ -199,7 +199,7 @@ class _Scorer:
                 raise _Dead("reward")
             ids = unpack_ids(packed)
             calls.append(ids)
-            return pack_scores([(1.0, None)] * len(ids))
+            return pack_scores([(float(t.rsplit("/", 1)[1]), None) for t in ids])
 
         self.score = _Remote(score)
 
@@ -214,10 +214,13 @@ async def test_a_dead_reward_worker_is_replaced_once_by_concurrent_calls(
     built: list[_Scorer] = []
     monkeypatch.setattr(io, "_new_reward_worker", lambda: built.append(_Scorer(False, calls))
                         or built[-1])  # fmt: skip
-    a, b = await asyncio.gather(io.score(["g1/0", "g1/1"]), io.score(["g2/0"]))
+    a, b = await asyncio.gather(io.score(["g1/2", "g3/5", "g1/1"]), io.score(["g2/0"]))
     assert len(built) == 1 and io.rewards == built  # not one replacement per failed call
-    assert a == [[["g1/0", 1.0, None], ["g1/1", 1.0, None]]] and b == [[["g2/0", 1.0, None]]]
-    assert sorted(map(tuple, calls)) == [("g1/0", "g1/1"), ("g2/0",)]
+    # each id with its own score, whatever order the worker scored them in
+    assert sorted(map(tuple, a[0])) == [("g1/1", 1.0, None), ("g1/2", 2.0, None),
+                                        ("g3/5", 5.0, None)]  # fmt: skip
+    assert b == [[["g2/0", 0.0, None]]]
+    assert sorted(map(tuple, calls)) == [("g1/2", "g1/1", "g3/5"), ("g2/0",)]
 
 
 async def _settled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -4,6 +4,7 @@ wait that can swallow a cancellation."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -43,8 +44,32 @@ def test_no_asyncio_wait_for_in_shipped_code() -> None:
     that way runs on (a close that waits for it never returns)."""
     shipped = [p for p in _python_files() if p.startswith(("packages/", "apps/")) and "/src/" in p]
     assert len(shipped) > 50  # the listing works
-    calls = [p for p in shipped if "asyncio.wait_for(" in (ROOT / p).read_text()]
+    calls = [p for p in shipped if _uses_wait_for(ast.parse((ROOT / p).read_text()))]
     assert calls == [], f"use asyncio.timeout instead of asyncio.wait_for in {calls}"
+
+
+def _uses_wait_for(tree: ast.AST) -> bool:
+    """``asyncio.wait_for`` used (called or not), or ``wait_for`` imported from asyncio."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "asyncio":
+            found = any(a.name == "wait_for" for a in node.names)
+        elif isinstance(node, ast.Attribute) and node.attr == "wait_for":
+            found = isinstance(node.value, ast.Name) and node.value.id == "asyncio"
+        else:
+            found = False
+        if found:
+            return True
+    return False
+
+
+def test_the_wait_for_check_finds_each_form() -> None:
+    found = [_uses_wait_for(ast.parse(src)) for src in (
+        "import asyncio\nasync def f(c):\n    await asyncio.wait_for (c, 1)",
+        "from asyncio import sleep, wait_for",
+        "import asyncio\nw = asyncio.wait_for",
+        "# asyncio.wait_for(x) in a comment\nself.wait_for(1)",
+    )]  # fmt: skip
+    assert found == [True, True, True, False]
 
 
 def test_every_app_module_imports_first() -> None:

@@ -6,21 +6,26 @@ import pickle
 
 import pytest
 
-from engine_adapters import pack_ids
+from engine_adapters import pack_ids, unpack_ids
 from staleflow_trainer.actors.work_wire import batch_members, pack_scores, score_rows, train_batch
 
 
 def test_scores_come_back_by_position_with_the_reasons_of_the_missing() -> None:
-    ids = ["g1/0", "g1/1", "x", "g2/3"]
+    ids = ["g1/0", "g2/0", "x", "g1/1", "g2/3"]
     packed = pack_ids(ids)
-    # the worker scores in the order the ids unpack (here: g1/0, g1/1, x, g2/3)
-    answer = pack_scores([(1.0, None), (None, "timed out"), (0.0, "wrong"), (None, None)])
-    assert score_rows(packed, answer) == [
-        ["g1/0", 1.0, None],
-        ["g1/1", None, "timed out"],
-        ["x", 0.0, None],  # a reason beside a score is not kept
-        ["g2/3", None, "None"],
-    ]
+    order = unpack_ids(packed)  # the order a worker scores them in: by prompt
+    assert order == ["g1/0", "g1/1", "g2/0", "g2/3", "x"] != ids
+    score = {"g1/0": 1.0, "g1/1": None, "g2/0": 0.25, "g2/3": None, "x": 0.0}
+    reason = {"g1/1": "timed out", "x": "wrong"}
+    answer = pack_scores([(score[t], reason.get(t)) for t in order])
+    rows = {t: (s, r) for t, s, r in score_rows(packed, answer)}
+    assert rows == {
+        "g1/0": (1.0, None),
+        "g1/1": (None, "timed out"),
+        "g2/0": (0.25, None),
+        "g2/3": (None, "no reason given"),
+        "x": (0.0, None),  # a reason beside a score is not kept
+    }
 
 
 def test_an_answer_that_does_not_line_up_is_refused() -> None:
@@ -47,6 +52,11 @@ def test_a_batch_keeps_each_members_staleness_and_reward() -> None:
     }
     assert got == want and batch["version"] == 4 and batch["group_ids"] == ["g7", "a"]
     assert [sorted(m) for m in batch_members(batch)] == [sorted(m) for m in members]
+
+
+def test_a_batch_with_a_repeated_member_is_refused() -> None:
+    with pytest.raises(ValueError, match="repeats"):
+        train_batch(1, ["g"], [["g/0", "g/0"]], [[0, 0]], [[1.0, 0.0]])
 
 
 def test_packed_ids_cost_less_than_the_ids() -> None:

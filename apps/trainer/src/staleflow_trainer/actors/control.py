@@ -495,6 +495,6 @@ class ControlActor(FaultHooks):
         return {**self._wal.stats, "journal_bytes": self._wal.journal_bytes()}
 
     async def io_stats(self) -> dict[str, Any]:
-        """Bytes this process sent and received per peer kind (instances, TS, rewards,
-        trainer), and trajectories seen — the data-path benchmark reads it."""
+        """Bytes sent and received per peer kind, per call, polls by why (``ByteCounts.stats``;
+        ``watch`` is a part of ``instances``) — the data-path benchmark reads it."""
         return self.io.byte_stats()

@@ -42,7 +42,7 @@ class ByteCounts:
         its answer counted apart: ``poll`` and ``poll_answer``; for the trajectory server
         ``ts`` by request type, from its client's socket counts), under ``polls`` the polls
         sent by reason, and under ``watch`` the bytes of calls that only kept watch (see
-        :attr:`watch_bytes`)."""
+        :attr:`watch_bytes`; a part of ``instances``, not bytes beside it)."""
         kinds, by_call = dict(self._kinds), dict(self._by_call)
         counted = getattr(ts, "wire_bytes", None)  # None: no client yet, or a test's fake
         for t, c in (counted() if counted is not None else {}).items():

@@ -125,8 +125,8 @@ class ShellIO(BackgroundCalls):
         self._failed_polls: dict[str, tuple[int, float]] = {}  # in a row, and when to retry
         self.lanes = Lanes()
         self.silence = Silence()  # calls overdue: routes taken back, the core told
-        # polls out: the call, its request, and the ids whose end its answer's delta carries
-        self._polls: dict[str, tuple[asyncio.Task[Any], Any, set[str], str]] = {}  # +why
+        # polls out: the call, its request, the ids whose end its answer's delta carries, why
+        self._polls: dict[str, tuple[asyncio.Task[Any], Any, set[str], str]] = {}
         self._ending: dict[str, set[str]] = {}  # the same, for the answer to be decoded next
         self._stale: set[str] = set()  # late answers that a command has overtaken
         self._late: list[InstanceLost] = []  # instances lost by calls that ended late

@@ -19,10 +19,12 @@ from engine_adapters import pack_ids, unpack_ids
 def pack_scores(scores: Sequence[tuple[float | None, str | None]]) -> list[Any]:
     """``(score or None, reason)`` per id, in the order of the ids received, as ``[scores,
     reasons]`` (``reasons``: index -> reason, for the ids with no score)."""
-    return [
-        [s for s, _ in scores],
-        {i: str(r) for i, (s, r) in enumerate(scores) if s is None},
-    ]
+    missing = {
+        i: "no reason given" if r is None else str(r)
+        for i, (s, r) in enumerate(scores)
+        if s is None
+    }
+    return [[s for s, _ in scores], missing]
 
 
 def score_rows(packed_ids: Sequence[Any], answer: Sequence[Any]) -> list[list[Any]]:
@@ -51,6 +53,8 @@ def train_batch(
     for ids, s, r in zip(members, staleness, rewards, strict=True):
         p = pack_ids(ids)
         at = {t: i for i, t in enumerate(ids)}
+        if len(at) != len(ids):
+            raise ValueError(f"a consumed group repeats a member: {list(ids)}")
         order = [at[t] for t in unpack_ids(p)]
         packed.append(p)
         stale.append([int(s[i]) for i in order])
