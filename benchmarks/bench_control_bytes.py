@@ -176,6 +176,7 @@ def run_length(
     n = int(ledger["trajectories"])
     tokens = int(summary["tokens_total"])
     per = {k: io.get(k, 0) / n for k in KINDS}
+    total, watch = sum(per.values()), int(io.get("watch", 0))
     counters = summary["counters"]
     routes = int(counters["routes"])  # trajectory segments: each ran on one instance once
     return {
@@ -211,14 +212,13 @@ def run_length(
         "bytes_per_trajectory_by_call": {
             k: v / n for k, v in sorted(dict(io.get("by_call", {})).items())
         },
-        "total_bytes_per_trajectory": sum(per.values()),
+        "total_bytes_per_trajectory": total,
         # of which the calls that only kept watch on a live instance (a wait_results whose time
         # ran out, a quiet poll answered None): a cost per instance and second, not per
         # trajectory, so its share grows with how long trajectories run, whatever they carry
-        "watch_bytes_per_trajectory": int(io.get("watch", 0)) / n,
-        "watch_bytes_per_instance_s": int(io.get("watch", 0))
-        / (cfg.rollout.num_instances * max(wall_s, 1e-9)),
-        "total_without_watch_per_trajectory": sum(per.values()) - int(io.get("watch", 0)) / n,
+        "watch_bytes_per_trajectory": watch / n,
+        "watch_bytes_per_instance_s": watch / (cfg.rollout.num_instances * max(wall_s, 1e-9)),
+        "total_without_watch_per_trajectory": total - watch / n,
         # instance polls per trajectory, by why each was sent (shell_io.POLL_REASONS); each
         # costs a request and an answer, and an "asked" one a wait_results answer too
         "polls_per_trajectory": {k: v / n for k, v in sorted(dict(io.get("polls", {})).items())},

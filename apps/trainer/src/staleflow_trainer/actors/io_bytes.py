@@ -26,13 +26,14 @@ class ByteCounts:
         #: the trajectories (also counted in their calls)
         self.watch_bytes = 0
 
-    def count(self, kind: str, n: int, call: str) -> None:
+    def count(self, kind: str, n: int, call: str, *, watch: bool = False) -> None:
+        """``n`` bytes of ``kind.call``; ``watch``: of a call that only kept watch (they are
+        also in :attr:`watch_bytes`)."""
         self._kinds[kind] = self._kinds.get(kind, 0) + n
         key = f"{kind}.{call}"
         self._by_call[key] = self._by_call.get(key, 0) + n
-
-    def watch(self, n: int) -> None:
-        self.watch_bytes += n
+        if watch:
+            self.watch_bytes += n
 
     def poll(self, why: str) -> None:
         self.polls[why] = self.polls.get(why, 0) + 1

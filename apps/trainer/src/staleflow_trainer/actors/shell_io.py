@@ -382,9 +382,9 @@ class ShellIO(BackgroundCalls):
         try:
             while self.rollouts.get(iid) is h:
                 ready = await wait.remote(WATCH_S)
-                self._counts.count("instances", size(WATCH_S) + size(ready), "wait_results")
-                if not ready:  # its time ran out: the next call only renews the watch
-                    self._counts.watch(size(WATCH_S) + size(ready))
+                # (not ready: its time ran out, and the next call only renews the watch)
+                n = size(WATCH_S) + size(ready)
+                self._counts.count("instances", n, "wait_results", watch=not ready)
                 if ready:
                     polled.clear()
                     self._ask_poll(iid)  # results, or its view is off
@@ -472,8 +472,9 @@ class ShellIO(BackgroundCalls):
                 continue  # answered in a later cycle
             del self._polls[iid]
             p = t.exception() or t.result()
+            idle = why == "quiet" and p is None  # it only showed the instance is alive
             if sent:
-                self._counts.count("instances", size(sent), "poll")
+                self._counts.count("instances", size(sent), "poll", watch=idle)
             if isinstance(p, BaseException):  # the next answer carries their end
                 self._ended.setdefault(iid, set()).update(ended)
             else:
@@ -493,9 +494,7 @@ class ShellIO(BackgroundCalls):
             if iid in self._poll_done:
                 self._poll_done[iid].set()  # its watcher goes on
             if not isinstance(p, BaseException):
-                self._counts.count("instances", size(p), "poll_answer")
-                if why == "quiet" and p is None:  # it only showed the instance is alive
-                    self._counts.watch((size(sent) if sent else 0) + size(p))
+                self._counts.count("instances", size(p), "poll_answer", watch=idle)
                 p = unpack_poll(p)
             out[iid] = p
         return out

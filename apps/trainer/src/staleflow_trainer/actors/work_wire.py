@@ -15,14 +15,15 @@ from typing import Any
 
 from engine_adapters import pack_ids, unpack_ids
 
+#: the reason of a trajectory with no score whose reward worker gave none
+NO_REASON = "no reason given"
+
 
 def pack_scores(scores: Sequence[tuple[float | None, str | None]]) -> list[Any]:
     """``(score or None, reason)`` per id, in the order of the ids received, as ``[scores,
     reasons]`` (``reasons``: index -> reason, for the ids with no score)."""
     missing = {
-        i: "no reason given" if r is None else str(r)
-        for i, (s, r) in enumerate(scores)
-        if s is None
+        i: NO_REASON if r is None else str(r) for i, (s, r) in enumerate(scores) if s is None
     }
     return [[s for s, _ in scores], missing]
 
@@ -35,7 +36,7 @@ def score_rows(packed_ids: Sequence[Any], answer: Sequence[Any]) -> list[list[An
     if len(scores) != len(ids):
         raise ValueError(f"a reward worker answered {len(scores)} scores for {len(ids)} ids")
     return [
-        [t, s, None if s is not None else str(reasons.get(i, "no score"))]
+        [t, s, None if s is not None else str(reasons.get(i, NO_REASON))]
         for i, (t, s) in enumerate(zip(ids, scores, strict=True))
     ]
 

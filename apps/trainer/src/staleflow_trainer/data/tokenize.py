@@ -171,7 +171,4 @@ class EncodedPrompts:
 
     def lengths(self) -> PromptLengths:
         """Each row's length and the end-of-sequence id: what the control process needs."""
-        offsets = self._offsets
-        return PromptLengths(
-            (offsets[i + 1] - offsets[i] for i in range(len(self.records))), self.eos_token_id
-        )
+        return PromptLengths(map(self.length, range(len(self))), self.eos_token_id)
