@@ -265,6 +265,26 @@ def test_scenarios_exercise_the_paths() -> None:
     assert all(v > 0 for v in seen.values()), seen
 
 
+def test_scenarios_meet_cycles_where_nothing_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Some of the staleflow scenarios above reach cycles where no instance has KV room for
+    anything the router may reach in the queue, which it answers without a scan
+    (``routing_gain._no_room``): there too the fast cycle decided what the reference did."""
+    seen = {True: 0, False: 0}
+    real = routing_gain._no_room
+
+    def counted(*a: Any) -> bool:
+        out: bool = real(*a)
+        seen[out] += 1
+        return out
+
+    monkeypatch.setattr(routing_gain, "_no_room", counted)
+    for seed in range(48):  # the seeds of test_fast_cycle_matches_reference
+        sc = Scenario(seed * 7919 + len("staleflow"), "staleflow")
+        for _ in range(6):
+            sc.cycle()
+    assert seen[True] >= 5 and seen[False] > seen[True], seen
+
+
 def test_due_first_matches_the_reference_on_long_tailed_queues(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

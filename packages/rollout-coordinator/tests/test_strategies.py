@@ -155,7 +155,8 @@ def test_theta_refusals_under_due_first_are_bounded_per_cycle(monkeypatch):
     trajectory: an instance θ refused 4 times leaves for the cycle. Partials of one version,
     as many generated tokens each (the queue's order among them is free), alternate a long
     prompt, which θ 0.1 refuses, and a short one, which it accepts but for which the instance
-    lacks KV room (a skip, not a refusal): 3 returns, then it stays out."""
+    lacks KV room (a skip, not a refusal): 3 returns, then it stays out. A last one would fit
+    (so the router cannot tell at once that nothing fits), but by then the instance is out."""
     from rollout_coordinator.policies import routing_gain
 
     coord, proto, _ = make(instances=[("a", 0)], batch=16, eta=2, theta=0.1, due_first=True)
@@ -164,6 +165,8 @@ def test_theta_refusals_under_due_first_are_bounded_per_cycle(monkeypatch):
         for tid, prompt in ((f"L{k}", 30_000), (f"S{k}", 5_500)):
             assert proto.reserve(f"g{tid}", tid, 0) != proto.next_buffer  # none is due
             queue.append(partial(tid, 0, group=f"g{tid}", length=prompt, gen=500))
+    assert proto.reserve("gT", "T", 0) != proto.next_buffer
+    queue.append(partial("T", 0, group="gT", length=100, gen=500))
     assert list(QueueView.from_unordered(queue).items) == queue  # already in queue order
     returns = []
     real = routing_gain._Group.insert

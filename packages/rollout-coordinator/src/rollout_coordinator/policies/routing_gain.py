@@ -72,14 +72,15 @@ import bisect
 import heapq
 import math
 from bisect import bisect_left
-from collections.abc import Callable
-from itertools import chain, pairwise
+from collections.abc import Callable, Sequence
+from itertools import chain, islice, pairwise
 from operator import attrgetter
 
 import numpy as np
 import numpy.typing as npt
 
 from rollout_coordinator._commands import Route
+from rollout_coordinator._records import QueuedTrajectory
 from rollout_coordinator.cost_model import CostModel
 from rollout_coordinator.policies._base import AdmissionPort, CycleView, RoutingResult
 
@@ -171,6 +172,8 @@ def route_by_marginal_gain(
 
     # per version, the eligible instances without an engine waiting queue, best first
     pos = np.flatnonzero((tv > floor) & (waiting <= 0))
+    if _no_room(items, kv_arr[pos], cap_arr[pos], kv_limit, cfg.route_miss_limit):
+        return RoutingResult(routes=[], hungry=frozenset(), new_admitted=0)
     key_arr = t_arr[pos] - (n_arr[pos] + 1) / (k4 + k1 * (kv_arr[pos] + ref_len) + x1_arr[pos])
     groups = _version_groups(tv[pos], key_arr, pos, iids)
     versions = sorted(groups)
@@ -359,6 +362,22 @@ def route_by_marginal_gain(
             worth = gain - np.array(t_l)[idx] >= th * cm.empty_gain(ref_len)
             hungry = frozenset(iids[p] for p in idx[room & worth].tolist())
     return RoutingResult(routes=routes, hungry=hungry, new_admitted=new_admitted)
+
+
+def _no_room(
+    items: Sequence[QueuedTrajectory], kv: Ints, cap: Ints, kv_limit: float, miss_limit: int
+) -> bool:
+    """Whether no eligible instance (KV use ``kv`` of ``cap``) has room under ``kv_limit`` for
+    even the shortest of the trajectories the scan can reach: with nothing routed it stops
+    after ``miss_limit`` misses, so it reaches the first ``miss_limit`` of ``items`` at most.
+    Then the cycle routes nothing and, as no instance has room for the queue head either,
+    leaves none hungry: :func:`route_by_marginal_gain` answers that at once instead of
+    trying each trajectory on instances that cannot take it (the θ refusals such a scan
+    meets change neither answer). False when nothing is queued."""
+    if not items:
+        return False
+    shortest = min(it.prompt_len + it.generated_len for it in islice(items, miss_limit))
+    return not bool((kv + shortest <= kv_limit * cap).any())
 
 
 class _Group:
