@@ -1,6 +1,7 @@
-"""A new prompt group goes to the trajectory server by its dataset row: the run's trajectory
-server holds the prompt table (``TrajectoryServerActor.load_prompts``, filled by the driver),
-and the control process sends the row, the member count and the sampling parameters only."""
+"""New prompt groups go to the trajectory server by their dataset rows, in one request: the run's
+trajectory server holds the prompt table (``TrajectoryServerActor.load_prompts``, filled by the
+driver), and the control process sends each group's row, member count and seed, and the
+sampling parameters once."""
 
 from __future__ import annotations
 
@@ -26,18 +27,22 @@ def _prompts() -> EncodedPrompts:
     return EncodedPrompts(recs, [(5, 6), LONG, (9,)], eos_token_id=2)
 
 
-async def test_a_group_goes_by_its_row_and_gets_the_prompt_from_the_table(tmp_path: Path) -> None:
+async def test_groups_go_by_their_rows_and_get_the_prompts_from_the_table(
+    tmp_path: Path,
+) -> None:
     cfg = load_config(SIM_TINY, [f"run.run_dir={tmp_path}"])
     prompts = _prompts()
     ts = TrajectoryServerActor(token="t")
     assert await ts.load_prompts(prompts) == 3
     client = InProcessTrajectoryClient(ts._dispatcher, token="t")
-    await GroupSubmitter(cfg, prompts.lengths()).submit(
-        client, fx.GroupSpec(group_id="g4", row=1, members=4)
-    )
-    sent = client.wire_bytes()["submit_group"]
-    assert sent["sent"] < 300, sent  # the row, not the prompt's 1.2 KB
-    assert sent["received"] < 40, sent  # the member count, not their ids
+    sub = GroupSubmitter(cfg, prompts.lengths())
+    groups = [fx.GroupSpec(group_id="g4", row=1, members=4),
+              fx.GroupSpec(group_id="g5", row=0, members=2)]  # fmt: skip
+    await sub.submit(client, groups)
+    sent = client.wire_bytes()["submit_groups"]
+    assert sent["requests"] == 1, sent  # one request for both groups
+    assert sent["sent"] < 200, sent  # the rows, not the prompt's 1.2 KB
+    assert sent["received"] < 40, sent  # a count, not the members' ids
     store = ts.store
     for i in range(4):
         t = store.get(f"g4/{i}")
@@ -45,21 +50,26 @@ async def test_a_group_goes_by_its_row_and_gets_the_prompt_from_the_table(tmp_pa
         assert t.metadata == {"index": 1, "ground_truth": "1", "data_source": "d",
                               "extra_info": {}}  # fmt: skip
         assert t.sampling.stop_token_ids == (2,)
-    # submitted again (a replacement control actor): already there, nothing changes
-    await GroupSubmitter(cfg, prompts.lengths()).submit(
-        client, fx.GroupSpec(group_id="g4", row=1, members=4)
-    )
-    assert len(store) == 4
+        assert t.sampling.max_new_tokens == cfg.rollout.sampling.max_new_tokens
+        assert t.sampling.seed == sub.seed("g4") + i  # the group's own seed, + i
+    assert store.get("g5/1").prompt_token_ids.tolist() == [5, 6]
+    assert sub.seed("g5") != sub.seed("g4")
+    # submitted again (a replacement control actor), with a new one: the old are left as
+    # they are, the new one is added
+    await sub.submit(client, [*groups, fx.GroupSpec(group_id="g6", row=2, members=1)])
+    assert len(store) == 7 and store.get("g6/0").prompt_token_ids.tolist() == [9]
 
 
-async def test_a_row_the_table_lacks_fails_loudly(tmp_path: Path) -> None:
+async def test_a_row_the_table_lacks_fails_loudly_and_submits_nothing(tmp_path: Path) -> None:
     cfg = load_config(SIM_TINY, [f"run.run_dir={tmp_path}"])
-    ts = TrajectoryServerActor(token="t")  # no prompts loaded
+    ts = TrajectoryServerActor(token="t")
+    await ts.load_prompts(_prompts())
     client = InProcessTrajectoryClient(ts._dispatcher, token="t")
-    with pytest.raises(InvalidRecord, match="no prompt under key 1"):
-        await GroupSubmitter(cfg, _prompts().lengths()).submit(
-            client, fx.GroupSpec(group_id="g4", row=1, members=4)
-        )
+    groups = [fx.GroupSpec(group_id="g4", row=1, members=4),
+              fx.GroupSpec(group_id="g5", row=3, members=4)]  # fmt: skip
+    with pytest.raises(InvalidRecord, match="no prompt under key 3"):
+        await GroupSubmitter(cfg, _prompts().lengths()).submit(client, groups)
+    assert len(ts.store) == 0
 
 
 def test_the_control_process_gets_lengths_not_tokens() -> None:

@@ -141,9 +141,10 @@ def _actor(tmp_path: Path, store: TrajectoryStore) -> tuple[ControlActor, dict[s
     actor.core = ControlCore(core_config(cfg, rows=None), prompt_len=lambda row: 3)
     actor.io.ts = InProcessTrajectoryClient(store)
 
-    async def submit(g: fx.GroupSpec) -> None:
-        store.submit_group(g.group_id, [7, 8, 9], g.members,
-                           sampling=SamplingParams(max_new_tokens=64))  # fmt: skip
+    async def submit(groups: list[fx.GroupSpec]) -> None:
+        for g in groups:
+            store.submit_group(g.group_id, [7, 8, 9], g.members,
+                               sampling=SamplingParams(max_new_tokens=64))  # fmt: skip
 
     actor.io._submit = submit  # type: ignore[method-assign]
     actor.io.spawn = lambda coro: coro.close()  # type: ignore[method-assign]

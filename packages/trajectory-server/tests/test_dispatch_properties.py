@@ -15,7 +15,14 @@ import hypothesis.strategies as st
 import msgpack
 from hypothesis import given, settings
 
-from trajectory_server import ALL_LEVELS, Completion, IntArray, SamplingParams, Segment
+from trajectory_server import (
+    ALL_LEVELS,
+    Completion,
+    GroupByKey,
+    IntArray,
+    SamplingParams,
+    Segment,
+)
 from trajectory_server import wire as w
 from trajectory_server.service import Dispatcher
 
@@ -56,6 +63,15 @@ requests = st.one_of(
         ),
         st.integers(2, 4),
         st.integers(1, 2),
+    ),
+    st.builds(  # keys 0 and 1 are put (the test's set-up); 2 is not
+        lambda gs, skip: w.SubmitGroups(
+            groups=tuple(GroupByKey(group_id=f"g{g}", n=n, prompt_key=k) for g, n, k in gs),
+            sampling=SamplingParams(max_new_tokens=6, seed=3),
+            skip_existing=skip,
+        ),
+        st.lists(st.tuples(st.integers(2, 5), st.integers(1, 2), st.integers(0, 2)), max_size=3),
+        st.booleans(),
     ),
     st.builds(
         lambda i, t, v: w.Route(instance_id=i, trajectory_ids=tuple(t), version=v),
@@ -161,6 +177,7 @@ def informed_frame(d: Dispatcher, data: st.DataObject) -> bytes | None:
 @given(st.data(), st.integers(1, 40))
 def test_random_message_sequences_never_corrupt_the_store(data: st.DataObject, steps: int) -> None:
     d = Dispatcher(token=TOKEN)
+    d.store.prompts.put([(0, [1, 2], None), (1, [3], {"gt": "1"})])
     for g in range(3):
         d.store.submit_group(f"g{g}", [1, 2], 2, sampling=SamplingParams(max_new_tokens=6))
     seen = set(d.store.ledger())

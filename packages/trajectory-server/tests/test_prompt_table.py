@@ -3,14 +3,15 @@ store, on the wire and through a real service on loopback."""
 
 from __future__ import annotations
 
+import attrs
 import msgpack
 import pytest
 
-from trajectory_server import SamplingParams, TrajectoryStore
+from trajectory_server import GroupByKey, SamplingParams, TrajectoryStore
 from trajectory_server import wire as w
 from trajectory_server._packed import IntArray
 from trajectory_server.client import InProcessTrajectoryClient, TrajectoryClient
-from trajectory_server.errors import InvalidRecord, MalformedMessage
+from trajectory_server.errors import DuplicateTrajectory, InvalidRecord, MalformedMessage
 from trajectory_server.service import TrajectoryService
 
 
@@ -138,3 +139,118 @@ async def test_the_in_process_client_puts_and_submits_by_key() -> None:
     assert await client.put_prompts([(0, IntArray([4, 5]), None)]) == 1
     ids = await client.submit_group("g", None, 2, prompt_key=0)
     assert [client.store.get(t).prompt_token_ids.tolist() for t in ids] == [[4, 5], [4, 5]]
+
+
+# -- several groups by key in one request ------------------------------------------------------
+
+
+def _table(*keys: int) -> TrajectoryStore:
+    store = TrajectoryStore()
+    store.prompts.put([(k, [k + 1, k + 2], {"row": k}) for k in keys])
+    return store
+
+
+def test_groups_by_key_share_the_sampling_and_keep_their_seeds() -> None:
+    store = _table(0, 1)
+    shared = SamplingParams(max_new_tokens=9, seed=100)
+    groups = [GroupByKey(group_id="a", n=2, prompt_key=1, seed=7),
+              GroupByKey(group_id="b", n=3, prompt_key=0)]  # fmt: skip
+    assert store.submit_groups(groups, sampling=shared) == 5
+    a1, b2 = store.get("a/1"), store.get("b/2")
+    assert a1.prompt_token_ids.tolist() == [2, 3] and a1.metadata == {"row": 1}
+    assert (a1.sampling.seed, a1.sampling.max_new_tokens) == (8, 9)  # its seed + 1
+    assert (b2.sampling.seed, b2.prompt_token_ids.tolist()) == (102, [1, 2])  # the batch's + 2
+    # the same as one submit_group each
+    one = _table(0, 1)
+    one.submit_group("a", None, 2, prompt_key=1, sampling=attrs.evolve(shared, seed=7))
+    assert one.get("a/1") == a1
+
+
+def test_groups_already_there_are_skipped_only_when_asked() -> None:
+    store = _table(0)
+    store.submit_group("a", None, 2, prompt_key=0)
+    again = [
+        GroupByKey(group_id="a", n=2, prompt_key=0),
+        GroupByKey(group_id="b", n=1, prompt_key=0),
+    ]
+    with pytest.raises(DuplicateTrajectory, match="a/0"):
+        store.submit_groups(again)
+    assert store.group("a") == ("a/0", "a/1") and store.stats().queued == 2
+    assert store.submit_groups(again, skip_existing=True) == 1
+    assert store.group("b") == ("b/0",)
+
+
+@pytest.mark.parametrize(
+    ("groups", "error", "field"),
+    [
+        ([("a", 1, 0), ("b", 1, 5)], InvalidRecord, "prompt_key"),  # key never put
+        ([("a", 1, 0), ("a", 1, 0)], DuplicateTrajectory, None),  # the same group twice
+    ],
+)
+def test_a_bad_batch_of_groups_submits_none(groups: list, error: type, field: str | None) -> None:
+    store = _table(0)
+    recs = [GroupByKey(group_id=g, n=n, prompt_key=k) for g, n, k in groups]
+    with pytest.raises(error) as err:
+        store.submit_groups(recs)
+    if field is not None:
+        assert err.value.context["field"] == field
+    assert store.stats().queued == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"group_id": "", "n": 1, "prompt_key": 0}, "group_id"),
+        ({"group_id": "a", "n": 0, "prompt_key": 0}, "n"),
+        ({"group_id": "a", "n": 5000, "prompt_key": 0}, "n"),
+        ({"group_id": "a", "n": 1, "prompt_key": "0"}, "prompt_key"),
+        ({"group_id": "a", "n": 1, "prompt_key": 0, "seed": 1.5}, "seed"),
+    ],
+)
+def test_a_bad_group_record_names_its_field(kwargs: dict, field: str) -> None:
+    with pytest.raises(InvalidRecord) as err:
+        GroupByKey(**kwargs)
+    assert err.value.context["field"] == field
+
+
+@pytest.mark.parametrize(
+    ("groups", "field"),
+    [
+        ([["a", 1]], "submit_groups.groups[0]"),
+        ([["a", 1, 0], "b"], "submit_groups.groups[1]"),
+        ([["a", 0, 0]], "submit_groups.groups[0].n"),
+        ([["a", 1, 0, "s"]], "submit_groups.groups[0].seed"),
+    ],
+)
+def test_a_malformed_batch_of_groups_names_the_field(groups: list, field: str) -> None:
+    body = {"groups": groups, "sampling": {"temperature": 1.0, "top_p": 1.0,
+                                           "max_new_tokens": 4, "stop_token_ids": []}}  # fmt: skip
+    frame = msgpack.packb({"schema": w.SCHEMA_VERSION, "type": "submit_groups", "id": 5,
+                           "body": body})  # fmt: skip
+    with pytest.raises((InvalidRecord, MalformedMessage)) as err:
+        w.decode_request(frame)
+    assert err.value.context["field"] == field
+
+
+async def test_groups_by_key_over_tcp_cost_a_few_bytes_each() -> None:
+    """Sixteen groups in one request: the sampling once, each group its id, size, key and
+    seed; the answer a count."""
+    store = _table(*range(16))
+    svc = TrajectoryService(store, token="tok")
+    client = await TrajectoryClient.connect(*(await svc.start()), token="tok")
+    try:
+        groups = [GroupByKey(group_id=f"g{k:06d}", n=8, prompt_key=k, seed=1_000_000 + 64 * k)
+                  for k in range(16)]  # fmt: skip
+        sampling = SamplingParams(temperature=0.7, max_new_tokens=512, stop_token_ids=(2,))
+        assert await client.submit_groups(groups, sampling=sampling) == 128
+        sent = client.wire_bytes()["submit_groups"]
+        assert sent["requests"] == 1 and sent["sent"] < 16 * 20 + 150 and sent["received"] < 40
+        assert store.get("g000015/7").sampling == attrs.evolve(
+            sampling, seed=1_000_000 + 64 * 15 + 7
+        )
+        assert await client.submit_groups(groups, skip_existing=True) == 0
+        with pytest.raises(DuplicateTrajectory):
+            await client.submit_groups(groups[:1])
+    finally:
+        await client.close()
+        await svc.stop()

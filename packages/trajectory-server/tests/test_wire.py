@@ -10,6 +10,7 @@ import pytest
 from trajectory_server import (
     ALL_LEVELS,
     Completion,
+    GroupByKey,
     IntArray,
     SamplingParams,
     Segment,
@@ -75,6 +76,14 @@ REQUESTS = [
         metadata={},
         echo=False,
     ),
+    w.SubmitGroups(
+        groups=(
+            GroupByKey(group_id="a", n=2, prompt_key=7, seed=9),
+            GroupByKey(group_id="b", n=1, prompt_key=0),
+        ),
+        sampling=SamplingParams(max_new_tokens=5),
+    ),
+    w.SubmitGroups(groups=(), sampling=SamplingParams(), skip_existing=True),
     w.PutPrompts(
         keys=(0, 7),
         prompt_token_ids=(IntArray([1, 2]), IntArray([3])),

@@ -6,6 +6,7 @@ The synchronous core is :class:`TrajectoryStore`; the service, clients and wire 
 """
 
 from trajectory_server._core import ALL_LEVELS, TrajectoryStore
+from trajectory_server._groups import GroupByKey
 from trajectory_server._packed import FloatArray, IntArray
 from trajectory_server._records import (
     MAX_GROUP_SIZE,
@@ -37,6 +38,7 @@ __all__ = [
     "FinishReason",
     "FinishedTrajectory",
     "FloatArray",
+    "GroupByKey",
     "IntArray",
     "LedgerEvent",
     "Location",

@@ -39,12 +39,12 @@ from typing import Any
 
 import attrs
 
+from trajectory_server._groups import GroupByKey, check_group_size, expand, prompt_of
 from trajectory_server._invariants import check_store
 from trajectory_server._prompts import PromptTable
 from trajectory_server._queue import ALL_LEVELS, LevelQueue, queue_entry
 from trajectory_server._records import (
     FINISHED,
-    MAX_GROUP_SIZE,
     QUEUED,
     Completion,
     EventKind,
@@ -146,45 +146,35 @@ class TrajectoryStore:
         The prompt comes as ``prompt_token_ids`` or as ``prompt_key``, a key of :attr:`prompts`
         (its metadata then under ``metadata``'s entries), never both."""
         check_id("group_id", group_id)
-        if not is_int(n) or not 1 <= n <= MAX_GROUP_SIZE:
-            raise InvalidRecord(
-                f"n must be an int in [1, {MAX_GROUP_SIZE}] (members of one group), got {n!r:.40}",
-                field="n",
-                value=n,
-            )
-        if target_lengths is not None and len(target_lengths) != n:
-            raise InvalidRecord(
-                f"target_lengths must have n={n} entries, got {len(target_lengths)}",
-                field="target_lengths",
-            )
-        if (prompt_key is None) == (prompt_token_ids is None):
-            both = "both" if prompt_key is not None else "neither"
-            raise InvalidRecord(
-                f"give prompt_token_ids or prompt_key, got {both}", field="prompt_key"
-            )
-        if prompt_token_ids is None:  # by its key
-            prompt_token_ids, put = self.prompts.get(prompt_key)
-            metadata = {**put, **(metadata or {})}
+        check_group_size(n, target_lengths)
+        tokens, metadata = prompt_of(self.prompts, prompt_token_ids, prompt_key, metadata)
         sampling = sampling if sampling is not None else SamplingParams()
-        first = Trajectory(
-            trajectory_id=f"{group_id}/0",
-            group_id=group_id,
-            prompt_token_ids=prompt_token_ids,
-            sampling=sampling,
-            metadata=metadata,
-            target_length=None if target_lengths is None else target_lengths[0],
-        )
-        members = [first]
-        for i in range(1, n):
-            seed = sampling.seed
-            s = sampling if seed is None else attrs.evolve(sampling, seed=seed + i)
-            target = None if target_lengths is None else target_lengths[i]
-            members.append(
-                attrs.evolve(
-                    first, trajectory_id=f"{group_id}/{i}", sampling=s, target_length=target
+        return self.submit(expand(group_id, tokens, n, sampling, metadata, target_lengths))
+
+    def submit_groups(
+        self,
+        groups: Sequence[GroupByKey],
+        *,
+        sampling: SamplingParams | None = None,
+        skip_existing: bool = False,
+    ) -> int:
+        """Submit several groups by prompt key (:class:`GroupByKey`), each with ``sampling``
+        (its own seed where it has one), all or none; returns how many trajectories were
+        submitted. With ``skip_existing``, a group a member of which is already here (it was
+        submitted before) is left as it is instead of refused."""
+        sampling = sampling if sampling is not None else SamplingParams()
+        members: list[Trajectory] = []
+        for g in groups:
+            if not isinstance(g, GroupByKey):
+                raise InvalidRecord(
+                    f"submit_groups takes GroupByKey records, got {type(g).__name__}",
+                    field="groups",
                 )
-            )
-        return self.submit(members)
+            if skip_existing and any(f"{g.group_id}/{i}" in self._where for i in range(g.n)):
+                continue
+            tokens, metadata = self.prompts.get(g.prompt_key)
+            members += expand(g.group_id, tokens, g.n, g.sampling(sampling), metadata, None)
+        return len(self.submit(members))
 
     # -- route / interrupt / finish ----------------------------------------------------------------
 

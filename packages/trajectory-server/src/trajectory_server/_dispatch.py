@@ -124,6 +124,10 @@ class Dispatcher:
                 prompt_key=req.prompt_key,
             )
             return ids if req.echo else len(ids)
+        if isinstance(req, _requests.SubmitGroups):
+            return s.submit_groups(
+                req.groups, sampling=req.sampling, skip_existing=req.skip_existing
+            )
         if isinstance(req, _requests.PutPrompts):
             return s.prompts.put(zip(req.keys, req.prompt_token_ids, req.metadata, strict=True))
         if isinstance(req, _requests.Drop):

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 import attrs
 
+from trajectory_server._groups import GroupByKey
 from trajectory_server._packed import IntArray
 from trajectory_server._queue import ALL_LEVELS
 from trajectory_server._records import Completion, SamplingParams, Segment, Trajectory
@@ -33,6 +34,17 @@ class SubmitGroup:
     target_lengths: tuple[int, ...] | None = None
     prompt_key: int | None = None
     echo: bool = True  # False: the answer is the count of members, not their ids
+
+
+@attrs.frozen(kw_only=True)
+class SubmitGroups:
+    """Groups by prompt key with one set of sampling parameters (``TrajectoryStore.submit_groups``);
+    the answer is how many trajectories were submitted."""
+
+    TYPE: ClassVar[str] = "submit_groups"
+    groups: tuple[GroupByKey, ...]
+    sampling: SamplingParams
+    skip_existing: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -169,6 +181,7 @@ class Ping:
 Request = (
     Submit
     | SubmitGroup
+    | SubmitGroups
     | Route
     | ReturnPartial
     | Finish
@@ -197,6 +210,7 @@ REQUEST_TYPES: dict[str, type] = {
     for c in (
         Submit,
         SubmitGroup,
+        SubmitGroups,
         Route,
         ReturnPartial,
         Finish,

@@ -33,6 +33,7 @@ import msgpack
 
 from trajectory_server import _plain
 from trajectory_server._core import ALL_LEVELS
+from trajectory_server._groups import GroupByKey
 from trajectory_server._packed import IntArray
 from trajectory_server._records import (
     is_int,
@@ -60,9 +61,11 @@ from trajectory_server._requests import (
     Stats,
     Submit,
     SubmitGroup,
+    SubmitGroups,
 )
 from trajectory_server.errors import (
     ERROR_CLASSES,
+    InvalidRecord,
     MalformedMessage,
     MessageTooLarge,
     SchemaMismatch,
@@ -121,6 +124,21 @@ def _put_prompts(r: _plain.Reader) -> PutPrompts:
                       metadata=tuple(metadata))  # fmt: skip
 
 
+def _groups(r: _plain.Reader) -> tuple[GroupByKey, ...]:
+    out = []
+    for i, g in enumerate(r.items("groups")):
+        path = f"{r.path}.groups[{i}]"
+        if not isinstance(g, list) or len(g) not in (3, 4):
+            r.fail(path, "must be [group_id, n, prompt_key] or [group_id, n, prompt_key, seed]")
+        try:
+            out.append(GroupByKey(group_id=g[0], n=g[1], prompt_key=g[2], seed=[*g, None][3]))
+        except InvalidRecord as exc:
+            raise InvalidRecord(
+                f"{path}: {exc}", field=f"{path}.{exc.context.get('field')}"
+            ) from exc
+    return tuple(out)
+
+
 def _encode_body(req: Any) -> dict[str, Any]:
     if isinstance(req, Submit):
         return {"trajectories": [_plain.trajectory_to_plain(t, True) for t in req.trajectories]}
@@ -137,6 +155,11 @@ def _encode_body(req: Any) -> dict[str, Any]:
         if not req.echo:
             body["echo"] = False
         return body
+    if isinstance(req, SubmitGroups):  # each group [group_id, n, prompt_key(, seed)]
+        groups = [[g.group_id, g.n, g.prompt_key, *(() if g.seed is None else (g.seed,))]
+                  for g in req.groups]  # fmt: skip
+        body = {"groups": groups, "sampling": _plain.sampling_to_plain(req.sampling)}
+        return body | ({"skip_existing": True} if req.skip_existing else {})
     if isinstance(req, PutPrompts):
         return {
             "keys": list(req.keys),
@@ -181,6 +204,12 @@ def _decode_body(cls: type, r: _plain.Reader) -> Any:
             echo=r.flag("echo", True),
         )
         r.seen.add("target_lengths")
+    elif cls is SubmitGroups:
+        out = SubmitGroups(
+            groups=_groups(r),
+            sampling=_plain.sampling_from_plain(r.sub("sampling")),
+            skip_existing=r.flag("skip_existing", False),
+        )
     elif cls is PutPrompts:
         out = _put_prompts(r)
     elif cls is Route:
@@ -268,7 +297,7 @@ def encode_result(req: Any, result: Any) -> Any:
 
 def decode_result(req: Any, body: Any) -> Any:
     path = f"{req.TYPE}.result"
-    if isinstance(req, Free | PutPrompts) or (
+    if isinstance(req, Free | PutPrompts | SubmitGroups) or (
         isinstance(req, Finish | SubmitGroup) and not req.echo
     ):
         if not is_int(body) or body < 0:

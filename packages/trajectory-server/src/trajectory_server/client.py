@@ -25,6 +25,7 @@ from typing import Any, Literal, overload
 from trajectory_server import _handshake, _requests, _wire
 from trajectory_server._core import ALL_LEVELS, TrajectoryStore
 from trajectory_server._dispatch import Dispatcher
+from trajectory_server._groups import GroupByKey
 from trajectory_server._packed import as_int_array
 from trajectory_server._records import (
     Completion,
@@ -119,6 +120,22 @@ class _Client(abc.ABC):
             echo=echo,
         )
         return await self._call(req)
+
+    async def submit_groups(
+        self,
+        groups: Sequence[GroupByKey],
+        *,
+        sampling: SamplingParams | None = None,
+        skip_existing: bool = False,
+    ) -> int:
+        """``TrajectoryStore.submit_groups``: groups by prompt key in one request, the sampling
+        parameters sent once; answers how many trajectories were submitted."""
+        req = _requests.SubmitGroups(
+            groups=tuple(groups),
+            sampling=sampling if sampling is not None else SamplingParams(),
+            skip_existing=skip_existing,
+        )
+        return await self._call(req)  # type: ignore[no-any-return]
 
     async def put_prompts(
         self,

@@ -34,6 +34,7 @@ from trajectory_server._requests import (
     Stats,
     Submit,
     SubmitGroup,
+    SubmitGroups,
 )
 from trajectory_server._wire import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -87,6 +88,7 @@ __all__ = [
     "Stats",
     "Submit",
     "SubmitGroup",
+    "SubmitGroups",
     "Welcome",
     "decode_hello",
     "decode_request",

@@ -284,9 +284,8 @@ class ShellIO(BackgroundCalls):
     async def carry(self, e: fx.Effect) -> tuple[str, BaseException] | None:
         """Carry out one simple effect; returns ``(instance, error)`` if an instance died."""
         if isinstance(e, fx.SubmitGroups):
-            for g in e.groups:
-                await self._submit(g)
-                self.submitted[g.group_id] = g.row
+            await self._submit(e.groups)
+            self.submitted.update((g.group_id, g.row) for g in e.groups)
         elif isinstance(e, fx.Route):
             h = self.rollouts.get(e.instance_id)
             sending = self.silence.sending(e)  # (not: taken back while it waited)
@@ -341,8 +340,8 @@ class ShellIO(BackgroundCalls):
             self._interrupted.append((iid, outcomes))
             self._ended.setdefault(iid, set()).update(o.trajectory_id for o in outcomes)
 
-    async def _submit(self, g: fx.GroupSpec) -> None:
-        await self.groups.submit(self.ts, g)
+    async def _submit(self, groups: Sequence[fx.GroupSpec]) -> None:
+        await self.groups.submit(self.ts, groups)
 
     async def _ts_tolerant(self, op: str, ids: list[str], *args: Any) -> None:
         """A TS call on many ids that tolerates the ones already in the target state (a
