@@ -4,6 +4,7 @@ from, the preflight checks, and each rollout instance's engine arguments."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -145,6 +146,25 @@ def rollout_kwargs(cfg: AppConfig, i: int, model_path: Path) -> dict[str, Any]:
     }
 
 
+def _token_facts(model_path: str) -> tuple[int, int, int]:
+    """The tokenizer's vocabulary size, special-token count (at least 1) and end-of-sequence
+    id: what a sim engine draws its tokens from. Read once per model (and version of its
+    tokenizer files), not once per instance."""
+    stamp = tuple(
+        (f.name, f.stat().st_mtime_ns, f.stat().st_size)
+        for f in sorted(Path(model_path).glob("*token*"))
+    )
+    return _read_token_facts(model_path, stamp)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_token_facts(model_path: str, stamp: tuple[Any, ...]) -> tuple[int, int, int]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    return len(tok), len(tok.all_special_ids) or 1, int(tok.eos_token_id or 0)
+
+
 def engine_kwargs(cfg: AppConfig, i: int, model_path: Path) -> dict[str, Any]:
     r = cfg.rollout
     if r.backend == "vllm":
@@ -159,18 +179,17 @@ def engine_kwargs(cfg: AppConfig, i: int, model_path: Path) -> dict[str, Any]:
         }
     if r.backend == "sim":
         import attrs
-        from transformers import AutoTokenizer
 
         from staleflow_trainer.config_sim import engine_config, speed_factors
 
         # the simulator's engine config, one source for both shells; in real time here
-        tok = AutoTokenizer.from_pretrained(str(model_path))
+        vocab, specials, eos = _token_facts(str(model_path))
         return {
             "config": attrs.evolve(
                 engine_config(cfg),
-                vocab_size=len(tok),
-                num_special_tokens=len(tok.all_special_ids) or 1,
-                eos_token_id=int(tok.eos_token_id or 0),
+                vocab_size=vocab,
+                num_special_tokens=specials,
+                eos_token_id=eos,
                 seed=cfg.run.seed + i,
                 speed_factor=speed_factors(cfg, max(cfg.rollout.num_instances, i + 1))[i],
             )
