@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import pickle
 
 import pytest
 
 from engine_adapters import pack_ids, unpack_ids
-from staleflow_trainer.actors.work_wire import batch_members, pack_scores, score_rows, train_batch
+from staleflow_trainer.actors.work_wire import (
+    batch_members,
+    compact,
+    pack_scores,
+    score_rows,
+    train_batch,
+)
 
 
 def test_scores_come_back_by_position_with_the_reasons_of_the_missing() -> None:
@@ -65,3 +72,30 @@ def test_packed_ids_cost_less_than_the_ids() -> None:
                         [[1] * 16] * 64, [[0.5] * 16] * 64)  # fmt: skip
     plain = {"members": members}
     assert len(pickle.dumps(batch["members"])) < 0.4 * len(pickle.dumps(plain["members"]))
+
+
+@pytest.mark.parametrize(
+    ("x", "sent"),
+    [(1.0, 1), (0.0, 0), (-3.0, -3), (0.25, 0.25), (-0.0, -0.0), (2.0**31, 2.0**31),
+     (1e300, 1e300), (float("inf"), float("inf")), (True, 1), (2, 2)],
+)  # fmt: skip
+def test_integral_scores_and_rewards_travel_as_ints(x: float, sent: float) -> None:
+    got = compact(x)
+    assert got == sent and type(got) is type(sent)
+    back = float(got)
+    assert back == float(x) and math.copysign(1.0, back) == math.copysign(1.0, float(x))
+
+
+def test_integral_scores_cost_a_few_bytes_and_arrive_as_floats() -> None:
+    ids = [f"g{g}/{i}" for g in range(8) for i in range(8)]
+    packed = pack_ids(ids)
+    scores = [(float(i % 2), None) for i in range(64)]
+    answer = pack_scores(scores)
+    assert len(pickle.dumps(answer)) < 64 * 3  # not 9 bytes a float
+    rows = score_rows(packed, answer)
+    assert [r[1] for r in rows] == [s for s, _ in scores]
+    assert all(type(r[1]) is float for r in rows)
+    nan = score_rows(pack_ids(["g/0"]), pack_scores([(float("nan"), None)]))[0][1]
+    assert math.isnan(nan)
+    batch = train_batch(1, ["g"], [["g/0", "g/1"]], [[0, 1]], [[1.0, 0.5]])
+    assert batch["rewards"] == [[1, 0.5]] and type(batch["rewards"][0][0]) is int
