@@ -70,7 +70,8 @@ scheduling, and how many polls there are per trajectory: results spread over mor
 trajectories run longer, and the pace corrections (an engine whose pace changes, as the sim
 engines' does when the trainer takes the CPU) come per second of generation, not per
 trajectory. So the benchmark also prints the bytes per call
-(``ControlActor.io_stats()["by_call"]``), the instance polls per trajectory by why each was
+(``ControlActor.io_stats()["by_call"]``) and of the parts of the poll answers (the snapshot
+deltas, the outcomes: ``io_stats()["parts"]``), the instance polls per trajectory by why each was
 sent (``io_stats()["polls"]``, see ``actors.shell_io.POLL_REASONS``: after a command, asked by
 the instance's watcher, quiet, ...), the mean and spread over ``--repeats`` runs per
 length (the lengths interleaved), and a least-squares fit of bytes per trajectory on length
@@ -222,6 +223,11 @@ def run_length(
         # instance polls per trajectory, by why each was sent (shell_io.POLL_REASONS); each
         # costs a request and an answer, and an "asked" one a wait_results answer too
         "polls_per_trajectory": {k: v / n for k, v in sorted(dict(io.get("polls", {})).items())},
+        # what the instances' poll answers carry: the snapshot deltas (the starts reported, pace
+        # corrections, header changes), the outcomes (ids, lengths, finish reasons), ...
+        "bytes_per_trajectory_parts": {
+            k: v / n for k, v in sorted(dict(io.get("parts", {})).items())
+        },
     }
 
 
@@ -403,6 +409,8 @@ def _print(res: dict[str, Any], lengths: list[int], by_len: dict[int, list[Any]]
               + " ".join(f"{r['bytes_per_trajectory'][k]:>10.1f}" for k in KINDS)
               + f" {r['total_bytes_per_trajectory']:>10.1f}")  # fmt: skip
     _print_means(lengths, by_len, "bytes_per_trajectory_by_call", 1, "mean B per trajectory")
+    _print_means(lengths, by_len, "bytes_per_trajectory_parts", 1,
+                 "mean B per trajectory, of the parts of the poll answers")  # fmt: skip
     _print_means(lengths, by_len, "polls_per_trajectory", 3,
                  "mean instance polls per trajectory, by why each was sent")  # fmt: skip
     print(f"{'L':>6} {'total B/traj mean ± sd':>24} {'instances mean ± sd':>22} "

@@ -38,6 +38,11 @@ def test_bench_control_bytes_smoke(ray_session: None, tmp_path: Path) -> None:
         assert {"instances.route", "instances.poll_answer", "trainer.train", "ts.free"} <= set(
             by_call
         )
+        # the poll answers' parts: a breakdown of their bytes (each part pickled alone, so
+        # a little more than the answer's share), the snapshot deltas and outcomes among them
+        parts = r["bytes_per_trajectory_parts"]
+        assert {"instances.poll_answer.snapshot", "instances.poll_answer.outcomes"} <= set(parts)
+        assert sum(parts.values()) == pytest.approx(by_call["instances.poll_answer"], rel=0.5)
         assert r["readmissions_per_trajectory"] >= r["interrupts_per_trajectory"] >= 0
         # polls by why each was sent: every instance's first, and those after the routes
         polls = r["polls_per_trajectory"]

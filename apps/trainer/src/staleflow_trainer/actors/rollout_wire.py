@@ -62,6 +62,12 @@ def unpack_poll(p: Sequence[Any] | None) -> dict[str, Any] | None:
             "refused": unpack_ids(refused or ()), "errors": list(errors or ())}  # fmt: skip
 
 
+def poll_parts(p: Sequence[Any]) -> dict[str, Any]:
+    """The parts of a :meth:`RolloutActor.poll` answer by name (those it has): ``snapshot``
+    (the delta), ``outcomes``, ``refused``, ``errors``."""
+    return dict(zip(("snapshot", "outcomes", "refused", "errors"), p, strict=False))
+
+
 def interrupt_outcomes(
     iid: str, ids: Sequence[str], answer: Sequence[Any]
 ) -> list[tuple[str, int, str | None]]:

@@ -493,7 +493,7 @@ class ShellIO(BackgroundCalls):
             if iid in self._poll_done:
                 self._poll_done[iid].set()  # its watcher goes on
             if not isinstance(p, BaseException):
-                self._counts.count("instances", size(p), "poll_answer", watch=idle)
+                self._counts.poll_answer(p, watch=idle)
                 p = unpack_poll(p)
             out[iid] = p
         return out
