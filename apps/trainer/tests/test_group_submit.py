@@ -51,7 +51,8 @@ async def test_groups_go_by_their_rows_and_get_the_prompts_from_the_table(
                               "extra_info": {}}  # fmt: skip
         assert t.sampling.stop_token_ids == (2,)
         assert t.sampling.max_new_tokens == cfg.rollout.sampling.max_new_tokens
-        assert t.sampling.seed == sub.seed("g4") + i  # the group's own seed, + i
+        # the seed group g4 always had (run seed 0: serial 5 times 64), + i
+        assert t.sampling.seed == (cfg.run.seed * 1_000_003 + 5 * 64) % 2**31 + i
     assert store.get("g5/1").prompt_token_ids.tolist() == [5, 6]
     assert sub.seed("g5") != sub.seed("g4")
     # submitted again (a replacement control actor), with a new one: the old are left as

@@ -3,11 +3,13 @@ store, on the wire and through a real service on loopback."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import msgpack
 import pytest
 
-from trajectory_server import GroupByKey, SamplingParams, TrajectoryStore
+from trajectory_server import GroupByKey, SamplingParams, Trajectory, TrajectoryStore
 from trajectory_server import wire as w
 from trajectory_server._packed import IntArray
 from trajectory_server.client import InProcessTrajectoryClient, TrajectoryClient
@@ -166,6 +168,37 @@ def test_groups_by_key_share_the_sampling_and_keep_their_seeds() -> None:
     assert one.get("a/1") == a1
 
 
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda s: s.submit_groups([GroupByKey(group_id="a", n=1, prompt_key=0)],
+                                   sampling={"seed": 1}), "sampling"),  # type: ignore[arg-type]
+        (lambda s: s.submit_groups("ab"), "groups"),  # type: ignore[arg-type]
+        (lambda s: s.submit_groups([("a", 1, 0)]), "groups"),  # type: ignore[list-item]
+        (lambda s: s.submit_groups([GroupByKey(group_id=f"g{i}", n=4096, prompt_key=0)
+                                    for i in range(257)]), "groups"),  # 2**20 + 4096 members
+    ],
+)  # fmt: skip
+def test_a_malformed_batch_names_the_field_and_submits_none(call: Any, field: str) -> None:
+    store = _table(0)
+    with pytest.raises(InvalidRecord) as err:
+        call(store)
+    assert err.value.context["field"] == field
+    assert store.stats().queued == 0
+
+
+def test_a_group_only_partly_here_is_left_as_it_is() -> None:
+    """With ``skip_existing`` a group any member of which is already here is skipped whole."""
+    store = _table(0)
+    store.submit([Trajectory(trajectory_id="a/1", group_id="a", prompt_token_ids=[1])])
+    batch = [
+        GroupByKey(group_id="a", n=3, prompt_key=0),
+        GroupByKey(group_id="b", n=2, prompt_key=0),
+    ]
+    assert store.submit_groups(batch, skip_existing=True) == 2
+    assert store.group("a") == ("a/1",) and store.group("b") == ("b/0", "b/1")
+
+
 def test_groups_already_there_are_skipped_only_when_asked() -> None:
     store = _table(0)
     store.submit_group("a", None, 2, prompt_key=0)
@@ -205,6 +238,10 @@ def test_a_bad_batch_of_groups_submits_none(groups: list, error: type, field: st
         ({"group_id": "a", "n": 5000, "prompt_key": 0}, "n"),
         ({"group_id": "a", "n": 1, "prompt_key": "0"}, "prompt_key"),
         ({"group_id": "a", "n": 1, "prompt_key": 0, "seed": 1.5}, "seed"),
+        ({"group_id": "a", "n": 1, "prompt_key": -1}, "prompt_key"),
+        ({"group_id": "a", "n": 1, "prompt_key": 2**62 + 1}, "prompt_key"),
+        ({"group_id": "a", "n": 1, "prompt_key": 0, "seed": 2**63 - 1}, "seed"),  # + i overflows
+        ({"group_id": "a", "n": 1, "prompt_key": 0, "seed": -(2**63) - 1}, "seed"),
     ],
 )
 def test_a_bad_group_record_names_its_field(kwargs: dict, field: str) -> None:

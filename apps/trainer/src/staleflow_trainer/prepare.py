@@ -4,6 +4,7 @@ from, the preflight checks, and each rollout instance's engine arguments."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -150,11 +151,13 @@ def _token_facts(model_path: str) -> tuple[int, int, int]:
     """The tokenizer's vocabulary size, special-token count (at least 1) and end-of-sequence
     id: what a sim engine draws its tokens from. Read once per model (and version of its
     tokenizer files), not once per instance."""
-    stamp = tuple(
-        (f.name, f.stat().st_mtime_ns, f.stat().st_size)
-        for f in sorted(Path(model_path).glob("*token*"))
-    )
-    return _read_token_facts(model_path, stamp)
+    stamp = []
+    for f in sorted(Path(model_path).iterdir()):
+        if "token" in f.name or f.name.startswith(("vocab", "merges")) or f.suffix == ".model":
+            with contextlib.suppress(OSError):  # gone meanwhile: not part of the tokenizer
+                st = f.stat()
+                stamp.append((f.name, st.st_mtime_ns, st.st_size))
+    return _read_token_facts(model_path, tuple(stamp))
 
 
 @functools.lru_cache(maxsize=8)

@@ -39,7 +39,13 @@ from typing import Any
 
 import attrs
 
-from trajectory_server._groups import GroupByKey, check_group_size, expand, prompt_of
+from trajectory_server._groups import (
+    GroupByKey,
+    check_batch,
+    check_group_size,
+    expand,
+    prompt_of,
+)
 from trajectory_server._invariants import check_store
 from trajectory_server._prompts import PromptTable
 from trajectory_server._queue import ALL_LEVELS, LevelQueue, queue_entry
@@ -162,14 +168,9 @@ class TrajectoryStore:
         (its own seed where it has one), all or none; returns how many trajectories were
         submitted. With ``skip_existing``, a group a member of which is already here (it was
         submitted before) is left as it is instead of refused."""
-        sampling = sampling if sampling is not None else SamplingParams()
+        groups, sampling = check_batch(groups, sampling)
         members: list[Trajectory] = []
         for g in groups:
-            if not isinstance(g, GroupByKey):
-                raise InvalidRecord(
-                    f"submit_groups takes GroupByKey records, got {type(g).__name__}",
-                    field="groups",
-                )
             if skip_existing and any(f"{g.group_id}/{i}" in self._where for i in range(g.n)):
                 continue
             tokens, metadata = self.prompts.get(g.prompt_key)

@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from trajectory_server._prompts import PromptTable
+from trajectory_server._prompts import MAX_KEY, PromptTable
 from trajectory_server._records import (
     MAX_GROUP_SIZE,
     SamplingParams,
@@ -20,6 +20,11 @@ from trajectory_server._records import (
     is_int,
 )
 from trajectory_server.errors import InvalidRecord
+
+#: Most trajectories one ``submit_groups`` request may create (as many as one frame may list)
+MAX_BATCH_MEMBERS = 1 << 20
+#: A group's seed: member ``i`` gets ``seed + i``, which must stay a signed 64-bit int
+SEED_RANGE = (-(2**63), 2**63 - 1 - MAX_GROUP_SIZE)
 
 
 def check_group_size(n: object, target_lengths: Sequence[int] | None = None) -> None:
@@ -51,17 +56,55 @@ class GroupByKey:
     def __attrs_post_init__(self) -> None:
         check_id("group_id", self.group_id)
         check_group_size(self.n)
-        if not is_int(self.prompt_key):
+        key = self.prompt_key
+        if not is_int(key) or not 0 <= key <= MAX_KEY:
             raise InvalidRecord(
-                f"prompt_key must be an int, got {type(self.prompt_key).__name__}",
+                f"prompt_key must be an int in [0, 2**62], got {key!r:.40}",
                 field="prompt_key",
+                value=key if is_int(key) else None,
             )
-        if self.seed is not None:
-            SamplingParams(seed=self.seed)  # the seed's own check, naming the field
+        lo, hi = SEED_RANGE
+        if self.seed is not None and (not is_int(self.seed) or not lo <= self.seed <= hi):
+            raise InvalidRecord(
+                f"seed must be None or an int in [-2**63, 2**63 - 1 - {MAX_GROUP_SIZE}] (member "
+                f"i gets seed + i), got {self.seed!r:.40}",
+                field="seed",
+            )
 
     def sampling(self, shared: SamplingParams) -> SamplingParams:
         """The batch's parameters with this group's seed, if it has one."""
         return shared if self.seed is None else attrs.evolve(shared, seed=self.seed)
+
+
+def check_batch(
+    groups: Sequence[GroupByKey], sampling: SamplingParams | None
+) -> tuple[list[GroupByKey], SamplingParams]:
+    """A ``submit_groups`` batch checked: its groups (``GroupByKey`` records, at most
+    ``MAX_BATCH_MEMBERS`` members in all) and its sampling parameters (default ones if None)."""
+    if sampling is None:
+        sampling = SamplingParams()
+    elif not isinstance(sampling, SamplingParams):
+        raise InvalidRecord(
+            f"sampling must be SamplingParams, got {type(sampling).__name__}", field="sampling"
+        )
+    if isinstance(groups, str | bytes) or not isinstance(groups, Iterable):
+        raise InvalidRecord(
+            f"groups must be a sequence of GroupByKey, got {type(groups).__name__}",
+            field="groups",
+        )
+    out = list(groups)
+    for i, g in enumerate(out):
+        if not isinstance(g, GroupByKey):
+            raise InvalidRecord(
+                f"groups[{i}] must be a GroupByKey, got {type(g).__name__}", field="groups"
+            )
+    total = sum(g.n for g in out)
+    if total > MAX_BATCH_MEMBERS:
+        raise InvalidRecord(
+            f"a batch may create at most {MAX_BATCH_MEMBERS} trajectories, got {total}",
+            field="groups",
+        )
+    return out, sampling
 
 
 def prompt_of(
