@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from trajectory_server._prompts import MAX_KEY, PromptTable
+from trajectory_server._prompts import PromptTable, check_prompt_key
 from trajectory_server._records import (
     MAX_GROUP_SIZE,
     SamplingParams,
@@ -21,7 +21,7 @@ from trajectory_server._records import (
 )
 from trajectory_server.errors import InvalidRecord
 
-#: Most trajectories one ``submit_groups`` request may create (as many as one frame may list)
+#: Most trajectories one ``submit_groups`` request may create
 MAX_BATCH_MEMBERS = 1 << 20
 #: A group's seed: member ``i`` gets ``seed + i``, which must stay a signed 64-bit int
 SEED_RANGE = (-(2**63), 2**63 - 1 - MAX_GROUP_SIZE)
@@ -56,13 +56,7 @@ class GroupByKey:
     def __attrs_post_init__(self) -> None:
         check_id("group_id", self.group_id)
         check_group_size(self.n)
-        key = self.prompt_key
-        if not is_int(key) or not 0 <= key <= MAX_KEY:
-            raise InvalidRecord(
-                f"prompt_key must be an int in [0, 2**62], got {key!r:.40}",
-                field="prompt_key",
-                value=key if is_int(key) else None,
-            )
+        check_prompt_key(self.prompt_key)
         lo, hi = SEED_RANGE
         if self.seed is not None and (not is_int(self.seed) or not lo <= self.seed <= hi):
             raise InvalidRecord(
@@ -133,9 +127,8 @@ def expand(
     target_lengths: Sequence[int] | None,
 ) -> list[Trajectory]:
     """The ``n`` members ``{group_id}/{i}`` of one prompt; with a sampling ``seed``, member
-    ``i`` gets ``seed + i`` so members differ."""
-    check_id("group_id", group_id)
-    check_group_size(n, target_lengths)
+    ``i`` gets ``seed + i`` so members differ. The caller has checked ``group_id``, ``n`` and
+    ``target_lengths`` (``check_id``, :func:`check_group_size`, or a :class:`GroupByKey`)."""
     first = Trajectory(
         trajectory_id=f"{group_id}/0",
         group_id=group_id,

@@ -22,6 +22,16 @@ __all__ = ["PromptTable"]
 MAX_KEY = 2**62
 
 
+def check_prompt_key(key: object) -> None:
+    """A prompt table key: an int in [0, ``MAX_KEY``]."""
+    if not is_int(key) or not 0 <= key <= MAX_KEY:  # type: ignore[operator]
+        raise InvalidRecord(
+            f"a prompt key must be an int in [0, 2**62], got {key!r:.40}",
+            field="prompt_key",
+            value=key,
+        )
+
+
 class PromptTable:
     """Prompt token ids and metadata by integer key (see the module docstring)."""
 
@@ -44,12 +54,7 @@ class PromptTable:
                 raise InvalidRecord(
                     f"each prompt is (key, token ids, metadata), got {item!r:.60}", field="prompts"
                 ) from None
-            if not is_int(key) or not 0 <= key <= MAX_KEY:
-                raise InvalidRecord(
-                    f"a prompt key must be an int in [0, 2**62], got {key!r:.40}",
-                    field="prompt_key",
-                    value=key,
-                )
+            check_prompt_key(key)
             try:
                 tokens = as_int_array(ids)
             except (InvalidRecord, TypeError, ValueError, OverflowError) as exc:
