@@ -58,7 +58,14 @@ from rollout_coordinator import (
     RunningEntry,
 )
 from rollout_coordinator.policies import POLICIES, build_policy
-from staleness_protocol import GcFifo, GcFifoConfig, ProtocolConfig, StalenessProtocol
+from staleness_protocol import (
+    GcFifo,
+    GcFifoConfig,
+    ProtocolConfig,
+    StalenessProtocol,
+    UnboundedConfig,
+    UnboundedFifo,
+)
 
 RUNNING_PER_INSTANCE = 32
 PARTIAL_SHARE = 4  # one queued trajectory in four is a partial
@@ -74,24 +81,31 @@ SMOKE_CURVE = ((8, 256), (16, 512))
 State = tuple[dict[str, Any], list[dict[str, Any]], QueueView]
 
 
-def new_protocol(gc_fifo: bool, batch: int, eta: int) -> StalenessProtocol | GcFifo:
-    """Per-version buffers, or for the gc-fifo baselines one FIFO capped at (η + 1)·B groups."""
-    if gc_fifo:
+def new_protocol(kind: str, batch: int, eta: int) -> StalenessProtocol | UnboundedFifo:
+    """The protocol a policy runs over (``Policy.protocol``): per-version buffers; for the
+    gc-fifo baseline one FIFO capped at (η + 1)·B groups; for the fifo baseline (verl-async,
+    its window at s = η) one FIFO that keeps no η, capped at (η + 2)·B groups."""
+    if kind == "gc-fifo":
         cfg = GcFifoConfig(
             batch_size=batch, group_size=N, eta=eta, max_inflight_groups=(eta + 1) * batch
         )
         return GcFifo(cfg, start_version=CURRENT)
+    if kind == "fifo":
+        ucfg = UnboundedConfig(
+            batch_size=batch, group_size=N, max_inflight_groups=(eta + 2) * batch
+        )
+        return UnboundedFifo(ucfg, start_version=CURRENT)
     return StalenessProtocol(
         ProtocolConfig(batch_size=batch, group_size=N, eta=eta), start_version=CURRENT
     )
 
 
 def build_state(
-    instances: int, queued: int, eta: int, with_partials: bool, gc_fifo: bool, seed: int = 0
+    instances: int, queued: int, eta: int, with_partials: bool, kind: str, seed: int = 0
 ) -> State:
     rng = random.Random(seed)
     running_total = RUNNING_PER_INSTANCE * instances
-    proto = new_protocol(gc_fifo, instances, eta)
+    proto = new_protocol(kind, instances, eta)
     versions = [CURRENT - (i % 3) if eta >= 2 else CURRENT for i in range(instances)]
     # skewed load: running counts between 8 and 56, summing to running_total
     counts = [8 + (i * 37) % 49 for i in range(instances)]
@@ -146,16 +160,17 @@ def build_state(
 def state_for(policy: str, instances: int, queued: int) -> State:
     pol = build_policy(policy)
     eta = ETA if pol.required_eta is None else pol.required_eta
-    gc_fifo = pol.protocol == "gc-fifo"
-    return build_state(instances, queued, eta, with_partials=eta == ETA, gc_fifo=gc_fifo)
+    return build_state(instances, queued, eta, with_partials=eta == ETA, kind=pol.protocol)
 
 
 def prepared(name: str, state: State, it: int) -> tuple[Coordinator, list[InstanceSnapshot]]:
     """A fresh coordinator on a restored protocol, and the cycle's snapshots (not timed)."""
     ckpt, snaps, _ = state
-    kind = GcFifo if build_policy(name).protocol == "gc-fifo" else StalenessProtocol
-    proto = kind.from_dict(ckpt)
-    coord = Coordinator(CoordinatorConfig(policy=name), proto, lambda: 10.0)
+    kind = build_policy(name).protocol
+    cls = {"gc-fifo": GcFifo, "fifo": UnboundedFifo}.get(kind, StalenessProtocol)
+    proto = cls.from_dict(ckpt)
+    window = {"verl_staleness_threshold": float(ETA)} if kind == "fifo" else {}
+    coord = Coordinator(CoordinatorConfig(policy=name, **window), proto, lambda: 10.0)
     for s in snaps:
         coord.add_instance(s["instance_id"], kv_capacity_tokens=KV_CAP, version=s["version"])
     batch = [

@@ -146,3 +146,28 @@ def test_coarse_async_drop_builds_the_gc_fifo_and_resumes_only_as_itself() -> No
         restore_protocol(build_protocol(buffers).to_dict(), drop)
     with pytest.raises(ConfigError):
         load_config(None, ["protocol.eta=unbounded", "coordinator.policy=coarse-async-drop"])
+
+
+def test_verl_async_builds_a_fifo_without_eta_whose_window_eta_sets() -> None:
+    """verl-async keeps no η: an integer protocol.eta sizes its window (the coordinator's
+    ``verl_staleness_threshold`` unless the config sets one), the FIFO's own cap sits above
+    what that window admits, and spare buffer slots are refused, naming the field."""
+    from rollout_coordinator import Coordinator
+
+    base = ["protocol.eta=2", "protocol.batch_size=4", "coordinator.policy=verl-async"]
+    cc = core_config(load_config(None, base), rows=None)
+    p = _build(cc.protocol)
+    assert type(p) is UnboundedFifo and p.config.eta is None
+    assert p.config.max_inflight_groups == (2 + 2) * 4
+    assert cc.coordinator.verl_staleness_threshold == 2.0
+    Coordinator(cc.coordinator, p)  # the coordinator accepts the pair
+    own = core_config(
+        load_config(None, [*base, "coordinator.verl_staleness_threshold=0.5"]), rows=None
+    )
+    assert own.coordinator.verl_staleness_threshold == 0.5
+    assert own.protocol.max_inflight_groups == (0 + 2) * 4
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [*base, "protocol.batch_redundancy=1"])
+    assert e.value.key == "protocol.batch_redundancy"
+    with pytest.raises(ConfigError):
+        load_config(None, ["protocol.eta=unbounded", "coordinator.policy=verl-async"])

@@ -136,10 +136,9 @@ def test_registry_builds_every_named_policy():
     assert build_policy("one-step").required_eta == 1
     assert build_policy("vanilla-routing").routing is build_policy("all-vanilla").routing
     assert build_policy("vanilla-routing").sync is build_policy("staleflow").sync
-    assert {n for n in POLICIES if build_policy(n).protocol == "gc-fifo"} == {
-        "coarse-async-drop",
-        "verl-async",
-    }
+    assert {n for n in POLICIES if build_policy(n).protocol == "gc-fifo"} == {"coarse-async-drop"}
+    assert {n for n in POLICIES if build_policy(n).protocol == "fifo"} == {"verl-async"}
+    assert {n for n in POLICIES if not build_policy(n).keeps_eta} == {"verl-async"}
 
 
 def test_a_policy_refuses_a_protocol_that_keeps_eta_another_way():
@@ -154,6 +153,26 @@ def test_a_policy_refuses_a_protocol_that_keeps_eta_another_way():
     with pytest.raises(ConfigError, match="coarse-async"):
         Coordinator(CoordinatorConfig(policy="coarse-async"), fifo)
     Coordinator(CoordinatorConfig(policy="coarse-async-drop"), fifo)  # the match is accepted
+
+
+def test_verl_async_needs_a_fifo_that_keeps_no_eta_and_a_window():
+    """verl-async runs over an UnboundedFifo; a GcFifo or the buffers are refused, and so is
+    a protocol without η when no ``verl_staleness_threshold`` says how wide its window is."""
+    from staleness_protocol import GcFifo, GcFifoConfig, UnboundedConfig, UnboundedFifo
+
+    gc = GcFifo(GcFifoConfig(batch_size=2, group_size=2, eta=1, max_inflight_groups=4))
+    buffers = StalenessProtocol(ProtocolConfig(batch_size=2, group_size=2, eta=1))
+    fifo = UnboundedFifo(UnboundedConfig(batch_size=2, group_size=2, max_inflight_groups=4))
+    for wrong in (gc, buffers):
+        with pytest.raises(ConfigError, match="UnboundedFifo") as ei:
+            Coordinator(CoordinatorConfig(policy="verl-async"), wrong)
+        assert ei.value.field == "protocol"
+    with pytest.raises(ConfigError) as ei:
+        Coordinator(CoordinatorConfig(policy="verl-async"), fifo)
+    assert ei.value.field == "verl_staleness_threshold"
+    Coordinator(CoordinatorConfig(policy="verl-async", verl_staleness_threshold=1.0), fifo)
+    with pytest.raises(ConfigError, match="GcFifo"):  # an unbounded FIFO is not a GcFifo
+        Coordinator(CoordinatorConfig(policy="coarse-async-drop"), fifo)
 
 
 def test_unknown_policy():

@@ -33,7 +33,15 @@ from rollout_coordinator.cost_model import PRESETS
 from rollout_coordinator.policies import POLICIES, build_policy, routing_gain
 from rollout_coordinator.policies.routing_gain import gain_terms
 from rollout_coordinator.testing import Clock, new, partial
-from staleness_protocol import Admission, GcFifo, GcFifoConfig, ProtocolConfig, StalenessProtocol
+from staleness_protocol import (
+    Admission,
+    GcFifo,
+    GcFifoConfig,
+    ProtocolConfig,
+    StalenessProtocol,
+    UnboundedConfig,
+    UnboundedFifo,
+)
 
 START = 4  # published version at the start
 
@@ -56,14 +64,21 @@ def _config(rng: random.Random, policy: str) -> CoordinatorConfig:
         "bounce_waiting_threshold": rng.choice([1, 8]),
         "bounce_kv_threshold": rng.choice([0.5, 0.95]),
     }
+    if build_policy(policy).protocol == "fifo":  # its FIFO keeps no η to size the window by
+        overrides["verl_staleness_threshold"] = rng.choice([0.5, 1.0, 3.0])
     profile = rng.choice(["default", "paper", "robust"])
     return CoordinatorConfig.from_profile(profile, policy=policy, **overrides)
 
 
-def _protocol(rng: random.Random, policy: str) -> StalenessProtocol | GcFifo:
+def _protocol(rng: random.Random, policy: str) -> StalenessProtocol | UnboundedFifo:
     pol = build_policy(policy)
     eta = rng.choice([1, 2, 3]) if pol.required_eta is None else pol.required_eta
     batch, group = rng.choice([2, 4, 8]), rng.choice([2, 4])
+    if pol.protocol == "fifo":
+        ucfg = UnboundedConfig(
+            batch_size=batch, group_size=group, max_inflight_groups=(eta + 2) * batch
+        )
+        return UnboundedFifo(ucfg, start_version=START)
     if pol.protocol == "gc-fifo":
         cfg = GcFifoConfig(
             batch_size=batch, group_size=group, eta=eta, max_inflight_groups=(eta + 1) * batch

@@ -19,7 +19,7 @@ from rollout_coordinator import (
 from rollout_coordinator.policies import CycleView, GateState
 from rollout_coordinator.policies.admission import admit_by_verl_window
 from rollout_coordinator.testing import CAP, make, new, partial, snap
-from staleness_protocol import GcFifo, GcFifoConfig
+from staleness_protocol import UnboundedConfig, UnboundedFifo
 
 
 def routes(cmds):
@@ -555,12 +555,12 @@ def test_verl_concurrency_cap():
     assert quota == 2  # 2 groups x 2 x 2 instances = 8, 5 held -> 3, whole groups -> 2
 
 
-def test_verl_async_runs_over_a_gc_fifo():
-    fifo = GcFifo(GcFifoConfig(batch_size=2, group_size=2, eta=1, max_inflight_groups=8))
-    coord = Coordinator(CoordinatorConfig(policy="verl-async"), fifo)
+def test_verl_async_runs_over_a_fifo_that_keeps_no_eta():
+    fifo = UnboundedFifo(UnboundedConfig(batch_size=2, group_size=2, max_inflight_groups=8))
+    coord = Coordinator(CoordinatorConfig(policy="verl-async", verl_staleness_threshold=1), fifo)
     coord.add_instance("a", kv_capacity_tokens=CAP)
     coord.add_instance("b", kv_capacity_tokens=CAP)
     q = [new(f"t{k}", group=f"g{k // 2}") for k in range(12)]
     cmds = coord.step([snap("a"), snap("b")], q, now=0.0)
-    assert len(routes(cmds)) == 8  # (1 + η) x B = 4 groups of 2
+    assert len(routes(cmds)) == 8  # (1 + s) x B = 4 groups of 2
     assert set(routes(cmds).values()) == {"a", "b"}  # even routing

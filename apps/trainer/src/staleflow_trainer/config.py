@@ -23,6 +23,7 @@ import attrs
 
 from staleflow_trainer.config_coordinator import BASELINE_POLICIES as BASELINE_POLICIES
 from staleflow_trainer.config_coordinator import COST_MODEL_PRESETS as COST_MODEL_PRESETS
+from staleflow_trainer.config_coordinator import FIFO_POLICIES as FIFO_POLICIES
 from staleflow_trainer.config_coordinator import FIXED_ETA as FIXED_ETA
 from staleflow_trainer.config_coordinator import GC_FIFO_POLICIES as GC_FIFO_POLICIES
 from staleflow_trainer.config_coordinator import POLICIES as POLICIES
@@ -477,6 +478,13 @@ def validate(cfg: AppConfig) -> None:
             f"{cfg.protocol.batch_redundancy}: spare buffer slots mean nothing with eta "
             "'unbounded' (a FIFO, no buffers; protocol.unbounded_inflight_batches sets admission)",
             "0 with eta 'unbounded'",
+        )
+    if cfg.coordinator.policy in FIFO_POLICIES and cfg.protocol.batch_redundancy:
+        raise _err(
+            "protocol.batch_redundancy",
+            f"{cfg.protocol.batch_redundancy}: policy {cfg.coordinator.policy!r} runs over one "
+            "FIFO, without per-version buffers to hold spare slots",
+            f"0 with policy one of {list(FIFO_POLICIES)}",
         )
     if not is_loopback(cfg.param_server.bind_host) and not cfg.param_server.auth_token:
         raise _err(

@@ -39,6 +39,10 @@ BASELINE_POLICIES: tuple[str, ...] = tuple(p for p in POLICIES if build_policy(p
 GC_FIFO_POLICIES: tuple[str, ...] = tuple(
     p for p in POLICIES if build_policy(p).protocol == "gc-fifo"
 )
+#: Policies that run over one FIFO (``GcFifo`` or ``UnboundedFifo``), not per-version buffers.
+FIFO_POLICIES: tuple[str, ...] = tuple(
+    p for p in POLICIES if build_policy(p).protocol in ("gc-fifo", "fifo")
+)
 COST_MODEL_PRESETS = tuple(sorted(COST_PRESETS))
 #: Policies ``protocol.eta: unbounded`` runs with: greedy global sync on publish and admission
 #: by the protocol alone (its in-flight cap), as systems without a staleness guarantee do.

@@ -24,6 +24,7 @@ from typing import Any
 
 import structlog
 
+from rollout_coordinator.policies import build_policy
 from staleflow_trainer.atomic_files import make_run_dir
 from staleflow_trainer.config import AppConfig, dump_config
 from staleflow_trainer.control.checks import ledger_problems
@@ -141,8 +142,9 @@ def simulate(cfg: AppConfig) -> int:
             trackers=trackers_from_config(cfg),
         )
     ideal = summary["ideal"]
+    eta = spec.eta if build_policy(spec.policy).keeps_eta else f"{spec.eta} as its window, no bound"
     print(
-        f"simulated {summary['steps']} steps of {spec.policy} (eta={spec.eta}) on "
+        f"simulated {summary['steps']} steps of {spec.policy} (eta={eta}) on "
         f"{spec.rollout_gpus_used} rollout + {spec.train_gpus_used} training GPUs: "
         f"{summary['tokens_per_s']:.0f} trained tokens/s "
         f"({summary['tokens_per_s'] / ideal['ideal_tokens_per_s']:.0%} of the "

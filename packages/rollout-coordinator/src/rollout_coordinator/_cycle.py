@@ -54,11 +54,13 @@ from rollout_coordinator.errors import (
     SyncInProgress,
 )
 from rollout_coordinator.policies import CycleView, GateState, Policy, build_policy
+from rollout_coordinator.policies.admission import admit_by_verl_window
 from staleness_protocol import (
     Abort,
     GcFifoConfig,
     ProtocolError,
     StalenessProtocol,
+    UnboundedConfig,
 )
 
 _log = structlog.get_logger("rollout_coordinator")
@@ -107,15 +109,33 @@ class Coordinator:
                 detail="set the protocol's eta to match the baseline it models",
             )
         # by its config: wrappers (the app's write-ahead journal) pass ``config`` through
-        if (self.policy.protocol == "gc-fifo") != isinstance(pc, GcFifoConfig):
+        kind = self.policy.protocol
+        if kind == "gc-fifo":
+            fits, want = isinstance(pc, GcFifoConfig), "a GcFifo (GcFifoConfig)"
+        elif kind == "fifo":
+            fits = isinstance(pc, UnboundedConfig) and not isinstance(pc, GcFifoConfig)
+            want = "an UnboundedFifo (UnboundedConfig)"
+        else:
+            fits, want = not isinstance(pc, GcFifoConfig), "not a GcFifo (GcFifoConfig)"
+        if not fits:
             raise ConfigError(
                 "protocol",
                 type(pc).__name__,
-                "a GcFifo (GcFifoConfig)"
-                if self.policy.protocol == "gc-fifo"
-                else "not a GcFifo (GcFifoConfig)",
-                detail=f"policy {self.policy.name!r} keeps eta with "
-                f"{self.policy.protocol!r}; build the protocol to match",
+                want,
+                detail=f"policy {self.policy.name!r} runs over {kind!r}; "
+                "build the protocol to match",
+            )
+        if (
+            pc.eta is None
+            and self.policy.admission is admit_by_verl_window
+            and config.verl_staleness_threshold is None
+        ):
+            raise ConfigError(
+                "verl_staleness_threshold",
+                None,
+                "a number >= 0",
+                detail=f"policy {self.policy.name!r} over a protocol without eta has no eta "
+                "to take its window from",
             )
         self.state = SpeculativeState()
         self.pending = PendingRoutes()

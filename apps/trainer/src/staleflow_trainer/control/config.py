@@ -8,11 +8,13 @@ and the simulator build their core through it, so a setting reaches both or neit
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import attrs
 
 from rollout_coordinator import CoordinatorConfig
+from rollout_coordinator.policies import build_policy
 from staleness_protocol import (
     GcFifo,
     GcFifoConfig,
@@ -169,8 +171,24 @@ def core_config(cfg: Any, *, rows: int | None) -> CoreConfig:
 
     p = cfg.protocol
     filtering = cfg.trainer.dynamic_sampling
+    coordinator = coordinator_config(cfg)
     spec: ProtocolSpec
-    if p.eta == "unbounded":
+    if p.eta != "unbounded" and build_policy(coordinator.policy).protocol == "fifo":
+        # verl-async: η sets its window (``verl_staleness_threshold`` unless set), and the
+        # FIFO's own cap sits above the most the window admits ((1 + s)·B groups not yet
+        # consumed), so the window always binds first
+        s = coordinator.verl_staleness_threshold
+        if s is None:
+            s = float(p.eta)
+            coordinator = attrs.evolve(coordinator, verl_staleness_threshold=s)
+        spec = UnboundedConfig(
+            batch_size=p.batch_size,
+            group_size=p.group_size,
+            max_inflight_groups=(math.floor(s) + 2) * p.batch_size,
+            group_redundancy=p.group_redundancy,
+            filtering=filtering,
+        )
+    elif p.eta == "unbounded":
         spec = UnboundedConfig(
             batch_size=p.batch_size,
             group_size=p.group_size,
@@ -199,7 +217,6 @@ def core_config(cfg: Any, *, rows: int | None) -> CoreConfig:
             filtering=filtering,
             stuck_threshold=p.stuck_threshold or None,
         )
-    coordinator = coordinator_config(cfg)
     return CoreConfig(
         protocol=spec,
         coordinator=coordinator,

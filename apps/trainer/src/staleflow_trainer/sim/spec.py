@@ -36,6 +36,7 @@ from engine_adapters.sim import SimConfig as EngineSimConfig
 from engine_adapters.workload import WorkloadConfig
 from staleflow_trainer.config import (
     BASELINE_POLICIES,
+    FIFO_POLICIES,
     FIXED_ETA,
     GC_FIFO_POLICIES,
     POLICIES,
@@ -251,6 +252,13 @@ class SimSpec:
                 f"batch_redundancy {self.batch_redundancy} means nothing with eta 'unbounded'",
                 key="protocol.batch_redundancy",
                 allowed="0 with eta 'unbounded'",
+            )
+        if self.policy in FIFO_POLICIES and self.batch_redundancy:
+            raise ConfigError(
+                f"batch_redundancy {self.batch_redundancy} means nothing for policy "
+                f"{self.policy!r} (one FIFO, no per-version buffers)",
+                key="protocol.batch_redundancy",
+                allowed=f"0 with policy one of {list(FIFO_POLICIES)}",
             )
         if self.policy in FIXED_ETA and self.eta != FIXED_ETA[self.policy]:
             raise ConfigError(

@@ -47,7 +47,7 @@ def admit_by_verl_window(view: CycleView, state: GateState) -> tuple[int | None,
     n = view.group_size
     per_batch = view.batch_size * n
     s = view.config.verl_staleness_threshold
-    s = float(view.eta) if s is None else s
+    s = float(view.eta) if s is None else s  # the coordinator refuses both None
     if state.window_version != view.latest_version:
         state = attrs.evolve(state, window_version=view.latest_version, window_lost=view.lost_total)
     window = int((1.0 + s) * view.batch_size) * n

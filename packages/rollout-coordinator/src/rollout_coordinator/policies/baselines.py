@@ -2,10 +2,13 @@
 
 Every policy is a combination of one routing, one synchronization, one migration strategy and
 one admission gate, run by the same coordinator cycle on the same engines, so a comparison
-changes nothing but the decisions. All of them reserve through a staleness protocol, so none
-can violate η; the baselines' own admission rules sit on top. Every policy but
-``coarse-async-drop`` and ``verl-async`` uses StaleFlow's buffers; those two keep η the way
-ROLL Flash and verl do, by dropping what ages out of a FIFO (``Policy.protocol``).
+changes nothing but the decisions. All of them reserve through a staleness protocol; the
+baselines' own admission rules sit on top. Every policy but ``coarse-async-drop`` and
+``verl-async`` uses StaleFlow's buffers, which keep η for every trajectory.
+``coarse-async-drop`` keeps η the way ROLL Flash does, by dropping what ages out of a FIFO;
+``verl-async`` runs over a FIFO that keeps no bound, as verl's fully-async recipe does: its
+window limits how far generation runs ahead, and a long response can still be trained more
+than η versions after it started (``Policy.protocol``, ``Policy.keeps_eta``).
 """
 
 from __future__ import annotations
@@ -37,13 +40,22 @@ class Policy:
     colocated: bool = False
     #: The η this policy models; the coordinator refuses a protocol configured otherwise.
     required_eta: int | None = None
-    #: Which staleness protocol keeps its η: ``"buffers"`` (``StalenessProtocol``'s
-    #: per-version buffers) or ``"gc-fifo"`` (``GcFifo``: one FIFO, too-stale groups dropped).
-    protocol: str = "buffers"
+    #: Which staleness protocol it runs over: ``"buffers"`` (``StalenessProtocol``'s
+    #: per-version buffers), ``"gc-fifo"`` (``GcFifo``: one FIFO, too-stale groups dropped) or
+    #: ``"fifo"`` (``UnboundedFifo``: one FIFO that drops nothing and keeps no η).
+    protocol: str = attrs.field(
+        default="buffers", validator=attrs.validators.in_(("buffers", "gc-fifo", "fifo"))
+    )
     #: A baseline models another system: it runs none of StaleFlow's own protocol mechanisms
     #: (redundant rollout, stuck-buffer resolution) in a comparison.
     baseline: bool = False
     description: str = ""
+
+    @property
+    def keeps_eta(self) -> bool:
+        """Whether every trajectory it trains is at most η versions stale (False: ``"fifo"``,
+        whose staleness only its admission gate limits)."""
+        return self.protocol != "fifo"
 
 
 def sync_baseline() -> Policy:
@@ -153,20 +165,30 @@ def verl_async_baseline() -> Policy:
     ``ppo_mini_batch_size × require_batches × trigger_parameter_sync_step``: one sync per step
     here), trains, and triggers the sync: with ``partial_rollout`` the rollouter aborts every
     running request, all servers load the new weights (KV cache cleared), and the aborted
-    requests resume first, keeping their tokens and their version. Modeled as: the window gate
-    (:func:`~rollout_coordinator.policies.admission.admit_by_verl_window`, ``s`` =
-    ``verl_staleness_threshold``, η by default; ``verl_max_concurrent_groups_per_instance``),
-    even routing by trajectory count, greedy global sync on publish (partial rollout), no
-    migration, one FIFO with no per-version buffers (``staleness_protocol.GcFifo``).
+    requests resume first, keeping their tokens and their version. A finished sample enters
+    the queue with the rollouter's version at that moment, and the queue refuses a sample
+    only if that version is more than ``staleness_threshold`` behind the trainer's: with
+    partial rollout the rollouter syncs on every publish, so its version is never far
+    behind, and a long response that started many versions back is still trained. The
+    window limits staleness on average, not per trajectory.
 
-    What it leaves out. verl's queue drops a sample only if the version it *finished* at is
-    more than ``staleness_threshold`` behind, so no bound holds for a long partial rollout;
-    to compare at one η this model drops by the version a group *started* at, as
-    ``coarse-async-drop`` does. The trainer's wait for the rollouter to pause and for the
-    broadcast is the caller's (it models the push); the queue's size cap (implied by the
-    window within one sync) and the concurrency cap's count by samples (counted here as
-    engine-held trajectories ÷ n) are approximated; the mode without partial rollout (drain,
-    then sync), validation and checkpoint pauses are not modeled.
+    Modeled as: the window gate
+    (:func:`~rollout_coordinator.policies.admission.admit_by_verl_window`, ``s`` =
+    ``verl_staleness_threshold``, η by default;
+    ``verl_max_concurrent_groups_per_instance``), even routing by trajectory count, greedy
+    global sync on publish (partial rollout), no migration, one FIFO that drops nothing and
+    keeps no η (``staleness_protocol.UnboundedFifo``, ``protocol="fifo"``; its in-flight cap
+    is set above what the window admits). Staleness is measured as everywhere, from the
+    version a trajectory started at to the one that trains it, so a run shows how far past
+    ``s`` its long responses go (``keeps_eta`` is False). ``coarse-async-drop`` is the variant
+    that drops what would exceed η.
+
+    What it leaves out. The trainer's wait for the rollouter to pause and for the broadcast
+    is the caller's (it models the push); the queue's size cap (implied by the window within
+    one sync) and the concurrency cap's count by samples (counted here as engine-held
+    trajectories ÷ n) are approximated; the queue's refusal by the finishing version (which
+    could only catch a sample finished during a sync), the mode without partial rollout
+    (drain, then sync), validation and checkpoint pauses are not modeled.
     """
     return Policy(
         name="verl-async",
@@ -175,7 +197,7 @@ def verl_async_baseline() -> Policy:
         sync=sync_all_on_publish,
         migration=no_migration,
         admission=admit_by_verl_window,
-        protocol="gc-fifo",
+        protocol="fifo",
         description=verl_async_baseline.__doc__ or "",
     )
 
