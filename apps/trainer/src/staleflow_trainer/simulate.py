@@ -142,7 +142,9 @@ def simulate(cfg: AppConfig) -> int:
             trackers=trackers_from_config(cfg),
         )
     ideal = summary["ideal"]
-    eta = spec.eta if build_policy(spec.policy).keeps_eta else f"{spec.eta} as its window, no bound"
+    eta = (
+        spec.eta if build_policy(spec.policy).keeps_eta else f"{spec.eta}, not kept per trajectory"
+    )
     print(
         f"simulated {summary['steps']} steps of {spec.policy} (eta={eta}) on "
         f"{spec.rollout_gpus_used} rollout + {spec.train_gpus_used} training GPUs: "
