@@ -17,7 +17,8 @@ The bars (PASS, MISS, or NOT MEASURED when the matrix ran none of a bar's runs):
 * ``never_loses``: on every preset and η, staleflow's mean tokens/s ≥ 0.98 × every ablation's
   and every baseline's;
 * ``vs_strict_async``: staleflow over the strongest strict-async baseline that does not share
-  StaleFlow's buffers (``verl-async``, ``coarse-async-drop``) at η = 3: ≥ 1.25 × averaged over
+  StaleFlow's buffers (``verl-async`` at ``s = η``, which keeps no per-trajectory bound, and
+  ``coarse-async-drop``; ``bench_verl_window.py`` holds verl-async to η) at η = 3: ≥ 1.25 × averaged over
   the presets and ≥ 1.45 × at best;
 * ``vs_all_vanilla``: staleflow over all-vanilla at η = 3 ≥ 1.15 × on the presets whose
   latency-aware bound at η = 3 is set by the rollout side (``rollout`` or ``latency``);

@@ -8,7 +8,7 @@ more than η versions after they started. This bench measures how far, and what 
 has to be to keep every trajectory within η, side by side with staleflow, which keeps η for
 every trajectory by construction::
 
-    .venv/bin/python benchmarks/bench_verl_window.py            # the three presets (~6 min)
+    .venv/bin/python benchmarks/bench_verl_window.py            # the three presets (~8 min)
     .venv/bin/python benchmarks/bench_verl_window.py --smoke    # seconds: tiny overrides
 
 For each preset it runs, on the same seeds (default 0 and 1) and the presets' steady state
@@ -17,10 +17,11 @@ window of ``--windows`` (``coordinator.verl_staleness_threshold``; its ``protoco
 not matter then). Printed per preset and η:
 
 * staleflow's tokens/s (mean over seeds; its max staleness is ≤ η);
-* verl-async at ``s = η`` (verl's usual setting): tokens/s, the largest staleness it trained
-  at over the seeds, and staleflow ÷ it;
-* verl-async at the widest window whose trained staleness stayed ≤ η on every seed ("kept"):
-  that window, its tokens/s and staleflow ÷ it (none if even the narrowest window exceeded η).
+* verl-async at ``s = η`` (what the preset matrix runs; verl's own default is 0.1): tokens/s,
+  the largest staleness it trained at over the seeds, and staleflow ÷ it;
+* verl-async at the widest window of ``--windows`` whose trained staleness stayed ≤ η on
+  every seed ("kept"): that window, its tokens/s and staleflow ÷ it (none if even the
+  narrowest window exceeded η).
 
 Every run is ``staleflow simulate``'s (the compare machinery:
 :func:`staleflow_trainer.compare.run_specs`). Writes ``<out-dir>/verl_window.json`` and

@@ -37,6 +37,9 @@ def test_bench_verl_window_smoke_writes_its_report(tmp_path: Path) -> None:
             ("verl-async", 0.0), ("verl-async", 1.0), ("verl-async", 3.0),
         }  # fmt: skip
         assert len(runs) == 10 and all(r["tokens_per_s"] > 0 for r in runs)
+        # a window of B groups a sync: every batch generated at the version that trains it
+        assert [r["max_staleness"] for r in runs if r["eta_or_window"] == 0.0] == [0, 0]
+        assert all(row["verl_at_eta"]["tokens_per_s"] > 0 for row in rep["rows"])
         for row in rep["rows"]:
             eta = row["eta"]
             assert row["staleflow_max_staleness"] <= eta

@@ -80,13 +80,10 @@ def test_policy_closed_loop_keeps_every_promise(policy: str) -> None:
 def test_verl_async_trains_past_its_window_where_staleflow_keeps_eta() -> None:
     """verl's fully-async recipe bounds how far generation runs ahead, not each trajectory:
     with the same η (its window s) and the same workload, it trains some response more than
-    η versions after the response started, drops nothing for staleness, and staleflow keeps
-    every trajectory within η."""
+    η versions after the response started, and staleflow keeps every trajectory within η."""
     verl, flow = _run("verl-async"), _run("staleflow")
     assert max(r["max_staleness"] for r in verl.rec.steps) > verl.spec.eta
     assert max(r["max_staleness"] for r in flow.rec.steps) <= flow.spec.eta
-    assert verl.core.protocol.stats().aborts_by_reason.get("stale", 0) == 0
-    assert verl.core.ledger.counts()["dropped"] == 0
 
 
 def test_dynamic_sampling_filters_and_still_completes() -> None:

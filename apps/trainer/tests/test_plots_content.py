@@ -96,6 +96,25 @@ def test_an_unbounded_run_says_it_has_no_bound(tmp_path: Path, figures: dict[str
     assert "no staleness bound (η unbounded)" in labels
 
 
+@pytest.mark.parametrize(("window", "shown"), [(None, "2"), (0.5, "0.5")])
+def test_a_verl_async_run_draws_its_window_not_a_bound(
+    tmp_path: Path, figures: dict[str, Any], window: float | None, shown: str
+) -> None:
+    """verl-async keeps no per-trajectory bound: its η (or its own window) is named as the
+    window, and no bound line is drawn."""
+    _run(tmp_path, eta=2, backend="sim")
+    coord: dict[str, Any] = {"policy": "verl-async"}
+    if window is not None:
+        coord["verl_staleness_threshold"] = window
+    cfg = {"protocol": {"eta": 2}, "rollout": {"backend": "sim"}, "coordinator": coord}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    plots.plot_run(tmp_path)
+    ax = figures["staleness_hist.png"].axes[0]
+    assert _bound_lines(ax) == []
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert f"no staleness bound (verl-async: window s = {shown})" in labels
+
+
 @pytest.mark.parametrize("backend", ["sim", "vllm"])
 def test_reward_and_throughput_titles_and_units(
     tmp_path: Path, figures: dict[str, Any], backend: str

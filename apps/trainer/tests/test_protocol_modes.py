@@ -171,3 +171,45 @@ def test_verl_async_builds_a_fifo_without_eta_whose_window_eta_sets() -> None:
     assert e.value.key == "protocol.batch_redundancy"
     with pytest.raises(ConfigError):
         load_config(None, ["protocol.eta=unbounded", "coordinator.policy=verl-async"])
+
+
+def test_verl_async_resume_names_the_keys_that_size_its_window() -> None:
+    """A changed η changes verl-async's FIFO cap: the refusal names the keys a user sets, and a
+    checkpoint of the earlier dropping model (a GcFifo) is refused with the reason."""
+    from staleness_protocol import GcFifo, GcFifoConfig
+
+    base = ["protocol.batch_size=4", "protocol.group_size=1", "coordinator.policy=verl-async"]
+    two = load_config(None, [*base, "protocol.eta=2"])
+    data = build_protocol(two).to_dict()
+    assert restore_protocol(data, two).to_dict() == data
+    with pytest.raises(CheckpointError, match=r"coordinator\.verl_staleness_threshold"):
+        restore_protocol(data, load_config(None, [*base, "protocol.eta=3"]))
+    old = GcFifo(GcFifoConfig(batch_size=4, group_size=1, eta=2, max_inflight_groups=12))
+    with pytest.raises(CheckpointError, match="cannot be resumed by this version") as e:
+        restore_protocol(old.to_dict(), two)
+    assert "no eta, at most 16 groups in flight" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        (["coordinator.verl_staleness_threshold=65"], "coordinator.verl_staleness_threshold"),
+        (
+            [
+                "protocol.eta=1",
+                "protocol.batch_size=4096",
+                "protocol.group_size=4",
+                "coordinator.verl_staleness_threshold=63",
+            ],
+            "coordinator.verl_staleness_threshold",
+        ),
+        (["trainer.dynamic_sampling=true"], "trainer.dynamic_sampling"),
+    ],
+)
+def test_verl_async_window_is_checked_like_the_buffers(extra: list[str], key: str) -> None:
+    """Its window is bounded as η is (at most 64, and what it admits ahead of training at
+    most 2^20 trajectories), and dynamic sampling, which could starve the window, is refused;
+    each error names the key."""
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["coordinator.policy=verl-async", *extra])
+    assert e.value.key == key

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rollout_coordinator.policies import build_policy
 from staleflow_trainer.metrics import METRICS_FILE, TIMELINE_FILE, read_jsonl
 from staleflow_trainer.plots import ETA_COLOR, STATE_COLORS, plt_agg
 
@@ -131,8 +132,11 @@ def _staleness(report: dict[str, Any], out: Path) -> Path:
         total = sum(hist.values()) or 1
         color = STALEFLOW_COLOR if r["policy"] == "staleflow" else BASELINE_COLOR
         ax.bar(xs, [hist.get(x, 0) / total for x in xs], color=color)
-        ax.axvline(r["eta"] + 0.5, color=ETA_COLOR, ls="--", lw=1.2)
-        ax.set_title(f"{r['policy']} η={r['eta']}", fontsize=8)
+        keeps = build_policy(r["policy"]).keeps_eta
+        if keeps:
+            ax.axvline(r["eta"] + 0.5, color=ETA_COLOR, ls="--", lw=1.2)
+        ax.set_title(f"{r['policy']} η={r['eta']}" + ("" if keeps else " (window, no bound)"),
+                     fontsize=8)  # fmt: skip
         ax.set_xticks(xs)
         ax.set_xlim(-0.6, max(xs) + 0.9)
         ax.set_ylim(0, 1)

@@ -29,6 +29,7 @@ from staleflow_trainer.config_coordinator import GC_FIFO_POLICIES as GC_FIFO_POL
 from staleflow_trainer.config_coordinator import POLICIES as POLICIES
 from staleflow_trainer.config_coordinator import STRATEGY_FIELDS as STRATEGY_FIELDS
 from staleflow_trainer.config_coordinator import UNBOUNDED_POLICIES as UNBOUNDED_POLICIES
+from staleflow_trainer.config_coordinator import WINDOW_POLICIES as WINDOW_POLICIES
 from staleflow_trainer.config_coordinator import CoordinatorConfig as CoordinatorConfig
 from staleflow_trainer.config_schema import field as _f
 from staleflow_trainer.config_schema import section as _section
@@ -408,6 +409,31 @@ def _err(key: str, msg: str, allowed: str) -> ConfigError:
     return ConfigError(f"{key}: {msg}", key=key, allowed=allowed)
 
 
+def _check_window(cfg: AppConfig) -> None:
+    """verl-async: its window ``s`` (``coordinator.verl_staleness_threshold``, η if null)
+    bounds what it admits ahead of training, as η + 1 buffers do for the others; filtered
+    groups free room only at the next weight sync, so dynamic sampling could starve it."""
+    s = cfg.coordinator.verl_staleness_threshold
+    key = "coordinator.verl_staleness_threshold" if s is not None else "protocol.eta"
+    s = float(cfg.protocol.eta) if s is None else s
+    if s > MAX_ETA:
+        raise _err(key, f"{s:g}: verl-async's window is (1 + this) x batch_size groups",
+                   f"<= {MAX_ETA}")  # fmt: skip
+    p = cfg.protocol
+    members = p.group_size + p.group_redundancy
+    admitted = (int(s) + 2) * p.batch_size * members
+    if admitted > MAX_ADMITTED_TRAJECTORIES:
+        raise _err(key, f"{s:g}: up to {admitted:,} trajectories would be admitted ahead of "
+                   f"training ((floor(s) + 2) x batch_size x members); at most "
+                   f"{MAX_ADMITTED_TRAJECTORIES:,}",
+                   f"<= {MAX_ADMITTED_TRAJECTORIES // (p.batch_size * members) - 2} "
+                   "with these batch and group sizes")  # fmt: skip
+    if cfg.trainer.dynamic_sampling:
+        raise _err("trainer.dynamic_sampling", "true: verl-async's window frees the room of "
+                   "filtered groups only at the next weight sync, so a window whose groups "
+                   "are filtered never fills a batch", "false with policy verl-async")  # fmt: skip
+
+
 def validate(cfg: AppConfig) -> None:
     """Checks that span sections. Raises ConfigError naming the key to change."""
     p, t, r = cfg.protocol, cfg.trainer, cfg.rollout
@@ -486,6 +512,8 @@ def validate(cfg: AppConfig) -> None:
             "FIFO, without per-version buffers to hold spare slots",
             f"0 with policy one of {list(FIFO_POLICIES)}",
         )
+    if cfg.coordinator.policy in WINDOW_POLICIES and cfg.protocol.eta != "unbounded":
+        _check_window(cfg)
     if not is_loopback(cfg.param_server.bind_host) and not cfg.param_server.auth_token:
         raise _err(
             "param_server.auth_token",

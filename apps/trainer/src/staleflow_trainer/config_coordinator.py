@@ -39,6 +39,9 @@ BASELINE_POLICIES: tuple[str, ...] = tuple(p for p in POLICIES if build_policy(p
 GC_FIFO_POLICIES: tuple[str, ...] = tuple(
     p for p in POLICIES if build_policy(p).protocol == "gc-fifo"
 )
+#: Policies over a FIFO that keeps no η (``UnboundedFifo``): verl-async, whose window, sized
+#: by ``protocol.eta`` unless ``coordinator.verl_staleness_threshold`` is set, limits admission.
+WINDOW_POLICIES: tuple[str, ...] = tuple(p for p in POLICIES if build_policy(p).protocol == "fifo")
 #: Policies that run over one FIFO (``GcFifo`` or ``UnboundedFifo``), not per-version buffers.
 FIFO_POLICIES: tuple[str, ...] = tuple(
     p for p in POLICIES if build_policy(p).protocol in ("gc-fifo", "fifo")

@@ -43,8 +43,16 @@ class RunInfo:
 
     eta: int | None = None  # None: unbounded or unknown
     unbounded: bool = False  # protocol.eta is "unbounded": no staleness bound to draw
+    keeps_eta: bool = True  # False: the policy keeps no per-trajectory bound (verl-async)
+    window: float | None = None  # verl-async: coordinator.verl_staleness_threshold (None: η)
     policy: str = ""
     simulated: bool = False  # virtual time and synthetic rewards (not a learning curve)
+
+
+def _keeps_eta(policy: str) -> bool:
+    from rollout_coordinator.policies import POLICIES, build_policy
+
+    return policy not in POLICIES or build_policy(policy).keeps_eta
 
 
 def run_info(run_dir: Path, *, simulated: bool = False) -> RunInfo:
@@ -59,10 +67,15 @@ def run_info(run_dir: Path, *, simulated: bool = False) -> RunInfo:
     except yaml.YAMLError:
         return RunInfo(simulated=simulated)
     eta = (cfg.get("protocol") or {}).get("eta")
+    coord = cfg.get("coordinator") or {}
+    policy = str(coord.get("policy", ""))
+    window = coord.get("verl_staleness_threshold")
     return RunInfo(
         eta=eta if isinstance(eta, int) and not isinstance(eta, bool) else None,
         unbounded=eta == "unbounded",
-        policy=str((cfg.get("coordinator") or {}).get("policy", "")),
+        keeps_eta=_keeps_eta(policy),
+        window=float(window) if isinstance(window, int | float) else None,
+        policy=policy,
         simulated=simulated or (cfg.get("rollout") or {}).get("backend") == "sim",
     )
 
@@ -124,7 +137,10 @@ def plot_staleness(rows: list[dict[str, Any]], out: Path, info: RunInfo | None =
         label="mean staleness",
         path_effects=[pe.Stroke(linewidth=2.6, foreground="#333333"), pe.Normal()],
     )
-    if info.eta is not None:  # between the highest allowed staleness and the first forbidden
+    if info.eta is not None and not info.keeps_eta:
+        w = float(info.eta) if info.window is None else info.window
+        ax.plot([], [], ls="none", label=f"no staleness bound ({info.policy}: window s = {w:g})")
+    elif info.eta is not None:  # between the highest allowed staleness and the first forbidden
         ax.axhline(
             info.eta + 0.5,
             color=ETA_COLOR,

@@ -142,9 +142,10 @@ def simulate(cfg: AppConfig) -> int:
             trackers=trackers_from_config(cfg),
         )
     ideal = summary["ideal"]
-    eta = (
-        spec.eta if build_policy(spec.policy).keeps_eta else f"{spec.eta}, not kept per trajectory"
-    )
+    eta: object = spec.eta
+    if not build_policy(spec.policy).keeps_eta and spec.eta != "unbounded":
+        w = cfg.coordinator.verl_staleness_threshold
+        eta = f"{spec.eta}, not kept: window s = {float(spec.eta) if w is None else w:g}"
     print(
         f"simulated {summary['steps']} steps of {spec.policy} (eta={eta}) on "
         f"{spec.rollout_gpus_used} rollout + {spec.train_gpus_used} training GPUs: "

@@ -111,7 +111,8 @@ _KEYS = {
     "group_redundancy": "protocol.group_redundancy",
     "filtering": "trainer.dynamic_sampling",
     "stuck_threshold": "protocol.stuck_threshold",
-    "max_inflight_groups": "protocol.unbounded_inflight_batches",
+    "max_inflight_groups": "protocol.unbounded_inflight_batches (eta 'unbounded'), or "
+    "protocol.eta / coordinator.verl_staleness_threshold (verl-async's window)",
 }
 
 
@@ -130,7 +131,8 @@ def check_resumable(restored: AnyProtocol, spec: ProtocolSpec) -> None:
             f"the checkpoint's protocol runs in mode {have!r} ({_describe(restored.config)}) but "
             f"the config asks for {want!r} ({_describe(spec)}); resume with the settings the "
             "run was started with (protocol.eta, coordinator.policy), or start a new run "
-            "(run.resume=never)"
+            "(run.resume=never). A verl-async checkpoint from before verl-async ran over a "
+            "FIFO without a bound ('gc-fifo') cannot be resumed by this version"
         )
     old, new = attrs.asdict(restored.config), attrs.asdict(spec)
     diff = [f"{_KEYS.get(k, 'protocol.' + k)}: checkpoint {old[k]!r}, config {new.get(k)!r}"
@@ -145,7 +147,10 @@ def check_resumable(restored: AnyProtocol, spec: ProtocolSpec) -> None:
 
 def _describe(spec: ProtocolSpec) -> str:
     eta = getattr(spec, "eta", None)
-    return f"eta={'unbounded' if eta is None else eta}, batch_size={spec.batch_size}"
+    if eta is None and isinstance(spec, UnboundedConfig):
+        cap = spec.max_inflight_groups
+        return f"no eta, at most {cap} groups in flight, batch_size={spec.batch_size}"
+    return f"eta={eta}, batch_size={spec.batch_size}"
 
 
 def coordinator_config(cfg: Any) -> CoordinatorConfig:

@@ -128,10 +128,10 @@ def coarse_async_baseline() -> Policy:
 
 
 def coarse_async_drop_baseline() -> Policy:
-    """**coarse-async-drop** — ROLL Flash / verl fully-async with a dropping staleness threshold.
+    """**coarse-async-drop** — a strict-async system that keeps η by dropping (ROLL Flash style).
 
     The same coarse in-flight budget, even routing, greedy global sync on publish and partial
-    rollout as ``coarse-async``, but with the data path these systems really have: no
+    rollout as ``coarse-async``, but with a data path that keeps η by dropping: no
     per-version buffers — every finished group joins one queue, the trainer takes the first
     ``B`` in completion order, and a group that can no longer be trained within η (its
     version ≤ ``current − η − 1``) is garbage-collected, in flight (the generated tokens are
