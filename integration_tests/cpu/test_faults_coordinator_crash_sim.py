@@ -186,6 +186,17 @@ def test_instances_that_do_not_answer_at_a_replacement_are_killed(ray_session: N
              "dead": Peer.remote(0.0), "slow": Peer.remote(1.0)}  # fmt: skip
     ray.get([h.__ray_ready__.remote() for h in peers.values()])
     ray.kill(peers["dead"], no_restart=True)
+    # ray.kill is asynchronous: on a loaded machine a call made at once can still be answered
+    # by the actor before it goes, so wait until it is gone before asking
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            ray.get(peers["dead"].stats.remote(), timeout=60)
+        except ray.exceptions.RayActorError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the killed actor still answers after 60 s")
     t0 = time.monotonic()
     gone = unresponsive_actors(peers, 3.0)
     assert time.monotonic() - t0 < 5.5  # one 3 s wait for all, not one per hung actor
