@@ -39,32 +39,12 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from bench_sim_matrix import ETAS, PRESETS, SMOKE, SMOKE_ETAS  # the matrix's presets and smoke
 
 from staleflow_trainer.compare import plan_runs, run_specs
 from staleflow_trainer.config import AppConfig, load_config
 
-PRESETS = (
-    "examples/sim-paper-30b-a3b.yaml",
-    "examples/sim-paper-30b-a3b-40k.yaml",
-    "examples/sim-paper-30b-a3b-rollout-bound.yaml",
-)
-ETAS = (1, 2, 3, 5)
 WINDOWS = (0.0, 0.5, 1.0, 2.0, 3.0, 5.0)
-#: ``--smoke``: the presets shrunk to seconds (the numbers mean nothing)
-SMOKE = [
-    "rollout.num_instances=4",
-    "sim.rollout_gpus=4",
-    "sim.train_gpus=4",
-    "sim.total_gpus=8",
-    "protocol.batch_size=4",
-    "protocol.group_size=2",
-    "rollout.sampling.max_new_tokens=256",
-    "rollout.max_model_len=2304",
-    "sim.workload.response_len_median=64",
-    "trainer.steps=4",
-    "sim.warmup_steps=1",
-]
-SMOKE_ETAS = (1, 3)
 SMOKE_WINDOWS = (0.0, 1.0, 3.0)
 
 

@@ -31,6 +31,7 @@ from staleflow_trainer.config_coordinator import STRATEGY_FIELDS as STRATEGY_FIE
 from staleflow_trainer.config_coordinator import UNBOUNDED_POLICIES as UNBOUNDED_POLICIES
 from staleflow_trainer.config_coordinator import WINDOW_POLICIES as WINDOW_POLICIES
 from staleflow_trainer.config_coordinator import CoordinatorConfig as CoordinatorConfig
+from staleflow_trainer.config_coordinator import verl_window
 from staleflow_trainer.config_schema import field as _f
 from staleflow_trainer.config_schema import section as _section
 from staleflow_trainer.config_schema import validate_field as _validate_field
@@ -413,9 +414,9 @@ def _check_window(cfg: AppConfig) -> None:
     """verl-async: its window ``s`` (``coordinator.verl_staleness_threshold``, η if null)
     bounds what it admits ahead of training, as η + 1 buffers do for the others; filtered
     groups free room only at the next weight sync, so dynamic sampling could starve it."""
-    s = cfg.coordinator.verl_staleness_threshold
-    key = "coordinator.verl_staleness_threshold" if s is not None else "protocol.eta"
-    s = float(cfg.protocol.eta) if s is None else s
+    given = cfg.coordinator.verl_staleness_threshold
+    key = "coordinator.verl_staleness_threshold" if given is not None else "protocol.eta"
+    s = verl_window(cfg.protocol.eta, given)
     if s > MAX_ETA:
         raise _err(key, f"{s:g}: verl-async's window is (1 + this) x batch_size groups",
                    f"<= {MAX_ETA}")  # fmt: skip

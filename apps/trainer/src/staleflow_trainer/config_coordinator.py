@@ -46,6 +46,14 @@ WINDOW_POLICIES: tuple[str, ...] = tuple(p for p in POLICIES if build_policy(p).
 FIFO_POLICIES: tuple[str, ...] = tuple(
     p for p in POLICIES if build_policy(p).protocol in ("gc-fifo", "fifo")
 )
+
+
+def verl_window(eta: int | str, threshold: float | None) -> float:
+    """verl-async's window ``s``: ``coordinator.verl_staleness_threshold``, or the integer
+    ``protocol.eta`` where that is null."""
+    return float(eta) if threshold is None else float(threshold)
+
+
 COST_MODEL_PRESETS = tuple(sorted(COST_PRESETS))
 #: Policies ``protocol.eta: unbounded`` runs with: greedy global sync on publish and admission
 #: by the protocol alone (its in-flight cap), as systems without a staleness guarantee do.

@@ -138,7 +138,9 @@ def plot_staleness(rows: list[dict[str, Any]], out: Path, info: RunInfo | None =
         path_effects=[pe.Stroke(linewidth=2.6, foreground="#333333"), pe.Normal()],
     )
     if info.eta is not None and not info.keeps_eta:
-        w = float(info.eta) if info.window is None else info.window
+        from staleflow_trainer.config_coordinator import verl_window
+
+        w = verl_window(info.eta, info.window)
         ax.plot([], [], ls="none", label=f"no staleness bound ({info.policy}: window s = {w:g})")
     elif info.eta is not None:  # between the highest allowed staleness and the first forbidden
         ax.axhline(

@@ -27,6 +27,7 @@ import structlog
 from rollout_coordinator.policies import build_policy
 from staleflow_trainer.atomic_files import make_run_dir
 from staleflow_trainer.config import AppConfig, dump_config
+from staleflow_trainer.config_coordinator import verl_window
 from staleflow_trainer.control.checks import ledger_problems
 from staleflow_trainer.errors import StaleflowError
 from staleflow_trainer.metrics import TIMELINE_FILE, MetricsWriter
@@ -144,8 +145,8 @@ def simulate(cfg: AppConfig) -> int:
     ideal = summary["ideal"]
     eta: object = spec.eta
     if not build_policy(spec.policy).keeps_eta and spec.eta != "unbounded":
-        w = cfg.coordinator.verl_staleness_threshold
-        eta = f"{spec.eta}, not kept: window s = {float(spec.eta) if w is None else w:g}"
+        s = verl_window(spec.eta, cfg.coordinator.verl_staleness_threshold)
+        eta = f"{spec.eta}, not kept: window s = {s:g}"
     print(
         f"simulated {summary['steps']} steps of {spec.policy} (eta={eta}) on "
         f"{spec.rollout_gpus_used} rollout + {spec.train_gpus_used} training GPUs: "

@@ -15,6 +15,7 @@ import attrs
 
 from rollout_coordinator import CoordinatorConfig
 from rollout_coordinator.policies import build_policy
+from staleflow_trainer.config_coordinator import verl_window
 from staleness_protocol import (
     GcFifo,
     GcFifoConfig,
@@ -182,10 +183,8 @@ def core_config(cfg: Any, *, rows: int | None) -> CoreConfig:
         # verl-async: η sets its window (``verl_staleness_threshold`` unless set), and the
         # FIFO's own cap sits above the most the window admits ((1 + s)·B groups not yet
         # consumed), so the window always binds first
-        s = coordinator.verl_staleness_threshold
-        if s is None:
-            s = float(p.eta)
-            coordinator = attrs.evolve(coordinator, verl_staleness_threshold=s)
+        s = verl_window(p.eta, coordinator.verl_staleness_threshold)
+        coordinator = attrs.evolve(coordinator, verl_staleness_threshold=s)
         spec = UnboundedConfig(
             batch_size=p.batch_size,
             group_size=p.group_size,
