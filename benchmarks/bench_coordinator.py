@@ -65,6 +65,7 @@ from staleness_protocol import (
     StalenessProtocol,
     UnboundedConfig,
     UnboundedFifo,
+    protocol_from_dict,
 )
 
 RUNNING_PER_INSTANCE = 32
@@ -166,10 +167,10 @@ def state_for(policy: str, instances: int, queued: int) -> State:
 def prepared(name: str, state: State, it: int) -> tuple[Coordinator, list[InstanceSnapshot]]:
     """A fresh coordinator on a restored protocol, and the cycle's snapshots (not timed)."""
     ckpt, snaps, _ = state
-    kind = build_policy(name).protocol
-    cls = {"gc-fifo": GcFifo, "fifo": UnboundedFifo}.get(kind, StalenessProtocol)
-    proto = cls.from_dict(ckpt)
-    window = {"verl_staleness_threshold": float(ETA)} if kind == "fifo" else {}
+    proto = protocol_from_dict(ckpt)  # whichever protocol wrote it
+    window = (
+        {"verl_staleness_threshold": float(ETA)} if build_policy(name).protocol == "fifo" else {}
+    )
     coord = Coordinator(CoordinatorConfig(policy=name, **window), proto, lambda: 10.0)
     for s in snaps:
         coord.add_instance(s["instance_id"], kv_capacity_tokens=KV_CAP, version=s["version"])
