@@ -58,8 +58,8 @@ def jobs(
         for cfg in plan_runs(at, ["staleflow"], etas):
             out.append(("staleflow", float(cfg.protocol.eta), seed, cfg))
         for s in windows:
-            (cfg,) = plan_runs(at.evolve(f"coordinator.verl_staleness_threshold={s}"),
-                               ["verl-async"], (max(1, int(s)),))  # fmt: skip
+            (cfg,) = plan_runs(at, ["verl-async"], (max(1, int(s)),))
+            cfg = cfg.evolve(f"coordinator.verl_staleness_threshold={s}")
             out.append(("verl-async", s, seed, cfg))
     return out
 

@@ -44,9 +44,21 @@ from typing import Any
 import attrs
 import convergence_plots as plots
 
+from staleflow_trainer.config import FIFO_POLICIES
 from staleflow_trainer.prepare import WORKER_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def repo_path(path: Path) -> str:
+    """``path`` as results record it: relative to the repository root where it lies inside
+    it (the same on every checkout), else as given."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
 CONFIG = ROOT / "examples" / "convergence.yaml"
 OUT = ROOT / "results" / "convergence"
 RUN_TIMEOUT_S = 15 * 60
@@ -109,7 +121,14 @@ def overrides(setting: Setting, seed: int, steps: int, run_dir: Path) -> list[st
         f"trainer.step_delay_s={setting.step_delay_s}",
         f"run.seed={seed}",
         "run.resume=never",
+        # a FIFO has no buffer to get stuck (the config's threshold is for the buffers)
+        *(["protocol.stuck_threshold=0"] if fifo_protocol(setting) else []),
     ]
+
+
+def fifo_protocol(setting: Setting) -> bool:
+    """Whether the setting runs over one FIFO (eta unbounded, a FIFO baseline)."""
+    return setting.eta == "unbounded" or setting.policy in FIFO_POLICIES
 
 
 def staleflow_command() -> list[str]:
@@ -269,7 +288,7 @@ def run_entry(
         "tokens_per_s": None,
         "wall_s": None if wall_s is None else round(wall_s, 1),
         "status": status,
-        "run_dir": str(run_dir),
+        "run_dir": repo_path(run_dir),
     }
     if note:
         entry["note"] = note

@@ -28,7 +28,7 @@ BACKENDS = [
     pytest.param(("vllm", ()), marks=[pytest.mark.vllm, pytest.mark.nixl], id="vllm"),
     # the strict-async FIFO baseline's data path (staleness_protocol.GcFifo) through the app
     pytest.param(
-        ("sim", ("coordinator.policy=coarse-async-drop",)),
+        ("sim", ("coordinator.policy=coarse-async-drop", "protocol.stuck_threshold=0")),
         marks=[pytest.mark.sim],
         id="sim-coarse-async-drop",
     ),

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from staleflow_trainer.config import load_config
+from staleflow_trainer.config import DEFAULT_STUCK_THRESHOLD, load_config, stuck_threshold
 from staleflow_trainer.control.config import build_protocol as _build
 from staleflow_trainer.control.config import check_resumable, core_config
 from staleflow_trainer.errors import CheckpointError, ConfigError
+from staleflow_trainer.sim.spec import with_policy
 from staleness_protocol import StalenessProtocol, UnboundedFifo, protocol_from_dict
 
 UNBOUNDED = ["protocol.eta=unbounded", "coordinator.policy=all-vanilla"]
@@ -213,3 +214,44 @@ def test_verl_async_window_is_checked_like_the_buffers(extra: list[str], key: st
     with pytest.raises(ConfigError) as e:
         load_config(None, ["coordinator.policy=verl-async", *extra])
     assert e.value.key == key
+
+
+def test_the_stuck_threshold_applies_over_buffers_and_is_refused_over_a_fifo() -> None:
+    """Null is 4 where per-version buffers can wait for stragglers and off over a FIFO; a
+    threshold above 0 over a FIFO would change nothing, so it is refused by name."""
+    assert stuck_threshold(load_config(None, [])) == DEFAULT_STUCK_THRESHOLD
+    assert stuck_threshold(load_config(None, ["protocol.stuck_threshold=2"])) == 2
+    assert stuck_threshold(load_config(None, ["protocol.stuck_threshold=0"])) == 0
+    fifos = [
+        ["coordinator.policy=coarse-async-drop"],
+        ["coordinator.policy=verl-async"],
+        ["coordinator.policy=all-vanilla", "protocol.eta=unbounded"],
+    ]
+    for fifo in fifos:
+        assert stuck_threshold(load_config(None, fifo)) == 0
+        assert stuck_threshold(load_config(None, [*fifo, "protocol.stuck_threshold=0"])) == 0
+        with pytest.raises(ConfigError) as e:
+            load_config(None, [*fifo, "protocol.stuck_threshold=2"])
+        assert e.value.key == "protocol.stuck_threshold" and "0 or null" in str(e.value.allowed)
+    # the core runs what the config says: buffers with 4, a FIFO with none
+    assert core_config(load_config(None, []), rows=8).protocol.stuck_threshold == 4
+    drop = core_config(load_config(None, fifos[0]), rows=8).protocol
+    assert not hasattr(drop, "stuck_threshold") or drop.stuck_threshold is None
+
+
+def test_a_strategy_setting_the_policy_does_not_read_is_refused() -> None:
+    """Each policy's strategies declare what they read (``Policy.reads``): a setting none of
+    them reads is refused naming the policies that do; ``with_policy`` (compare, plan) leaves
+    such settings out of the runs of policies that do not read them."""
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["coordinator.policy=all-vanilla", "coordinator.theta=0.5"])
+    assert e.value.key == "coordinator.theta"
+    assert "'staleflow'" in str(e.value) and "'all-vanilla'" in str(e.value.allowed)
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["coordinator.verl_staleness_threshold=2"])
+    assert e.value.key == "coordinator.verl_staleness_threshold" and "verl-async" in str(e.value)
+    load_config(None, ["coordinator.policy=all-vanilla", "coordinator.route_kv_limit=0.8"])
+    cfg = load_config(None, ["coordinator.theta=0.5", "coordinator.route_kv_limit=0.8"])
+    even = with_policy(cfg, "all-vanilla").coordinator
+    assert even.theta is None and even.route_kv_limit == 0.8
+    assert with_policy(cfg, "vanilla-sync").coordinator.theta == 0.5

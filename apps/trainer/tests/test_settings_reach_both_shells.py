@@ -90,9 +90,9 @@ def test_every_protocol_and_coordinator_setting_is_classified() -> None:
 
 @pytest.mark.parametrize("key", sorted(CHANGES))
 def test_a_decision_setting_changes_the_core_both_shells_run(key: str) -> None:
-    base = [*BASE, "protocol.eta=unbounded", "coordinator.policy=all-vanilla"] if (
-        key in UNBOUNDED_ONLY
-    ) else BASE  # fmt: skip
+    unbounded = ["protocol.eta=unbounded", "coordinator.policy=all-vanilla",
+                 "protocol.stuck_threshold=0"]  # fmt: skip
+    base = [*BASE, *unbounded] if key in UNBOUNDED_ONLY else BASE
     if key == "coordinator.policy" and key in CHANGES:
         base = [*base, "protocol.stuck_threshold=0"]
     a = core_config(load_config(None, base), rows=100)

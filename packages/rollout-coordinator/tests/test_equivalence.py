@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 from coordinator_reference import ReferenceCoordinator
@@ -227,7 +228,8 @@ class Scenario:
             elif isinstance(c, Sync):
                 pass  # its running work is lost to the engine here; the protocol keeps it
 
-    def cycle(self) -> None:
+    def cycle(self) -> list[Any]:
+        """One cycle of both coordinators (they must agree); the commands it gave."""
         self.clock.t += 0.1
         snaps = self._snapshots()
         view = QueueView.from_unordered(self.queue)
@@ -244,11 +246,10 @@ class Scenario:
         for c in (self.fast, self.ref):
             c.on_finished(done)
         self._work(self.rng.randint(0, 10), self.rng.randint(0, 20))
+        return fast_cmds
 
 
 def attrs_evolve_rejected(report: Any, rejected: Any) -> Any:
-    import attrs
-
     return attrs.evolve(report, rejected=rejected)
 
 
@@ -437,3 +438,85 @@ def test_version_groups_keep_the_order_of_sorted_entries() -> None:
                 g.move(j, key, iids)
                 _, iid, p = want.pop(j)
                 want = sorted([*want, (key, iid, p)])
+
+
+#: other values to try for each strategy field (the first that differs from the scenario's)
+_OTHER: dict[str, tuple[Any, ...]] = {
+    "theta": (0.9, 0.01),
+    "theta_slack": (0.9, None),
+    "due_first": (True, False),
+    "route_kv_limit": (0.2, 0.95),
+    "route_max_concurrency": (2, None),
+    "candidate_order": ("reserve", "oldest"),
+    "partial_order": ("gain", "version"),
+    "max_routes_per_cycle": (1, 4096),
+    "route_miss_limit": (1, 256),
+    "sync_kv_threshold": (1.0, 0.0),
+    "sync_require_starved": (False, True),
+    "sync_max_lag": (1, None),
+    "sync_lag_fraction": (0.01, None),
+    "migration_ratio": (1.01, 50.0),
+    "migration_indicator": ("running", "kv"),
+    "migration_min_running": (1, 64),
+    "migration_amount": ("all", "half_gap"),
+    "migration_during_sync": (False, True),
+    "migration_min_speedup": (None, 3.0),
+    "migration_move_cost_s": (None, 100.0),
+    "preemption_rule": ("abort", "off"),
+    "preempt_abort_waiting": (1, 50),
+    "bounce_waiting_threshold": (1, 99),
+    "bounce_kv_threshold": (0.1, 1.0),
+    "bounce_max_per_instance": (1, 64),
+    "verl_staleness_threshold": (0.0, 5.0),
+    "verl_max_concurrent_groups_per_instance": (1, 1000),
+}
+
+
+def _commands_with(
+    monkeypatch: pytest.MonkeyPatch, policy: str, seed: int, field: str | None
+) -> list[Any]:
+    """The commands of a 6-cycle scenario, with ``field`` set to another value than the
+    scenario's own (None: as it is)."""
+    draw = _config
+
+    def config(rng: random.Random, name: str) -> CoordinatorConfig:
+        cfg = draw(rng, name)
+        if field is None:
+            return cfg
+        other = next(v for v in _OTHER[field] if v != getattr(cfg, field))
+        return attrs.evolve(cfg, **{field: other})
+
+    with monkeypatch.context() as m:
+        m.setattr(f"{__name__}._config", config)
+        sc = Scenario(seed, policy)
+        return [sc.cycle() for _ in range(6)]
+
+
+def test_the_other_values_cover_every_strategy_field() -> None:
+    names = {a.name for a in attrs.fields(CoordinatorConfig)} - {"policy", "cost_model"}
+    assert set(_OTHER) == names
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_field_a_policy_does_not_read_changes_none_of_its_commands(
+    policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Policy.reads`` is what applications refuse settings by: a field left out of it must
+    change nothing the policy decides."""
+    unread = sorted(set(_OTHER) - build_policy(policy).reads)
+    for seed in range(4):
+        base = _commands_with(monkeypatch, policy, seed, None)
+        for field in unread:
+            assert _commands_with(monkeypatch, policy, seed, field) == base, (field, seed)
+
+
+def test_a_field_a_policy_reads_can_change_its_commands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The comparison above can see a difference: fields staleflow reads change its commands
+    in these scenarios."""
+    for field in ("theta", "route_kv_limit", "max_routes_per_cycle", "preemption_rule"):
+        assert field in build_policy("staleflow").reads
+        assert any(
+            _commands_with(monkeypatch, "staleflow", seed, field)
+            != _commands_with(monkeypatch, "staleflow", seed, None)
+            for seed in range(4)
+        ), field

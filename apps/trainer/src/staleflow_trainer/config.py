@@ -175,6 +175,8 @@ class RolloutConfig:
 #: per step, and 2^20 admitted trajectories (≈ 1 GiB of bookkeeping) is 14x a run of B = 512
 #: prompts x n = 16 at η = 8.
 MAX_ETA = 64
+#: ``protocol.stuck_threshold`` where it is null and the protocol has per-version buffers
+DEFAULT_STUCK_THRESHOLD = 4
 MAX_BATCH_SIZE = 16384
 MAX_ADMITTED_TRAJECTORIES = 2**20
 #: ``trainer.step_delay_s`` at most: an hour per step is far beyond any real trainer step.
@@ -196,7 +198,12 @@ class ProtocolConfig:
     )
     batch_redundancy: int = _f(0, ge=0, le=MAX_BATCH_SIZE, doc="B' - B spare slots per buffer")
     group_redundancy: int = _f(0, ge=0, doc="n' - n extra responses per group")
-    stuck_threshold: int = _f(4, ge=0, doc="abort stragglers of a buffer lacking <= this many")
+    stuck_threshold: int | None = _f(
+        None,
+        ge=0,
+        doc="abort stragglers of a buffer lacking <= this many (0: off; null: "
+        f"{DEFAULT_STUCK_THRESHOLD} over per-version buffers, off over a FIFO)",
+    )
     stuck_after_s: float = _f(
         5.0, ge=0.0, doc="resolve a stuck buffer only after the trainer waited this long for it"
     )
@@ -406,6 +413,21 @@ class AppConfig:
 # cross-field checks
 
 
+def fifo_protocol(cfg: AppConfig) -> bool:
+    """Whether the run's staleness protocol is one FIFO (eta 'unbounded', or a policy of
+    :data:`FIFO_POLICIES`) rather than per-version buffers."""
+    return cfg.protocol.eta == "unbounded" or cfg.coordinator.policy in FIFO_POLICIES
+
+
+def stuck_threshold(cfg: AppConfig) -> int:
+    """``protocol.stuck_threshold`` as the run applies it (0: off): null is
+    :data:`DEFAULT_STUCK_THRESHOLD` over per-version buffers and off over a FIFO."""
+    given = cfg.protocol.stuck_threshold
+    if given is not None:
+        return given
+    return 0 if fifo_protocol(cfg) else DEFAULT_STUCK_THRESHOLD
+
+
 def _err(key: str, msg: str, allowed: str) -> ConfigError:
     return ConfigError(f"{key}: {msg}", key=key, allowed=allowed)
 
@@ -512,6 +534,14 @@ def validate(cfg: AppConfig) -> None:
             f"{cfg.protocol.batch_redundancy}: policy {cfg.coordinator.policy!r} runs over one "
             "FIFO, without per-version buffers to hold spare slots",
             f"0 with policy one of {list(FIFO_POLICIES)}",
+        )
+    if fifo_protocol(cfg) and cfg.protocol.stuck_threshold:
+        raise _err(
+            "protocol.stuck_threshold",
+            f"{cfg.protocol.stuck_threshold}: policy {cfg.coordinator.policy!r} with eta "
+            f"{cfg.protocol.eta!r} runs over one FIFO, without per-version buffers that could "
+            "wait for stragglers",
+            f"0 or null with policy one of {list(FIFO_POLICIES)} or eta 'unbounded'",
         )
     if cfg.coordinator.policy in WINDOW_POLICIES and cfg.protocol.eta != "unbounded":
         _check_window(cfg)

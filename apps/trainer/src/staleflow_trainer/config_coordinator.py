@@ -209,6 +209,7 @@ class CoordinatorConfig:
         check_known(self.cost_model, COST_MODEL_PRESETS, "coordinator.cost_model",
                     "cost-model preset", json_ok=True)  # fmt: skip
         check_known(self.profile, sorted(STRATEGY_PROFILES), "coordinator.profile", "profile")
+        self._check_read_by_policy()
         try:  # the package's own checks; a fitted .json cost model is read here, at load
             _PackageCoordinatorConfig.from_dict(
                 {
@@ -227,6 +228,24 @@ class CoordinatorConfig:
             raise ConfigError(
                 f"{key} must be {allowed}, got {value}{detail}", key=key, allowed=allowed
             ) from None
+
+    def _check_read_by_policy(self) -> None:
+        """A strategy field set here that no strategy of the policy reads would change
+        nothing: refused, naming the policies that do read it (``Policy.reads``, the
+        registry's own record)."""
+        reads = build_policy(self.policy).reads
+        for name in self.strategy_overrides():
+            if name in reads:
+                continue
+            readers = [p for p in POLICIES if name in build_policy(p).reads]
+            key = f"coordinator.{name}"
+            raise ConfigError(
+                f"{key} is set, but policy {self.policy!r} does not read it (its strategies "
+                f"read {sorted(reads & set(STRATEGY_FIELDS))}); it applies to "
+                f"{readers or 'no policy'}",
+                key=key,
+                allowed=f"null (unset) with policy {self.policy!r}, or a policy of {readers}",
+            )
 
     @property
     def store_wait_s(self) -> float:

@@ -87,13 +87,13 @@ class CoreConfig:
         return self.protocol.group_size + self.protocol.group_redundancy
 
 
-def build_protocol(spec: ProtocolSpec) -> AnyProtocol:
-    """A fresh protocol for ``spec``."""
+def build_protocol(spec: ProtocolSpec, *, start_version: int = 0) -> AnyProtocol:
+    """A fresh protocol for ``spec``, its first published version ``start_version``."""
     if isinstance(spec, GcFifoConfig):
-        return GcFifo(spec)
+        return GcFifo(spec, start_version=start_version)
     if isinstance(spec, UnboundedConfig):
-        return UnboundedFifo(spec)
-    return StalenessProtocol(spec)
+        return UnboundedFifo(spec, start_version=start_version)
+    return StalenessProtocol(spec, start_version=start_version)
 
 
 def protocol_mode(spec: ProtocolSpec) -> str:
@@ -173,7 +173,7 @@ def core_config(cfg: Any, *, rows: int | None) -> CoreConfig:
     """The core's config from the app's (``staleflow_trainer.config.AppConfig``): the one
     place both shells read their decisions' settings from. ``rows``: the dataset size (None
     for the simulator's unbounded prompt stream)."""
-    from staleflow_trainer.config import GC_FIFO_POLICIES
+    from staleflow_trainer.config import GC_FIFO_POLICIES, stuck_threshold
 
     p = cfg.protocol
     filtering = cfg.trainer.dynamic_sampling
@@ -219,7 +219,7 @@ def core_config(cfg: Any, *, rows: int | None) -> CoreConfig:
             batch_redundancy=p.batch_redundancy,
             group_redundancy=p.group_redundancy,
             filtering=filtering,
-            stuck_threshold=p.stuck_threshold or None,
+            stuck_threshold=stuck_threshold(cfg) or None,
         )
     return CoreConfig(
         protocol=spec,

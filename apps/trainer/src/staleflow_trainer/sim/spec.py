@@ -34,6 +34,7 @@ import attrs
 from engine_adapters.cost_model import CostModel
 from engine_adapters.sim import SimConfig as EngineSimConfig
 from engine_adapters.workload import WorkloadConfig
+from rollout_coordinator.policies import build_policy
 from staleflow_trainer.config import (
     BASELINE_POLICIES,
     FIFO_POLICIES,
@@ -401,6 +402,7 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
     model, the speed factors and the length distribution come from
     :mod:`staleflow_trainer.config_sim` (the one translation of the ``sim`` section).
     """
+    from staleflow_trainer.config import stuck_threshold
     from staleflow_trainer.config_sim import (
         engine_config,
         length_workload,
@@ -422,7 +424,7 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
         seed=cfg.run.seed,
         batch_size=proto.batch_size,
         group_size=proto.group_size,
-        stuck_threshold=proto.stuck_threshold,
+        stuck_threshold=stuck_threshold(cfg),
         stuck_after_s=proto.stuck_after_s,
         batch_redundancy=proto.batch_redundancy,
         group_redundancy=proto.group_redundancy,
@@ -463,9 +465,10 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
 def with_policy(cfg: Any, policy: str, eta: int | str | None = None) -> Any:
     """``cfg`` (an ``AppConfig``) for another policy: η forced for the fixed-η baselines, and
     for a baseline StaleFlow's batch redundancy and stuck-buffer resolution off — the systems
-    they model have neither. (Group redundancy stays: every policy then draws the same ``n'``
-    responses per prompt from the prompt stream.) ``compare`` and ``plan`` build every run
-    this way."""
+    they model have neither (nor has a FIFO a buffer to get stuck). (Group redundancy stays:
+    every policy then draws the same ``n'`` responses per prompt from the prompt stream.) A
+    strategy setting the policy does not read is left out of its run. ``compare`` and ``plan``
+    build every run this way."""
     if policy in FIXED_ETA:
         eta = FIXED_ETA[policy]
     over = [
@@ -474,4 +477,12 @@ def with_policy(cfg: Any, policy: str, eta: int | str | None = None) -> Any:
     ]
     if policy in BASELINE_POLICIES:
         over += ["protocol.stuck_threshold=0", "protocol.batch_redundancy=0"]
+    elif policy in FIFO_POLICIES or (cfg.protocol.eta if eta is None else eta) == "unbounded":
+        over += ["protocol.stuck_threshold=0"]  # a FIFO has no buffer to get stuck
+    # a strategy setting the policy does not read is left out of its run (the config refuses
+    # it for a single run, as it would change nothing)
+    reads = build_policy(policy).reads
+    over += [
+        f"coordinator.{f}=null" for f in cfg.coordinator.strategy_overrides() if f not in reads
+    ]
     return cfg.evolve(*over)

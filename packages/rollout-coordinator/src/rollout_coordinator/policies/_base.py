@@ -10,7 +10,7 @@ baseline's batch counter) is passed in and returned, never hidden.
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Mapping
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import attrs
 
@@ -123,6 +123,32 @@ class GateState:
 AdmissionGate = Callable[[CycleView, GateState], tuple[int | None, GateState]]
 """(view, state) -> (quota of new trajectories this cycle or None = unlimited, new state).
 The cycle subtracts what routing actually admitted from ``remaining`` afterwards."""
+
+
+_Fn = TypeVar("_Fn", bound=Callable[..., object])
+
+
+def reads(*fields: str) -> Callable[[_Fn], _Fn]:
+    """Declares the :class:`CoordinatorConfig` fields a strategy function reads (its
+    decisions may change with them): :attr:`Policy.reads` is the union over a policy's
+    functions, and a setting no function of the chosen policy reads can be refused by name.
+    An unknown field name fails at import."""
+    known = {a.name for a in attrs.fields(CoordinatorConfig)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(f"reads(): not CoordinatorConfig fields: {unknown}")
+
+    def mark(fn: _Fn) -> _Fn:
+        setattr(fn, "config_fields", frozenset(fields))  # noqa: B010 (typed functions)
+        return fn
+
+    return mark
+
+
+def fields_read(fn: object) -> frozenset[str]:
+    """The fields ``fn`` was declared to read with :func:`reads` (none if it was not)."""
+    found: object = getattr(fn, "config_fields", None)
+    return frozenset(str(f) for f in found) if isinstance(found, frozenset) else frozenset()
 
 
 def eligible(inst: InstanceState, floor: int) -> bool:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import attrs
 
-from rollout_coordinator.policies._base import AdmissionGate, CycleView, GateState
+from rollout_coordinator.policies._base import AdmissionGate, CycleView, GateState, reads
 
 
 def admit_by_protocol(view: CycleView, state: GateState) -> tuple[int | None, GateState]:
@@ -36,6 +36,7 @@ def admit_by_inflight_budget(view: CycleView, state: GateState) -> tuple[int | N
     return max(0, budget - (view.admitted_total - view.lost_total)), state
 
 
+@reads("verl_staleness_threshold", "verl_max_concurrent_groups_per_instance")
 def admit_by_verl_window(view: CycleView, state: GateState) -> tuple[int | None, GateState]:
     """verl fully-async's admission (see the module docstring), in trajectories.
 

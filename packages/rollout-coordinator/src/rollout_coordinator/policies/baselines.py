@@ -15,7 +15,13 @@ from __future__ import annotations
 
 import attrs
 
-from rollout_coordinator.policies._base import AdmissionGate, MigrationFn, RoutingFn, SyncFn
+from rollout_coordinator.policies._base import (
+    AdmissionGate,
+    MigrationFn,
+    RoutingFn,
+    SyncFn,
+    fields_read,
+)
 from rollout_coordinator.policies.admission import (
     admit_by_inflight_budget,
     admit_by_protocol,
@@ -56,6 +62,14 @@ class Policy:
         """Whether every trajectory it trains is at most η versions stale (False: ``"fifo"``,
         whose staleness only its admission gate limits)."""
         return self.protocol != "fifo"
+
+    @property
+    def reads(self) -> frozenset[str]:
+        """The :class:`~rollout_coordinator.CoordinatorConfig` fields its strategies read
+        (declared on each function with ``policies._base.reads``): setting any other strategy
+        field changes none of its decisions, so a caller can refuse it by name."""
+        fns = (self.routing, self.sync, self.migration, self.admission)
+        return frozenset().union(*(fields_read(f) for f in fns))
 
 
 def sync_baseline() -> Policy:

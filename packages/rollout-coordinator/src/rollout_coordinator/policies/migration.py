@@ -55,7 +55,7 @@ from rollout_coordinator._commands import Interrupt, InterruptReason
 from rollout_coordinator._config import CoordinatorConfig
 from rollout_coordinator._records import RunningEntry
 from rollout_coordinator._speculative import InstanceState
-from rollout_coordinator.policies._base import CycleView, RoutingResult, VTrajLookup
+from rollout_coordinator.policies._base import CycleView, RoutingResult, VTrajLookup, reads
 
 
 def _indicator(inst: InstanceState, kind: str) -> float:
@@ -68,6 +68,21 @@ def _indicator(inst: InstanceState, kind: str) -> float:
     return inst.throughput
 
 
+@reads(
+    "migration_ratio",
+    "migration_indicator",
+    "migration_min_running",
+    "migration_amount",
+    "migration_during_sync",
+    "migration_min_speedup",
+    "migration_move_cost_s",
+    "route_kv_limit",
+    "preemption_rule",
+    "preempt_abort_waiting",
+    "bounce_waiting_threshold",
+    "bounce_kv_threshold",
+    "bounce_max_per_instance",
+)
 def migrate_to_starving(
     view: CycleView, routing: RoutingResult, v_traj: VTrajLookup
 ) -> list[Interrupt]:

@@ -18,9 +18,16 @@ import bisect
 import heapq
 
 from rollout_coordinator._commands import Route
-from rollout_coordinator.policies._base import AdmissionPort, CycleView, RoutingResult, eligible
+from rollout_coordinator.policies._base import (
+    AdmissionPort,
+    CycleView,
+    RoutingResult,
+    eligible,
+    reads,
+)
 
 
+@reads("max_routes_per_cycle", "route_kv_limit")
 def route_evenly(view: CycleView, port: AdmissionPort, quota: int | None) -> RoutingResult:
     cfg = view.config
     floor = view.abort_floor

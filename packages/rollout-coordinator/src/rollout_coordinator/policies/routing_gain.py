@@ -82,7 +82,7 @@ import numpy.typing as npt
 from rollout_coordinator._commands import Route
 from rollout_coordinator._records import QueuedTrajectory
 from rollout_coordinator.cost_model import CostModel
-from rollout_coordinator.policies._base import AdmissionPort, CycleView, RoutingResult
+from rollout_coordinator.policies._base import AdmissionPort, CycleView, RoutingResult, reads
 
 #: due_first: after this many θ refusals in one cycle an instance leaves for the cycle (each
 #: refusal for a longer trajectory than the next one brings it back: the bound keeps the cost
@@ -130,6 +130,17 @@ def instance_thetas(view: CycleView, iids: list[str]) -> list[float] | None:
     return [theta if (v := oldest(iid)) is None or v <= last_chance else slack for iid in iids]
 
 
+@reads(
+    "theta",
+    "theta_slack",
+    "due_first",
+    "route_kv_limit",
+    "route_max_concurrency",
+    "candidate_order",
+    "partial_order",
+    "max_routes_per_cycle",
+    "route_miss_limit",
+)
 def route_by_marginal_gain(
     view: CycleView, port: AdmissionPort, quota: int | None
 ) -> RoutingResult:

@@ -45,13 +45,14 @@ from __future__ import annotations
 import math
 
 from rollout_coordinator._commands import Sync
-from rollout_coordinator.policies._base import AdmissionPort, CycleView
+from rollout_coordinator.policies._base import AdmissionPort, CycleView, reads
 
 #: A group id the protocol has never seen: asking about it asks "would a *fresh* group be
 #: admitted at this version?" without touching state.
 PROBE_GROUP = "\x00rollout-coordinator-probe"
 
 
+@reads("sync_kv_threshold", "sync_require_starved", "sync_max_lag", "sync_lag_fraction")
 def sync_when_starved(view: CycleView, port: AdmissionPort, quota: int | None) -> list[Sync]:
     cfg = view.config
     latest = view.latest_version
