@@ -6,7 +6,9 @@ trajectories, a reward worker scores them, a trainer trains — while Hypothesis
 of those things happens next, and when an instance dies, a sync fails, or the core's process
 crashes (the core is then rebuilt from its last base state plus the journal of events since,
 and must equal the one that crashed). After every step: the ledger agrees with the protocol,
-the totals balance, no consumed sample is staler than η, no buffer is trained twice.
+the totals balance, no consumed sample is staler than η, no buffer is trained twice. The runs
+cover per-version buffers (staleflow and two ablations) and the FIFOs (``GcFifo`` under
+coarse-async-drop, ``UnboundedFifo`` under verl-async and with η unbounded).
 """
 
 from __future__ import annotations
@@ -61,6 +63,35 @@ def make_config(policy: str = "staleflow", eta: int = 1, **proto: Any) -> CoreCo
         sync_retries=3,
         rows=20,
     )
+
+
+#: runs over one FIFO instead of per-version buffers: (policy, eta or None for the drawn one)
+FIFO_RUNS = {
+    "coarse-async-drop": ("coarse-async-drop", None),  # GcFifo: drops what ages past η
+    "verl-async": ("verl-async", None),  # UnboundedFifo under verl's window (s = η)
+    "unbounded": ("all-vanilla", "unbounded"),  # UnboundedFifo, no staleness control
+}
+
+
+def make_fifo_config(run: str, eta: int, *, group_redundancy: int, filtering: bool) -> CoreConfig:
+    """A FIFO run's core config, built the way both shells build theirs (from the app
+    config, by ``core_config``)."""
+    from staleflow_trainer.config import load_config
+    from staleflow_trainer.control.config import core_config
+
+    policy, fixed = FIFO_RUNS[run]
+    over = [
+        f"coordinator.policy={policy}",
+        f"protocol.eta={eta if fixed is None else fixed}",
+        "protocol.batch_size=2",
+        "protocol.group_size=2",
+        f"protocol.group_redundancy={group_redundancy}",
+        "protocol.stuck_after_s=1.0",
+        "coordinator.sync_retries=3",
+        "trainer.steps=6",
+        f"trainer.dynamic_sampling={str(filtering).lower()}",
+    ]
+    return core_config(load_config(None, over), rows=20)
 
 
 class World:
@@ -155,7 +186,7 @@ class CoreMachine(RuleBasedStateMachine):
         self.journal: list[dict[str, Any]] = []
 
     @initialize(
-        policy=st.sampled_from(["staleflow", "all-vanilla", "vanilla-sync"]),
+        policy=st.sampled_from(["staleflow", "all-vanilla", "vanilla-sync", *FIFO_RUNS]),
         eta=st.integers(0, 2),
         redundancy=st.integers(0, 1),
         filtering=st.booleans(),
@@ -165,13 +196,21 @@ class CoreMachine(RuleBasedStateMachine):
     def start(
         self, policy: str, eta: int, redundancy: int, filtering: bool, stuck: bool, instances: int
     ) -> None:
-        self.config = make_config(
-            policy,
-            eta,
-            group_redundancy=redundancy,
-            filtering=filtering,
-            stuck_threshold=1 if stuck else None,
-        )
+        if policy in FIFO_RUNS:  # no buffer to get stuck; verl's window refuses filtering
+            self.config = make_fifo_config(
+                policy,
+                eta,
+                group_redundancy=redundancy,
+                filtering=filtering and policy != "verl-async",
+            )
+        else:
+            self.config = make_config(
+                policy,
+                eta,
+                group_redundancy=redundancy,
+                filtering=filtering,
+                stuck_threshold=1 if stuck else None,
+            )
         self.core = ControlCore(self.config, prompt_len=prompt_len)
         self.base = self.core.to_dict()
         for i in range(instances):
@@ -228,6 +267,33 @@ class CoreMachine(RuleBasedStateMachine):
         gen = self.world.running[iid].pop(tid) + tokens
         o = Outcome(trajectory_id=tid, generated=gen, finish="stop" if finish else None)
         self.feed(Reported(at=self._tick(), instance_id=iid, outcomes=[o]))
+
+    @rule(tokens=st.integers(1, 40))
+    def settle(self, tokens: int) -> None:
+        """Every sync in flight succeeds, everything running finishes and is reported, every
+        finished trajectory is scored (members of a group apart, so filtering keeps it), and
+        a cycle follows: the run moves on to training (the rules one step at a time rarely
+        get a whole batch there)."""
+        for iid in sorted(self.world.syncing):
+            version = self.world.syncing.pop(iid)
+            self.world.version[iid] = version
+            self.feed(SyncDone(at=self._tick(), instance_id=iid, version=version))
+        for iid in sorted(self.world.running):
+            if iid in self.world.syncing or iid in self.world.silent:
+                continue
+            run = self.world.running[iid]
+            done = [Outcome(trajectory_id=t, generated=g + tokens, finish="stop")
+                    for t, g in sorted(run.items())]  # fmt: skip
+            run.clear()
+            if done:
+                self.feed(Reported(at=self._tick(), instance_id=iid, outcomes=done))
+        if self.world.to_score:
+            scores = [Reward(trajectory_id=t, score=float(int(t.rsplit("/", 1)[1]) % 2),
+                             reason="")
+                      for t in sorted(self.world.to_score)]  # fmt: skip
+            self.world.to_score.clear()
+            self.feed(Rewarded(at=self._tick(), rewards=scores))
+        self.cycle()
 
     @rule(data=st.data(), fail=st.integers(0, 9))
     def reward(self, data: st.DataObject, fail: int) -> None:
@@ -342,7 +408,7 @@ class CoreMachine(RuleBasedStateMachine):
 
 
 CoreMachine.TestCase.settings = settings(
-    max_examples=int(os.environ.get("STALEFLOW_CORE_EXAMPLES", "60")),
+    max_examples=int(os.environ.get("STALEFLOW_CORE_EXAMPLES", "150")),
     stateful_step_count=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
