@@ -43,6 +43,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -58,15 +59,9 @@ from rollout_coordinator import (
     RunningEntry,
 )
 from rollout_coordinator.policies import POLICIES, build_policy
-from staleness_protocol import (
-    GcFifo,
-    GcFifoConfig,
-    ProtocolConfig,
-    StalenessProtocol,
-    UnboundedConfig,
-    UnboundedFifo,
-    protocol_from_dict,
-)
+from staleness_protocol import StalenessProtocol, UnboundedFifo, protocol_from_dict
+
+AnyProtocol = StalenessProtocol | UnboundedFifo
 
 RUNNING_PER_INSTANCE = 32
 PARTIAL_SHARE = 4  # one queued trajectory in four is a partial
@@ -82,31 +77,33 @@ SMOKE_CURVE = ((8, 256), (16, 512))
 State = tuple[dict[str, Any], list[dict[str, Any]], QueueView]
 
 
-def new_protocol(kind: str, batch: int, eta: int) -> StalenessProtocol | UnboundedFifo:
-    """The protocol a policy runs over (``Policy.protocol``): per-version buffers; for the
-    gc-fifo baseline one FIFO capped at (η + 1)·B groups; for the fifo baseline (verl-async,
-    its window at s = η) one FIFO that keeps no η, capped at (η + 2)·B groups."""
-    if kind == "gc-fifo":
-        cfg = GcFifoConfig(
-            batch_size=batch, group_size=N, eta=eta, max_inflight_groups=(eta + 1) * batch
-        )
-        return GcFifo(cfg, start_version=CURRENT)
-    if kind == "fifo":
-        ucfg = UnboundedConfig(
-            batch_size=batch, group_size=N, max_inflight_groups=(eta + 2) * batch
-        )
-        return UnboundedFifo(ucfg, start_version=CURRENT)
-    return StalenessProtocol(
-        ProtocolConfig(batch_size=batch, group_size=N, eta=eta), start_version=CURRENT
-    )
+def new_protocol(policy: str, batch: int, eta: int) -> AnyProtocol:
+    """The protocol ``policy`` runs over (``Policy.protocol``), built where both of the app's
+    shells build theirs (``control.config.core_config``): per-version buffers, or the
+    baselines' FIFOs with the caps the app gives them; no stuck-buffer resolution. (The app
+    is imported here, not by ``--worker``: a worker may run another checkout's coordinator.)"""
+    from staleflow_trainer.config import load_config
+    from staleflow_trainer.control.config import build_protocol, core_config
+
+    cfg = load_config(None, [
+        f"coordinator.policy={policy}", f"protocol.eta={eta}", f"protocol.batch_size={batch}",
+        f"protocol.group_size={N}", "protocol.stuck_threshold=0",
+    ])  # fmt: skip
+    return build_protocol(core_config(cfg, rows=None).protocol, start_version=CURRENT)
 
 
 def build_state(
-    instances: int, queued: int, eta: int, with_partials: bool, kind: str, seed: int = 0
+    instances: int,
+    queued: int,
+    eta: int,
+    with_partials: bool,
+    policy: str,
+    seed: int = 0,
+    proto: AnyProtocol | None = None,
 ) -> State:
     rng = random.Random(seed)
     running_total = RUNNING_PER_INSTANCE * instances
-    proto = new_protocol(kind, instances, eta)
+    proto = new_protocol(policy, instances, eta) if proto is None else proto
     versions = [CURRENT - (i % 3) if eta >= 2 else CURRENT for i in range(instances)]
     # skewed load: running counts between 8 and 56, summing to running_total
     counts = [8 + (i * 37) % 49 for i in range(instances)]
@@ -158,10 +155,18 @@ def build_state(
     return proto.to_dict(), snaps, QueueView.from_unordered(queue)
 
 
-def state_for(policy: str, instances: int, queued: int) -> State:
-    pol = build_policy(policy)
-    eta = ETA if pol.required_eta is None else pol.required_eta
-    return build_state(instances, queued, eta, with_partials=eta == ETA, kind=pol.protocol)
+def point_eta(policy: str) -> int:
+    """The η a point of ``policy`` runs at: :data:`ETA`, or the one the policy models."""
+    required = build_policy(policy).required_eta
+    return ETA if required is None else required
+
+
+def state_for(policy: str, instances: int, queued: int, proto: AnyProtocol | None = None) -> State:
+    """The point's state; ``proto``: its fresh protocol, if built elsewhere (a worker that
+    runs another checkout's coordinator gets it from this one's app, see :func:`against`)."""
+    eta = point_eta(policy)
+    return build_state(instances, queued, eta, with_partials=eta == ETA, policy=policy,
+                       proto=proto)  # fmt: skip
 
 
 def prepared(name: str, state: State, it: int) -> tuple[Coordinator, list[InstanceSnapshot]]:
@@ -307,10 +312,12 @@ def scale_curve(
     return {"points": curve, "profile_largest": profile}
 
 
-def _worker(policy: str, instances: int, queued: int) -> int:
-    """``--worker``: build the point's state, then time one cycle per line read (its number)
-    and print ``cpu_ms wall_ms routes``."""
-    state = state_for(policy, instances, queued)
+def _worker(policy: str, instances: int, queued: int, proto_path: str) -> int:
+    """``--worker``: build the point's state (on the fresh protocol the parent wrote to
+    ``proto_path``: the app that builds it may not run on the other checkout's coordinator),
+    then time one cycle per line read (its number) and print ``cpu_ms wall_ms routes``."""
+    proto = protocol_from_dict(json.loads(Path(proto_path).read_text()))
+    state = state_for(policy, instances, queued, proto)
     print(f"ready {Path(sys.modules[Coordinator.__module__].__file__ or '?').parent}", flush=True)
     for line in sys.stdin:
         coord, batch = prepared(policy, state, int(line))
@@ -335,11 +342,13 @@ def against(
     for name in policies:
         for instances, queued in points:
             workers = {}
+            fresh = Path(tempfile.mkstemp(suffix=".json")[1])
+            fresh.write_text(json.dumps(new_protocol(name, instances, point_eta(name)).to_dict()))
             for side, path in (("current", None), ("other", src)):
                 env = dict(os.environ)
                 if path is not None:
                     env["PYTHONPATH"] = os.pathsep.join([str(path), env.get("PYTHONPATH", "")])
-                cmd = [sys.executable, __file__, "--worker", f"{name}:{instances}x{queued}"]
+                cmd = [sys.executable, __file__, "--worker", f"{name}:{instances}x{queued}:{fresh}"]
                 workers[side] = w = subprocess.Popen(
                     cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
                 )
@@ -361,6 +370,7 @@ def against(
                 assert w.stdin is not None
                 w.stdin.close()
                 w.wait()
+            fresh.unlink()
             r: dict[str, Any] = {"instances": instances, "queued": queued}
             for side, rows in times.items():
                 r[f"{side}_cpu_ms_p50"] = round(statistics.median(t[0] for t in rows), 3)
@@ -400,14 +410,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--against", default=None, help="another checkout's rollout-coordinator/src: interleave"
     )
-    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # POLICY:IxQ (internal)
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # POLICY:IxQ:PATH (internal)
     ap.add_argument("--out", default=None, help="report path")
     a = ap.parse_args(argv)
     if a.worker:
-        name, point = a.worker.split(":")
+        name, point, proto_path = a.worker.split(":", 2)
         inst, queued = point.split("x")
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-        return _worker(name, int(inst), int(queued))
+        return _worker(name, int(inst), int(queued), proto_path)
     policies = [p.strip() for p in a.curve_policies.split(",") if p.strip()]
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
