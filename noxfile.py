@@ -63,7 +63,7 @@ def _sync(session: nox.Session, *args: str) -> None:
 def lint(session: nox.Session) -> None:
     _sync(session, "--all-packages", "--only-dev")
     session.run("ruff", "check", ".")
-    session.run("ruff", "format", "--check", "packages/staleness-protocol")
+    session.run("ruff", "format", "--check", ".")
 
 
 @nox.session

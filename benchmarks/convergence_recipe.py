@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from convergence_study import eval_prompts
+from convergence_study import eval_prompts, repo_path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "convergence.yaml"
@@ -206,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         flush=True,
                     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"config": str(args.config), "runs": entries}, indent=1))
+    args.out.write_text(json.dumps({"config": repo_path(args.config), "runs": entries}, indent=1))
     print(f"wrote {args.out} ({len(entries)} runs, {time.monotonic() - t0:.0f} s)")
     return 0
 
