@@ -13,7 +13,7 @@ from staleflow_trainer.control.config import build_protocol as _build
 from staleflow_trainer.control.config import check_resumable, core_config
 from staleflow_trainer.errors import CheckpointError, ConfigError
 from staleflow_trainer.sim.spec import with_policy
-from staleness_protocol import StalenessProtocol, UnboundedFifo, protocol_from_dict
+from staleness_protocol import StalenessProtocol, UnboundedConfig, UnboundedFifo, protocol_from_dict
 
 UNBOUNDED = ["protocol.eta=unbounded", "coordinator.policy=all-vanilla"]
 
@@ -105,7 +105,7 @@ def test_simulator_runs_unbounded_with_fifo_and_measured_staleness() -> None:
         max_running=32, kv_capacity_tokens=24_000, prompt_len=64, prompt_len_max=128,
         response_len_median=200, response_len_sigma=1.2, max_response_len=1024,
         trainer_time_a_s=0.2, trainer_time_b_s_per_token=2e-6, cycle_period_s=0.1,
-        warmup_steps=1, unbounded_inflight_batches=4,
+        warmup_steps=1, unbounded_inflight_batches=4, eta="unbounded", policy="all-vanilla",
     )  # fmt: skip
     runs = {}
     for eta in (1, "unbounded"):
@@ -255,3 +255,16 @@ def test_a_strategy_setting_the_policy_does_not_read_is_refused() -> None:
     even = with_policy(cfg, "all-vanilla").coordinator
     assert even.theta is None and even.route_kv_limit == 0.8
     assert with_policy(cfg, "vanilla-sync").coordinator.theta == 0.5
+
+
+def test_the_fifo_admission_limit_is_for_eta_unbounded_only() -> None:
+    """``protocol.unbounded_inflight_batches`` sizes the unbounded FIFO's admission (null: 2
+    batches); buffers admit by themselves, so with an integer eta it is refused by name."""
+    fifo = core_config(load_config(None, UNBOUNDED), rows=8).protocol
+    assert isinstance(fifo, UnboundedConfig) and fifo.max_inflight_groups == 2 * 8
+    three = load_config(None, [*UNBOUNDED, "protocol.unbounded_inflight_batches=3"])
+    assert core_config(three, rows=8).protocol.max_inflight_groups == 3 * 8
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["protocol.eta=2", "protocol.unbounded_inflight_batches=3"])
+    assert e.value.key == "protocol.unbounded_inflight_batches"
+    assert with_policy(three, "all-vanilla", 2).protocol.unbounded_inflight_batches is None

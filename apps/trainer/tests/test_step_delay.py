@@ -55,7 +55,7 @@ def test_a_slower_trainer_grows_unbounded_staleness_in_the_simulator() -> None:
         max_running=32, kv_capacity_tokens=24_000, prompt_len=32, prompt_len_max=64,
         response_len_median=800, response_len_sigma=0.3, max_response_len=2048,
         trainer_time_a_s=0.2, trainer_time_b_s_per_token=0.0, cycle_period_s=0.1,
-        warmup_steps=1, unbounded_inflight_batches=2,
+        warmup_steps=1, unbounded_inflight_batches=2, eta="unbounded", policy="all-vanilla",
     )  # fmt: skip
 
     def max_staleness(delay: float, eta: int | str) -> int:

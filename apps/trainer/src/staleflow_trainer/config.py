@@ -31,7 +31,15 @@ from staleflow_trainer.config_coordinator import STRATEGY_FIELDS as STRATEGY_FIE
 from staleflow_trainer.config_coordinator import UNBOUNDED_POLICIES as UNBOUNDED_POLICIES
 from staleflow_trainer.config_coordinator import WINDOW_POLICIES as WINDOW_POLICIES
 from staleflow_trainer.config_coordinator import CoordinatorConfig as CoordinatorConfig
-from staleflow_trainer.config_coordinator import verl_window
+from staleflow_trainer.config_protocol import DEFAULT_INFLIGHT_BATCHES as DEFAULT_INFLIGHT_BATCHES
+from staleflow_trainer.config_protocol import DEFAULT_STUCK_THRESHOLD as DEFAULT_STUCK_THRESHOLD
+from staleflow_trainer.config_protocol import MAX_ADMITTED_TRAJECTORIES as MAX_ADMITTED_TRAJECTORIES
+from staleflow_trainer.config_protocol import MAX_BATCH_SIZE as MAX_BATCH_SIZE
+from staleflow_trainer.config_protocol import MAX_ETA as MAX_ETA
+from staleflow_trainer.config_protocol import ProtocolConfig as ProtocolConfig
+from staleflow_trainer.config_protocol import check_protocol
+from staleflow_trainer.config_protocol import fifo_protocol as fifo_protocol
+from staleflow_trainer.config_protocol import stuck_threshold as stuck_threshold
 from staleflow_trainer.config_schema import field as _f
 from staleflow_trainer.config_schema import section as _section
 from staleflow_trainer.config_schema import validate_field as _validate_field
@@ -39,7 +47,6 @@ from staleflow_trainer.config_sim import SimConfig as SimConfig  # the sim secti
 from staleflow_trainer.config_sim import SimWorkloadConfig as SimWorkloadConfig
 from staleflow_trainer.config_sim import validate_sim
 from staleflow_trainer.errors import ConfigError
-from trajectory_server import MAX_GROUP_SIZE
 
 # ---------------------------------------------------------------------------------------------
 # sections
@@ -167,75 +174,8 @@ class RolloutConfig:
 
 
 #: Upper bounds of the protocol section. Admission keeps up to (η + 1) buffers of
-#: (B + B') groups of (n + n') trajectories ahead of training, and the control core holds a record
-#: of each: absurd values (η = 10^12, B = 10^8) would admit without end and grow memory by the
-#: second. The bounds sit far beyond any useful run: the published staleness results converge
-#: like synchronous training up to η ≈ 3 and degrade from about 10 (use ``unbounded`` for no
-#: staleness control at all), the largest published RL recipes train on a few thousand prompts
-#: per step, and 2^20 admitted trajectories (≈ 1 GiB of bookkeeping) is 14x a run of B = 512
-#: prompts x n = 16 at η = 8.
-MAX_ETA = 64
-#: ``protocol.stuck_threshold`` where it is null and the protocol has per-version buffers
-DEFAULT_STUCK_THRESHOLD = 4
-MAX_BATCH_SIZE = 16384
-MAX_ADMITTED_TRAJECTORIES = 2**20
 #: ``trainer.step_delay_s`` at most: an hour per step is far beyond any real trainer step.
 MAX_STEP_DELAY_S = 3600.0
-
-
-@_section("protocol")
-@attrs.frozen(kw_only=True)
-class ProtocolConfig:
-    __section__: ClassVar[str]
-    batch_size: int = _f(
-        8, ge=1, le=MAX_BATCH_SIZE, doc="B: groups per training batch (see MAX_BATCH_SIZE)"
-    )
-    group_size: int = _f(
-        8, ge=1, le=MAX_GROUP_SIZE, doc="n: responses per prompt (the trajectory server's limit)"
-    )
-    eta: int | Literal["unbounded"] = _f(
-        1, ge=0, le=MAX_ETA, doc="staleness bound; 'unbounded' = no control (see MAX_ETA)"
-    )
-    batch_redundancy: int = _f(0, ge=0, le=MAX_BATCH_SIZE, doc="B' - B spare slots per buffer")
-    group_redundancy: int = _f(0, ge=0, doc="n' - n extra responses per group")
-    stuck_threshold: int | None = _f(
-        None,
-        ge=0,
-        doc="abort stragglers of a buffer lacking <= this many (0: off; null: "
-        f"{DEFAULT_STUCK_THRESHOLD} over per-version buffers, off over a FIFO)",
-    )
-    stuck_after_s: float = _f(
-        5.0, ge=0.0, doc="resolve a stuck buffer only after the trainer waited this long for it"
-    )
-    unbounded_inflight_batches: int = _f(
-        2,
-        ge=1,
-        le=MAX_ETA + 1,
-        doc="eta 'unbounded' only: groups admitted and not yet complete <= this x batch_size",
-    )
-
-    def __attrs_post_init__(self) -> None:
-        members = self.group_size + self.group_redundancy
-        if members > MAX_GROUP_SIZE:
-            raise ConfigError(
-                f"protocol.group_redundancy: group_size {self.group_size} + group_redundancy "
-                f"{self.group_redundancy} = {members} members exceed the trajectory server's "
-                f"{MAX_GROUP_SIZE} per group",
-                key="protocol.group_redundancy",
-                allowed=f"<= {MAX_GROUP_SIZE - self.group_size}",
-            )
-        buffers = self.unbounded_inflight_batches if self.eta == "unbounded" else self.eta + 1
-        groups = self.batch_size + self.batch_redundancy
-        if buffers * groups * members > MAX_ADMITTED_TRAJECTORIES:
-            raise ConfigError(
-                f"protocol.batch_size: up to {buffers} x {groups} groups x {members} members = "
-                f"{buffers * groups * members:,} trajectories would be admitted ahead of "
-                f"training (buffers x (batch_size + batch_redundancy) x (group_size + "
-                f"group_redundancy)); at most {MAX_ADMITTED_TRAJECTORIES:,}",
-                key="protocol.batch_size",
-                allowed=f"batch_size + batch_redundancy <= "
-                f"{MAX_ADMITTED_TRAJECTORIES // (buffers * members)} with these eta and group sizes",
-            )
 
 
 @_section("trainer.overlong")
@@ -413,48 +353,8 @@ class AppConfig:
 # cross-field checks
 
 
-def fifo_protocol(cfg: AppConfig) -> bool:
-    """Whether the run's staleness protocol is one FIFO (eta 'unbounded', or a policy of
-    :data:`FIFO_POLICIES`) rather than per-version buffers."""
-    return cfg.protocol.eta == "unbounded" or cfg.coordinator.policy in FIFO_POLICIES
-
-
-def stuck_threshold(cfg: AppConfig) -> int:
-    """``protocol.stuck_threshold`` as the run applies it (0: off): null is
-    :data:`DEFAULT_STUCK_THRESHOLD` over per-version buffers and off over a FIFO."""
-    given = cfg.protocol.stuck_threshold
-    if given is not None:
-        return given
-    return 0 if fifo_protocol(cfg) else DEFAULT_STUCK_THRESHOLD
-
-
 def _err(key: str, msg: str, allowed: str) -> ConfigError:
     return ConfigError(f"{key}: {msg}", key=key, allowed=allowed)
-
-
-def _check_window(cfg: AppConfig) -> None:
-    """verl-async: its window ``s`` (``coordinator.verl_staleness_threshold``, η if null)
-    bounds what it admits ahead of training, as η + 1 buffers do for the others; filtered
-    groups free room only at the next weight sync, so dynamic sampling could starve it."""
-    given = cfg.coordinator.verl_staleness_threshold
-    key = "coordinator.verl_staleness_threshold" if given is not None else "protocol.eta"
-    s = verl_window(cfg.protocol.eta, given)
-    if s > MAX_ETA:
-        raise _err(key, f"{s:g}: verl-async's window is (1 + this) x batch_size groups",
-                   f"<= {MAX_ETA}")  # fmt: skip
-    p = cfg.protocol
-    members = p.group_size + p.group_redundancy
-    admitted = (int(s) + 2) * p.batch_size * members
-    if admitted > MAX_ADMITTED_TRAJECTORIES:
-        raise _err(key, f"{s:g}: up to {admitted:,} trajectories would be admitted ahead of "
-                   f"training ((floor(s) + 2) x batch_size x members); at most "
-                   f"{MAX_ADMITTED_TRAJECTORIES:,}",
-                   f"<= {MAX_ADMITTED_TRAJECTORIES // (p.batch_size * members) - 2} "
-                   "with these batch and group sizes")  # fmt: skip
-    if cfg.trainer.dynamic_sampling:
-        raise _err("trainer.dynamic_sampling", "true: verl-async's window frees the room of "
-                   "filtered groups only at the next weight sync, so a window whose groups "
-                   "are filtered never fills a batch", "false with policy verl-async")  # fmt: skip
 
 
 def validate(cfg: AppConfig) -> None:
@@ -513,38 +413,7 @@ def validate(cfg: AppConfig) -> None:
             f"{r.sampling.max_new_tokens}",
             f"<= {r.sampling.max_new_tokens}",
         )
-    if cfg.protocol.eta == "unbounded" and cfg.coordinator.policy not in UNBOUNDED_POLICIES:
-        raise _err(
-            "coordinator.policy",
-            f"{cfg.coordinator.policy!r} cannot run protocol.eta 'unbounded' (no staleness "
-            "control syncs greedily like the systems it models; the baselines model a fixed "
-            "eta or budget it)",
-            f"one of {list(UNBOUNDED_POLICIES)} (or an integer protocol.eta)",
-        )
-    if cfg.protocol.eta == "unbounded" and cfg.protocol.batch_redundancy:
-        raise _err(
-            "protocol.batch_redundancy",
-            f"{cfg.protocol.batch_redundancy}: spare buffer slots mean nothing with eta "
-            "'unbounded' (a FIFO, no buffers; protocol.unbounded_inflight_batches sets admission)",
-            "0 with eta 'unbounded'",
-        )
-    if cfg.coordinator.policy in FIFO_POLICIES and cfg.protocol.batch_redundancy:
-        raise _err(
-            "protocol.batch_redundancy",
-            f"{cfg.protocol.batch_redundancy}: policy {cfg.coordinator.policy!r} runs over one "
-            "FIFO, without per-version buffers to hold spare slots",
-            f"0 with policy one of {list(FIFO_POLICIES)}",
-        )
-    if fifo_protocol(cfg) and cfg.protocol.stuck_threshold:
-        raise _err(
-            "protocol.stuck_threshold",
-            f"{cfg.protocol.stuck_threshold}: policy {cfg.coordinator.policy!r} with eta "
-            f"{cfg.protocol.eta!r} runs over one FIFO, without per-version buffers that could "
-            "wait for stragglers",
-            f"0 or null with policy one of {list(FIFO_POLICIES)} or eta 'unbounded'",
-        )
-    if cfg.coordinator.policy in WINDOW_POLICIES and cfg.protocol.eta != "unbounded":
-        _check_window(cfg)
+    check_protocol(cfg)
     if not is_loopback(cfg.param_server.bind_host) and not cfg.param_server.auth_token:
         raise _err(
             "param_server.auth_token",

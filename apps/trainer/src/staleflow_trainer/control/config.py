@@ -196,7 +196,7 @@ def core_config(cfg: Any, *, rows: int | None) -> CoreConfig:
         spec = UnboundedConfig(
             batch_size=p.batch_size,
             group_size=p.group_size,
-            max_inflight_groups=p.unbounded_inflight_batches * p.batch_size,
+            max_inflight_groups=p.inflight_batches * p.batch_size,
             group_redundancy=p.group_redundancy,
             filtering=filtering,
         )

@@ -419,7 +419,7 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
     return SimSpec(
         policy=cfg.coordinator.policy,
         eta=proto.eta,
-        unbounded_inflight_batches=proto.unbounded_inflight_batches,
+        unbounded_inflight_batches=proto.inflight_batches,
         steps=cfg.trainer.steps,
         seed=cfg.run.seed,
         batch_size=proto.batch_size,
@@ -465,7 +465,8 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
 def with_policy(cfg: Any, policy: str, eta: int | str | None = None) -> Any:
     """``cfg`` (an ``AppConfig``) for another policy: η forced for the fixed-η baselines, and
     for a baseline StaleFlow's batch redundancy and stuck-buffer resolution off — the systems
-    they model have neither (nor has a FIFO a buffer to get stuck). (Group redundancy stays:
+    they model have neither (nor has a FIFO a buffer to get stuck; nor do buffers take the
+    FIFO's admission limit). (Group redundancy stays:
     every policy then draws the same ``n'`` responses per prompt from the prompt stream.) A
     strategy setting the policy does not read is left out of its run. ``compare`` and ``plan``
     build every run this way."""
@@ -479,6 +480,8 @@ def with_policy(cfg: Any, policy: str, eta: int | str | None = None) -> Any:
         over += ["protocol.stuck_threshold=0", "protocol.batch_redundancy=0"]
     elif policy in FIFO_POLICIES or (cfg.protocol.eta if eta is None else eta) == "unbounded":
         over += ["protocol.stuck_threshold=0"]  # a FIFO has no buffer to get stuck
+    if (cfg.protocol.eta if eta is None else eta) != "unbounded":
+        over += ["protocol.unbounded_inflight_batches=null"]  # buffers admit by themselves
     # a strategy setting the policy does not read is left out of its run (the config refuses
     # it for a single run, as it would change nothing)
     reads = build_policy(policy).reads
