@@ -11,8 +11,9 @@ its sync, and the trainer waited for that batch until the instance was lost.
 
 The instance is frozen right after a step, at a moment it holds no work in the trajectory
 server (work it holds cannot be had before it is lost: that batch waits for the loss). If the
-first call that finds it frozen is a route (it looked free), that route's work would wait for
-the loss too: the instance is thawed and frozen again after a later step.
+first call that finds it frozen is a route (it looked free), or a route was on its way as it
+froze, that route's work would wait for the loss too: the instance is thawed and frozen again
+after a later step (the control core's own record of what it routed there says so).
 """
 
 from __future__ import annotations
@@ -59,6 +60,15 @@ def frozen(
     out: dict[str, Any] = {"steps_at": {}}
     dep = Deployment(cfg).start()
 
+    def holds_work(iid: str) -> bool:
+        """Work the instance holds in the trajectory server, or that the control core routed
+        to it (a route in flight when it froze: the instance never took that work from the
+        server, and it waits for the loss all the same)."""
+        in_store = ray.get(dep.coordinator.held_by.remote(iid))
+        routed = ray.get(dep.coordinator.__ray_call__.remote(
+            lambda actor: actor.core.ledger.held_by(iid)))  # fmt: skip
+        return bool(in_store or routed)
+
     def on_record(rec: dict[str, Any]) -> None:
         step = int(rec["step"])
         out["steps_at"][step] = time.monotonic()
@@ -67,7 +77,7 @@ def frozen(
         victim = sorted(dep.rollouts)[0]
         h = dep.rollouts[victim]
         pid = ray.get(h.__ray_call__.remote(lambda actor: os.getpid()))
-        if ray.get(dep.coordinator.held_by.remote(victim)):
+        if holds_work(victim):
             return  # it holds work: freeze it after a later step
         silent = ray.get(dep.coordinator.summary.remote())["counters"]["instances_silent"]
         os.kill(pid, signal.SIGSTOP)
@@ -83,7 +93,7 @@ def frozen(
             f"{victim} to be found silent",
             every_s=0.05,
         )
-        if ray.get(dep.coordinator.held_by.remote(victim)):
+        if holds_work(victim):
             os.kill(pid, signal.SIGCONT)
             out["thawed"] = out.get("thawed", 0) + 1
             return
