@@ -36,6 +36,10 @@ def test_every_policy_of_a_comparison_runs_the_presets_coordinator_settings(name
     runs = plan_runs(base, None, (1, 3))
     assert {c.coordinator.policy for c in runs} == set(POLICIES)
     want = _strategy(base)
+    # what a policy does not read is the profile's (the preset's own value is left out)
+    profile = _strategy(
+        base.evolve(*(f"coordinator.{f}=null" for f in base.coordinator.strategy_overrides()))
+    )
     for c in runs:
         got = _strategy(c)
         if c.coordinator.policy == "verl-async":  # η sizes its window (its FIFO keeps none)
@@ -45,12 +49,6 @@ def test_every_policy_of_a_comparison_runs_the_presets_coordinator_settings(name
         assert {k: v for k, v in got.items() if k in reads} == {
             k: v for k, v in want.items() if k in reads
         }, f"{c.coordinator.policy} at eta {c.protocol.eta}"
-        # what it does not read is the profile's (the preset's own value is left out)
-        profile = _strategy(
-            load_config(EXAMPLES / name, []).evolve(
-                *(f"coordinator.{f}=null" for f in base.coordinator.strategy_overrides())
-            )
-        )
         assert {k: v for k, v in got.items() if k not in reads} == {
             k: v for k, v in profile.items() if k not in reads
         }

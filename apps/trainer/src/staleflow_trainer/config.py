@@ -39,7 +39,9 @@ from staleflow_trainer.config_protocol import MAX_ETA as MAX_ETA
 from staleflow_trainer.config_protocol import ProtocolConfig as ProtocolConfig
 from staleflow_trainer.config_protocol import check_protocol
 from staleflow_trainer.config_protocol import fifo_protocol as fifo_protocol
+from staleflow_trainer.config_protocol import is_fifo as is_fifo
 from staleflow_trainer.config_protocol import stuck_threshold as stuck_threshold
+from staleflow_trainer.config_schema import config_error as _err
 from staleflow_trainer.config_schema import field as _f
 from staleflow_trainer.config_schema import section as _section
 from staleflow_trainer.config_schema import validate_field as _validate_field
@@ -351,10 +353,6 @@ class AppConfig:
 
 # ---------------------------------------------------------------------------------------------
 # cross-field checks
-
-
-def _err(key: str, msg: str, allowed: str) -> ConfigError:
-    return ConfigError(f"{key}: {msg}", key=key, allowed=allowed)
 
 
 def validate(cfg: AppConfig) -> None:

@@ -4,7 +4,7 @@ Which staleness protocol a run gets follows from ``protocol.eta`` and the policy
 (:func:`fifo_protocol`): per-version buffers, or one FIFO (``eta: unbounded``, or a policy that
 models a FIFO system). A setting that applies to only one of them is refused on the other
 (:func:`check_protocol`), and the settings whose default depends on it are null until then
-(:func:`stuck_threshold`, :func:`inflight_batches`). ``control.config.core_config`` builds
+(:func:`stuck_threshold`, :attr:`ProtocolConfig.inflight_batches`). ``control.config.core_config`` builds
 the protocol itself, in one place.
 """
 
@@ -20,6 +20,7 @@ from staleflow_trainer.config_coordinator import (
     WINDOW_POLICIES,
     verl_window,
 )
+from staleflow_trainer.config_schema import config_error as _err
 from staleflow_trainer.config_schema import field as _f
 from staleflow_trainer.config_schema import section as _section
 from staleflow_trainer.errors import ConfigError
@@ -107,10 +108,15 @@ class ProtocolConfig:
             )
 
 
-def fifo_protocol(cfg: AppConfig) -> bool:
-    """Whether the run's staleness protocol is one FIFO (eta 'unbounded', or a policy of
+def is_fifo(policy: str, eta: int | str) -> bool:
+    """Whether ``policy`` at ``eta`` runs over one FIFO (eta 'unbounded', or a policy of
     :data:`FIFO_POLICIES`) rather than per-version buffers."""
-    return cfg.protocol.eta == "unbounded" or cfg.coordinator.policy in FIFO_POLICIES
+    return eta == "unbounded" or policy in FIFO_POLICIES
+
+
+def fifo_protocol(cfg: AppConfig) -> bool:
+    """Whether the run's staleness protocol is one FIFO (:func:`is_fifo`)."""
+    return is_fifo(cfg.coordinator.policy, cfg.protocol.eta)
 
 
 def stuck_threshold(cfg: AppConfig) -> int:
@@ -120,10 +126,6 @@ def stuck_threshold(cfg: AppConfig) -> int:
     if given is not None:
         return given
     return 0 if fifo_protocol(cfg) else DEFAULT_STUCK_THRESHOLD
-
-
-def _err(key: str, msg: str, allowed: str) -> ConfigError:
-    return ConfigError(f"{key}: {msg}", key=key, allowed=allowed)
 
 
 def _check_window(cfg: AppConfig) -> None:

@@ -28,6 +28,11 @@ from staleflow_trainer.errors import ConfigError
 _META = "staleflow"
 
 
+def config_error(key: str, msg: str, allowed: str) -> ConfigError:
+    """A :class:`ConfigError` for ``key`` whose message starts with the key."""
+    return ConfigError(f"{key}: {msg}", key=key, allowed=allowed)
+
+
 def field(
     default: Any,
     *,

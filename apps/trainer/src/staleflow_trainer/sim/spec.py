@@ -42,6 +42,7 @@ from staleflow_trainer.config import (
     GC_FIFO_POLICIES,
     POLICIES,
     UNBOUNDED_POLICIES,
+    is_fifo,
 )
 from staleflow_trainer.errors import ConfigError
 from staleflow_trainer.sim.trainer_model import MegatronSetup
@@ -472,15 +473,14 @@ def with_policy(cfg: Any, policy: str, eta: int | str | None = None) -> Any:
     build every run this way."""
     if policy in FIXED_ETA:
         eta = FIXED_ETA[policy]
-    over = [
-        f"coordinator.policy={policy}",
-        f"protocol.eta={cfg.protocol.eta if eta is None else eta}",
-    ]
+    if eta is None:
+        eta = cfg.protocol.eta
+    over = [f"coordinator.policy={policy}", f"protocol.eta={eta}"]
     if policy in BASELINE_POLICIES:
         over += ["protocol.stuck_threshold=0", "protocol.batch_redundancy=0"]
-    elif policy in FIFO_POLICIES or (cfg.protocol.eta if eta is None else eta) == "unbounded":
+    elif is_fifo(policy, eta):
         over += ["protocol.stuck_threshold=0"]  # a FIFO has no buffer to get stuck
-    if (cfg.protocol.eta if eta is None else eta) != "unbounded":
+    if eta != "unbounded":
         over += ["protocol.unbounded_inflight_batches=null"]  # buffers admit by themselves
     # a strategy setting the policy does not read is left out of its run (the config refuses
     # it for a single run, as it would change nothing)
