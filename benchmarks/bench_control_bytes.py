@@ -137,7 +137,6 @@ def overrides(
         "coordinator.snapshot_interval_s=0.1",
         "rollout.backend=sim",
         "sim.total_gpus=3",
-        "sim.rollout_gpus=2",
         f"coordinator.cost_model={cost_model}",  # the engines' too (sim.cost_model: coordinator)
         f"sim.workload.response_len_median={length}",
         "sim.workload.response_len_sigma=0",

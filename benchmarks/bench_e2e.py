@@ -62,7 +62,6 @@ ENV = {**WORKER_ENV, "VLLM_CPU_KVCACHE_SPACE": "1"}
 SIM_OVERRIDES = (
     "rollout.backend=sim",
     "sim.total_gpus=3",
-    "sim.rollout_gpus=2",
     "sim.workload.response_len_median=2",
 )
 RATES = ("trained_tok_s", "gen_tok_s", "samples_s")

@@ -59,7 +59,6 @@ STRICT_ASYNC = ("verl-async", "coarse-async-drop")
 SMOKE_ETAS = (1, 3)
 SMOKE = [
     "rollout.num_instances=4",
-    "sim.rollout_gpus=4",
     "sim.train_gpus=4",
     "sim.total_gpus=8",
     "protocol.batch_size=4",

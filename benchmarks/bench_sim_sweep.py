@@ -63,7 +63,6 @@ def point_overrides(sweep: str, value: int, probe: AppConfig) -> list[str]:
         return [
             f"rollout.num_instances={value // 2 // probe.sim.gpus_per_instance}",
             f"sim.total_gpus={value}",
-            f"sim.rollout_gpus={value // 2}",
             f"sim.train_gpus={value - value // 2}",
         ]
     if sweep == "response":

@@ -38,7 +38,6 @@ def tiny_config(run_dir: Path, *overrides: str, backend: str = "vllm") -> AppCon
         base += [
             "rollout.backend=sim",
             "sim.total_gpus=3",
-            "sim.rollout_gpus=2",
             "sim.workload.response_len_median=2",
         ]
     return load_config(EXAMPLES / "tiny.yaml", [*base, *overrides])

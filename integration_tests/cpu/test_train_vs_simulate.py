@@ -27,7 +27,6 @@ OVERRIDES = [
     f"trainer.steps={STEPS}",
     "rollout.num_instances=2",
     "sim.total_gpus=4",
-    "sim.rollout_gpus=2",
     "sim.train_gpus=2",
     "sim.workload.response_len_median=8",
     "run.checkpoint_every=0",

@@ -132,12 +132,19 @@ def test_more_instances_than_resources() -> None:
     e = _err(["ray.num_cpus=2", "rollout.num_instances=3"])
     assert e.key == "rollout.num_instances"
     assert "ray.num_cpus=2" in str(e)
+    # the simulated instances and the trainer fit in the GPU budget
     e = _err(
-        ["rollout.backend=sim", "rollout.num_instances=5", "sim.rollout_gpus=4", "sim.total_gpus=8"]
+        ["rollout.backend=sim", "rollout.num_instances=5", "sim.train_gpus=4", "sim.total_gpus=8"]
     )
-    assert e.key == "rollout.num_instances"
-    e = _err(["sim.rollout_gpus=4", "sim.train_gpus=4", "sim.total_gpus=6"])
-    assert e.key == "sim.rollout_gpus"
+    assert e.key == "rollout.num_instances" and "sim.total_gpus=8" in str(e)
+    assert str(e.allowed).startswith("<= 4")
+    # the colocated sync policy's instances cover the budget exactly
+    e = _err(["rollout.backend=sim", "coordinator.policy=sync", "protocol.eta=0",
+              "rollout.num_instances=2", "sim.total_gpus=8"])  # fmt: skip
+    assert e.key == "rollout.num_instances" and str(e.allowed).startswith("8")
+    # a removed key says what replaced it
+    e = _err(["sim.rollout_gpus=4"])
+    assert e.key == "sim.rollout_gpus" and "rollout.num_instances" in str(e)
     # every attached SGLang server needs an instance (instance i takes server i mod count)
     urls = "rollout.sglang_url=http://127.0.0.1:1,http://127.0.0.1:2,http://127.0.0.1:3"
     e = _err(["rollout.backend=sglang", urls])
@@ -236,7 +243,7 @@ def test_examples_load(name: str) -> None:
 def test_paper_preset_matches_the_published_setup() -> None:
     cfg = load_config(EXAMPLES / "sim-paper-30b-a3b.yaml")
     assert (cfg.protocol.batch_size, cfg.protocol.group_size) == (64, 16)
-    assert (cfg.sim.total_gpus, cfg.sim.rollout_gpus, cfg.sim.train_gpus) == (64, 32, 32)
+    assert (cfg.sim.total_gpus, cfg.rollout.num_instances, cfg.sim.train_gpus) == (64, 32, 32)
     assert cfg.rollout.sampling.max_new_tokens == 20480
     assert base_cost_model(cfg).name == "qwen3-30b-a3b-h20"  # the router's model, for the engines
     assert cfg.sim.kv_capacity_tokens is None  # derived from the model's geometry
@@ -414,7 +421,7 @@ def test_non_finite_values_are_refused_in_the_file_and_in_code(tmp_path: Path) -
 def test_a_cost_model_file_is_read_when_the_config_is_loaded(tmp_path: Path, backend: str) -> None:
     base = [f"rollout.backend={backend}"]
     if backend == "sim":
-        base += ["sim.rollout_gpus=2", "sim.total_gpus=3"]
+        base += ["sim.total_gpus=3"]
     e = _err([*base, f"coordinator.cost_model={tmp_path / 'missing.json'}"])
     assert e.key == "coordinator.cost_model" and "missing.json" in str(e)
     bad = tmp_path / "bad.json"

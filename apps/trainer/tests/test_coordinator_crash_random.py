@@ -175,7 +175,6 @@ def _scenario(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> dic
             "rollout.backend=sim",
             "rollout.sampling.max_new_tokens=6",
             "sim.total_gpus=3",
-            "sim.rollout_gpus=2",
             "sim.workload.response_len_median=4",
             "coordinator.snapshot_interval_s=0.02",
             "metrics.tensorboard=false",

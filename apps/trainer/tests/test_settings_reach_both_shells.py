@@ -128,3 +128,22 @@ def test_a_strategy_setting_reaches_the_coordinator_of_both_shells(name: str) ->
     text = str(value).lower() if isinstance(value, bool) else str(value)
     cc = core_config(load_config(None, [*BASE, f"coordinator.{name}={text}"]), rows=100)
     assert getattr(cc.coordinator, name) == value
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_the_simulator_runs_rollout_num_instances(n: int) -> None:
+    """``rollout.num_instances`` is the fleet in both shells: the Ray shell starts that many
+    instances, the simulator that many engines (beside ``sim.train_gpus``, and the colocated
+    sync on the same budget)."""
+    from staleflow_trainer.sim.shell import Simulation
+    from staleflow_trainer.sim.spec import with_policy
+
+    cfg = load_config(
+        None,
+        [*BASE, f"rollout.num_instances={n}", "sim.train_gpus=2", "sim.workload.prompt_len=32"],
+    )
+    shell = Simulation(cfg)
+    assert len(shell.engines) == n
+    assert (shell.spec.rollout_gpus, shell.spec.total_gpus) == (n, n + 2)
+    sync = Simulation(with_policy(cfg, "sync"))
+    assert len(sync.engines) == n + 2 and sync.spec.total_gpus == n + 2

@@ -61,7 +61,7 @@ def test_a_config_written_for_real_engines_runs_sim_engines_too(tmp_path: Path) 
     # the tiny example's prompts are shorter than a simulation's (the simulator refuses this
     # config); sim engines under `staleflow train` need the lengths alone
     tiny = SIM_TINY.parent / "tiny.yaml"
-    over = ["rollout.backend=sim", "sim.total_gpus=3", "sim.rollout_gpus=2"]
+    over = ["rollout.backend=sim", "sim.total_gpus=3"]
     cfg = load_config(tiny, [f"run.run_dir={tmp_path}", *over])
     cap = cfg.rollout.sampling.max_new_tokens
     got = engine_lengths(cfg).targets(0, cfg.protocol.group_size, cap)

@@ -3,8 +3,9 @@
 Runs ``staleflow``, its ablations (``vanilla-routing``, ``vanilla-sync``, ``vanilla-migration``,
 ``all-vanilla``), ``coarse-async`` and ``coarse-async-drop`` at each η of :data:`ETAS`, plus ``sync`` (η = 0,
 colocated on every GPU) and ``one-step`` (η = 1) once each. Same seed, same length stream,
-same cost model; the disaggregated policies split the budget per ``sim.rollout_gpus`` /
-``sim.train_gpus``. Runs go to a process pool (one per core).
+same cost model; the disaggregated policies split the budget into ``rollout.num_instances`` x
+``sim.gpus_per_instance`` rollout GPUs and ``sim.train_gpus``. Runs go to a process pool (one
+per core).
 
 Measurement protocol: every (policy, η) runs once per seed (default: ``run.seed`` and the next
 one); throughput counts only the steps after ``sim.warmup_steps`` (the pipeline fill), and a

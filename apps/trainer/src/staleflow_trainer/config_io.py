@@ -13,6 +13,7 @@ import yaml
 
 from staleflow_trainer import config as _config  # a module: config re-exports this one's names
 from staleflow_trainer.config_schema import build as _build
+from staleflow_trainer.config_schema import unknown_key
 from staleflow_trainer.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -66,12 +67,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             here = ".".join(parts[: depth + 1])
             names = {a.name: a for a in attrs.fields(cls)}
             if part not in names:
-                allowed = ", ".join(sorted(names))
-                raise ConfigError(
-                    f"unknown config key {here!r}; allowed keys here: {allowed}",
-                    key=here,
-                    allowed=allowed,
-                )
+                raise unknown_key(here, names)
             ftype = names[part].type
             if depth == len(parts) - 1:
                 if attrs.has(ftype):  # "trainer={}" would reset the whole section: refused

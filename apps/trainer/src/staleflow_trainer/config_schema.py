@@ -33,6 +33,25 @@ def config_error(key: str, msg: str, allowed: str) -> ConfigError:
     return ConfigError(f"{key}: {msg}", key=key, allowed=allowed)
 
 
+#: Keys that no longer exist, and what to set instead.
+REMOVED = {
+    "sim.rollout_gpus": "the simulator runs rollout.num_instances instances of "
+    "sim.gpus_per_instance GPUs each, as a deployment does: set rollout.num_instances",
+}
+
+
+def unknown_key(key: str, allowed: Iterable[str]) -> ConfigError:
+    """The error for a key the schema does not have (a removed key says what replaced it)."""
+    names = ", ".join(sorted(allowed))
+    if key in REMOVED:
+        return ConfigError(
+            f"config key {key!r} was removed: {REMOVED[key]}", key=key, allowed=names
+        )
+    return ConfigError(
+        f"unknown config key {key!r}; allowed keys here: {names}", key=key, allowed=names
+    )
+
+
 def field(
     default: Any,
     *,
@@ -191,12 +210,7 @@ def build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
     for k, v in data.items():
         key = f"{prefix}.{k}" if prefix else str(k)
         if k not in names:
-            allowed = ", ".join(sorted(names))
-            raise ConfigError(
-                f"unknown config key {key!r}; allowed keys here: {allowed}",
-                key=key,
-                allowed=allowed,
-            )
+            raise unknown_key(key, names)
         a = names[k]
         value = coerce(v, a.type, key)
         check_range(value, a.metadata.get(_META, {}), key)

@@ -13,6 +13,11 @@ package, never from a second table here:
   context), a linear term plus a quadratic attention term derived from the geometry at
   ``prefill_mfu``, re-paid on every interrupt, preemption, migration and sync.
   ``prefill_s_per_token`` / ``prefill_s_per_token_position`` override the derived terms.
+* **GPUs**: the simulator runs ``rollout.num_instances`` instances of ``sim.gpus_per_instance``
+  GPUs each, as a deployment does, and trains on ``sim.train_gpus``; together they fit in
+  ``sim.total_gpus`` (null: just that much; :func:`total_gpus`, :func:`check_split`). The
+  colocated ``sync`` policy rolls out and trains on the same GPUs: its instances cover the
+  budget exactly.
 * **Decode speed**: the engines' true cost model is ``sim.cost_model`` — ``coordinator`` (the
   default: the model the router ranks by, ``coordinator.cost_model``), a preset, a fitted JSON
   file, or ``custom`` (``k1..k4``, ``b``). It differs from the router's only by what is set
@@ -95,9 +100,10 @@ class SimConfig:
     )
     speed_spread: float = _f(0.0, ge=0.0, le=1.0, doc="log-std of per-instance speed factors")
     # --- GPU budget
-    total_gpus: int = _f(2, ge=1)
-    rollout_gpus: int = _f(1, ge=0)
-    train_gpus: int = _f(1, ge=0)
+    total_gpus: int | None = _f(
+        None, ge=1, doc="the GPU budget (null: the instances' GPUs + sim.train_gpus)"
+    )
+    train_gpus: int = _f(1, ge=0, doc="training GPUs of the disaggregated policies")
     gpus_per_instance: int = _f(1, ge=1, doc="tensor parallelism of a rollout instance")
     # --- memory and prefill (engine_adapters.hardware)
     model: str = _f("qwen3-30b-a3b", doc="model geometry preset (engine_adapters.hardware)")
@@ -166,13 +172,6 @@ class SimConfig:
             from staleflow_trainer.sim.trainer_model import SETUPS
 
             check_known(self.trainer_setup, sorted(SETUPS), "sim.trainer_setup", "Megatron setup")
-        if self.rollout_gpus + self.train_gpus > self.total_gpus:
-            raise ConfigError(
-                f"sim.rollout_gpus ({self.rollout_gpus}) + sim.train_gpus ({self.train_gpus}) "
-                f"exceed sim.total_gpus ({self.total_gpus})",
-                key="sim.rollout_gpus",
-                allowed=f"<= {self.total_gpus - self.train_gpus}",
-            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,18 +302,49 @@ def model_bytes(cfg: Any) -> int:
     return int(sim.model_bytes) if sim.model_bytes is not None else MODELS[sim.model].weight_bytes
 
 
-def validate_sim(cfg: Any) -> None:
-    """Cross-section checks of a sim-backend config (the engines and the workload build)."""
-    sim, r = cfg.sim, cfg.rollout
-    need = r.num_instances * sim.gpus_per_instance
-    if need > sim.rollout_gpus:
+def rollout_gpus(cfg: Any) -> int:
+    """The simulated rollout GPUs: ``rollout.num_instances`` x ``sim.gpus_per_instance``."""
+    return int(cfg.rollout.num_instances * cfg.sim.gpus_per_instance)
+
+
+def total_gpus(cfg: Any, *, colocated: bool = False) -> int:
+    """The GPU budget: ``sim.total_gpus``, or (null) the GPUs the run uses: the instances',
+    plus ``sim.train_gpus`` unless ``colocated``."""
+    sim = cfg.sim
+    if sim.total_gpus is not None:
+        return int(sim.total_gpus)
+    return rollout_gpus(cfg) + (0 if colocated else int(sim.train_gpus))
+
+
+def check_split(cfg: Any, *, colocated: bool) -> None:
+    """The instances and the trainer fit in the budget (:func:`total_gpus`); ``colocated``
+    (the ``sync`` policy in the simulator: rollout and training take turns on the same GPUs):
+    the instances cover the budget exactly, so no GPU of it is left out."""
+    sim, n = cfg.sim, cfg.rollout.num_instances
+    gpi, used = sim.gpus_per_instance, rollout_gpus(cfg)
+    total = total_gpus(cfg, colocated=colocated)
+    if colocated and used != total:
         raise ConfigError(
-            f"rollout.num_instances: {r.num_instances} instances x {sim.gpus_per_instance} GPUs "
-            f"= {need} exceed sim.rollout_gpus={sim.rollout_gpus}",
+            f"rollout.num_instances: the colocated sync policy rolls out and trains on all "
+            f"sim.total_gpus={total}; {n} instances x {gpi} GPUs = {used}",
             key="rollout.num_instances",
-            allowed=f"<= {sim.rollout_gpus // sim.gpus_per_instance}",
+            allowed=f"{total // gpi} (sim.total_gpus / sim.gpus_per_instance)"
+            + ("" if total % gpi == 0 else ", with sim.total_gpus a multiple of it"),
         )
-    w = sim.workload
+    if not colocated and used + sim.train_gpus > total:
+        raise ConfigError(
+            f"rollout.num_instances: {n} instances x {gpi} GPUs = {used} rollout GPUs + "
+            f"sim.train_gpus={sim.train_gpus} exceed sim.total_gpus={total}",
+            key="rollout.num_instances",
+            allowed=f"<= {(total - sim.train_gpus) // gpi} (or raise sim.total_gpus)",
+        )
+
+
+def validate_sim(cfg: Any) -> None:
+    """Cross-section checks of a sim-backend config (the split, the engines and the workload
+    build)."""
+    check_split(cfg, colocated=cfg.coordinator.policy == "sync")
+    w = cfg.sim.workload
     if w.kind in ("trace", "group_trace"):
         if not w.trace_path:
             raise ConfigError(

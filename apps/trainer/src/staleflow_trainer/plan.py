@@ -183,7 +183,6 @@ def plan_configs(cfg: AppConfig, grid: PlanGrid) -> list[AppConfig]:
     out: list[AppConfig] = []
     for sp in splits_for(base, grid.fractions):
         at = cfg.evolve(
-            f"sim.rollout_gpus={sp.rollout_gpus}",
             f"sim.train_gpus={sp.train_gpus}",
             f"rollout.num_instances={sp.rollout_gpus // base.gpus_per_instance}",
         )

@@ -254,7 +254,6 @@ def faulty_config(
             f"run.seed={seed}",
             f"run.checkpoint_every={checkpoint_every}",
             f"sim.total_gpus={instances + 1}",
-            f"sim.rollout_gpus={instances}",
             "sim.train_gpus=1",
             "sim.kv_capacity_tokens=65536",
             "sim.trainer_time_a_s=0.5",

@@ -65,6 +65,7 @@ CONFIG_KEYS: dict[str, str] = {
     "dynamic_sampling": "trainer.dynamic_sampling",
     "k_inner": "sim.b",
     "max_running": "rollout.max_running",
+    "rollout_gpus": "rollout.num_instances",
     "prompt_len_max": "data.max_prompt_len",
     "max_response_len": "rollout.sampling.max_new_tokens",
     "cycle_period_s": "coordinator.snapshot_interval_s",
@@ -178,7 +179,8 @@ class SimSpec:
 
     # --- GPU budget
     total_gpus: int = attrs.field(default=2, validator=_gt(0))
-    #: Disaggregated split (ignored by the colocated ``sync`` policy, which uses all GPUs).
+    #: Disaggregated split (``rollout.num_instances`` x ``gpus_per_instance`` rollout GPUs);
+    #: the colocated ``sync`` policy rolls out and trains on all ``total_gpus``.
     rollout_gpus: int = attrs.field(default=1, validator=_gt(0))
     train_gpus: int = attrs.field(default=1, validator=_gt(0))
     gpus_per_instance: int = attrs.field(default=1, validator=_gt(0))
@@ -271,10 +273,11 @@ class SimSpec:
             )
         if self.policy != "sync" and self.rollout_gpus + self.train_gpus > self.total_gpus:
             raise ConfigError(
-                f"sim.rollout_gpus ({self.rollout_gpus}) + sim.train_gpus ({self.train_gpus}) "
-                f"exceed sim.total_gpus ({self.total_gpus})",
-                key="sim.rollout_gpus",
-                allowed=f"<= {self.total_gpus - self.train_gpus}",
+                f"{self.rollout_gpus} rollout GPUs (rollout.num_instances x "
+                f"sim.gpus_per_instance) + sim.train_gpus ({self.train_gpus}) exceed "
+                f"sim.total_gpus ({self.total_gpus})",
+                key="rollout.num_instances",
+                allowed=f"<= {(self.total_gpus - self.train_gpus) // self.gpus_per_instance}",
             )
         if self.warmup_steps >= self.steps:
             raise ConfigError(
@@ -405,10 +408,13 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
     """
     from staleflow_trainer.config import stuck_threshold
     from staleflow_trainer.config_sim import (
+        check_split,
         engine_config,
         length_workload,
         model_bytes,
+        rollout_gpus,
         speed_factors,
+        total_gpus,
     )
     from staleflow_trainer.control.config import coordinator_config
     from staleflow_trainer.sim.trainer_model import setup
@@ -416,7 +422,7 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
     sim = cfg.sim
     wl = sim.workload
     proto = cfg.protocol
-    gpus = sim.total_gpus if cfg.coordinator.policy == "sync" else sim.rollout_gpus
+    check_split(cfg, colocated=cfg.coordinator.policy == "sync")
     return SimSpec(
         policy=cfg.coordinator.policy,
         eta=proto.eta,
@@ -430,13 +436,13 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
         batch_redundancy=proto.batch_redundancy,
         group_redundancy=proto.group_redundancy,
         dynamic_sampling=cfg.trainer.dynamic_sampling,
-        total_gpus=sim.total_gpus,
-        rollout_gpus=sim.rollout_gpus,
+        total_gpus=total_gpus(cfg, colocated=cfg.coordinator.policy == "sync"),
+        rollout_gpus=rollout_gpus(cfg),
         train_gpus=sim.train_gpus,
         gpus_per_instance=sim.gpus_per_instance,
         engine=engine_config(cfg),
         router_cost=coordinator_config(cfg).cost_model,
-        speed_factors=speed_factors(cfg, max(gpus // sim.gpus_per_instance, 1)),
+        speed_factors=speed_factors(cfg, cfg.rollout.num_instances),
         lengths=length_workload(cfg),
         prompt_len=wl.prompt_len,
         prompt_len_max=cfg.data.max_prompt_len,
@@ -464,7 +470,8 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
 
 
 def with_policy(cfg: Any, policy: str, eta: int | str | None = None) -> Any:
-    """``cfg`` (an ``AppConfig``) for another policy: η forced for the fixed-η baselines, and
+    """``cfg`` (an ``AppConfig``) for another policy: η forced for the fixed-η baselines, the
+    colocated ``sync`` given instances on every GPU of the budget, and
     for a baseline StaleFlow's batch redundancy and stuck-buffer resolution off — the systems
     they model have neither (nor has a FIFO a buffer to get stuck; nor do buffers take the
     FIFO's admission limit). (Group redundancy stays:
@@ -476,6 +483,10 @@ def with_policy(cfg: Any, policy: str, eta: int | str | None = None) -> Any:
     if eta is None:
         eta = cfg.protocol.eta
     over = [f"coordinator.policy={policy}", f"protocol.eta={eta}"]
+    if policy == "sync":  # colocated: its instances cover the whole budget
+        from staleflow_trainer.config_sim import total_gpus
+
+        over += [f"rollout.num_instances={total_gpus(cfg) // cfg.sim.gpus_per_instance}"]
     if policy in BASELINE_POLICIES:
         over += ["protocol.stuck_threshold=0", "protocol.batch_redundancy=0"]
     elif is_fifo(policy, eta):

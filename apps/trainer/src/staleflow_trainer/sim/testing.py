@@ -29,6 +29,7 @@ KEYS = {
     "unbounded_inflight_batches": "protocol.unbounded_inflight_batches",
     "dynamic_sampling": "trainer.dynamic_sampling",
     "max_running": "rollout.max_running",
+    "num_instances": "rollout.num_instances",
     "max_response_len": "rollout.sampling.max_new_tokens",
     "prompt_len_max": "data.max_prompt_len",
     "prompt_len": "sim.workload.prompt_len",
@@ -44,7 +45,7 @@ KEYS = {
     **{
         k: f"sim.{k}"
         for k in (
-            "k1", "k2", "k3", "k4", "total_gpus", "rollout_gpus", "train_gpus",
+            "k1", "k2", "k3", "k4", "total_gpus", "train_gpus",
             "gpus_per_instance", "kv_capacity_tokens", "prefill_s_per_token",
             "prefill_s_per_token_position", "prefill_mfu", "max_num_batched_tokens", "model",
             "gpu", "gpu_memory_utilization", "memory_reserve_gib", "speed_spread",
@@ -61,21 +62,31 @@ _DEFAULTS = {"cost_model": "qwen-7b-h20", "stuck_threshold": 0, "cycle_period_s"
 
 
 def sim_config(**fields: Any) -> Any:
-    """An ``AppConfig`` running the simulator with these settings (see :data:`KEYS`)."""
+    """An ``AppConfig`` running the simulator with these settings (see :data:`KEYS`;
+    ``rollout_gpus`` sets ``num_instances`` to it over ``gpus_per_instance``)."""
     from staleflow_trainer.config import load_config
 
     f = {**_DEFAULTS, **fields}
     cost = f.pop("cost_model")
+    # rollout_gpus (SimSpec's name) stands for num_instances x gpus_per_instance; the colocated
+    # sync policy's instances cover total_gpus (as ``with_policy`` gives them)
+    gpi = int(f.get("gpus_per_instance", 1))
+    if f.get("policy") == "sync":
+        f.setdefault("num_instances", int(f.get("total_gpus", 2)) // gpi)
+        f.pop("rollout_gpus", None)
+    elif "rollout_gpus" in f:
+        f.setdefault("num_instances", max(int(f.pop("rollout_gpus")) // gpi, 1))
+    f.setdefault("num_instances", 1)
     unknown = sorted(set(f) - set(KEYS))
     if unknown:
-        raise KeyError(f"unknown simulator setting(s) {unknown}; known: {sorted(KEYS)}")
+        raise KeyError(
+            f"unknown simulator setting(s) {unknown}; known: {sorted([*KEYS, 'rollout_gpus'])}"
+        )
     over = [f"{KEYS[k]}={v}" for k, v in f.items()]
-    gpus = int(f.get("rollout_gpus", 1)) // int(f.get("gpus_per_instance", 1))
     prompt = int(f.get("prompt_len_max", 64))
     response = int(f.get("max_response_len", 64))
     base = [
         "rollout.backend=sim",
-        f"rollout.num_instances={max(gpus, 1)}",
         f"rollout.max_model_len={prompt + response}",
         # the router's model; the engines run it too unless ``cost_model="custom"`` (k1..k4)
         f"coordinator.cost_model={cost if cost != 'custom' else 'qwen-7b-h20'}",
