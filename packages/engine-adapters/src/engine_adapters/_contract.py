@@ -38,9 +38,10 @@ from __future__ import annotations
 import abc
 import enum
 import json
+import math
 import os
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TypeGuard
 
 import attrs
 
@@ -48,22 +49,29 @@ from engine_adapters.errors import InvalidRequest
 
 
 class FinishReason(enum.StrEnum):
+    """Why a generation stopped. A trajectory *finishes* with ``stop`` or ``length``; an
+    ``interrupted`` one returns its partial output and is resumed later."""
+
     STOP = "stop"  # a stop token / EOS was produced
     LENGTH = "length"  # max_new_tokens (or the model context) reached
     INTERRUPTED = "interrupted"  # interrupted / aborted; partial output returned
 
 
-def _non_negative(name: str) -> Callable[[Any, Any, int | float], None]:
-    def check(_inst: Any, _attr: Any, value: int | float) -> None:
-        if value < 0:
-            raise InvalidRequest(f"{name} must be >= 0, got {value!r}", field=name)
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
-    return check
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_tuple_of_ints(value: object) -> TypeGuard[tuple[int, ...]]:
+    # The fast path (C speed): an existing tuple of plain ints is kept as is.
+    return type(value) is tuple and set(map(type, value)) <= {int}
 
 
 def _tuple_of_ints(value: Sequence[int]) -> tuple[int, ...]:
-    # Fast path (C speed): an existing tuple of plain ints is kept as is.
-    if type(value) is tuple and set(map(type, value)) <= {int}:
+    if _is_tuple_of_ints(value):
         return value
     return tuple(map(int, value))
 
@@ -74,20 +82,66 @@ def _tuple_of_floats(value: Sequence[float]) -> tuple[float, ...]:
     return tuple(map(float, value))
 
 
+def _stop_token_ids(value: Iterable[int]) -> tuple[int, ...]:
+    """Token ids as a tuple of ints; anything else (a bool, a float, a string) is refused,
+    never converted."""
+    if _is_tuple_of_ints(value):
+        return value
+    try:
+        items = tuple(value)
+    except TypeError:
+        raise InvalidRequest(
+            f"stop_token_ids must be a sequence of ints, got {type(value).__name__}",
+            field="stop_token_ids",
+        ) from None
+    for v in items:
+        if not _is_int(v):
+            raise InvalidRequest(
+                f"stop_token_ids must hold ints (not bools), got {v!r:.40}",
+                field="stop_token_ids",
+            )
+    return items
+
+
 @attrs.frozen(kw_only=True)
 class SamplingParams:
-    temperature: float = attrs.field(default=1.0, validator=_non_negative("temperature"))
+    """How one trajectory is sampled: the single record every hop uses (the trajectory server
+    stores it with the payload, the engine request carries the same object).
+
+    ``temperature``: a finite number >= 0 (0 = greedy); ``top_p``: a number in (0, 1];
+    ``max_new_tokens``: an int >= 1, the whole response (resumed prefix included);
+    ``stop_token_ids``: ints, the stop token is included in the output; ``seed``: None or an
+    int. Bools are refused where a number is meant. A bad value raises
+    :class:`~engine_adapters.errors.InvalidRequest` naming the field and what it allows."""
+
+    temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 256
-    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_tuple_of_ints)
+    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_stop_token_ids)
     seed: int | None = None
 
     def __attrs_post_init__(self) -> None:
-        if not 0.0 < self.top_p <= 1.0:
-            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p!r}", field="top_p")
-        if self.max_new_tokens < 1:
+        t = self.temperature
+        if not _is_number(t) or not 0.0 <= t < math.inf:
             raise InvalidRequest(
-                f"max_new_tokens must be >= 1, got {self.max_new_tokens!r}", field="max_new_tokens"
+                f"temperature must be a finite number >= 0 (int or float, not bool), got {t!r:.40}",
+                field="temperature",
+            )
+        p = self.top_p
+        if not _is_number(p) or not 0.0 < p <= 1.0:
+            raise InvalidRequest(
+                f"top_p must be a number in (0, 1] (int or float, not bool), got {p!r:.40}",
+                field="top_p",
+            )
+        m = self.max_new_tokens
+        if not _is_int(m) or m < 1:
+            raise InvalidRequest(
+                f"max_new_tokens must be an int >= 1 (not bool), got {m!r:.40}",
+                field="max_new_tokens",
+            )
+        if self.seed is not None and not _is_int(self.seed):
+            raise InvalidRequest(
+                f"seed must be None or an int (not bool), got {self.seed!r:.40}", field="seed"
             )
 
 

@@ -3,8 +3,12 @@
 The synchronous core is :class:`TrajectoryStore`; the service, clients and wire format live in
 :mod:`trajectory_server.service`, :mod:`trajectory_server.client`,
 :mod:`trajectory_server.actor` and :mod:`trajectory_server.wire`. See the package README for a worked example.
+
+``SamplingParams`` and ``FinishReason`` are engine-adapters' records (``engine_adapters``),
+exported here as the same objects: the store keeps and hands the engine one sampling record.
 """
 
+from engine_adapters import FinishReason, SamplingParams
 from trajectory_server._core import ALL_LEVELS, TrajectoryStore
 from trajectory_server._groups import GroupByKey
 from trajectory_server._packed import FloatArray, IntArray
@@ -15,12 +19,10 @@ from trajectory_server._records import (
     Completion,
     EventKind,
     FinishedTrajectory,
-    FinishReason,
     LedgerEvent,
     Location,
     LocationState,
     QueueEntry,
-    SamplingParams,
     Segment,
     StoreStats,
     Trajectory,

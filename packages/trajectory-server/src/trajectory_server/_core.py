@@ -39,6 +39,7 @@ from typing import Any
 
 import attrs
 
+from engine_adapters import FinishReason, SamplingParams
 from trajectory_server._groups import (
     GroupByKey,
     check_batch,
@@ -55,12 +56,10 @@ from trajectory_server._records import (
     Completion,
     EventKind,
     FinishedTrajectory,
-    FinishReason,
     LedgerEvent,
     Location,
     LocationState,
     QueueEntry,
-    SamplingParams,
     Segment,
     StoreStats,
     Trajectory,

@@ -11,13 +11,14 @@ from typing import Any
 
 import attrs
 
+from engine_adapters import SamplingParams
 from trajectory_server._prompts import PromptTable, check_prompt_key
 from trajectory_server._records import (
     MAX_GROUP_SIZE,
-    SamplingParams,
     Trajectory,
     check_id,
     is_int,
+    sampling_params,
 )
 from trajectory_server.errors import InvalidRecord
 
@@ -67,7 +68,7 @@ class GroupByKey:
 
     def sampling(self, shared: SamplingParams) -> SamplingParams:
         """The batch's parameters with this group's seed, if it has one."""
-        return shared if self.seed is None else attrs.evolve(shared, seed=self.seed)
+        return shared if self.seed is None else sampling_params(shared, seed=self.seed)
 
 
 def check_batch(
@@ -79,7 +80,8 @@ def check_batch(
         sampling = SamplingParams()
     elif not isinstance(sampling, SamplingParams):
         raise InvalidRecord(
-            f"sampling must be SamplingParams, got {type(sampling).__name__}", field="sampling"
+            f"sampling must be an engine_adapters.SamplingParams, got {type(sampling).__name__}",
+            field="sampling",
         )
     if isinstance(groups, str | bytes) or not isinstance(groups, Iterable):
         raise InvalidRecord(
@@ -140,7 +142,7 @@ def expand(
     members = [first]
     for i in range(1, n):
         seed = sampling.seed
-        s = sampling if seed is None else attrs.evolve(sampling, seed=seed + i)
+        s = sampling if seed is None else sampling_params(sampling, seed=seed + i)
         target = None if target_lengths is None else target_lengths[i]
         members.append(
             attrs.evolve(first, trajectory_id=f"{group_id}/{i}", sampling=s, target_length=target)

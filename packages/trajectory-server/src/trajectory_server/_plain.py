@@ -12,18 +12,21 @@ import binascii
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from engine_adapters import SamplingParams
 from trajectory_server._packed import FloatArray, IntArray
 from trajectory_server._records import (
+    FINISH_REASONS,
+    FINISH_REASONS_TEXT,
     Completion,
     FinishedTrajectory,
     LedgerEvent,
     Location,
     QueueEntry,
-    SamplingParams,
     Segment,
     StoreStats,
     Trajectory,
     is_int,
+    sampling_params,
 )
 from trajectory_server.errors import MalformedMessage, TrajectoryServerError
 
@@ -161,7 +164,7 @@ def sampling_to_plain(s: SamplingParams) -> dict[str, Any]:
 
 
 def sampling_from_plain(r: Reader) -> SamplingParams:
-    out = SamplingParams(
+    out = sampling_params(
         temperature=r.number("temperature"),
         top_p=r.number("top_p"),
         max_new_tokens=r.integer("max_new_tokens"),
@@ -240,11 +243,16 @@ def segment_from_plain(r: Reader) -> Segment:
 
 def completion_from_plain(r: Reader) -> Completion:
     fields = _segment_fields(r)
-    reason = r.text("finish_reason")
-    if reason not in ("stop", "length"):
-        r.fail(f"{r.path}.finish_reason", f"must be 'stop' or 'length', got {reason!r:.40}")
+    reason = _finish_reason(r)
     r.done()
     return Completion(**fields, finish_reason=reason)
+
+
+def _finish_reason(r: Reader) -> str:
+    reason: str = r.text("finish_reason")
+    if reason not in FINISH_REASONS:
+        r.fail(f"{r.path}.finish_reason", f"must be {FINISH_REASONS_TEXT}, got {reason!r:.40}")
+    return reason
 
 
 def finished_to_plain(f: FinishedTrajectory, binary: bool) -> dict[str, Any]:
@@ -256,9 +264,7 @@ def finished_to_plain(f: FinishedTrajectory, binary: bool) -> dict[str, Any]:
 
 
 def finished_from_plain(r: Reader) -> FinishedTrajectory:
-    reason = r.text("finish_reason")
-    if reason not in ("stop", "length"):
-        r.fail(f"{r.path}.finish_reason", f"must be 'stop' or 'length', got {reason!r:.40}")
+    reason = _finish_reason(r)
     out = FinishedTrajectory(
         trajectory=trajectory_from_plain(r.sub("trajectory")),
         finish_reason=reason,

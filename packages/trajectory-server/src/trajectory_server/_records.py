@@ -4,6 +4,12 @@ Every record validates at construction and names the offending field (``InvalidR
 bad value fails at the edge and never reaches the store. Token ids, logprobs and per-token
 versions are packed arrays (:mod:`trajectory_server._packed`); lists and tuples are accepted and
 converted.
+
+The sampling settings (``SamplingParams``) and why a generation stopped (``FinishReason``) are
+engine-adapters' records, used as they are: the engine request carries the very object the store
+keeps. Sampling settings built from a peer's input go through :func:`sampling_params`, which
+reports a bad field as ``InvalidRecord``; a finished trajectory's reason is one of
+:data:`FINISH_REASONS`.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Any
 
 import attrs
 
+from engine_adapters import FinishReason, InvalidRequest, SamplingParams
 from trajectory_server._packed import FloatArray, IntArray, as_float_array, as_int_array
 from trajectory_server.errors import InvalidRecord
 
@@ -114,43 +121,14 @@ def _metadata(value: Mapping[str, Any] | None) -> dict[str, Any]:
     return json_value(value)  # type: ignore[no-any-return]
 
 
-def _int_tuple(value: Any) -> tuple[int, ...]:
+def sampling_params(base: SamplingParams | None = None, **fields: Any) -> SamplingParams:
+    """``SamplingParams(**fields)``, or ``base`` with ``fields`` changed: the engine's record,
+    which the store keeps as it is. A bad field raises ``InvalidRecord`` naming it, as every
+    record of the store does, instead of the engine's ``InvalidRequest``."""
     try:
-        items = tuple(value)
-    except TypeError as exc:
-        raise InvalidRecord(
-            "stop_token_ids must be a sequence of ints", field="stop_token_ids"
-        ) from exc
-    for v in items:
-        if not is_int(v):
-            raise InvalidRecord(
-                f"stop_token_ids must hold ints, got {v!r:.40}", field="stop_token_ids", value=v
-            )
-    return items
-
-
-@attrs.frozen(kw_only=True)
-class SamplingParams:
-    """Sampling settings handed to the engine unchanged."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 256
-    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_int_tuple)
-    seed: int | None = None
-
-    def __attrs_post_init__(self) -> None:
-        t = self.temperature
-        if not isinstance(t, int | float) or isinstance(t, bool) or not (0.0 <= t < math.inf):
-            raise InvalidRecord(
-                f"temperature must be a finite number >= 0, got {t!r}", field="temperature", value=t
-            )
-        p = self.top_p
-        if not isinstance(p, int | float) or isinstance(p, bool) or not (0.0 < p <= 1.0):
-            raise InvalidRecord(f"top_p must be in (0, 1], got {p!r}", field="top_p", value=p)
-        _check_int("max_new_tokens", self.max_new_tokens, minimum=1)
-        if self.seed is not None:
-            _check_int("seed", self.seed)
+        return SamplingParams(**fields) if base is None else attrs.evolve(base, **fields)
+    except InvalidRequest as exc:
+        raise InvalidRecord(str(exc), field=exc.field, value=fields.get(exc.field or "")) from exc
 
 
 class LocationState(enum.StrEnum):
@@ -216,7 +194,11 @@ class Trajectory:
         check_id("trajectory_id", self.trajectory_id)
         check_id("group_id", self.group_id)
         if not isinstance(self.sampling, SamplingParams):
-            raise InvalidRecord("sampling must be a SamplingParams", field="sampling")
+            raise InvalidRecord(
+                "sampling must be an engine_adapters.SamplingParams, got "
+                f"{type(self.sampling).__name__}",
+                field="sampling",
+            )
         if not len(self.prompt_token_ids):
             raise InvalidRecord(
                 f"prompt_token_ids of {self.trajectory_id!r} is empty; a prompt needs >= 1 token",
@@ -266,9 +248,25 @@ class Trajectory:
         return len(self.generated_token_ids)
 
 
-class FinishReason(enum.StrEnum):
-    STOP = "stop"  # a stop token / EOS was produced
-    LENGTH = "length"  # max_new_tokens (or the model context) reached
+#: Why a trajectory finished. One that was interrupted (``FinishReason.INTERRUPTED``) is never
+#: finished: its output comes back as a partial (``return_partial``) and it runs again.
+FINISH_REASONS = (FinishReason.STOP, FinishReason.LENGTH)
+#: The values of :data:`FINISH_REASONS`, as error messages name them
+FINISH_REASONS_TEXT = " or ".join(repr(r.value) for r in FINISH_REASONS)
+
+
+def finish_reason(value: object) -> FinishReason:
+    """``value`` as a :data:`FINISH_REASONS` member, or ``InvalidRecord`` naming
+    ``finish_reason`` and the values it allows."""
+    for reason in FINISH_REASONS:
+        if value == reason:
+            return reason
+    raise InvalidRecord(
+        f"finish_reason must be {FINISH_REASONS_TEXT} (an interrupted trajectory is returned "
+        f"as a partial, never finished), got {value!r:.40}",
+        field="finish_reason",
+        value=value,
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -304,7 +302,7 @@ class Segment:
 class Completion(Segment):
     """The last segment of a trajectory, with why it stopped."""
 
-    finish_reason: FinishReason = attrs.field(converter=FinishReason)
+    finish_reason: FinishReason = attrs.field(converter=finish_reason)
 
 
 @attrs.frozen(kw_only=True)
@@ -312,7 +310,7 @@ class FinishedTrajectory:
     """A finished trajectory: the full payload, why it stopped, and the instance that did it."""
 
     trajectory: Trajectory
-    finish_reason: FinishReason = attrs.field(converter=FinishReason)
+    finish_reason: FinishReason = attrs.field(converter=finish_reason)
     instance_id: str
 
 

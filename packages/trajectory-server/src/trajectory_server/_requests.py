@@ -7,10 +7,11 @@ from typing import Any, ClassVar
 
 import attrs
 
+from engine_adapters import SamplingParams
 from trajectory_server._groups import GroupByKey
 from trajectory_server._packed import IntArray
 from trajectory_server._queue import ALL_LEVELS
-from trajectory_server._records import Completion, SamplingParams, Segment, Trajectory
+from trajectory_server._records import Completion, Segment, Trajectory
 
 # -- request records -----------------------------------------------------------------------------
 

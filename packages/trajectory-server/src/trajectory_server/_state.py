@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from trajectory_server import _plain
-from trajectory_server._records import EventKind, FinishReason
+from trajectory_server._records import EventKind, finish_reason
 from trajectory_server.errors import CheckpointCorrupt, TrajectoryServerError
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ def _read_state(cls: type[TrajectoryStore], state: Mapping[str, Any]) -> Traject
     for inst, ids in r.mapping("running").items():
         store._running[inst] = dict.fromkeys(ids)
     for tid, reason, inst in r.items("finished"):
-        store._finished[tid] = FinishReason(reason)
+        store._finished[tid] = finish_reason(reason)
         store._finished_by[tid] = inst
     store._released = set(r.texts("released"))
     store._groups = {g: list(ids) for g, ids in r.mapping("groups").items()}

@@ -22,6 +22,7 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, overload
 
+from engine_adapters import SamplingParams
 from trajectory_server import _handshake, _requests, _wire
 from trajectory_server._core import ALL_LEVELS, TrajectoryStore
 from trajectory_server._dispatch import Dispatcher
@@ -33,7 +34,6 @@ from trajectory_server._records import (
     LedgerEvent,
     Location,
     QueueEntry,
-    SamplingParams,
     Segment,
     StoreStats,
     Trajectory,

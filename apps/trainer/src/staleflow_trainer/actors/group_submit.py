@@ -12,10 +12,11 @@ from typing import Any
 
 import structlog
 
+from engine_adapters import SamplingParams
 from staleflow_trainer.config import AppConfig
 from staleflow_trainer.control import effects as fx
 from staleflow_trainer.data.tokenize import PromptLengths
-from trajectory_server import GroupByKey, SamplingParams
+from trajectory_server import GroupByKey
 
 log = structlog.get_logger(__name__)
 

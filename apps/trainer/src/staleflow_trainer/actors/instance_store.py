@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from engine_adapters import GenerateRequest, SamplingParams
+from engine_adapters import GenerateRequest
 from staleflow_trainer.actors.ts_link import AsyncStoreLink, NotConnected
 from trajectory_server import LocationState, Segment
 from trajectory_server.errors import (
@@ -52,21 +52,15 @@ REFUSED = (StateError, InvalidRecord, MessageTooLarge)
 
 def generate_request(t: Any, target_length: int | None) -> GenerateRequest:
     """The engine request for a trajectory routed here (``t``: the store's ``Trajectory``
-    record; the engine's request takes its token arrays as they are): its prompt, sampling
-    parameters and the output the store already holds (a partial's prefix);
-    ``target_length``: where a sim engine ends it (None: a real engine, or the store's record
-    had none)."""
-    s = t.sampling
+    record): its prompt, sampling parameters and the output the store already holds (a
+    partial's prefix); ``target_length``: where a sim engine ends it (None: a real engine, or
+    the store's record had none). The request takes the record's token arrays and its
+    ``SamplingParams`` (the engine's own record) as they are: the very sampling object the
+    store sent."""
     return GenerateRequest(
         trajectory_id=t.trajectory_id,
         prompt_token_ids=t.prompt_token_ids,
-        sampling=SamplingParams(
-            temperature=s.temperature,
-            top_p=s.top_p,
-            max_new_tokens=s.max_new_tokens,
-            stop_token_ids=tuple(s.stop_token_ids),
-            seed=s.seed,
-        ),
+        sampling=t.sampling,
         generated_token_ids=t.generated_token_ids,
         generated_logprobs=t.generated_logprobs,
         generated_versions=t.generated_versions,

@@ -115,9 +115,9 @@ SNAPSHOT_CHECK_S = 10.0
 INTERRUPT_WAIT_S = 30.0
 
 
-def _finish(r: GenerateResult) -> str:
+def _finish(r: GenerateResult) -> FinishReason:
     """The TS finish reason of a finished result (one stopped at its token budget: length)."""
-    return "length" if r.finish_reason is FinishReason.INTERRUPTED else r.finish_reason.value
+    return FinishReason.LENGTH if r.finish_reason is FinishReason.INTERRUPTED else r.finish_reason
 
 
 class RolloutActor(RolloutFaultHooks, KeepsWarnings):

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from engine_adapters._contract import GenerateRequest, SamplingParams
+from engine_adapters import GenerateRequest, SamplingParams
 
 _FIRST_TOKEN = 16  # above the sim engine's special tokens
 _SPAN = 1000

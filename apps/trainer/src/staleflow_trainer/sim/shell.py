@@ -36,7 +36,7 @@ from typing import Any
 import attrs
 import structlog
 
-from engine_adapters._contract import SamplingParams
+from engine_adapters import SamplingParams
 from engine_adapters.sim import SimEngineCore
 from rollout_coordinator import InstanceSnapshot, RunningEntry
 from staleflow_trainer.control import ControlCore, core_config
