@@ -192,3 +192,18 @@ def test_random_message_sequences_never_corrupt_the_store(data: st.DataObject, s
         ledger = set(d.store.ledger())
         assert seen <= ledger, "a trajectory vanished"
         seen = ledger
+
+
+def test_every_request_type_has_a_handler() -> None:
+    """A request type added to the wire without a handler fails here, not at a peer's call."""
+    import inspect
+
+    from trajectory_server import _requests
+    from trajectory_server._dispatch import _HANDLERS
+
+    kinds = {
+        c
+        for _, c in inspect.getmembers(_requests, inspect.isclass)
+        if c.__module__ == _requests.__name__
+    }
+    assert kinds == set(_HANDLERS)

@@ -85,66 +85,79 @@ def describe(tp: Any) -> str:
     )
 
 
+#: what a coercion step answers when ``value`` does not fit the type
+_MISS: Any = object()
+
+
 def coerce(value: Any, tp: Any, key: str) -> Any:
     """Return ``value`` as type ``tp`` (int → float allowed) or raise ConfigError."""
     origin = typing.get_origin(tp)
-    bad = ConfigError(
-        f"{key}: expected {describe(tp)}, got {value!r} ({type(value).__name__})",
-        key=key,
-        allowed=describe(tp),
-    )
     if origin is Literal:
-        if value in typing.get_args(tp) and not isinstance(value, bool):
-            return value
-        if value is False and "off" in typing.get_args(tp):
-            return "off"  # YAML 1.1 reads an unquoted off (and no, false) as false
-        raise bad
-    if origin in (typing.Union, types.UnionType):
-        for arg in typing.get_args(tp):
-            try:
-                return coerce(value, arg, key)
-            except ConfigError:
-                continue
-        raise bad
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise bad
+        out = _literal(value, typing.get_args(tp))
+    elif origin in (typing.Union, types.UnionType):
+        out = _union(value, typing.get_args(tp), key)
+    elif origin is tuple:
         inner = typing.get_args(tp)[0]
-        return tuple(coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value))
+        out = (
+            tuple(coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value))
+            if isinstance(value, (list, tuple))
+            else _MISS
+        )
+    elif attrs.has(tp):
+        out = _section(value, tp, key)
+    else:
+        out = _scalar(value, tp, key)
+    if out is _MISS:
+        raise ConfigError(
+            f"{key}: expected {describe(tp)}, got {value!r} ({type(value).__name__})",
+            key=key,
+            allowed=describe(tp),
+        )
+    return out
+
+
+def _literal(value: Any, choices: tuple[Any, ...]) -> Any:
+    if value in choices and not isinstance(value, bool):
+        return value
+    if value is False and "off" in choices:
+        return "off"  # YAML 1.1 reads an unquoted off (and no, false) as false
+    return _MISS
+
+
+def _union(value: Any, args: tuple[Any, ...], key: str) -> Any:
+    for arg in args:
+        try:
+            return coerce(value, arg, key)
+        except ConfigError:
+            continue
+    return _MISS
+
+
+def _section(value: Any, tp: type, key: str) -> Any:
+    if isinstance(value, tp):
+        return value
+    if value is None:  # an empty YAML section ("trainer:") means all defaults
+        return build(tp, {}, key)
+    if isinstance(value, Mapping):
+        return build(tp, value, key)
+    return _MISS
+
+
+def _scalar(value: Any, tp: Any, key: str) -> Any:
     if tp is type(None):
-        if value is None:
-            return None
-        raise bad
-    if attrs.has(tp):
-        if isinstance(value, tp):
-            return value
-        if value is None:  # an empty YAML section ("trainer:") means all defaults
-            return build(tp, {}, key)
-        if isinstance(value, Mapping):
-            return build(tp, value, key)
-        raise bad
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise bad
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise bad
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            try:
-                number = float(value)
-            except OverflowError:  # an int beyond float range
-                number = math.inf
-            if math.isfinite(number):
-                return number
-        raise bad
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise bad
-    raise TypeError(f"unsupported config type {tp!r} at {key}")
+        return None if value is None else _MISS
+    if tp not in (bool, int, float, str):
+        raise TypeError(f"unsupported config type {tp!r} at {key}")
+    if isinstance(value, bool) != (tp is bool):  # a bool is no number, a number no bool
+        return _MISS
+    if tp is float and isinstance(value, int):
+        try:
+            value = float(value)
+        except OverflowError:  # an int beyond float range
+            return _MISS
+    if not isinstance(value, tp) or (tp is float and not math.isfinite(value)):
+        return _MISS
+    return value
 
 
 def check_known(

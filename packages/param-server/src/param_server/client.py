@@ -333,35 +333,11 @@ class ParamServerClient:
             buf = self._buffer(total)
             mem, dev = tensor_mem(buf)
             base = buf.data_ptr()
-            # Post per-agent chunks of ~CHUNK_BYTES so verification of landed chunks overlaps
-            # the transfer of the rest.
-            chunks: list[tuple[str, list[Triple], list[Triple], list[list[Any]]]] = []
-            open_chunk: dict[
-                str, tuple[list[Triple], list[Triple], list[list[Any]], list[int]]
-            ] = {}
-            for read in ticket["reads"]:
-                name, _index, start, end, agent, addr, rdev, _crc = read
-                local, remote, members, size = open_chunk.setdefault(agent, ([], [], [], [0]))
-                members.append(read)
-                if end > start:
-                    local.append((base + offsets[name] + start, end - start, dev))
-                    remote.append((addr, end - start, rdev))
-                    size[0] += end - start
-                if size[0] >= CHUNK_BYTES:
-                    chunks.append((agent, local, remote, members))
-                    del open_chunk[agent]
-            chunks.extend((a, lo, re, me) for a, (lo, re, me, _) in open_chunk.items())
+            order, holders = _chunk_reads(ticket["reads"], offsets, base, dev)
             # Host buffers hash while later chunks land; device buffers once, after all landed.
             host = _host_bytes(buf) if verify and buf.device.type == "cpu" else None
             checks: list[tuple[list[Any], Any]] = []
-            # Round-robin over holders, a sliding window of posted chunks: on RDMA several
-            # holders stream at once; on shared memory (UCX copies inside the post) the pool
-            # hashes landed chunks while this thread copies the next ones.
-            by_agent: dict[str, list[tuple[str, list[Triple], list[Triple], list[list[Any]]]]] = {}
-            for c in chunks:
-                by_agent.setdefault(c[0], []).append(c)
-            order = [c for group in itertools.zip_longest(*by_agent.values()) for c in group if c]
-            window = max(2, len(by_agent))
+            window = max(2, holders)
             inflight: collections.deque[tuple[Pending | None, list[list[Any]]]] = (
                 collections.deque()
             )
@@ -495,3 +471,35 @@ def _host_bytes(t: torch.Tensor) -> memoryview:
         t = t.cpu()
     flat = t.reshape(-1).view(torch.uint8)
     return flat.numpy().data
+
+
+#: one chunk of reads from one holder: (agent, local triples, remote triples, the reads)
+Chunk = tuple[str, list[Triple], list[Triple], list[list[Any]]]
+
+
+def _chunk_reads(
+    reads: list[list[Any]], offsets: dict[str, int], base: int, dev: int
+) -> tuple[list[Chunk], int]:
+    """The ticket's reads as per-holder chunks of about ``CHUNK_BYTES`` (so verification of
+    landed chunks overlaps the transfer of the rest), in round-robin order over the holders (on
+    RDMA several holders stream at once; on shared memory, where UCX copies inside the post, the
+    pool hashes landed chunks while the caller copies the next ones); and how many holders."""
+    chunks: list[Chunk] = []
+    open_chunk: dict[str, tuple[list[Triple], list[Triple], list[list[Any]], list[int]]] = {}
+    for read in reads:
+        name, _index, start, end, agent, addr, rdev, _crc = read
+        local, remote, members, size = open_chunk.setdefault(agent, ([], [], [], [0]))
+        members.append(read)
+        if end > start:
+            local.append((base + offsets[name] + start, end - start, dev))
+            remote.append((addr, end - start, rdev))
+            size[0] += end - start
+        if size[0] >= CHUNK_BYTES:
+            chunks.append((agent, local, remote, members))
+            del open_chunk[agent]
+    chunks.extend((a, lo, re, me) for a, (lo, re, me, _) in open_chunk.items())
+    by_agent: dict[str, list[Chunk]] = {}
+    for c in chunks:
+        by_agent.setdefault(c[0], []).append(c)
+    order = [c for group in itertools.zip_longest(*by_agent.values()) for c in group if c]
+    return order, len(by_agent)

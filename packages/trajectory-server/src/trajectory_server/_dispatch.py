@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -103,66 +104,10 @@ class Dispatcher:
 
     def execute(self, req: Any) -> Any:
         """Run one decoded request against the store and return its typed result."""
-        s = self.store
-        if isinstance(req, _requests.Route):
-            return s.route(req.instance_id, req.trajectory_ids, req.version)
-        if isinstance(req, _requests.ReturnPartial):
-            return s.return_partial(req.instance_id, req.segments)
-        if isinstance(req, _requests.Finish):
-            done = s.finish(req.instance_id, req.completions)
-            return done if req.echo else len(done)
-        if isinstance(req, _requests.Submit):
-            return s.submit(req.trajectories)
-        if isinstance(req, _requests.SubmitGroup):
-            ids = s.submit_group(
-                req.group_id,
-                req.prompt_token_ids,
-                req.n,
-                sampling=req.sampling,
-                metadata=req.metadata,
-                target_lengths=req.target_lengths,
-                prompt_key=req.prompt_key,
-            )
-            return ids if req.echo else len(ids)
-        if isinstance(req, _requests.SubmitGroups):
-            return s.submit_groups(
-                req.groups, sampling=req.sampling, skip_existing=req.skip_existing
-            )
-        if isinstance(req, _requests.PutPrompts):
-            return s.prompts.put(zip(req.keys, req.prompt_token_ids, req.metadata, strict=True))
-        if isinstance(req, _requests.Drop):
-            return s.drop(req.trajectory_ids, req.reason)
-        if isinstance(req, _requests.DropGroup):
-            return s.drop_group(req.group_id, req.reason)
-        if isinstance(req, _requests.InstanceLost):
-            return s.instance_lost(req.instance_id)
-        if isinstance(req, _requests.Release):
-            return s.release(req.trajectory_ids)
-        if isinstance(req, _requests.Free):
-            return s.free(req.trajectory_ids)
-        if isinstance(req, _requests.FinishedIds):
-            return s.finished_ids()
-        if isinstance(req, _requests.GetFinished):
-            return s.finished(req.trajectory_ids)
-        if isinstance(req, _requests.QueueView):
-            return s.queue_view(req.limit, level=req.level)
-        if isinstance(req, _requests.Stats):
-            return s.stats()
-        if isinstance(req, _requests.Locate):
-            return tuple(s.location(t) for t in req.trajectory_ids)
-        if isinstance(req, _requests.Get):
-            return tuple(s.get(t) for t in req.trajectory_ids)
-        if isinstance(req, _requests.History):
-            return s.history(req.trajectory_id)
-        if isinstance(req, _requests.HeldBy):
-            return s.held_by(req.instance_id)
-        if isinstance(req, _requests.Group):
-            return s.group(req.group_id)
-        if isinstance(req, _requests.SaveCheckpoint):
-            return str(self.save_checkpoint())
-        if isinstance(req, _requests.Ping):
-            return {"schema": _wire.SCHEMA_VERSION, "version": __version__}
-        raise MalformedMessage(f"unsupported request {type(req).__name__}", field="type")
+        handler = _HANDLERS.get(type(req))
+        if handler is None:
+            raise MalformedMessage(f"unsupported request {type(req).__name__}", field="type")
+        return handler(self, req)
 
     def save_checkpoint(self, path: str | os.PathLike[str] | None = None) -> Path:
         target = Path(path) if path is not None else self.checkpoint_path
@@ -173,3 +118,55 @@ class Dispatcher:
         written = self.store.save_checkpoint(target)
         log.info("checkpoint_saved", path=str(written), trajectories=len(self.store))
         return written
+
+
+def _finish(d: Dispatcher, r: _requests.Finish) -> Any:
+    done = d.store.finish(r.instance_id, r.completions)
+    return done if r.echo else len(done)
+
+
+def _submit_group(d: Dispatcher, r: _requests.SubmitGroup) -> Any:
+    ids = d.store.submit_group(
+        r.group_id,
+        r.prompt_token_ids,
+        r.n,
+        sampling=r.sampling,
+        metadata=r.metadata,
+        target_lengths=r.target_lengths,
+        prompt_key=r.prompt_key,
+    )
+    return ids if r.echo else len(ids)
+
+
+def _put_prompts(d: Dispatcher, r: _requests.PutPrompts) -> Any:
+    return d.store.prompts.put(zip(r.keys, r.prompt_token_ids, r.metadata, strict=True))
+
+
+#: each request type and what it does to the store (one entry per type of ``_requests``)
+_HANDLERS: dict[type, Callable[[Dispatcher, Any], Any]] = {
+    _requests.Route: lambda d, r: d.store.route(r.instance_id, r.trajectory_ids, r.version),
+    _requests.ReturnPartial: lambda d, r: d.store.return_partial(r.instance_id, r.segments),
+    _requests.Finish: _finish,
+    _requests.Submit: lambda d, r: d.store.submit(r.trajectories),
+    _requests.SubmitGroup: _submit_group,
+    _requests.SubmitGroups: lambda d, r: d.store.submit_groups(
+        r.groups, sampling=r.sampling, skip_existing=r.skip_existing
+    ),
+    _requests.PutPrompts: _put_prompts,
+    _requests.Drop: lambda d, r: d.store.drop(r.trajectory_ids, r.reason),
+    _requests.DropGroup: lambda d, r: d.store.drop_group(r.group_id, r.reason),
+    _requests.InstanceLost: lambda d, r: d.store.instance_lost(r.instance_id),
+    _requests.Release: lambda d, r: d.store.release(r.trajectory_ids),
+    _requests.Free: lambda d, r: d.store.free(r.trajectory_ids),
+    _requests.FinishedIds: lambda d, r: d.store.finished_ids(),
+    _requests.GetFinished: lambda d, r: d.store.finished(r.trajectory_ids),
+    _requests.QueueView: lambda d, r: d.store.queue_view(r.limit, level=r.level),
+    _requests.Stats: lambda d, r: d.store.stats(),
+    _requests.Locate: lambda d, r: tuple(d.store.location(t) for t in r.trajectory_ids),
+    _requests.Get: lambda d, r: tuple(d.store.get(t) for t in r.trajectory_ids),
+    _requests.History: lambda d, r: d.store.history(r.trajectory_id),
+    _requests.HeldBy: lambda d, r: d.store.held_by(r.instance_id),
+    _requests.Group: lambda d, r: d.store.group(r.group_id),
+    _requests.SaveCheckpoint: lambda d, r: str(d.save_checkpoint()),
+    _requests.Ping: lambda d, r: {"schema": _wire.SCHEMA_VERSION, "version": __version__},
+}

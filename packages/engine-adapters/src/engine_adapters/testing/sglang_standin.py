@@ -78,7 +78,7 @@ class _StandInState:
         self.failing: tuple[str, int] | None = None  # every /generate fails: (message, status)
 
 
-def build_app(
+def build_app(  # noqa: C901 - the app's routes are nested handlers over one state
     config: SimConfig, *, speed: float = 1.0, stream_interval_s: float = 0.005
 ) -> FastAPI:
     """The FastAPI app of the stand-in (served by :class:`SglangStandIn`)."""

@@ -141,8 +141,12 @@ def instance_thetas(view: CycleView, iids: list[str]) -> list[float] | None:
     "max_routes_per_cycle",
     "route_miss_limit",
 )
-def route_by_marginal_gain(
-    view: CycleView, port: AdmissionPort, quota: int | None
+def route_by_marginal_gain(  # noqa: C901 - one pass over the queue: the per-instance counters
+    # stay locals of this frame and its helpers are closures over them (a class, or helper calls per
+    # queued trajectory cost the cycle budget at 64K queued; bench_coordinator measures it)
+    view: CycleView,
+    port: AdmissionPort,
+    quota: int | None,
 ) -> RoutingResult:
     cfg = view.config
     cm = cfg.cost_model
