@@ -135,3 +135,17 @@ def test_deaths_after_finished_work_the_core_had_not_seen() -> None:
     assert 0 < sim.core.counters["lost_finished"] <= sim.faults["lost_finished"]
     assert sim.core.counters["late_outcomes"] == 0
     _assert_balanced(sim)
+
+
+def test_only_the_first_replace_lost_losses_are_replaced() -> None:
+    """``rollout.replace_lost`` bounds the replacements as in the Ray deployment: the first
+    two losses come back, the later ones do not, and the run finishes on what is left."""
+    sim = _run(
+        faulty_config(instances=8, steps=40, seed=0, response_len_median=64, replace_lost=2),
+        FaultPlan(seed=0, instance_death_rate=0.5, down_s=2.0, min_alive=2),
+    )
+    deaths = sim.faults["instance_deaths"]
+    assert deaths > 2
+    assert sim.faults["replacements_started"] == sim.faults["instance_restarts"] == 2
+    assert len(sim.engines) == 8 - deaths + 2
+    _assert_balanced(sim)

@@ -7,9 +7,11 @@ Theory of operation
 more timed events, drawn from a seeded RNG (:class:`FaultPlan`):
 
 * *instance death* — a live engine disappears; the core is told (``InstanceLost``) with what
-  the store held for each trajectory it ran (output since the last report is lost). A
-  *restart* brings it back ``down_s`` later, serving the latest published version
-  (``InstanceJoined``), as a replacement instance that pulled it would. A share
+  the store held for each trajectory it ran (output since the last report is lost). As in
+  the Ray deployment, the first ``rollout.replace_lost`` losses are replaced: a *restart*
+  brings the instance back ``down_s`` later (its start-up), serving the latest published
+  version (``InstanceJoined``), as a replacement instance that pulled it would; a loss beyond
+  them is not replaced (deaths never leave fewer than ``FaultPlan.min_alive``). A share
   ``death_after_finish`` of deaths strike right after the engine finished work and before
   its report reached the core (a real instance killed after writing finished output to the
   trajectory store, its poll answer lost): the loss carries those finished trajectories
@@ -34,6 +36,7 @@ from typing import Any
 
 import attrs
 
+from staleflow_trainer.config import MAX_REPLACEMENTS
 from staleflow_trainer.control import ControlCore
 from staleflow_trainer.control.checks import ledger_problems
 from staleflow_trainer.control.events import InstanceLost, Outcome
@@ -75,6 +78,7 @@ class FaultySimulation(Simulation):
             (
                 "instance_deaths",
                 "instance_restarts",
+                "replacements_started",
                 "lost_requeued",
                 "deaths_after_finish",
                 "lost_finished",
@@ -137,11 +141,14 @@ class FaultySimulation(Simulation):
         self._die(iid)
 
     def _die(self, iid: str, *, finished: list[Outcome] | None = None) -> None:
-        """``iid`` dies now (see :meth:`_lose_engine`) and comes back ``down_s`` later."""
+        """``iid`` dies now (see :meth:`_lose_engine`); while ``rollout.replace_lost`` allows
+        another replacement, it comes back ``down_s`` later."""
         self._lose_engine(iid, finished=finished)
         self._dead.add(iid)
         self.faults["instance_deaths"] += 1
-        self._at(self.now + self.plan.down_s, _REVIVE, iid)
+        if self.faults["replacements_started"] < self.cfg.rollout.replace_lost:
+            self.faults["replacements_started"] += 1
+            self._at(self.now + self.plan.down_s, _REVIVE, iid)
 
     def _report(self, iid: str, outcomes: list[Outcome]) -> None:
         if iid not in self._doomed or not any(o.finish is not None for o in outcomes):
@@ -233,8 +240,10 @@ def faulty_config(
     seed: int = 0,
     response_len_median: int = 64,
     checkpoint_every: int = 5,
+    replace_lost: int = MAX_REPLACEMENTS,
 ) -> Any:
-    """A small, fast workload for fault runs (tiny responses, cheap trainer)."""
+    """A small, fast workload for fault runs (tiny responses, cheap trainer); by default every
+    lost instance is replaced."""
     from staleflow_trainer.config import load_config
 
     return load_config(
@@ -242,6 +251,7 @@ def faulty_config(
         [
             "rollout.backend=sim",
             f"rollout.num_instances={instances}",
+            f"rollout.replace_lost={replace_lost}",
             "rollout.max_running=64",
             f"rollout.max_model_len={32 + 4 * response_len_median}",
             f"rollout.sampling.max_new_tokens={4 * response_len_median}",
