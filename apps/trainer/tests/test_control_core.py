@@ -86,7 +86,6 @@ def make_fifo_config(run: str, eta: int, *, group_redundancy: int, filtering: bo
         "protocol.batch_size=2",
         "protocol.group_size=2",
         f"protocol.group_redundancy={group_redundancy}",
-        "protocol.stuck_after_s=1.0",
         "coordinator.sync_retries=3",
         "trainer.steps=6",
         f"trainer.dynamic_sampling={str(filtering).lower()}",

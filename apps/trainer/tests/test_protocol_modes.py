@@ -239,6 +239,21 @@ def test_the_stuck_threshold_applies_over_buffers_and_is_refused_over_a_fifo() -
     assert not hasattr(drop, "stuck_threshold") or drop.stuck_threshold is None
 
 
+def test_the_stuck_wait_is_refused_where_nothing_is_resolved() -> None:
+    """Null waits 5 s where stuck resolution is on; a wait set where the run resolves no stuck
+    buffer (threshold 0, or a FIFO) would change nothing, so it is refused by name; compare and
+    plan leave it out of the runs of such policies."""
+    assert core_config(load_config(None, []), rows=8).stuck_after_s == 5.0
+    cfg = load_config(None, ["protocol.stuck_after_s=0.5"])
+    assert core_config(cfg, rows=8).stuck_after_s == 0.5
+    for off in (["protocol.stuck_threshold=0"], ["coordinator.policy=verl-async"]):
+        with pytest.raises(ConfigError) as e:
+            load_config(None, [*off, "protocol.stuck_after_s=0.5"])
+        assert e.value.key == "protocol.stuck_after_s" and "null" in str(e.value.allowed)
+    assert with_policy(cfg, "coarse-async").protocol.stuck_after_s is None
+    assert with_policy(cfg, "all-vanilla").protocol.stuck_after_s == 0.5
+
+
 def test_a_strategy_setting_the_policy_does_not_read_is_refused() -> None:
     """Each policy's strategies declare what they read (``Policy.reads``): a setting none of
     them reads is refused naming the policies that do; ``with_policy`` (compare, plan) leaves

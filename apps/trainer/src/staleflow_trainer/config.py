@@ -40,6 +40,7 @@ from staleflow_trainer.config_protocol import ProtocolConfig as ProtocolConfig
 from staleflow_trainer.config_protocol import check_protocol
 from staleflow_trainer.config_protocol import fifo_protocol as fifo_protocol
 from staleflow_trainer.config_protocol import is_fifo as is_fifo
+from staleflow_trainer.config_protocol import stuck_after_s as stuck_after_s
 from staleflow_trainer.config_protocol import stuck_threshold as stuck_threshold
 from staleflow_trainer.config_schema import config_error as _err
 from staleflow_trainer.config_schema import field as _f

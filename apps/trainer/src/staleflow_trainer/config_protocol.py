@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 MAX_ETA = 64
 #: ``protocol.stuck_threshold`` where it is null and the protocol has per-version buffers
 DEFAULT_STUCK_THRESHOLD = 4
+#: ``protocol.stuck_after_s`` where null and stuck resolution is on
+DEFAULT_STUCK_AFTER_S = 5.0
 MAX_BATCH_SIZE = 16384
 MAX_ADMITTED_TRAJECTORIES = 2**20
 #: ``protocol.unbounded_inflight_batches`` where it is null (with ``eta: unbounded``)
@@ -66,8 +68,11 @@ class ProtocolConfig:
         doc="abort stragglers of a buffer lacking <= this many (0: off; null: "
         f"{DEFAULT_STUCK_THRESHOLD} over per-version buffers, off over a FIFO)",
     )
-    stuck_after_s: float = _f(
-        5.0, ge=0.0, doc="resolve a stuck buffer only after the trainer waited this long for it"
+    stuck_after_s: float | None = _f(
+        None,
+        ge=0.0,
+        doc="resolve a stuck buffer only after the trainer waited this long for it (null: "
+        f"{DEFAULT_STUCK_AFTER_S:g} s where stuck resolution is on)",
     )
     unbounded_inflight_batches: int | None = _f(
         None,
@@ -128,6 +133,13 @@ def stuck_threshold(cfg: AppConfig) -> int:
     return 0 if fifo_protocol(cfg) else DEFAULT_STUCK_THRESHOLD
 
 
+def stuck_after_s(cfg: AppConfig) -> float:
+    """``protocol.stuck_after_s`` as the run applies it: null is :data:`DEFAULT_STUCK_AFTER_S`
+    (a run without stuck resolution never waits on it)."""
+    given = cfg.protocol.stuck_after_s
+    return DEFAULT_STUCK_AFTER_S if given is None else float(given)
+
+
 def _check_window(cfg: AppConfig) -> None:
     """verl-async: its window ``s`` (``coordinator.verl_staleness_threshold``, η if null)
     bounds what it admits ahead of training, as η + 1 buffers do for the others; filtered
@@ -186,6 +198,15 @@ def check_protocol(cfg: AppConfig) -> None:
             f"{cfg.protocol.eta!r} runs over one FIFO, without per-version buffers that could "
             "wait for stragglers",
             f"0 or null with policy one of {list(FIFO_POLICIES)} or eta 'unbounded'",
+        )
+    if cfg.protocol.stuck_after_s is not None and not stuck_threshold(cfg):
+        raise _err(
+            "protocol.stuck_after_s",
+            f"{cfg.protocol.stuck_after_s:g}: the wait before a stuck buffer is resolved, and "
+            f"this run resolves none (protocol.stuck_threshold {cfg.protocol.stuck_threshold!r}"
+            f" with policy {cfg.coordinator.policy!r}, eta {cfg.protocol.eta!r})",
+            "null with stuck resolution off (or set protocol.stuck_threshold > 0 over "
+            "per-version buffers)",
         )
     if cfg.coordinator.policy in WINDOW_POLICIES and cfg.protocol.eta != "unbounded":
         _check_window(cfg)

@@ -173,7 +173,7 @@ def core_config(cfg: Any, *, rows: int | None) -> CoreConfig:
     """The core's config from the app's (``staleflow_trainer.config.AppConfig``): the one
     place both shells read their decisions' settings from. ``rows``: the dataset size (None
     for the simulator's unbounded prompt stream)."""
-    from staleflow_trainer.config import GC_FIFO_POLICIES, stuck_threshold
+    from staleflow_trainer.config import GC_FIFO_POLICIES, stuck_after_s, stuck_threshold
 
     p = cfg.protocol
     filtering = cfg.trainer.dynamic_sampling
@@ -226,7 +226,7 @@ def core_config(cfg: Any, *, rows: int | None) -> CoreConfig:
         coordinator=coordinator,
         steps=cfg.trainer.steps,
         dynamic_sampling=filtering,
-        stuck_after_s=cfg.protocol.stuck_after_s,
+        stuck_after_s=stuck_after_s(cfg),
         checkpoint_every=cfg.run.checkpoint_every,
         sync_retries=cfg.coordinator.sync_retries,
         reward_failures_in_row=cfg.reward.max_failures_in_row,

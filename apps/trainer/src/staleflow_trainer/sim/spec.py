@@ -406,7 +406,7 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
     model, the speed factors and the length distribution come from
     :mod:`staleflow_trainer.config_sim` (the one translation of the ``sim`` section).
     """
-    from staleflow_trainer.config import stuck_threshold
+    from staleflow_trainer.config import stuck_after_s, stuck_threshold
     from staleflow_trainer.config_sim import (
         check_split,
         engine_config,
@@ -432,7 +432,7 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
         batch_size=proto.batch_size,
         group_size=proto.group_size,
         stuck_threshold=stuck_threshold(cfg),
-        stuck_after_s=proto.stuck_after_s,
+        stuck_after_s=stuck_after_s(cfg),
         batch_redundancy=proto.batch_redundancy,
         group_redundancy=proto.group_redundancy,
         dynamic_sampling=cfg.trainer.dynamic_sampling,
@@ -491,6 +491,8 @@ def with_policy(cfg: Any, policy: str, eta: int | str | None = None) -> Any:
         over += ["protocol.stuck_threshold=0", "protocol.batch_redundancy=0"]
     elif is_fifo(policy, eta):
         over += ["protocol.stuck_threshold=0"]  # a FIFO has no buffer to get stuck
+    if policy in BASELINE_POLICIES or is_fifo(policy, eta):
+        over += ["protocol.stuck_after_s=null"]  # no stuck resolution: no wait for it
     if eta != "unbounded":
         over += ["protocol.unbounded_inflight_batches=null"]  # buffers admit by themselves
     # a strategy setting the policy does not read is left out of its run (the config refuses
