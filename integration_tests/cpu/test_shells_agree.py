@@ -58,8 +58,8 @@ def shells(
     import ray
 
     from staleflow_trainer.control.config import core_config
+    from staleflow_trainer.runtime.wiring import Deployment
     from staleflow_trainer.sim import Simulation
-    from staleflow_trainer.wiring import Deployment
 
     cfg = tiny_config(tmp_path_factory.mktemp("shells"), *SCENARIO, backend="sim")
     out: dict[str, dict[str, Any]] = {}
