@@ -3,7 +3,7 @@
 The control process (the Ray control actor) carries ids, versions and token counts; prompts,
 responses, log-probs and rewards' inputs go between the trajectory server, the instances, the
 reward workers and the trainer directly. This benchmark checks that on the real deployment
-(``staleflow_trainer.wiring.Deployment``: Ray, the trajectory server over TCP, the NIXL
+(``staleflow_trainer.runtime.wiring.Deployment``: Ray, the trajectory server over TCP, the NIXL
 parameter server, the real trainer) with sim engine instances: ``examples/tiny.yaml`` (B x n =
 8 x 8, 2 instances; ``--eta``, default 1), one run per response length ``L`` (every response
 is ``L`` tokens: ``sim.workload.response_len_median=L``, sigma 0, capped at
@@ -154,7 +154,7 @@ def run_length(
     import ray
 
     from staleflow_trainer.config import load_config
-    from staleflow_trainer.wiring import Deployment
+    from staleflow_trainer.runtime.wiring import Deployment
 
     run_dir.mkdir(parents=True, exist_ok=True)
     model = cost_model_file(run_dir, step_ms)
@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import ray
 
     from staleflow_trainer.config import load_config
-    from staleflow_trainer.prepare import init_ray
+    from staleflow_trainer.runtime.prepare import init_ray
 
     started = init_ray(load_config(EXAMPLES / "tiny.yaml", []))
     runs = []

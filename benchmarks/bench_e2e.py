@@ -51,7 +51,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from staleflow_trainer.prepare import WORKER_ENV
+from staleflow_trainer.runtime.prepare import WORKER_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_REF = "5107366"

@@ -8,7 +8,7 @@ StaleFlow's throughput claims are held to, each printed with its numbers and PAS
         --policies staleflow,all-vanilla,verl-async --etas 3
 
 Every preset is a ``staleflow compare`` (same code path:
-:func:`staleflow_trainer.compare.run_comparison`); its ``compare.json`` and table go to
+:func:`staleflow_trainer.report.compare.run_comparison`); its ``compare.json`` and table go to
 ``<out-dir>/<preset>/``. Writes ``<out-dir>/sim_matrix.json`` (per preset the summary rows,
 ratios, bounds and protocol; the bars) and ``sim_matrix.md``.
 
@@ -44,8 +44,8 @@ from typing import Any
 
 import structlog
 
-from staleflow_trainer.compare import run_comparison
 from staleflow_trainer.config import load_config
+from staleflow_trainer.report.compare import run_comparison
 
 PRESETS = (
     "examples/sim-paper-30b-a3b.yaml",

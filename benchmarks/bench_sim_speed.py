@@ -32,6 +32,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+# its sibling benchmark, also when this file is loaded by path (not run as a script)
+if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
+    sys.path.insert(0, _HERE)
 from bench_e2e import ROOT, BenchError, _clean_env, prepare_ref
 
 SIDES = ("before", "after")

@@ -2,7 +2,7 @@
 baselines moves with the GPU budget, the maximum response length and the batch size.
 
 One command per sweep; every point is a ``staleflow compare`` of the paper preset (same code
-path: :func:`staleflow_trainer.compare.run_comparison`) with one knob changed::
+path: :func:`staleflow_trainer.report.compare.run_comparison`) with one knob changed::
 
     .venv/bin/python benchmarks/bench_sim_sweep.py gpus       # total GPUs 32, 64, 128, 256
     .venv/bin/python benchmarks/bench_sim_sweep.py response   # max response 8K, 20K, 40K
@@ -40,8 +40,8 @@ from typing import Any
 
 import structlog
 
-from staleflow_trainer.compare import run_comparison
 from staleflow_trainer.config import AppConfig, load_config
+from staleflow_trainer.report.compare import run_comparison
 from staleflow_trainer.sim.spec import SimSpec, spec_from_app_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -101,7 +101,7 @@ def fit_cost_model(work: Path) -> Path:
 
 
 def _records(run_dir: Path, warmup: int) -> list[dict[str, Any]]:
-    from staleflow_trainer.metrics import read_jsonl
+    from staleflow_trainer.report.metrics import read_jsonl
 
     measured = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["step"] > warmup]
     if not measured:
@@ -111,7 +111,7 @@ def _records(run_dir: Path, warmup: int) -> list[dict[str, Any]]:
 
 def calibrate(run_dir: Path, warmup: int, work: Path) -> dict[str, Any]:
     """The simulator settings a real run's measured steps give (see the module docstring)."""
-    from staleflow_trainer.metrics import read_jsonl
+    from staleflow_trainer.report.metrics import read_jsonl
 
     rows = _records(run_dir, warmup)
     tokens = np.array([r["tokens"] for r in rows], dtype=float)
@@ -164,7 +164,7 @@ def _kv_capacity_tokens() -> int:
     import torch
 
     from staleflow_trainer.config import load_config
-    from staleflow_trainer.prepare import engine_kwargs
+    from staleflow_trainer.runtime.prepare import engine_kwargs
 
     cfg = load_config(CONFIG, [])
     t = cfg.model.tiny

@@ -24,7 +24,7 @@ not matter then). Printed per preset and η:
   narrowest window exceeded η).
 
 Every run is ``staleflow simulate``'s (the compare machinery:
-:func:`staleflow_trainer.compare.run_specs`). Writes ``<out-dir>/verl_window.json`` and
+:func:`staleflow_trainer.report.compare.run_specs`). Writes ``<out-dir>/verl_window.json`` and
 ``.md``.
 """
 
@@ -34,15 +34,20 @@ import argparse
 import json
 import logging
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import structlog
-from bench_sim_matrix import ETAS, PRESETS, SMOKE, SMOKE_ETAS  # the matrix's presets and smoke
 
-from staleflow_trainer.compare import plan_runs, run_specs
 from staleflow_trainer.config import AppConfig, load_config
+from staleflow_trainer.report.compare import plan_runs, run_specs
+
+# its sibling benchmark, also when this file is loaded by path (not run as a script)
+if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
+    sys.path.insert(0, _HERE)
+from bench_sim_matrix import ETAS, PRESETS, SMOKE, SMOKE_ETAS  # the matrix's presets and smoke
 
 WINDOWS = (0.0, 0.5, 1.0, 2.0, 3.0, 5.0)
 SMOKE_WINDOWS = (0.0, 1.0, 3.0)

@@ -45,7 +45,7 @@ import attrs
 import convergence_plots as plots
 
 from staleflow_trainer.config import FIFO_POLICIES
-from staleflow_trainer.prepare import WORKER_ENV
+from staleflow_trainer.runtime.prepare import WORKER_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -22,7 +22,7 @@ def ray_session() -> Iterator[None]:
     import ray
 
     from staleflow_trainer.config import load_config
-    from staleflow_trainer.prepare import init_ray
+    from staleflow_trainer.runtime.prepare import init_ray
 
     started = init_ray(load_config(EXAMPLES / "tiny.yaml", ["ray.object_store_mb=256"]))
     yield
@@ -48,8 +48,8 @@ def train_and_resume(
     import ray
 
     from staleflow_trainer.actors.reconcile import STATE_FILE, latest_checkpoint
-    from staleflow_trainer.metrics import read_jsonl
-    from staleflow_trainer.wiring import Deployment
+    from staleflow_trainer.report.metrics import read_jsonl
+    from staleflow_trainer.runtime.wiring import Deployment
 
     out: dict[str, object] = {"eta": 1, "batch": 8, "group": 8, "steps": steps}
     cfg = tiny_config(

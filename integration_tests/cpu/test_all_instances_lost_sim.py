@@ -26,7 +26,7 @@ def test_a_run_left_without_instances_stops_naming_them(
 ) -> None:
     engine_required("sim")
     from staleflow_trainer.errors import ComponentLost
-    from staleflow_trainer.wiring import Deployment
+    from staleflow_trainer.runtime.wiring import Deployment
 
     cfg = tiny_config(
         tmp_path,

@@ -82,7 +82,7 @@ def test_bad_data_stops_the_deployment_before_it_starts(
 ) -> None:
     import ray
 
-    from staleflow_trainer.wiring import Deployment
+    from staleflow_trainer.runtime.wiring import Deployment
 
     run_dir = tmp_path / "run"
     old = run_dir / "checkpoints" / "step_000002"

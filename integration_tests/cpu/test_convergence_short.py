@@ -55,8 +55,8 @@ def _train(run_dir: Path, name: str, steps: int = STEPS) -> dict[str, Any]:
     import ray
 
     from staleflow_trainer.config import load_config
-    from staleflow_trainer.metrics import read_jsonl
-    from staleflow_trainer.wiring import Deployment
+    from staleflow_trainer.report.metrics import read_jsonl
+    from staleflow_trainer.runtime.wiring import Deployment
 
     setting = study.BY_NAME[name]
     cfg = load_config(

@@ -50,8 +50,8 @@ def crashed(
     engine_required("sim")
     import ray
 
-    from staleflow_trainer.metrics import read_jsonl
-    from staleflow_trainer.wiring import Deployment
+    from staleflow_trainer.report.metrics import read_jsonl
+    from staleflow_trainer.runtime.wiring import Deployment
 
     run_dir = tmp_path_factory.mktemp("coord_crash_sim")
     cfg = tiny_config(
@@ -226,7 +226,7 @@ def test_a_replacement_does_not_wait_for_an_instance_whose_sync_hangs(
     engine_required("sim")
     import ray
 
-    from staleflow_trainer.wiring import Deployment
+    from staleflow_trainer.runtime.wiring import Deployment
 
     steps = 6
     cfg = tiny_config(

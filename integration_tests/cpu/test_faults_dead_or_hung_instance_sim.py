@@ -35,7 +35,7 @@ from structlog.testing import capture_logs
 from tiny_setup import tiny_config
 from waiting import wait_for
 
-from staleflow_trainer.prepare import ray_prints_worker_logs
+from staleflow_trainer.runtime.prepare import ray_prints_worker_logs
 
 pytestmark = [pytest.mark.fault, pytest.mark.ray, pytest.mark.sim, pytest.mark.timeout(600)]
 
@@ -56,7 +56,7 @@ def dead(
     engine_required("sim")
     import ray
 
-    from staleflow_trainer.wiring import Deployment
+    from staleflow_trainer.runtime.wiring import Deployment
 
     run_dir = tmp_path_factory.mktemp("dead_or_hung_instance_sim")
     cfg = tiny_config(

@@ -46,7 +46,7 @@ def frozen(
     engine_required("sim")
     import ray
 
-    from staleflow_trainer.wiring import Deployment
+    from staleflow_trainer.runtime.wiring import Deployment
 
     cfg = tiny_config(
         tmp_path_factory.mktemp("frozen_instance_sim"),

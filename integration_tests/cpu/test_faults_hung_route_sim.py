@@ -41,7 +41,7 @@ def hung(
     engine_required("sim")
     import ray
 
-    from staleflow_trainer.wiring import Deployment
+    from staleflow_trainer.runtime.wiring import Deployment
 
     cfg = tiny_config(
         tmp_path_factory.mktemp("hung_route_sim"),

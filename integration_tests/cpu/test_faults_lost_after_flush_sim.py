@@ -43,7 +43,7 @@ def lost(
     engine_required("sim")
     import ray
 
-    from staleflow_trainer.wiring import Deployment
+    from staleflow_trainer.runtime.wiring import Deployment
 
     run_dir = tmp_path_factory.mktemp("lost_after_flush_sim")
     cfg = tiny_config(

@@ -86,9 +86,9 @@ def _scenario(run_dir: Path, tiny_config: Callable[..., Any]) -> dict[str, Any]:
     from staleflow_trainer.actors.trainer_actor import digest_of
     from staleflow_trainer.data import load_records
     from staleflow_trainer.errors import ComponentLost
-    from staleflow_trainer.metrics import read_jsonl
+    from staleflow_trainer.report.metrics import read_jsonl
+    from staleflow_trainer.runtime.wiring import Deployment
     from staleflow_trainer.trainer.checkpoint import load_torch, read_verified_bytes
-    from staleflow_trainer.wiring import Deployment
     from trajectory_server.checkpoint import load_checkpoint
 
     out: dict[str, Any] = {"listeners_before": own_listeners()}

@@ -67,7 +67,7 @@ def run(
     import ray
     from ray._private import state
 
-    from staleflow_trainer.wiring import Deployment
+    from staleflow_trainer.runtime.wiring import Deployment
 
     cfg = tiny_config(
         tmp_path_factory.mktemp("multinode"),

@@ -32,7 +32,7 @@ def replaced(
     engine_required("sim")
     import ray
 
-    from staleflow_trainer.wiring import Deployment
+    from staleflow_trainer.runtime.wiring import Deployment
 
     run_dir: Path = tmp_path_factory.mktemp("replace_lost_sim")
     cfg = tiny_config(

@@ -62,8 +62,8 @@ def _run_both(cfg: Any) -> dict[str, dict[str, Any]]:
     import ray
 
     from staleflow_trainer.control.config import core_config
+    from staleflow_trainer.runtime.wiring import Deployment
     from staleflow_trainer.sim import Simulation
-    from staleflow_trainer.wiring import Deployment
 
     out: dict[str, dict[str, Any]] = {}
     sim = Simulation(cfg)

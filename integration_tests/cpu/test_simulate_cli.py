@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from staleflow_trainer.cli import main
-from staleflow_trainer.compare import markdown_table
-from staleflow_trainer.metrics import REQUIRED_KEYS, read_jsonl
+from staleflow_trainer.report.compare import markdown_table
+from staleflow_trainer.report.metrics import REQUIRED_KEYS, read_jsonl
 
 pytestmark = pytest.mark.sim
 

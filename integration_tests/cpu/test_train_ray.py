@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from staleflow_trainer.metrics import REQUIRED_KEYS
+from staleflow_trainer.report.metrics import REQUIRED_KEYS
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 

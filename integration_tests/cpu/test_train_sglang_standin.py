@@ -18,7 +18,7 @@ import pytest
 from fault_checks import assert_ledger_balances, assert_routes_stopped, lost_record
 from tiny_setup import tiny_config
 
-from staleflow_trainer.metrics import REQUIRED_KEYS, read_jsonl
+from staleflow_trainer.report.metrics import REQUIRED_KEYS, read_jsonl
 
 pytestmark = [pytest.mark.ray, pytest.mark.sglang, pytest.mark.timeout(900)]
 
@@ -58,7 +58,7 @@ def standins() -> Iterator[list[str]]:
 def run(
     ray_session: None, standins: list[str], tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Any]:
-    from staleflow_trainer.wiring import Deployment
+    from staleflow_trainer.runtime.wiring import Deployment
 
     run_dir = tmp_path_factory.mktemp("train_sglang")
     cfg = tiny_config(
@@ -121,7 +121,7 @@ def gone(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     must leave the run, and the run complete on the third."""
     import ray
 
-    from staleflow_trainer.wiring import Deployment
+    from staleflow_trainer.runtime.wiring import Deployment
 
     servers = _servers(3)
     urls = [s.start() for s in servers]

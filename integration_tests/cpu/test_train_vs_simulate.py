@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from staleflow_trainer.cli import main
-from staleflow_trainer.metrics import REQUIRED_KEYS, read_jsonl
+from staleflow_trainer.report.metrics import REQUIRED_KEYS, read_jsonl
 
 pytestmark = [pytest.mark.ray, pytest.mark.sim, pytest.mark.timeout(900)]
 

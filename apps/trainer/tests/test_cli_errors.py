@@ -82,7 +82,7 @@ def _checkpoint(d: Path, *, rows: int = 8) -> Path:
 
 @pytest.mark.fault
 def test_a_damaged_checkpoint_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    from staleflow_trainer.prepare import verify_checkpoint
+    from staleflow_trainer.runtime.prepare import verify_checkpoint
 
     verify_checkpoint(_checkpoint(tmp_path / "ok"), rows=8)
     bad = _checkpoint(tmp_path / "trainer")

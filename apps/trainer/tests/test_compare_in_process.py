@@ -9,8 +9,8 @@ from pathlib import Path
 import structlog
 from structlog.testing import capture_logs
 
-from staleflow_trainer.compare import run_specs
 from staleflow_trainer.config import load_config
+from staleflow_trainer.report.compare import run_specs
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 

@@ -157,7 +157,7 @@ def _scenario(tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> dic
     from staleflow_trainer.actors.ts_actor import TrajectoryServerActor
     from staleflow_trainer.config import load_config, to_dict
     from staleflow_trainer.data import encode_records
-    from staleflow_trainer.prepare import rollout_kwargs
+    from staleflow_trainer.runtime.prepare import rollout_kwargs
     from staleflow_trainer.tiny_model import resolve_model_path
 
     monkeypatch.setattr(param_server, "ParamServerClient", _FakeParamServer)

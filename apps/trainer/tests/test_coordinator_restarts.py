@@ -20,7 +20,7 @@ def test_coordinator_restarts_is_validated() -> None:
 
 
 def test_replacements_beyond_the_bound_stop_the_run(tmp_path: Path) -> None:
-    from staleflow_trainer.wiring import Deployment
+    from staleflow_trainer.runtime.wiring import Deployment
 
     cfg = load_config(EXAMPLE, [f"run_dir={tmp_path}", "run.coordinator_restarts=1"])
     dep = Deployment(cfg)

@@ -197,7 +197,7 @@ def test_preflight_names_the_file_of_an_over_long_prompt(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
     """The check the driver runs before anything starts: the error names the dataset file."""
-    from staleflow_trainer.prepare import preflight
+    from staleflow_trainer.runtime.prepare import preflight
 
     p = _jsonl(tmp_path, [{"prompt": "1+1=", "ground_truth": "2"},
                           {"prompt": "1+" * 100, "ground_truth": "1"}])  # fmt: skip
@@ -215,7 +215,7 @@ def test_preflight_hands_on_the_prompts_as_the_engines_see_them(
     token ids (the tokenizer's, no special tokens added) and the end-of-sequence id."""
     from transformers import AutoTokenizer
 
-    from staleflow_trainer.prepare import preflight
+    from staleflow_trainer.runtime.prepare import preflight
 
     p = _jsonl(tmp_path, [{"prompt": "1+1=", "ground_truth": "2"},
                           {"prompt": "12+3=", "ground_truth": "15"}])  # fmt: skip

@@ -16,7 +16,7 @@ import structlog
 
 from staleflow_trainer.actors.control import ControlActor
 from staleflow_trainer.errors import ComponentLost
-from staleflow_trainer.metrics import MetricsWriter, read_jsonl
+from staleflow_trainer.report.metrics import MetricsWriter, read_jsonl
 
 
 def _row(step: int) -> dict[str, Any]:

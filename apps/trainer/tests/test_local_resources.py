@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from staleflow_trainer import prepare
 from staleflow_trainer.config import load_config
 from staleflow_trainer.errors import ConfigError
+from staleflow_trainer.runtime import prepare
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tiny.yaml"
 
@@ -17,12 +17,12 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "tiny.yaml"
 def test_more_instances_than_effective_cpus_is_refused_before_ray_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from staleflow_trainer.deployment import Deployment
+    from staleflow_trainer.runtime.deployment import Deployment
 
     def no_ray(cfg: object) -> bool:
         raise AssertionError("Ray would be started")
 
-    monkeypatch.setattr("staleflow_trainer.deployment.init_ray", no_ray)
+    monkeypatch.setattr("staleflow_trainer.runtime.deployment.init_ray", no_ray)
     monkeypatch.setattr(prepare.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     monkeypatch.setattr(prepare.os, "cpu_count", lambda: 64)
     cfg = load_config(EXAMPLE, [f"run_dir={tmp_path}", "rollout.num_instances=3"])

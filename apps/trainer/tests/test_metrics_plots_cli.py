@@ -7,7 +7,7 @@ import pytest
 
 from staleflow_trainer import cli
 from staleflow_trainer.errors import CommandUnavailable
-from staleflow_trainer.metrics import (
+from staleflow_trainer.report.metrics import (
     REQUIRED_KEYS,
     MetricsError,
     MetricsWriter,
@@ -16,8 +16,8 @@ from staleflow_trainer.metrics import (
     read_jsonl,
     staleness_summary,
 )
-from staleflow_trainer.plots import PlotError, plot_run
-from staleflow_trainer.progress import ProgressBar
+from staleflow_trainer.report.plots import PlotError, plot_run
+from staleflow_trainer.report.progress import ProgressBar
 
 
 def _record(step: int) -> dict:

@@ -13,7 +13,7 @@ import pytest
 from staleflow_trainer.cli import main
 from staleflow_trainer.config import load_config
 from staleflow_trainer.errors import ConfigError
-from staleflow_trainer.plan import (
+from staleflow_trainer.report.plan import (
     DEFAULT_ETAS,
     DEFAULT_FRACTIONS,
     budget_ideal,

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from staleflow_trainer import compare_plots, plan, plots
 from staleflow_trainer.config import load_config
-from staleflow_trainer.metrics import MetricsWriter, TimelineWriter, staleness_summary
+from staleflow_trainer.report import compare_plots, plan, plots
+from staleflow_trainer.report.metrics import MetricsWriter, TimelineWriter, staleness_summary
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
@@ -158,7 +158,7 @@ def test_compare_panels_share_one_x_range_and_label_it(
 ) -> None:
     """Runs that end at different times (sync is slower) are drawn on one time axis, every
     panel labelled, one colour legend; staleness panels share one integer axis with η."""
-    from staleflow_trainer.compare import run_comparison
+    from staleflow_trainer.report.compare import run_comparison
 
     base = load_config(
         EXAMPLES / "sim-tiny.yaml",

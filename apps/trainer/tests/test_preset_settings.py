@@ -12,9 +12,9 @@ import attrs
 import pytest
 
 from rollout_coordinator.policies import build_policy
-from staleflow_trainer.compare import plan_runs
 from staleflow_trainer.config import POLICIES, load_config
 from staleflow_trainer.control.config import core_config
+from staleflow_trainer.report.compare import plan_runs
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 PRESETS = [

@@ -16,7 +16,6 @@ import pytest
 from staleflow_trainer.cli import main
 from staleflow_trainer.config import load_config
 from staleflow_trainer.errors import ComponentLost, ConfigError
-from staleflow_trainer.prepare import engine_kwargs, model_dir
 from staleflow_trainer.profiling import (
     _measure_one,
     context_tokens,
@@ -26,6 +25,7 @@ from staleflow_trainer.profiling import (
     measure,
     profile,
 )
+from staleflow_trainer.runtime.prepare import engine_kwargs, model_dir
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 

@@ -16,14 +16,18 @@ from staleflow_trainer import cli
 from staleflow_trainer.atomic_files import atomic_write_bytes
 from staleflow_trainer.config import load_config
 from staleflow_trainer.errors import StartupFailed
-from staleflow_trainer.progress import (
+from staleflow_trainer.report.progress import (
     JobProgress,
     ProgressBar,
     StartupProgress,
     step_line,
     throughput,
 )
-from staleflow_trainer.startup import checkpoint_step, finished_run_message, ray_init_with_retry
+from staleflow_trainer.runtime.startup import (
+    checkpoint_step,
+    finished_run_message,
+    ray_init_with_retry,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
@@ -347,7 +351,7 @@ def test_bar_says_what_it_waits_for_before_the_first_step() -> None:
 def test_train_report_prints_the_tensorboard_command(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from staleflow_trainer.wiring import RunSummary, _report
+    from staleflow_trainer.runtime.wiring import RunSummary, _report
 
     (tmp_path / "tensorboard").mkdir()
     _report(
@@ -377,7 +381,7 @@ def test_simulate_prints_the_tensorboard_command(
 def test_train_report_never_breaks_a_path(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from staleflow_trainer.wiring import RunSummary, _report
+    from staleflow_trainer.runtime.wiring import RunSummary, _report
 
     run = tmp_path / ("a-long-run-directory-name-" * 4)
     plots = tuple(str(run / "plots" / f"{n}.png") for n in ("staleness_hist", "throughput",

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from staleflow_trainer import replacements
 from staleflow_trainer.errors import ComponentLost
-from staleflow_trainer.replacements import Replacer
+from staleflow_trainer.runtime import replacements
+from staleflow_trainer.runtime.replacements import Replacer
 
 
 class Ref:

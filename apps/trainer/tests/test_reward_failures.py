@@ -61,7 +61,7 @@ def test_failures_that_are_not_in_a_row_do_not_stop_it() -> None:
 def test_an_unimportable_reward_function_is_refused_before_anything_starts(
     tmp_path: Path,
 ) -> None:
-    from staleflow_trainer.prepare import preflight
+    from staleflow_trainer.runtime.prepare import preflight
 
     cfg = load_config(EXAMPLE, [f"run_dir={tmp_path}", "reward.fn=nosuchmodule:f"])
     with pytest.raises(ConfigError) as e:

@@ -189,13 +189,13 @@ SIM_SPEC = {
 #: settings both shells' code reads outside the spec: what to find (an attribute, or the
 #: function that reads them) in the Ray shell's files and in the simulator's
 SIM_CODE = {
-    "rollout.replace_lost": (".replace_lost", ["replacements.py", "deployment.py"],
+    "rollout.replace_lost": (".replace_lost", ["runtime/replacements.py", "runtime/deployment.py"],
                              ["sim/faults.py"]),
-    "run.run_dir": (".run_dir", ["deployment.py"], ["simulate.py"]),
-    "metrics.tensorboard": (".tensorboard", ["deployment.py"], ["simulate.py"]),
-    "metrics.progress_bar": (".progress_bar", ["deployment.py"], ["simulate.py"]),
-    "metrics.log_every": (".log_every", ["deployment.py"], ["simulate.py"]),
-    **{f"metrics.wandb.{k}": ("trackers_from_config", ["deployment.py"], ["simulate.py"])
+    "run.run_dir": (".run_dir", ["runtime/deployment.py"], ["simulate.py"]),
+    "metrics.tensorboard": (".tensorboard", ["runtime/deployment.py"], ["simulate.py"]),
+    "metrics.progress_bar": (".progress_bar", ["runtime/deployment.py"], ["simulate.py"]),
+    "metrics.log_every": (".log_every", ["runtime/deployment.py"], ["simulate.py"]),
+    **{f"metrics.wandb.{k}": ("trackers_from_config", ["runtime/deployment.py"], ["simulate.py"])
        for k in ("enabled", "project", "name", "mode")},
 }  # fmt: skip
 _TRAINS = "sim.trainer_model"  # what a training step costs in the simulator

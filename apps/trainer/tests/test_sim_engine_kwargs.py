@@ -10,7 +10,7 @@ import pytest
 import transformers
 
 from staleflow_trainer.config import load_config
-from staleflow_trainer.prepare import engine_kwargs
+from staleflow_trainer.runtime.prepare import engine_kwargs
 
 SIM_TINY = Path(__file__).resolve().parents[3] / "examples" / "sim-tiny.yaml"
 

@@ -16,7 +16,7 @@ from engine_adapters.sim import SimConfig
 from staleflow_trainer.actors.rollout import RolloutActor
 from staleflow_trainer.actors.rollout_wire import unpack_outcomes
 from staleflow_trainer.config import load_config
-from staleflow_trainer.prepare import rollout_kwargs
+from staleflow_trainer.runtime.prepare import rollout_kwargs
 from staleflow_trainer.sim.shell import Simulation
 from staleflow_trainer.sim.workload import engine_lengths
 from trajectory_server import SamplingParams, TrajectoryStore

@@ -9,8 +9,8 @@ import pytest
 
 from staleflow_trainer.config import load_config
 from staleflow_trainer.errors import ConfigError
-from staleflow_trainer.metrics import MetricsWriter
-from staleflow_trainer.trackers import RUN_ID_FILE, WandbTracker, trackers_from_config
+from staleflow_trainer.report.metrics import MetricsWriter
+from staleflow_trainer.report.trackers import RUN_ID_FILE, WandbTracker, trackers_from_config
 
 RECORD = {
     "step": 2,
@@ -53,7 +53,7 @@ def test_trackers_are_off_by_default_and_need_the_package(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert trackers_from_config(load_config(None, [f"run_dir={tmp_path}"])) == []
-    import staleflow_trainer.trackers as trackers
+    import staleflow_trainer.report.trackers as trackers
 
     def missing(name: str) -> Any:
         raise ImportError(name)

@@ -1,6 +1,7 @@
 """The shape of the tree holds: no Python module over 600 lines, the Ray control shell over
-the control core at most 500 (its logic lives in the core, not in the shell), and no shipped
-wait that can swallow a cancellation."""
+the control core at most 500 (its logic lives in the core, not in the shell), no shipped
+wait that can swallow a cancellation, and the app's modules stay in the folders of their
+jobs."""
 
 from __future__ import annotations
 
@@ -13,6 +14,12 @@ ROOT = Path(__file__).resolve().parents[3]
 MAX_LINES = 600
 SHELL = "apps/trainer/src/staleflow_trainer/actors/control.py"
 MAX_SHELL_LINES = 500
+APP = ROOT / "apps/trainer/src/staleflow_trainer"
+# what a run reports and how runs compare; the driver side of the Ray deployment
+GROUPED = {
+    "report": ("compare", "compare_plots", "metrics", "plan", "plots", "progress", "trackers"),
+    "runtime": ("deployment", "prepare", "replacements", "startup", "wiring"),
+}
 
 
 def _python_files() -> list[str]:
@@ -36,6 +43,26 @@ def test_no_module_over_600_lines() -> None:
 
 def test_the_ray_control_shell_stays_thin() -> None:
     assert _lines(SHELL) <= MAX_SHELL_LINES
+
+
+def test_grouped_modules_stay_in_their_folders() -> None:
+    """``report/`` and ``runtime/`` hold their modules, and none of them is back at the
+    package's top level (``staleflow_trainer/plan.py``, a ``plan/`` package or a shim)."""
+    missing = [
+        f"{d}/{m}.py"
+        for d, ms in GROUPED.items()
+        for m in ms
+        if not (APP / d / f"{m}.py").is_file()
+    ]
+    back = sorted(
+        p.name
+        for ms in GROUPED.values()
+        for m in ms
+        for p in (APP / f"{m}.py", APP / m)
+        if p.exists()
+    )
+    assert missing == [], f"moved away from their folder: {missing}"
+    assert back == [], f"back at staleflow_trainer's top level: {back}"
 
 
 def test_no_asyncio_wait_for_in_shipped_code() -> None:

@@ -59,14 +59,14 @@ def _load(args: argparse.Namespace) -> AppConfig:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     cfg = _load(args)
-    from staleflow_trainer.startup import finished_run_message
+    from staleflow_trainer.runtime.startup import finished_run_message
 
     command = f"staleflow train {args.config}"
     finished = finished_run_message(cfg, command=command)
     if finished is not None:  # before importing the deployment (torch, Ray: seconds)
         print(finished)
         return 0
-    result = _lazy("staleflow_trainer.wiring").train(cfg)
+    result = _lazy("staleflow_trainer.runtime.wiring").train(cfg)
     return int(result or 0) if isinstance(result, int) else 0
 
 
@@ -103,7 +103,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     cfg = _load(args)
-    result = _lazy("staleflow_trainer.plan").plan_main(
+    result = _lazy("staleflow_trainer.report.plan").plan_main(
         cfg,
         policy=args.policy,
         fractions=args.fractions,
@@ -134,7 +134,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from staleflow_trainer.plots import plot_run
+    from staleflow_trainer.report.plots import plot_run
 
     for path in plot_run(args.run_dir):
         print(path)

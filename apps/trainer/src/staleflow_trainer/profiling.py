@@ -57,7 +57,7 @@ def grid(cfg: AppConfig, steps: int) -> list[tuple[int, int]]:
 
 def engine_environment(cfg: AppConfig) -> dict[str, str]:
     """What a rollout instance's process sees beyond this one's environment."""
-    from staleflow_trainer.prepare import WORKER_ENV
+    from staleflow_trainer.runtime.prepare import WORKER_ENV
 
     env = dict(WORKER_ENV)
     threads = os.environ.get("OMP_NUM_THREADS")
@@ -113,7 +113,7 @@ def measure(
     """Every engine's records, engine by engine; raises ComponentLost naming the engine that
     failed or exited."""
     from engine_adapters import SamplingParams
-    from staleflow_trainer.prepare import engine_kwargs, model_dir
+    from staleflow_trainer.runtime.prepare import engine_kwargs, model_dir
 
     path = model_dir(cfg)
     s = cfg.rollout.sampling

@@ -6,13 +6,13 @@
 :func:`simulate` runs the policy the config names and writes, into ``run.run_dir``:
 ``config.yaml`` (resolved), ``metrics.jsonl`` (one record per training step, the app's
 metrics contract), ``timeline.jsonl`` (per-instance busy / syncing / idle intervals, the
-format :mod:`staleflow_trainer.plots` reads), ``trainer_timeline.jsonl`` (training / pushing /
-waiting), ``summary.json`` and ``plots/``. It ends with a ledger check: every admitted
+format :mod:`staleflow_trainer.report.plots` reads), ``trainer_timeline.jsonl`` (training /
+pushing / waiting), ``summary.json`` and ``plots/``. It ends with a ledger check: every admitted
 trajectory is consumed, in flight, or dropped/aborted with a reason, and agrees with the
 protocol's own ledger.
 
-:func:`compare` lives in :mod:`staleflow_trainer.compare` and is re-exported here because the
-CLI imports both commands from this module.
+:func:`compare` lives in :mod:`staleflow_trainer.report.compare` and is re-exported here
+because the CLI imports both commands from this module.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from staleflow_trainer.config import AppConfig, dump_config
 from staleflow_trainer.config_coordinator import verl_window
 from staleflow_trainer.control.checks import ledger_problems
 from staleflow_trainer.errors import StaleflowError
-from staleflow_trainer.metrics import TIMELINE_FILE, MetricsWriter
+from staleflow_trainer.report.metrics import TIMELINE_FILE, MetricsWriter
 from staleflow_trainer.sim.ideal import ideal_throughput
 from staleflow_trainer.sim.metrics import RunRecorder
 from staleflow_trainer.sim.shell import Simulation
@@ -108,7 +108,7 @@ def run_and_write(
     )
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if plots:
-        from staleflow_trainer.plots import plot_run
+        from staleflow_trainer.report.plots import plot_run
 
         plot_run(run_dir, simulated=True)
     _log.info(
@@ -127,8 +127,8 @@ def run_and_write(
 
 def simulate(cfg: AppConfig) -> int:
     """``staleflow simulate``: one run of the configured policy; prints where the files are."""
-    from staleflow_trainer.progress import ProgressBar
-    from staleflow_trainer.trackers import trackers_from_config
+    from staleflow_trainer.report.progress import ProgressBar
+    from staleflow_trainer.report.trackers import trackers_from_config
 
     spec = spec_from_app_config(cfg)
     run_dir = make_run_dir(cfg.run.run_dir)
@@ -166,7 +166,7 @@ def simulate(cfg: AppConfig) -> int:
 def compare(
     cfg: AppConfig, policies: list[str] | None = None, seeds: tuple[int, ...] | None = None
 ) -> int:
-    """``staleflow compare`` (see :mod:`staleflow_trainer.compare`)."""
-    from staleflow_trainer.compare import compare_main
+    """``staleflow compare`` (see :mod:`staleflow_trainer.report.compare`)."""
+    from staleflow_trainer.report.compare import compare_main
 
     return compare_main(cfg, policies=policies, seeds=seeds)

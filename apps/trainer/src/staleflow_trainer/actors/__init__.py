@@ -1,6 +1,6 @@
 """The Ray shell of ``staleflow train``: one class per component, Ray-free until wrapped.
 
-Each module holds a plain class that :mod:`staleflow_trainer.wiring` wraps with
+Each module holds a plain class that :mod:`staleflow_trainer.runtime.wiring` wraps with
 ``ray.remote``. The control process sees ids, versions, token counts and finish reasons only:
 rollout instances take their work from the trajectory server by id and write their output to
 it, reward workers and the trainer read it there by id, and weights travel through the

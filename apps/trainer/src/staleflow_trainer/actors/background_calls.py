@@ -75,7 +75,7 @@ class BackgroundCalls:
         import ray
 
         from staleflow_trainer.actors.reward_actor import RewardActor
-        from staleflow_trainer.prepare import role_options
+        from staleflow_trainer.runtime.prepare import role_options
 
         options = role_options(self.cfg, "reward", num_cpus=0)
         return ray.remote(RewardActor).options(**options).remote(**self.reward_spec)

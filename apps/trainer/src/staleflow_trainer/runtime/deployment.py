@@ -3,7 +3,7 @@ config — the trajectory server, the parameter server host, the rollout instanc
 workers, the trainer and the control actor (the Ray shell of the control core) — drives the
 control actor until the run is done, streams step records into the run directory, replaces a
 control actor that died, and stops everything. ``staleflow train`` is
-:func:`staleflow_trainer.wiring.train` over it; the integration tests use its handles.
+:func:`staleflow_trainer.runtime.wiring.train` over it; the integration tests use its handles.
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ from staleflow_trainer.actors.reconcile import TS_FILE, checkpoint_records
 from staleflow_trainer.atomic_files import make_run_dir
 from staleflow_trainer.config import AppConfig, dump_config, is_loopback, to_dict
 from staleflow_trainer.errors import ComponentLost
-from staleflow_trainer.metrics import MetricsWriter, TimelineWriter
-from staleflow_trainer.prepare import (
+from staleflow_trainer.report.metrics import MetricsWriter, TimelineWriter
+from staleflow_trainer.report.progress import ProgressBar, StartupProgress
+from staleflow_trainer.report.trackers import trackers_from_config
+from staleflow_trainer.runtime.prepare import (
     check_local_cpus,
     init_ray,
     model_dir,
@@ -37,9 +39,7 @@ from staleflow_trainer.prepare import (
     rollout_kwargs,
     verify_checkpoint,
 )
-from staleflow_trainer.progress import ProgressBar, StartupProgress
-from staleflow_trainer.replacements import Replacer
-from staleflow_trainer.trackers import trackers_from_config
+from staleflow_trainer.runtime.replacements import Replacer
 
 log = structlog.get_logger(__name__)
 #: control-actor lines the driver does not relay: it logs their news itself

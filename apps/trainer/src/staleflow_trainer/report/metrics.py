@@ -7,13 +7,13 @@ of the step), ``max_staleness``, ``mean_staleness``, ``reward_mean`` and ``train
 Every numeric key also goes to TensorBoard (``RUN_DIR/tensorboard``, nested keys as
 ``trainer/loss``, ``instance_busy_frac/r000``; view it with ``tensorboard --logdir
 RUN_DIR/tensorboard``) and, with ``metrics.wandb.enabled``, to Weights & Biases
-(:mod:`staleflow_trainer.trackers`).
+(:mod:`staleflow_trainer.report.trackers`).
 
 ``RUN_DIR/timeline.jsonl`` holds one interval per line: ``instance``, ``state``
 (``busy`` / ``syncing`` / ``idle``), ``start_s``, ``end_s``, ``version``.
 
 What is shown while a run goes (progress bar, a line per step, start-up phases) is in
-:mod:`staleflow_trainer.progress`.
+:mod:`staleflow_trainer.report.progress`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import structlog
 
 from staleflow_trainer.control.report import staleness_summary
 from staleflow_trainer.errors import StaleflowError
-from staleflow_trainer.progress import ProgressBar  # re-exported: the driver's import path
+from staleflow_trainer.report.progress import ProgressBar  # re-exported: the driver's import path
 
 log = structlog.get_logger(__name__)
 
@@ -124,7 +124,7 @@ class MetricsWriter:
     ``resume_step``: when resuming from a checkpoint taken after step ``k``, records with
     ``step > k`` (written after that checkpoint by the crashed run) are removed first, so the
     file again has exactly one record per step. ``trackers``: objects with ``log(scalars,
-    step)`` and ``close()`` (:func:`staleflow_trainer.trackers.trackers_from_config`); they
+    step)`` and ``close()`` (:func:`staleflow_trainer.report.trackers.trackers_from_config`); they
     are closed with the writer. ``backfill``: the checkpoint's records of
     steps ``<= k`` that the file lacks (a driver killed before it wrote them) are added.
     """

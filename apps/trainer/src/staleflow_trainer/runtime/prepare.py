@@ -20,8 +20,8 @@ from staleflow_trainer.actors.reconcile import STATE_FILE, latest_checkpoint
 from staleflow_trainer.config import AppConfig, is_loopback
 from staleflow_trainer.data.tokenize import EncodedPrompts
 from staleflow_trainer.errors import CheckpointError, ConfigError
-from staleflow_trainer.progress import StartupProgress
-from staleflow_trainer.startup import ray_init_with_retry
+from staleflow_trainer.report.progress import StartupProgress
+from staleflow_trainer.runtime.startup import ray_init_with_retry
 
 log = structlog.get_logger(__name__)
 
@@ -57,7 +57,8 @@ def resolve_resume(cfg: AppConfig) -> Path | None:
 
 def check_checkpoint_protocol(cfg: AppConfig, ckpt: Path) -> None:
     """Refuse, before anything is deployed, a resume whose config would run the checkpoint's
-    protocol under different rules (see :func:`~.control.config.check_resumable`)."""
+    protocol under different rules (see
+    :func:`~staleflow_trainer.control.config.check_resumable`)."""
 
     from staleflow_trainer.atomic_files import read_verified_bytes
     from staleflow_trainer.control.config import check_resumable, core_config

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from rollout_coordinator.policies import build_policy
-from staleflow_trainer.metrics import METRICS_FILE, TIMELINE_FILE, read_jsonl
-from staleflow_trainer.plots import ETA_COLOR, STATE_COLORS, plt_agg
+from staleflow_trainer.report.metrics import METRICS_FILE, TIMELINE_FILE, read_jsonl
+from staleflow_trainer.report.plots import ETA_COLOR, STATE_COLORS, plt_agg
 
 STALEFLOW_COLOR = "#264653"
 BASELINE_COLOR = "#8ab17d"

@@ -121,10 +121,10 @@ def run_specs(
     """Simulate every ``(config, run_dir)`` (one process per core unless ``workers`` says
     otherwise); returns their summaries in job order. Shared by compare and plan (and the
     sweeps, through :func:`run_comparison`). The finished runs are shown as the first
-    job's ``metrics`` section says (:class:`~staleflow_trainer.progress.JobProgress`: a bar
+    job's ``metrics`` section says (:class:`~staleflow_trainer.report.progress.JobProgress`: a bar
     with ``progress_bar`` on a terminal, else a line per run unless ``log_every`` is 0);
     ``on_done(index, summary)`` hears each run as it finishes."""
-    from staleflow_trainer.progress import JobProgress
+    from staleflow_trainer.report.progress import JobProgress
 
     args = [(s, str(d)) for s, d in jobs]
     n = workers if workers is not None else min(len(args), os.cpu_count() or 1)
@@ -238,7 +238,7 @@ def run_comparison(
     }
     write_report(out_dir, "compare", report, markdown_table(report))
     if plots:
-        from staleflow_trainer.compare_plots import write_plots
+        from staleflow_trainer.report.compare_plots import write_plots
 
         write_plots(report, out_dir)
     return report

@@ -24,8 +24,8 @@ import attrs
 import structlog
 
 from staleflow_trainer.errors import StaleflowError
-from staleflow_trainer.metrics import METRICS_FILE, TIMELINE_FILE, read_jsonl
-from staleflow_trainer.progress import throughput
+from staleflow_trainer.report.metrics import METRICS_FILE, TIMELINE_FILE, read_jsonl
+from staleflow_trainer.report.progress import throughput
 
 log = structlog.get_logger(__name__)
 

@@ -30,7 +30,7 @@ import structlog
 
 from staleflow_trainer.actors.liveness import kill_actor
 from staleflow_trainer.errors import ComponentLost
-from staleflow_trainer.prepare import placement_hint
+from staleflow_trainer.runtime.prepare import placement_hint
 
 log = structlog.get_logger(__name__)
 #: (key of the control actor's loss record, field of the instance_lost line)

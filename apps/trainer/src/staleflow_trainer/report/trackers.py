@@ -82,7 +82,7 @@ class WandbTracker:
 
 def trackers_from_config(cfg: Any, *, resume: bool = False) -> list[Any]:
     """The trackers ``cfg.metrics`` turns on (none by default), for
-    :class:`staleflow_trainer.metrics.MetricsWriter`."""
+    :class:`staleflow_trainer.report.metrics.MetricsWriter`."""
     w = cfg.metrics.wandb
     if not w.enabled:
         return []

@@ -4,14 +4,15 @@ Each component is its own Ray actor (see :mod:`staleflow_trainer.actors`): the t
 (TCP on loopback with a token), the parameter server host (NIXL storage worker processes), N
 rollout instances (one engine adapter each: vllm | sglang | sim), reward workers, the trainer,
 and the control actor (the Ray shell of the control core, :mod:`staleflow_trainer.control`).
-The driver (:mod:`staleflow_trainer.deployment`) only starts them, streams step records into
-the run directory and stops them; :mod:`staleflow_trainer.prepare` holds what it is built from.
+The driver (:mod:`staleflow_trainer.runtime.deployment`) only starts them, streams step records
+into the run directory and stops them; :mod:`staleflow_trainer.runtime.prepare` holds what it
+is built from.
 
 Run directory (``run.run_dir``)::
 
     config.yaml            the resolved config
     model/                 the tiny model, when model.path is empty
-    metrics.jsonl          one JSON object per training step (see staleflow_trainer.metrics)
+    metrics.jsonl          one JSON object per training step (see staleflow_trainer.report.metrics)
     timeline.jsonl         per-instance busy / syncing / idle intervals
     tensorboard/           TensorBoard events
     checkpoints/step_<k>/  trainer.pt, trajectory_store.bin, core.json, records.json (+ .sha256)
@@ -36,9 +37,9 @@ import structlog
 
 from staleflow_trainer.actors.reconcile import latest_checkpoint
 from staleflow_trainer.config import AppConfig
-from staleflow_trainer.deployment import Deployment
-from staleflow_trainer.prepare import init_ray, role_options
-from staleflow_trainer.startup import finished_run_message
+from staleflow_trainer.runtime.deployment import Deployment
+from staleflow_trainer.runtime.prepare import init_ray, role_options
+from staleflow_trainer.runtime.startup import finished_run_message
 
 log = structlog.get_logger(__name__)
 
@@ -79,7 +80,7 @@ def train(cfg: AppConfig, *, command: str = "staleflow train CONFIG") -> RunSumm
         dep.close()
     plots: tuple[str, ...] = ()
     try:
-        from staleflow_trainer.plots import plot_run
+        from staleflow_trainer.report.plots import plot_run
 
         plots = tuple(str(p) for p in plot_run(cfg.run_dir))
     except Exception as e:  # plots are a convenience; the run itself succeeded

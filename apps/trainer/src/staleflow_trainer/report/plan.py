@@ -6,7 +6,7 @@ which staleness bound η give the most throughput for a workload.
 
 The search is a grid: every rollout fraction of ``sim.total_gpus`` (rounded to whole rollout
 instances of ``sim.gpus_per_instance`` GPUs; the rest train) × every η, each simulated with the
-same code path as ``staleflow compare`` (:func:`staleflow_trainer.compare.run_specs`, one
+same code path as ``staleflow compare`` (:func:`staleflow_trainer.report.compare.run_specs`, one
 process per core) on the identical workload. For every point it reports tokens/s, the split's
 own ideal (:mod:`staleflow_trainer.sim.ideal`) and the budget's ideal (the best ideal of any
 whole-instance split), trainer idle, rollout utilisation and the consumed staleness.
@@ -32,9 +32,9 @@ import attrs
 import structlog
 
 from staleflow_trainer.atomic_files import make_run_dir
-from staleflow_trainer.compare import run_specs, write_report
 from staleflow_trainer.config import FIXED_ETA, POLICIES, AppConfig, dump_config
 from staleflow_trainer.errors import ConfigError
+from staleflow_trainer.report.compare import run_specs, write_report
 from staleflow_trainer.sim.ideal import ideal_throughput, workload_moments
 from staleflow_trainer.sim.spec import SimSpec, spec_from_app_config, with_policy
 
@@ -373,7 +373,7 @@ def markdown_table(report: dict[str, Any]) -> str:
 def _plot(report: dict[str, Any], out: Path) -> None:
     from matplotlib.ticker import MaxNLocator
 
-    from staleflow_trainer import plots
+    from staleflow_trainer.report import plots
 
     plt = plots.plt_agg()
     fig, ax = plt.subplots(figsize=(7, 4))
