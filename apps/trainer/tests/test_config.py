@@ -17,6 +17,7 @@ from staleflow_trainer.config import (
 )
 from staleflow_trainer.config_sim import base_cost_model
 from staleflow_trainer.errors import ConfigError
+from staleflow_trainer.sim.spec import spec_from_app_config
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
@@ -431,3 +432,19 @@ def test_a_cost_model_file_is_read_when_the_config_is_loaded(tmp_path: Path, bac
     if backend == "sim":
         e = _err([*base, f"sim.cost_model={tmp_path / 'missing.json'}"])
         assert e.key == "sim.cost_model" and "missing.json" in str(e)
+
+
+def test_a_setting_of_another_trainer_model_or_length_kind_is_refused() -> None:
+    """A setting that applies under one trainer model or length distribution would change
+    nothing under another: refused by name, with what it applies with; null is its default."""
+    e = _err(["sim.active_params=7e9"])  # the default trainer model is linear
+    assert e.key == "sim.active_params" and "'flops'" in str(e) and "null" in str(e.allowed)
+    e = _err(["sim.trainer_model=megatron", "sim.trainer_time_a_s=2"])
+    assert e.key == "sim.trainer_time_a_s" and "'linear'" in str(e)
+    e = _err(["sim.workload.alpha=2"])  # lognormal lengths by default
+    assert e.key == "sim.workload.alpha" and "'power_law'" in str(e)
+    e = _err(["sim.workload.trace_path=/tmp/x.jsonl"])
+    assert e.key == "sim.workload.trace_path" and "'group_trace'" in str(e)
+    cfg = load_config(None, ["sim.trainer_model=flops", "sim.mfu=0.4", "sim.workload.prompt_len=8"])
+    spec = spec_from_app_config(cfg)
+    assert (spec.mfu, spec.active_params, spec.trainer_time_a_s) == (0.4, 3e9, 0.5)

@@ -267,18 +267,17 @@ MODELLED = {
     "ray.reward_resource": "sim.reward_time_s",
     "ray.trajectory_server_host": "sim.transfer_overhead_s",
 }
+#: examples/sim-tiny.yaml's linear trainer settings, cleared for another trainer model
+_NOT_LINEAR = ["sim.trainer_time_a_s=null", "sim.trainer_time_b_s_per_token=null"]
 #: sim keys that apply under another setting: what makes them apply
 SIM_CONTEXT = {
     **{f"sim.{k}": ["sim.cost_model=custom", "sim.k1=1e-7", "sim.k2=0.01", "sim.k3=1e-4",
                     "sim.k4=0.005"] for k in ("k1", "k2", "k3", "k4", "b")},
-    "sim.trainer_setup": ["sim.trainer_model=megatron"],
+    "sim.trainer_model": _NOT_LINEAR,
+    "sim.trainer_setup": [*_NOT_LINEAR, "sim.trainer_model=megatron"],
     "sim.gpus_per_instance": ["sim.total_gpus=12"],
-    "sim.active_params": ["sim.trainer_model=flops"],
-    "sim.peak_flops_per_gpu": ["sim.trainer_model=flops"],
-    "sim.mfu": ["sim.trainer_model=flops"],
-    "sim.train_overhead_s": ["sim.trainer_model=flops"],
-    "sim.trainer_time_a_s": ["sim.trainer_model=linear"],
-    "sim.trainer_time_b_s_per_token": ["sim.trainer_model=linear"],
+    **{f"sim.{k}": [*_NOT_LINEAR, "sim.trainer_model=flops"]
+       for k in ("active_params", "peak_flops_per_gpu", "mfu", "train_overhead_s")},
     **{f"sim.workload.{k}": ["sim.workload.kind=power_law"] for k in ("alpha", "x_min")},
     **{f"sim.workload.{k}": ["sim.workload.kind=bimodal"]
        for k in ("median2", "sigma2", "weight2")},
@@ -288,6 +287,10 @@ SIM_VALUES = {
     "sim.cost_model": "qwen-14b-h20",
     "sim.model": "qwen2.5-14b",
     "sim.trainer_setup": "qwen2.5-14b",
+    "sim.active_params": "7e9",
+    "sim.peak_flops_per_gpu": "989e12",
+    "sim.mfu": "0.4",
+    "sim.train_overhead_s": "2.0",
     "sim.gpus_per_instance": "2",
     "sim.train_gpus": "1",
     "sim.max_num_batched_tokens": "4096",

@@ -131,13 +131,21 @@ class SimConfig:
         doc="linear: a + b*tokens; flops: 8*active_params*tokens/(gpus*peak*mfu)+c; "
         "megatron: the calibrated Megatron model of sim.trainer_setup",
     )
-    trainer_setup: str = _f("qwen3-30b-a3b", doc="megatron: a setup of sim.trainer_model.SETUPS")
-    trainer_time_a_s: float = _f(0.5, ge=0.0)
-    trainer_time_b_s_per_token: float = _f(1e-5, ge=0.0)
-    active_params: float = _f(3e9, gt=0.0, doc="flops model: active parameters")
-    peak_flops_per_gpu: float = _f(148e12, gt=0.0, doc="flops model: peak bf16 FLOP/s")
-    mfu: float = _f(0.3, gt=0.0, le=1.0, doc="flops model: model FLOPs utilisation")
-    train_overhead_s: float = _f(5.0, ge=0.0, doc="flops model: fixed per-step overhead")
+    trainer_setup: str | None = _f(
+        None, doc="megatron: a setup of sim.trainer_model.SETUPS (null: qwen3-30b-a3b)"
+    )
+    trainer_time_a_s: float | None = _f(None, ge=0.0, doc="linear: s a step (null: 0.5)")
+    trainer_time_b_s_per_token: float | None = _f(
+        None, ge=0.0, doc="linear: s a trained token (null: 1e-5)"
+    )
+    active_params: float | None = _f(None, gt=0.0, doc="flops: active parameters (null: 3e9)")
+    peak_flops_per_gpu: float | None = _f(
+        None, gt=0.0, doc="flops: peak bf16 FLOP/s (null: 148e12)"
+    )
+    mfu: float | None = _f(None, gt=0.0, le=1.0, doc="flops: FLOPs utilisation (null: 0.3)")
+    train_overhead_s: float | None = _f(
+        None, ge=0.0, doc="flops: fixed per-step overhead (null: 5)"
+    )
     model_bytes: int | None = _f(None, ge=1, doc="weights pushed and pulled (null: the model's)")
     push_bandwidth_gb_s: float = _f(10.0, gt=0.0)
     pull_bandwidth_gb_s: float = _f(10.0, gt=0.0)
@@ -168,10 +176,72 @@ class SimConfig:
         check_known(self.cost_model, allowed_cost, "sim.cost_model", "cost model", json_ok=True)
         check_known(self.model, sorted(MODELS), "sim.model", "model geometry")
         check_known(self.gpu, sorted(GPUS), "sim.gpu", "GPU")
+        check_modes(self)
         if self.trainer_model == "megatron":
             from staleflow_trainer.sim.trainer_model import SETUPS
 
-            check_known(self.trainer_setup, sorted(SETUPS), "sim.trainer_setup", "Megatron setup")
+            check_known(
+                sim_value(self, "trainer_setup"), sorted(SETUPS), "sim.trainer_setup",
+                "Megatron setup",
+            )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# settings of one mode
+
+#: settings that apply under one value of a mode setting only (``mode key -> value -> {key:
+#: default}``; a default of None is the engine package's). Set under another value, a key would
+#: change nothing, so :func:`check_modes` refuses it; null takes its value's default.
+MODES: dict[str, dict[str, dict[str, Any]]] = {
+    "trainer_model": {
+        "linear": {"trainer_time_a_s": 0.5, "trainer_time_b_s_per_token": 1e-5},
+        "flops": {"active_params": 3e9, "peak_flops_per_gpu": 148e12, "mfu": 0.3,
+                  "train_overhead_s": 5.0},
+        "megatron": {"trainer_setup": "qwen3-30b-a3b"},
+    },
+    "workload.kind": {
+        "power_law": {"alpha": None, "x_min": None},
+        "bimodal": {"median2": None, "sigma2": None, "weight2": None},
+        "trace": {"trace_path": None},
+        "group_trace": {"trace_path": None},
+    },
+}  # fmt: skip
+
+
+def _section_of(sim: Any, mode: str) -> tuple[Any, str]:
+    """The section holding ``mode``'s keys (``sim`` or ``sim.workload``) and the mode's value."""
+    if mode.startswith("workload."):
+        return sim.workload, getattr(sim.workload, mode.split(".", 1)[1])
+    return sim, getattr(sim, mode)
+
+
+def check_modes(sim: Any) -> None:
+    """A key of :data:`MODES` set (not null, not empty) under another value of its mode is
+    refused, naming the key and the value it applies with."""
+    for mode, values in MODES.items():
+        section, current = _section_of(sim, mode)
+        here = set(values.get(current, {}))
+        for keys in values.values():
+            for key in keys:
+                given = getattr(section, key)
+                if key in here or given is None or given == "":
+                    continue
+                prefix = "sim.workload." if section is not sim else "sim."
+                users = sorted(v for v, ks in values.items() if key in ks)
+                raise ConfigError(
+                    f"{prefix}{key} applies with sim.{mode} {' or '.join(map(repr, users))} "
+                    f"only; this config's is {current!r}",
+                    key=f"{prefix}{key}",
+                    allowed=f"null (or sim.{mode}: {' or '.join(users)})",
+                )
+
+
+def sim_value(sim: Any, key: str) -> Any:
+    """A ``sim`` key of :data:`MODES` as the simulator applies it: set, or its mode's default."""
+    given = getattr(sim, key)
+    if given is not None:
+        return given
+    return next(ks[key] for values in MODES.values() for ks in values.values() if key in ks)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -413,6 +413,7 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
         length_workload,
         model_bytes,
         rollout_gpus,
+        sim_value,
         speed_factors,
         total_gpus,
     )
@@ -449,14 +450,21 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
         prompt_len_sigma=wl.prompt_len_sigma,
         reward_mean=wl.reward_mean,
         trainer_model=sim.trainer_model,
-        trainer_time_a_s=sim.trainer_time_a_s,
-        trainer_time_b_s_per_token=sim.trainer_time_b_s_per_token,
-        active_params=sim.active_params,
-        peak_flops_per_gpu=sim.peak_flops_per_gpu,
-        mfu=sim.mfu,
-        train_overhead_s=sim.train_overhead_s,
+        **{
+            k: sim_value(sim, k)
+            for k in (
+                "trainer_time_a_s",
+                "trainer_time_b_s_per_token",
+                "active_params",
+                "peak_flops_per_gpu",
+                "mfu",
+                "train_overhead_s",
+            )
+        },
         trainer_step_delay_s=cfg.trainer.step_delay_s,
-        megatron=setup(sim.trainer_setup) if sim.trainer_model == "megatron" else None,
+        megatron=(
+            setup(sim_value(sim, "trainer_setup")) if sim.trainer_model == "megatron" else None
+        ),
         model_bytes=model_bytes(cfg),
         push_bandwidth_gb_s=sim.push_bandwidth_gb_s,
         pull_bandwidth_gb_s=sim.pull_bandwidth_gb_s,
