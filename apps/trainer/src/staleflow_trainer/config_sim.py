@@ -15,9 +15,9 @@ package, never from a second table here:
   ``prefill_s_per_token`` / ``prefill_s_per_token_position`` override the derived terms.
 * **GPUs**: the simulator runs ``rollout.num_instances`` instances of ``sim.gpus_per_instance``
   GPUs each, as a deployment does, and trains on ``sim.train_gpus``; together they fit in
-  ``sim.total_gpus`` (null: just that much; :func:`total_gpus`, :func:`check_split`). The
-  colocated ``sync`` policy rolls out and trains on the same GPUs: its instances cover the
-  budget exactly.
+  ``sim.total_gpus`` (null: just that much; :func:`total_gpus`, :func:`check_split`). A
+  colocated policy (:data:`COLOCATED_POLICIES`: ``sync``) rolls out and trains on the same
+  GPUs: its instances cover the budget exactly.
 * **Decode speed**: the engines' true cost model is ``sim.cost_model`` — ``coordinator`` (the
   default: the model the router ranks by, ``coordinator.cost_model``), a preset, a fitted JSON
   file, or ``custom`` (``k1..k4``, ``b``). It differs from the router's only by what is set
@@ -372,6 +372,16 @@ def model_bytes(cfg: Any) -> int:
     return int(sim.model_bytes) if sim.model_bytes is not None else MODELS[sim.model].weight_bytes
 
 
+#: Policies the simulator runs colocated: rollout and training take turns on the same GPUs (as
+#: verl's synchronous trainer does), so their instances cover the whole budget.
+COLOCATED_POLICIES = ("sync",)
+
+
+def colocated(policy: str) -> bool:
+    """Does the simulator run ``policy`` colocated (:data:`COLOCATED_POLICIES`)?"""
+    return policy in COLOCATED_POLICIES
+
+
 def rollout_gpus(cfg: Any) -> int:
     """The simulated rollout GPUs: ``rollout.num_instances`` x ``sim.gpus_per_instance``."""
     return int(cfg.rollout.num_instances * cfg.sim.gpus_per_instance)
@@ -386,14 +396,27 @@ def total_gpus(cfg: Any, *, colocated: bool = False) -> int:
     return rollout_gpus(cfg) + (0 if colocated else int(sim.train_gpus))
 
 
-def check_split(cfg: Any, *, colocated: bool) -> None:
-    """The instances and the trainer fit in the budget (:func:`total_gpus`); ``colocated``
-    (the ``sync`` policy in the simulator: rollout and training take turns on the same GPUs):
-    the instances cover the budget exactly, so no GPU of it is left out."""
+def over_budget(rollout: int, train: int, total: int, gpi: int) -> ConfigError | None:
+    """The error for ``rollout`` GPUs of instances (``gpi`` GPUs each) and ``train`` training
+    GPUs beyond a budget of ``total``, or None where they fit."""
+    if rollout + train <= total:
+        return None
+    return ConfigError(
+        f"rollout.num_instances: {rollout // gpi} instances x {gpi} GPUs = {rollout} rollout "
+        f"GPUs + sim.train_gpus={train} exceed sim.total_gpus={total}",
+        key="rollout.num_instances",
+        allowed=f"<= {(total - train) // gpi} (or raise sim.total_gpus)",
+    )
+
+
+def check_split(cfg: Any) -> None:
+    """The instances and the trainer fit in the budget (:func:`total_gpus`); a colocated policy's
+    instances cover the budget exactly, so no GPU of it is left out."""
     sim, n = cfg.sim, cfg.rollout.num_instances
     gpi, used = sim.gpus_per_instance, rollout_gpus(cfg)
-    total = total_gpus(cfg, colocated=colocated)
-    if colocated and used != total:
+    coloc = colocated(cfg.coordinator.policy)
+    total = total_gpus(cfg, colocated=coloc)
+    if coloc and used != total:
         raise ConfigError(
             f"rollout.num_instances: the colocated sync policy rolls out and trains on all "
             f"sim.total_gpus={total}; {n} instances x {gpi} GPUs = {used}",
@@ -401,19 +424,15 @@ def check_split(cfg: Any, *, colocated: bool) -> None:
             allowed=f"{total // gpi} (sim.total_gpus / sim.gpus_per_instance)"
             + ("" if total % gpi == 0 else ", with sim.total_gpus a multiple of it"),
         )
-    if not colocated and used + sim.train_gpus > total:
-        raise ConfigError(
-            f"rollout.num_instances: {n} instances x {gpi} GPUs = {used} rollout GPUs + "
-            f"sim.train_gpus={sim.train_gpus} exceed sim.total_gpus={total}",
-            key="rollout.num_instances",
-            allowed=f"<= {(total - sim.train_gpus) // gpi} (or raise sim.total_gpus)",
-        )
+    error = None if coloc else over_budget(used, sim.train_gpus, total, gpi)
+    if error is not None:
+        raise error
 
 
 def validate_sim(cfg: Any) -> None:
     """Cross-section checks of a sim-backend config (the split, the engines and the workload
     build)."""
-    check_split(cfg, colocated=cfg.coordinator.policy == "sync")
+    check_split(cfg)
     w = cfg.sim.workload
     if w.kind in ("trace", "group_trace"):
         if not w.trace_path:

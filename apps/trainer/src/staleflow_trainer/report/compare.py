@@ -172,7 +172,7 @@ def run_comparison(
     runs = [c for seed in seeds for c in plan_runs(base.evolve(f"run.seed={seed}"), policies, etas)]
     summaries = run_specs([(c, out_dir / "runs" / run_name(c)) for c in runs], workers=workers)
     spec = spec_from_app_config(base)
-    disagg = spec if spec.policy != "sync" else attrs.evolve(spec, policy="staleflow")
+    disagg = spec if not spec.colocated else attrs.evolve(spec, policy="staleflow")
     ideal = ideal_throughput(disagg)
     bounds = _bounds(base, sorted({e for c in runs if isinstance(e := c.protocol.eta, int)}))
     results = []

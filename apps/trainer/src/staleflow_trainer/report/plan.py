@@ -33,6 +33,7 @@ import structlog
 
 from staleflow_trainer.atomic_files import make_run_dir
 from staleflow_trainer.config import FIXED_ETA, POLICIES, AppConfig, dump_config
+from staleflow_trainer.config_sim import colocated
 from staleflow_trainer.errors import ConfigError
 from staleflow_trainer.report.compare import run_specs, write_report
 from staleflow_trainer.sim.ideal import ideal_throughput, workload_moments
@@ -44,7 +45,7 @@ DEFAULT_FRACTIONS = (0.25, 0.375, 0.5, 0.625, 0.75)
 DEFAULT_ETAS = (1, 2, 3)
 DEFAULT_TOLERANCE = 0.05
 #: Policies a split search makes sense for (``sync`` is colocated: it has no split).
-PLANNABLE = tuple(p for p in POLICIES if p != "sync")
+PLANNABLE = tuple(p for p in POLICIES if not colocated(p))
 
 
 @attrs.frozen(kw_only=True)
@@ -99,9 +100,9 @@ def parse_grid(
     """
     pol = policy
     if pol not in PLANNABLE:
-        if pol == "sync":
+        if colocated(pol):
             msg = (
-                "--policy: 'sync' is colocated on every GPU, so it has no split to plan; "
+                f"--policy: {pol!r} is colocated on every GPU, so it has no split to plan; "
                 "pass --policy with a disaggregated policy"
             )
         else:

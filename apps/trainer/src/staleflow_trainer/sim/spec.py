@@ -44,6 +44,7 @@ from staleflow_trainer.config import (
     UNBOUNDED_POLICIES,
     is_fifo,
 )
+from staleflow_trainer.config_sim import colocated, over_budget, total_gpus
 from staleflow_trainer.errors import ConfigError
 from staleflow_trainer.sim.trainer_model import MegatronSetup
 
@@ -271,14 +272,12 @@ class SimSpec:
                 key="protocol.eta",
                 allowed=str(FIXED_ETA[self.policy]),
             )
-        if self.policy != "sync" and self.rollout_gpus + self.train_gpus > self.total_gpus:
-            raise ConfigError(
-                f"{self.rollout_gpus} rollout GPUs (rollout.num_instances x "
-                f"sim.gpus_per_instance) + sim.train_gpus ({self.train_gpus}) exceed "
-                f"sim.total_gpus ({self.total_gpus})",
-                key="rollout.num_instances",
-                allowed=f"<= {(self.total_gpus - self.train_gpus) // self.gpus_per_instance}",
+        if not self.colocated:
+            error = over_budget(
+                self.rollout_gpus, self.train_gpus, self.total_gpus, self.gpus_per_instance
             )
+            if error is not None:
+                raise error
         if self.warmup_steps >= self.steps:
             raise ConfigError(
                 f"sim.warmup_steps ({self.warmup_steps}) must be < trainer.steps ({self.steps})",
@@ -325,7 +324,7 @@ class SimSpec:
 
     @property
     def colocated(self) -> bool:
-        return self.policy == "sync"
+        return colocated(self.policy)
 
     @property
     def rollout_gpus_used(self) -> int:
@@ -415,7 +414,6 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
         rollout_gpus,
         sim_value,
         speed_factors,
-        total_gpus,
     )
     from staleflow_trainer.control.config import coordinator_config
     from staleflow_trainer.sim.trainer_model import setup
@@ -423,7 +421,7 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
     sim = cfg.sim
     wl = sim.workload
     proto = cfg.protocol
-    check_split(cfg, colocated=cfg.coordinator.policy == "sync")
+    check_split(cfg)
     return SimSpec(
         policy=cfg.coordinator.policy,
         eta=proto.eta,
@@ -437,7 +435,7 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
         batch_redundancy=proto.batch_redundancy,
         group_redundancy=proto.group_redundancy,
         dynamic_sampling=cfg.trainer.dynamic_sampling,
-        total_gpus=total_gpus(cfg, colocated=cfg.coordinator.policy == "sync"),
+        total_gpus=total_gpus(cfg, colocated=colocated(cfg.coordinator.policy)),
         rollout_gpus=rollout_gpus(cfg),
         train_gpus=sim.train_gpus,
         gpus_per_instance=sim.gpus_per_instance,
@@ -491,9 +489,7 @@ def with_policy(cfg: Any, policy: str, eta: int | str | None = None) -> Any:
     if eta is None:
         eta = cfg.protocol.eta
     over = [f"coordinator.policy={policy}", f"protocol.eta={eta}"]
-    if policy == "sync":  # colocated: its instances cover the whole budget
-        from staleflow_trainer.config_sim import total_gpus
-
+    if colocated(policy):  # its instances cover the whole budget
         over += [f"rollout.num_instances={total_gpus(cfg) // cfg.sim.gpus_per_instance}"]
     if policy in BASELINE_POLICIES:
         over += ["protocol.stuck_threshold=0", "protocol.batch_redundancy=0"]

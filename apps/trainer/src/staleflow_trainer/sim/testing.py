@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from staleflow_trainer.config import STRATEGY_FIELDS
+from staleflow_trainer.config_sim import colocated
 
 #: Flat setting → app config key.
 KEYS = {
@@ -71,7 +72,7 @@ def sim_config(**fields: Any) -> Any:
     # rollout_gpus (SimSpec's name) stands for num_instances x gpus_per_instance; the colocated
     # sync policy's instances cover total_gpus (as ``with_policy`` gives them)
     gpi = int(f.get("gpus_per_instance", 1))
-    if f.get("policy") == "sync":
+    if colocated(str(f.get("policy", ""))):
         f.setdefault("num_instances", int(f.get("total_gpus", 2)) // gpi)
         f.pop("rollout_gpus", None)
     elif "rollout_gpus" in f:
