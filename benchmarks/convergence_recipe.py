@@ -30,6 +30,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+# its sibling benchmark, also when this file is loaded by path (not run as a script)
+if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
+    sys.path.insert(0, _HERE)
 from convergence_study import eval_prompts, repo_path
 
 ROOT = Path(__file__).resolve().parents[1]

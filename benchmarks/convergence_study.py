@@ -42,10 +42,14 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import convergence_plots as plots
 
 from staleflow_trainer.config import FIFO_POLICIES
 from staleflow_trainer.runtime.prepare import WORKER_ENV
+
+# its sibling module, also when this file is loaded by path (not run as a script)
+if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
+    sys.path.insert(0, _HERE)
+import convergence_plots as plots
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,6 +16,9 @@ on every seed.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -66,3 +69,18 @@ def test_tis_keeps_stale_data_useful(
     with_tis, without = runs[(True, seed)], runs[(False, seed)]
     assert with_tis["policy_reward_start"] == without["policy_reward_start"]  # same model
     assert with_tis["policy_reward_end"] > without["policy_reward_end"], seed
+
+
+@pytest.mark.parametrize("name", ["convergence_recipe", "convergence_study"])
+def test_the_convergence_benchmarks_load_by_path(name: str, tmp_path: Path) -> None:
+    """Each finds its sibling module itself: loaded by path from another directory, with
+    nothing on the import path but the installed packages (as a notebook or another tool
+    loads it), not only as a script or under the test suite's ``pythonpath``."""
+    code = (
+        "import importlib.util as u, sys\n"
+        f"s = u.spec_from_file_location({name!r}, {str(ROOT / 'benchmarks' / (name + '.py'))!r})\n"
+        "m = u.module_from_spec(s)\n"
+        "s.loader.exec_module(m)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, check=True)

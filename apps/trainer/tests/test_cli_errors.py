@@ -108,6 +108,26 @@ def test_compare_with_an_unknown_policy_writes_nothing(
     assert not run_dir.exists()
 
 
+def test_overrides_may_follow_a_commands_options(tmp_path: Path) -> None:
+    """``plan CONFIG --etas 1 KEY=VALUE`` applies the overrides after the options (argparse
+    alone ends them at the first option and refuses the rest)."""
+    run_dir = tmp_path / "plan"
+    argv = ["plan", SIM, "--etas", "1", "--fractions", "0.5", "trainer.steps=3"]
+    assert main([*argv, f"run.run_dir={run_dir}"]) == 0
+    assert json.loads((run_dir / "plan.json").read_text())["results"]
+
+
+def test_a_stray_word_after_the_options_is_still_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "plan"
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", SIM, "--etas", "1", "steps", f"run.run_dir={run_dir}"])
+    assert exc.value.code == 2
+    assert "unrecognized arguments: steps" in capsys.readouterr().err
+    assert not run_dir.exists()
+
+
 def _keys(d: dict[str, object], prefix: str = "") -> set[str]:
     out = set()
     for k, v in d.items():

@@ -370,6 +370,22 @@ def logging_restored() -> Iterator[None]:
             structlog.reset_defaults()
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> Any:
+    """``parser.parse_args(argv)``, except that ``KEY=VALUE`` overrides may also come after a
+    command's options (``plan CONFIG --policy P KEY=VALUE``): argparse ends the overrides at
+    the first option and would refuse the ones after it."""
+    args, extra = parser.parse_known_args(argv)
+    if (
+        extra
+        and hasattr(args, "overrides")
+        and not any(a.startswith("-") or "=" not in a for a in extra)
+    ):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -379,7 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv[: i + 1])
         args.rest = argv[i + 1 :]
     if args is None or args.command != "fit-cost-model":
-        args = parser.parse_args(argv)
+        args = _parse(parser, argv)
     configure_logging(args.log_level)
     try:
         return int(args.fn(args))
