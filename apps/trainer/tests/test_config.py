@@ -121,6 +121,29 @@ def test_out_of_range(override: str, key: str) -> None:
     assert str(e).startswith(key)
 
 
+@pytest.mark.parametrize(
+    ("override", "key", "allowed_part"),
+    [
+        (["coordinator.policy=one-step", "protocol.eta=3"], "protocol.eta", "1 with policy"),
+        (["coordinator.policy=sync", "protocol.eta=2"], "protocol.eta", "0 with policy"),
+        (
+            ["protocol.batch_size=8", "protocol.stuck_threshold=8"],
+            "protocol.stuck_threshold",
+            "0..7",
+        ),
+    ],
+)
+def test_protocol_settings_the_policy_or_the_batch_rule_out(
+    override: list[str], key: str, allowed_part: str
+) -> None:
+    """Refused when the config is read, for the deployment as for the simulator (the
+    coordinator and the protocol would refuse them only once a run starts, naming their own
+    fields)."""
+    e = _err(override)
+    assert e.key == key
+    assert allowed_part in (e.allowed or "")
+
+
 def test_batch_not_divisible() -> None:
     e = _err(["protocol.batch_size=3", "protocol.group_size=3", "trainer.mini_batches=2"])
     assert e.key == "trainer.mini_batches"

@@ -184,7 +184,6 @@ SIM_SPEC = {
     # in the control core too (CHANGES)
     "run.seed": "7",
     "trainer.steps": "9",
-    "trainer.dynamic_sampling": "true",
 }
 #: settings both shells' code reads outside the spec: what to find (an attribute, or the
 #: function that reads them) in the Ray shell's files and in the simulator's

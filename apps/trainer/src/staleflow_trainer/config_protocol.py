@@ -16,6 +16,7 @@ import attrs
 
 from staleflow_trainer.config_coordinator import (
     FIFO_POLICIES,
+    FIXED_ETA,
     UNBOUNDED_POLICIES,
     WINDOW_POLICIES,
     verl_window,
@@ -167,7 +168,8 @@ def _check_window(cfg: AppConfig) -> None:
 
 def check_protocol(cfg: AppConfig) -> None:
     """The protocol's settings against the policy: eta 'unbounded' only with a policy that
-    syncs greedily, and no setting of per-version buffers over a FIFO or of the FIFO over
+    syncs greedily, the η of a policy that models a fixed staleness, a stuck threshold below
+    the batch size, and no setting of per-version buffers over a FIFO or of the FIFO over
     buffers. Raises ConfigError naming the key."""
     if cfg.protocol.eta == "unbounded" and cfg.coordinator.policy not in UNBOUNDED_POLICIES:
         raise _err(
@@ -176,6 +178,22 @@ def check_protocol(cfg: AppConfig) -> None:
             "control syncs greedily like the systems it models; the baselines model a fixed "
             "eta or budget it)",
             f"one of {list(UNBOUNDED_POLICIES)} (or an integer protocol.eta)",
+        )
+    policy = cfg.coordinator.policy
+    if policy in FIXED_ETA and cfg.protocol.eta != FIXED_ETA[policy]:
+        raise _err(
+            "protocol.eta",
+            f"{cfg.protocol.eta!r}: policy {policy!r} models a system whose staleness is fixed "
+            f"at {FIXED_ETA[policy]}",
+            f"{FIXED_ETA[policy]} with policy {policy!r}",
+        )
+    threshold = cfg.protocol.stuck_threshold
+    if threshold and threshold >= cfg.protocol.batch_size:
+        raise _err(
+            "protocol.stuck_threshold",
+            f"{threshold}: a buffer lacking every one of its protocol.batch_size "
+            f"({cfg.protocol.batch_size}) groups is empty, not stuck",
+            f"0..{cfg.protocol.batch_size - 1} (0 or null: off)",
         )
     if cfg.protocol.eta == "unbounded" and cfg.protocol.batch_redundancy:
         raise _err(

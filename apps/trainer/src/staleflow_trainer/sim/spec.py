@@ -37,19 +37,15 @@ from engine_adapters.workload import WorkloadConfig
 from rollout_coordinator.policies import build_policy
 from staleflow_trainer.config import (
     BASELINE_POLICIES,
-    FIFO_POLICIES,
     FIXED_ETA,
-    GC_FIFO_POLICIES,
     POLICIES,
-    UNBOUNDED_POLICIES,
     is_fifo,
 )
 from staleflow_trainer.config_sim import colocated, over_budget, total_gpus
 from staleflow_trainer.errors import ConfigError
 from staleflow_trainer.sim.trainer_model import MegatronSetup
 
-_PROTOCOL = ("eta", "unbounded_inflight_batches", "batch_size", "group_size", "stuck_threshold",
-             "stuck_after_s", "batch_redundancy", "group_redundancy")  # fmt: skip
+_PROTOCOL = ("eta", "batch_size", "group_size", "group_redundancy")
 _WORKLOAD = ("prompt_len", "prompt_len_sigma", "response_len_median", "response_len_sigma",
              "group_correlation", "reward_mean")  # fmt: skip
 
@@ -63,16 +59,11 @@ CONFIG_KEYS: dict[str, str] = {
     "steps": "trainer.steps",
     "trainer_step_delay_s": "trainer.step_delay_s",
     "seed": "run.seed",
-    "dynamic_sampling": "trainer.dynamic_sampling",
-    "k_inner": "sim.b",
     "max_running": "rollout.max_running",
     "rollout_gpus": "rollout.num_instances",
     "prompt_len_max": "data.max_prompt_len",
     "max_response_len": "rollout.sampling.max_new_tokens",
     "cycle_period_s": "coordinator.snapshot_interval_s",
-    "theta": "coordinator.theta",
-    "migration_ratio": "coordinator.migration_ratio",
-    "sync_kv_threshold": "coordinator.sync_kv_threshold",
     "timeline": "metrics.timeline",
 }
 
@@ -156,27 +147,20 @@ def _instance_of(tp: type) -> Any:
 class SimSpec:
     """One simulated run. Units: seconds, tokens, bytes, FLOP/s."""
 
-    # --- what runs
+    # --- what runs (the control core's protocol and coordinator settings are not here: the
+    # shell builds the core from the app config, ``control.config.core_config``; these are
+    # the protocol facts the simulator itself needs, for the prompt stream, the bounds and
+    # the reports)
     policy: str = attrs.field(default="staleflow", validator=_one_of(*POLICIES))
-    #: The staleness bound, or "unbounded": no staleness control (``UnboundedFifo``: FIFO
-    #: consumption, at most ``unbounded_inflight_batches × batch_size`` groups in flight).
+    #: The staleness bound, or "unbounded" (no staleness control).
     eta: int | str = attrs.field(default=1, validator=_check_eta)
-    unbounded_inflight_batches: int = attrs.field(default=2, validator=_gt(0))
     steps: int = attrs.field(default=20, validator=_gt(0))
     seed: int = attrs.field(default=0, validator=_ge(0))
     batch_size: int = attrs.field(default=8, validator=_gt(0))
     group_size: int = attrs.field(default=8, validator=_gt(0))
-    stuck_threshold: int = attrs.field(default=0, validator=_ge(0))  # 0 = off
-    #: Resolve a stuck buffer only after the trainer has waited this long for it.
-    stuck_after_s: float = attrs.field(default=5.0, validator=_ge(0))
-    #: Redundant rollout: spare slots per buffer (``B' = B + this``; surplus groups are
-    #: aborted once a buffer is READY) ...
-    batch_redundancy: int = attrs.field(default=0, validator=_ge(0))
-    #: ... and extra samples per group (``n' = n + this``; the slowest are aborted once ``n``
-    #: finish). The prompt stream always draws ``n'`` members so every policy sees the same
-    #: first ``n`` responses of every group.
+    #: Extra samples per group (``n' = n + this``): the prompt stream always draws ``n'``
+    #: members so every policy sees the same first ``n`` responses of every group.
     group_redundancy: int = attrs.field(default=0, validator=_ge(0))
-    dynamic_sampling: bool = False
 
     # --- GPU budget
     total_gpus: int = attrs.field(default=2, validator=_gt(0))
@@ -239,39 +223,8 @@ class SimSpec:
     timeline: bool = True
 
     def __attrs_post_init__(self) -> None:
-        if self.eta == "unbounded" and self.policy not in UNBOUNDED_POLICIES:
-            raise ConfigError(
-                f"policy {self.policy!r} cannot run eta 'unbounded' (no staleness control "
-                "syncs greedily)",
-                key="coordinator.policy",
-                allowed=f"one of {list(UNBOUNDED_POLICIES)}",
-            )
-        if self.eta == "unbounded" and self.policy in GC_FIFO_POLICIES:
-            raise ConfigError(
-                f"policy {self.policy!r} keeps a bound by dropping; it needs an integer eta",
-                key="protocol.eta",
-                allowed="an int >= 0",
-            )
-        if self.eta == "unbounded" and self.batch_redundancy:
-            raise ConfigError(
-                f"batch_redundancy {self.batch_redundancy} means nothing with eta 'unbounded'",
-                key="protocol.batch_redundancy",
-                allowed="0 with eta 'unbounded'",
-            )
-        if self.policy in FIFO_POLICIES and self.batch_redundancy:
-            raise ConfigError(
-                f"batch_redundancy {self.batch_redundancy} means nothing for policy "
-                f"{self.policy!r} (one FIFO, no per-version buffers)",
-                key="protocol.batch_redundancy",
-                allowed=f"0 with policy one of {list(FIFO_POLICIES)}",
-            )
-        if self.policy in FIXED_ETA and self.eta != FIXED_ETA[self.policy]:
-            raise ConfigError(
-                f"policy {self.policy!r} models a fixed staleness: eta must be "
-                f"{FIXED_ETA[self.policy]}, got {self.eta}",
-                key="protocol.eta",
-                allowed=str(FIXED_ETA[self.policy]),
-            )
+        # The protocol's settings against the policy are the app config's to check (both
+        # shells run them): ``config_protocol.check_protocol``. These are the simulator's own.
         if not self.colocated:
             error = over_budget(
                 self.rollout_gpus, self.train_gpus, self.total_gpus, self.gpus_per_instance
@@ -283,13 +236,6 @@ class SimSpec:
                 f"sim.warmup_steps ({self.warmup_steps}) must be < trainer.steps ({self.steps})",
                 key="sim.warmup_steps",
                 allowed=f"< {self.steps}",
-            )
-        if self.stuck_threshold and self.stuck_threshold >= self.batch_size:
-            raise ConfigError(
-                f"protocol.stuck_threshold ({self.stuck_threshold}) must be < batch_size "
-                f"({self.batch_size}) or 0 (off)",
-                key="protocol.stuck_threshold",
-                allowed=f"0..{self.batch_size - 1}",
             )
         if self.reward_mean > 1:
             raise ConfigError(
@@ -405,7 +351,6 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
     model, the speed factors and the length distribution come from
     :mod:`staleflow_trainer.config_sim` (the one translation of the ``sim`` section).
     """
-    from staleflow_trainer.config import stuck_after_s, stuck_threshold
     from staleflow_trainer.config_sim import (
         check_split,
         engine_config,
@@ -425,16 +370,11 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
     return SimSpec(
         policy=cfg.coordinator.policy,
         eta=proto.eta,
-        unbounded_inflight_batches=proto.inflight_batches,
         steps=cfg.trainer.steps,
         seed=cfg.run.seed,
         batch_size=proto.batch_size,
         group_size=proto.group_size,
-        stuck_threshold=stuck_threshold(cfg),
-        stuck_after_s=stuck_after_s(cfg),
-        batch_redundancy=proto.batch_redundancy,
         group_redundancy=proto.group_redundancy,
-        dynamic_sampling=cfg.trainer.dynamic_sampling,
         total_gpus=total_gpus(cfg, colocated=colocated(cfg.coordinator.policy)),
         rollout_gpus=rollout_gpus(cfg),
         train_gpus=sim.train_gpus,
