@@ -260,8 +260,22 @@ def test_evolve() -> None:
     ],
 )
 def test_examples_load(name: str) -> None:
-    cfg = load_config(EXAMPLES / name, ["run_dir=/tmp/r", "trainer.steps=2"])
+    cfg = load_config(EXAMPLES / name, ["run_dir=/tmp/r", "trainer.steps=2", "sim.warmup_steps=1"])
     assert cfg.trainer.steps == 2
+
+
+def test_a_warmup_that_leaves_no_step_to_measure_is_refused() -> None:
+    """The paper presets leave 6 warm-up steps out of their throughput: a 5-step run of one is
+    refused, naming the key, where the warm-up used to be cut to 4 without a word; null is 2,
+    or fewer in a run too short for that."""
+    preset = EXAMPLES / "sim-paper-30b-a3b.yaml"
+    e = _err(["trainer.steps=5"], str(preset))
+    assert e.key == "sim.warmup_steps"
+    assert "< 5" in (e.allowed or "")
+    for steps, warmup in ((5, 2), (2, 1), (1, 0)):
+        over = [f"trainer.steps={steps}", "sim.warmup_steps=null"]
+        cfg = load_config(preset, over)
+        assert spec_from_app_config(cfg).warmup_steps == warmup
 
 
 def test_paper_preset_matches_the_published_setup() -> None:

@@ -305,6 +305,7 @@ SIM_VALUES = {
     "sim.kv_capacity_tokens": "30000",
     "sim.total_gpus": "12",
     "sim.b": "0.001",
+    "sim.warmup_steps": "5",
 }
 #: sim keys a separate test covers (a trace file is needed)
 SIM_ELSEWHERE = {

@@ -153,7 +153,12 @@ class SimConfig:
     reward_time_s: float = _f(0.0, ge=0.0)
     # --- the virtual clock and measurement
     snapshot_max_age_s: float = _f(0.0, ge=0.0, doc="re-snapshot unchanged instances after")
-    warmup_steps: int = _f(2, ge=0, doc="steps excluded from throughput (pipeline fill)")
+    warmup_steps: int | None = _f(
+        None,
+        ge=0,
+        doc="steps excluded from throughput (pipeline fill); null: 2, or trainer.steps - 1 "
+        "in a shorter run",
+    )
     workload: SimWorkloadConfig = attrs.field(factory=SimWorkloadConfig, validator=_validate_field)
 
     def __attrs_post_init__(self) -> None:
@@ -429,10 +434,30 @@ def check_split(cfg: Any) -> None:
         raise error
 
 
+#: ``sim.warmup_steps`` where it is null (a shorter run measures its last step)
+DEFAULT_WARMUP_STEPS = 2
+
+
+def warmup_steps(cfg: Any) -> int:
+    """The steps a simulated run leaves out of its throughput: ``sim.warmup_steps``, or where it
+    is null :data:`DEFAULT_WARMUP_STEPS`, fewer in a run too short to measure a step after
+    them."""
+    given = cfg.sim.warmup_steps
+    return min(DEFAULT_WARMUP_STEPS, cfg.trainer.steps - 1) if given is None else int(given)
+
+
 def validate_sim(cfg: Any) -> None:
-    """Cross-section checks of a sim-backend config (the split, the engines and the workload
-    build)."""
+    """Cross-section checks of a sim-backend config (the split, the warm-up, the engines and
+    the workload build)."""
     check_split(cfg)
+    given, steps = cfg.sim.warmup_steps, cfg.trainer.steps
+    if given is not None and given >= steps:
+        raise ConfigError(
+            f"sim.warmup_steps ({given}) leaves no step of trainer.steps ({steps}) to measure",
+            key="sim.warmup_steps",
+            allowed=f"< {steps} (trainer.steps), or null ({DEFAULT_WARMUP_STEPS}, fewer in a "
+            "shorter run)",
+        )
     w = cfg.sim.workload
     if w.kind in ("trace", "group_trace"):
         if not w.trace_path:

@@ -359,6 +359,7 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
         rollout_gpus,
         sim_value,
         speed_factors,
+        warmup_steps,
     )
     from staleflow_trainer.control.config import coordinator_config
     from staleflow_trainer.sim.trainer_model import setup
@@ -410,7 +411,7 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
         reward_time_s=sim.reward_time_s,
         cycle_period_s=cfg.coordinator.snapshot_interval_s,
         snapshot_max_age_s=sim.snapshot_max_age_s,
-        warmup_steps=min(sim.warmup_steps, cfg.trainer.steps - 1),
+        warmup_steps=warmup_steps(cfg),
         timeline=cfg.metrics.timeline,
     )
 
