@@ -102,6 +102,18 @@ def route_by_marginal_gain(
         """Best instance in one version group with room and gain ≥ θ (any gain when
         ``due``); saturated ones leave (with ``due_first``, until a shorter trajectory)."""
         nonlocal live
+        if due and cfg.due_placement == "headroom":  # lowest KV usage that fits; no θ
+            fits = [
+                (local[i][1] / local[i][2], -gain(local[i][0], local[i][1], ref_len), i)
+                for _, i in h
+                if local[i][0] < max_n and local[i][1] + length <= kv_limit * local[i][2]
+            ]
+            if not fits:
+                return None
+            iid = min(fits)[2]
+            h[:] = [e for e in h if e[1] != iid]
+            heapq.heapify(h)
+            return iid
         skipped: list[tuple[float, str]] = []
         chosen: str | None = None
         den = k4 + k1 * length + max(k2, b + k3)
@@ -142,7 +154,7 @@ def route_by_marginal_gain(
             n_run, kv = local[iid][:2]
             heapq.heappush(heaps[version_of[iid]], (-gain(n_run, kv, ref_len), iid))
             live += 1
-        due = cfg.due_first and not is_new and port.due(item)
+        due = (cfg.due_first or cfg.due_placement == "headroom") and not is_new and port.due(item)
         start = bisect.bisect_left(versions, floor + 1 if v_traj is None else v_traj)
         candidates = versions[start:]
         if is_new and newest_first:
@@ -154,7 +166,10 @@ def route_by_marginal_gain(
                 candidates = []  # aborted or unknown to the protocol: never route it
             else:
                 resumable_checked = True
-                candidates = _best_group(candidates, heaps, pick, local, length, gain, ref_len, due)
+                candidates = _best_group(
+                    candidates, heaps, pick, local, length, gain, ref_len, due,
+                    by_usage=due and cfg.due_placement == "headroom",
+                )  # fmt: skip
         for v in candidates:
             h = heaps[v]
             if not h:
@@ -224,8 +239,10 @@ def _best_group(
     gain: Callable[[int, float, int], float],
     ref_len: int,
     due: bool,
+    by_usage: bool = False,
 ) -> list[int]:
-    """The one version group whose best acceptable instance has the largest gain ([] if none).
+    """The one version group whose best acceptable instance has the largest gain (lowest KV
+    usage ``by_usage``) ([] if none).
 
     Each group's pick is put back (with its ranking key), so the caller's own pick in the
     chosen group finds the same instance.
@@ -240,7 +257,7 @@ def _best_group(
             continue
         n, kv = local[iid][0], local[iid][1]
         heapq.heappush(h, (-gain(n, kv, ref_len), iid))
-        g = gain(n, kv, length)
+        g = -kv / local[iid][2] if by_usage else gain(n, kv, length)
         if best is None or g > best[0]:
             best = (g, v)
     return [] if best is None else [best[1]]

@@ -65,6 +65,12 @@ def _config(rng: random.Random, policy: str) -> CoordinatorConfig:
         "bounce_waiting_threshold": rng.choice([1, 8]),
         "bounce_kv_threshold": rng.choice([0.5, 0.95]),
     }
+    # drawn apart, from the scenario's state without advancing it: the scenarios the other
+    # draws make stay as they were
+    due = random.Random(repr(rng.getstate()[1][:8]))
+    overrides["due_placement"] = due.choice(["gain", "gain", "headroom"])
+    overrides["due_spread_ratio"] = due.choice([None, None, 1.05, 1.5])
+    overrides["due_spread_max_running"] = due.choice([0, 2, 8])
     if build_policy(policy).protocol == "fifo":  # its FIFO keeps no η to size the window by
         overrides["verl_staleness_threshold"] = rng.choice([0.5, 1.0, 3.0])
     profile = rng.choice(["default", "paper", "robust"])
@@ -445,6 +451,9 @@ _OTHER: dict[str, tuple[Any, ...]] = {
     "theta": (0.9, 0.01),
     "theta_slack": (0.9, None),
     "due_first": (True, False),
+    "due_placement": ("headroom", "gain"),
+    "due_spread_ratio": (1.01, None),
+    "due_spread_max_running": (64, 0),
     "route_kv_limit": (0.2, 0.95),
     "route_max_concurrency": (2, None),
     "candidate_order": ("reserve", "oldest"),

@@ -71,6 +71,7 @@ STRATEGY_FIELDS = (
     "route_max_concurrency",
     "theta_slack",
     "due_first",
+    "due_placement",
     "candidate_order",
     "partial_order",
     "max_routes_per_cycle",
@@ -86,6 +87,8 @@ STRATEGY_FIELDS = (
     "migration_during_sync",
     "migration_min_speedup",
     "migration_move_cost_s",
+    "due_spread_ratio",
+    "due_spread_max_running",
     "preemption_rule",
     "preempt_abort_waiting",
     "bounce_waiting_threshold",
@@ -126,6 +129,9 @@ class CoordinatorConfig:
     due_first: bool | None = _f(
         None, doc="due work skips theta; a theta refusal holds for longer work only"
     )
+    due_placement: str | None = _f(
+        None, doc="due partials: gain (by marginal gain) or headroom (lowest KV usage)"
+    )
     route_kv_limit: float | None = _f(None, doc="route only while KV usage after it stays <=")
     route_max_concurrency: int | Literal["off"] | None = _f(None, doc="running cap per instance")
     candidate_order: str | None = _f(None, doc="new groups: oldest or reserve (newest) first")
@@ -149,6 +155,12 @@ class CoordinatorConfig:
         doc="... and only if the time it saves the moved work is at least this many seconds "
         "(what a move costs: about two control cycles; scale it with snapshot_interval_s)",
     )
+    due_spread_ratio: float | Literal["off"] | None = _f(
+        None,
+        doc="move due work off an instance whose step is at least this many times its step "
+        "alone, onto a light one",
+    )
+    due_spread_max_running: int | None = _f(None, doc="... light: running at most this many")
     # Literal["off"] too: YAML 1.1 reads an unquoted off as false, which it turns back into "off"
     preemption_rule: str | Literal["off"] | None = _f(None, doc="bounce, abort or off")
     preempt_abort_waiting: int | None = _f(None)

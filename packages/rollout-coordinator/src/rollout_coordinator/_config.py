@@ -46,6 +46,7 @@ MIGRATION_AMOUNTS = ("half_gap", "all")
 PREEMPTION_RULES = ("bounce", "abort", "off")
 CANDIDATE_ORDERS = ("oldest", "reserve")
 PARTIAL_ORDERS = ("version", "gain")
+DUE_PLACEMENTS = ("gain", "headroom")
 
 
 def _open_unit(inst: Any, a: attrs.Attribute[float], v: float) -> None:
@@ -66,6 +67,11 @@ def _above_one(inst: Any, a: attrs.Attribute[float], v: float) -> None:
 def _positive_int(inst: Any, a: attrs.Attribute[int], v: int) -> None:
     if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
         raise ConfigError(a.name, v, "an integer >= 1")
+
+
+def _non_negative_int(inst: Any, a: attrs.Attribute[int], v: int) -> None:
+    if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+        raise ConfigError(a.name, v, "an integer >= 0")
 
 
 def _optional_positive_int(inst: Any, a: attrs.Attribute[int | None], v: int | None) -> None:
@@ -150,6 +156,13 @@ class CoordinatorConfig:
     #: False: the paper's rule (θ for every trajectory; an instance θ refuses leaves the
     #: cycle). A rule beyond the paper's runs (see the throughput docs).
     due_first: bool = attrs.field(default=False, validator=_bool)
+    #: Where a *due* queued partial (its group reserved in the buffer the trainer takes next)
+    #: goes: ``gain`` (as any partial of its version, by marginal gain) or ``headroom`` (the
+    #: instance with the lowest KV usage among those that can take it now, whatever its gain:
+    #: an engine preempts its newest work first when its KV fills, so a re-routed trajectory
+    #: is the first to go again on a nearly full instance). A rule beyond the paper's runs
+    #: (see the throughput docs for what it measured).
+    due_placement: str = attrs.field(default="gain", validator=_one_of(*DUE_PLACEMENTS))
     #: An instance has KV room for a trajectory if its KV usage *after* adding it stays ≤ this.
     route_kv_limit: float = attrs.field(default=0.9, validator=_open_unit)
     #: The cost-model router gives an instance no more work once it runs this many
@@ -214,6 +227,21 @@ class CoordinatorConfig:
     #: (and only where that test is on). None: no such test (the paper's rule). A rule beyond
     #: the paper's runs.
     migration_move_cost_s: float | None = attrs.field(default=0.1, validator=_optional_cost)
+
+    #: Spread due work: a trajectory the trainer's next batch waits for (V_traj ≤ the abort
+    #: floor + 1) on an instance whose decode step is at least this many times the step it
+    #: would take alone (routing cost model) is interrupted and re-routed while a light
+    #: instance (``due_spread_max_running`` running or fewer, no waiting queue, not syncing)
+    #: is there to take it: per loaded instance its longest due trajectory, the largest
+    #: expected saving first (its step saved × the tokens it has generated, a long-tailed
+    #: length's expectation of what it still has to go), one per light instance. Where the
+    #: tail of a batch binds (η = 1), the last responses of a batch otherwise run beside the
+    #: rest of it and the next batch's work. None: off. A rule beyond the paper's runs (see
+    #: the throughput docs for what it measured).
+    due_spread_ratio: float | None = attrs.field(default=None, validator=_optional_speedup)
+    #: The most trajectories a light instance runs for ``due_spread_ratio``; a loaded one
+    #: runs at least two more.
+    due_spread_max_running: int = attrs.field(default=2, validator=_non_negative_int)
 
     # --- preemption ---
     #: What happens to work the engine preempts or is about to: ``bounce`` (interrupt running

@@ -30,6 +30,14 @@ so far, the expectation of a long-tailed length), must be at least that many sec
 move costs a trajectory in standing still: a trajectory that has just started, or a workload of
 short responses, gains less from a faster step than it loses in the move.
 
+*Due spreading* (``due_spread_ratio``, off by default; before the starving–loaded move, on
+instances no preemption rule interrupted this cycle). Work the trainer's next batch waits for
+(V_traj ≤ the abort floor + 1) that shares an instance whose decode step is at least that many
+times what it would take alone goes back to the queue while a light instance
+(``due_spread_max_running`` running or fewer) is there to take it: the longest such trajectory
+of each loaded instance, the largest expected saving first, one per light instance. The
+router then places it (by gain, or by ``due_placement``), which puts it on a light instance.
+
 Preemption (``preemption_rule``):
 
 * ``bounce``: an instance whose engine waiting queue is already ≥ ``bounce_waiting_threshold``
@@ -82,6 +90,8 @@ def _indicator(inst: InstanceState, kind: str) -> float:
     "bounce_waiting_threshold",
     "bounce_kv_threshold",
     "bounce_max_per_instance",
+    "due_spread_ratio",
+    "due_spread_max_running",
 )
 def migrate_to_starving(
     view: CycleView, routing: RoutingResult, v_traj: VTrajLookup
@@ -92,6 +102,7 @@ def migrate_to_starving(
         out.extend(_bounce(view))
     elif cfg.preemption_rule == "abort":
         out.extend(_abort_preempted(view))
+    out.extend(_spread_due(view, v_traj, {i.instance_id for i in out}))
     bounced = {i.instance_id for i in out}
     if not routing.hungry:
         return out
@@ -170,6 +181,55 @@ def _pays(
     # each moved trajectory is expected to generate as many tokens again as it has
     expected = sum(e.generated_tokens for e in moved) / len(moved)
     return expected * (before - after) >= cost
+
+
+def _spread_due(view: CycleView, v_traj: VTrajLookup, busy: set[str]) -> list[Interrupt]:
+    """``due_spread_ratio``: due trajectories off loaded instances, while light ones can take
+    them (see :class:`~rollout_coordinator.CoordinatorConfig`). ``busy``: instances already
+    given an interrupt this cycle."""
+    cfg = view.config
+    cm = cfg.cost_model
+    ratio = cfg.due_spread_ratio
+    if ratio is None:
+        return []
+    light = cfg.due_spread_max_running
+    last_chance = view.abort_floor + 1
+    instances = view.instances
+    takers = sum(
+        1
+        for iid, inst in instances.items()
+        if inst.n_running <= light and not inst.syncing and inst.waiting == 0 and iid not in busy
+    )
+    if not takers:
+        return []
+    moves: list[tuple[float, str, str]] = []
+    for iid, inst in instances.items():
+        if iid in busy or inst.syncing or inst.n_running < light + 2:
+            continue
+        due = [
+            e
+            for e in inst.running_entries()
+            if (v := e.v_traj if e.v_traj is not None else v_traj(e.trajectory_id)) is not None
+            and v <= last_chance
+        ]
+        if not due:
+            continue
+        e = max(due, key=lambda e: (e.tokens, e.trajectory_id))
+        step = cm.step_latency(inst.n_running, inst.kv_used)
+        alone = cm.step_latency(1, e.tokens)
+        if step < ratio * alone:
+            continue
+        moves.append((-(e.generated_tokens * (step - alone)), iid, e.trajectory_id))
+    moves.sort()
+    return [
+        Interrupt(
+            instance_id=iid,
+            trajectory_ids=(tid,),
+            reason=InterruptReason.MIGRATION,
+            requeue=True,
+        )
+        for _, iid, tid in moves[:takers]
+    ]
 
 
 def _bounce(view: CycleView) -> list[Interrupt]:

@@ -14,6 +14,11 @@ reached the concurrency cap) is saturated and leaves the group for the rest of t
 With ``theta_slack`` set, an instance whose routed work all has slack in the η window (see
 :func:`instance_thetas`) uses it instead of θ.
 
+With ``due_placement="headroom"``, a *due* queued partial — its group reserved in the buffer
+the trainer takes next (``AdmissionPort.due``) — goes, with or without ``due_first``, to the
+instance with the lowest KV usage that can take it now, whatever its gain: an engine whose KV
+fills preempts its newest work first, and a re-routed partial is the newest wherever it lands.
+
 With ``due_first``, a queued partial whose group is reserved in the buffer the trainer takes
 next (``AdmissionPort.due``) skips the θ test: it goes where any partial of its version goes
 (the version groups in ``partial_order``, each best first), to the first instance with KV
@@ -134,6 +139,7 @@ def instance_thetas(view: CycleView, iids: list[str]) -> list[float] | None:
     "theta",
     "theta_slack",
     "due_first",
+    "due_placement",
     "route_kv_limit",
     "route_max_concurrency",
     "candidate_order",
@@ -214,6 +220,7 @@ def route_by_marginal_gain(  # noqa: C901 - one pass over the queue: the per-ins
     # cycle (then it leaves for the cycle, as every refused one does without due_first).
     # ``refused_at``: how many of them each version has.
     due_first = cfg.due_first
+    headroom = cfg.due_placement == "headroom"
     refused: list[tuple[int, int]] = []
     refusals: dict[int, int] = {}
     refused_at: dict[int, int] = {}
@@ -227,6 +234,8 @@ def route_by_marginal_gain(  # noqa: C901 - one pass over the queue: the per-ins
         the cycle); those without KV room stay, and after ``_ROOM_TRIES`` of them the search
         gives up."""
         nonlocal live
+        if due and headroom:
+            return _most_headroom(g.members, length, n_l, kv_l, cap_l, max_n, kv_limit)
         den = k4 + k1 * length + batch_one
         threshold = -math.inf if due else theta / den
         members = g.members
@@ -302,7 +311,7 @@ def route_by_marginal_gain(  # noqa: C901 - one pass over the queue: the per-ins
         length = item.prompt_len + item.generated_len
         if refused:
             revive(length)
-        due = due_first and not is_new and port.due(item)
+        due = (due_first or headroom) and not is_new and port.due(item)
         if v_traj != run_v or not run:  # the queue comes in runs of one V_traj
             start = bisect.bisect_left(versions, floor + 1 if v_traj is None else v_traj)
             run = versions[start:]
@@ -317,7 +326,8 @@ def route_by_marginal_gain(  # noqa: C901 - one pass over the queue: the per-ins
                 candidates = []  # aborted or unknown to the protocol: never route it
             else:
                 resumable_checked = True
-                candidates = _best_group(candidates, groups, pick, gain_at, length, due)
+                usage = _usage_of(kv_l, cap_l) if due and headroom else None
+                candidates = _best_group(candidates, groups, pick, gain_at, length, due, usage)
         for v in candidates:
             g = groups[v]
             if not g.members:
@@ -460,10 +470,11 @@ def _best_group(
     gain_at: Callable[[int, int], float],
     length: int,
     due: bool,
+    usage: Callable[[int], float] | None = None,
 ) -> list[int]:
-    """The one version group whose best acceptable instance has the largest gain ([] if none).
-    Picks stay in their groups, so the caller's own pick in the chosen group finds the same
-    instance."""
+    """The one version group whose best acceptable instance has the largest gain (with
+    ``usage``, the lowest KV usage: ``due_placement="headroom"``) ([] if none). Picks stay in
+    their groups, so the caller's own pick in the chosen group finds the same instance."""
     best: tuple[float, int] | None = None
     for v in candidates:
         g = groups[v]
@@ -472,7 +483,36 @@ def _best_group(
         at = pick(g, length, due)
         if at < 0:
             continue
-        gain = gain_at(g.members[at], length)
-        if best is None or gain > best[0]:
-            best = (gain, v)
+        p = g.members[at]
+        score = -usage(p) if usage is not None else gain_at(p, length)
+        if best is None or score > best[0]:
+            best = (score, v)
     return [] if best is None else [best[1]]
+
+
+def _usage_of(kv: list[int], cap: list[int]) -> Callable[[int], float]:
+    """KV usage of the instance at a position, from the router's running counters."""
+    return lambda p: kv[p] / cap[p]
+
+
+def _most_headroom(
+    members: list[int],
+    length: int,
+    n: list[int],
+    kv: list[int],
+    cap: list[int],
+    max_n: int,
+    kv_limit: float,
+) -> int:
+    """``due_placement="headroom"``: the index in ``members`` (a version group, best gain
+    first) of the instance with the lowest KV usage that can take ``length`` tokens now (under
+    the concurrency cap, KV room), the first in the group's order among equals; -1 if none.
+    Nothing leaves the group: θ does not apply to due work placed so."""
+    chosen, low = -1, math.inf
+    for j, p in enumerate(members):
+        if n[p] >= max_n or kv[p] + length > kv_limit * cap[p]:
+            continue
+        u = kv[p] / cap[p]
+        if u < low:
+            chosen, low = j, u
+    return chosen
