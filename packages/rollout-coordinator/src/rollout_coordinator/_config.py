@@ -158,10 +158,11 @@ class CoordinatorConfig:
     due_first: bool = attrs.field(default=False, validator=_bool)
     #: Where a *due* queued partial (its group reserved in the buffer the trainer takes next)
     #: goes: ``gain`` (as any partial of its version, by marginal gain) or ``headroom`` (the
-    #: instance with the lowest KV usage among those that can take it now, whatever its gain:
-    #: an engine preempts its newest work first when its KV fills, so a re-routed trajectory
-    #: is the first to go again on a nearly full instance). A rule beyond the paper's runs
-    #: (see the throughput docs for what it measured).
+    #: instance with the lowest KV usage among those that can take it now, whatever its gain,
+    #: in the version group ``partial_order`` sends it to — with ``gain``, over every version
+    #: that can serve it: an engine preempts its newest work first when its KV fills, so a
+    #: re-routed trajectory is the first to go again on a nearly full instance). A rule beyond
+    #: the paper's runs (see the throughput docs for what it measured).
     due_placement: str = attrs.field(default="gain", validator=_one_of(*DUE_PLACEMENTS))
     #: An instance has KV room for a trajectory if its KV usage *after* adding it stays ≤ this.
     route_kv_limit: float = attrs.field(default=0.9, validator=_open_unit)

@@ -16,8 +16,10 @@ With ``theta_slack`` set, an instance whose routed work all has slack in the η 
 
 With ``due_placement="headroom"``, a *due* queued partial — its group reserved in the buffer
 the trainer takes next (``AdmissionPort.due``) — goes, with or without ``due_first``, to the
-instance with the lowest KV usage that can take it now, whatever its gain: an engine whose KV
-fills preempts its newest work first, and a re-routed partial is the newest wherever it lands.
+instance with the lowest KV usage that can take it now, whatever its gain, in the first version
+group (``partial_order="version"``) that has one, or over every version that can serve it
+(``"gain"``): an engine whose KV fills preempts its newest work first, and a re-routed partial
+is the newest wherever it lands.
 
 With ``due_first``, a queued partial whose group is reserved in the buffer the trainer takes
 next (``AdmissionPort.due``) skips the θ test: it goes where any partial of its version goes
