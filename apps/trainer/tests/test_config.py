@@ -129,7 +129,7 @@ def test_out_of_range(override: str, key: str) -> None:
         (
             ["protocol.batch_size=8", "protocol.stuck_threshold=8"],
             "protocol.stuck_threshold",
-            "0..7",
+            "< batch_size (8)",
         ),
     ],
 )

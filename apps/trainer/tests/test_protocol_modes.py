@@ -217,8 +217,9 @@ def test_verl_async_window_is_checked_like_the_buffers(extra: list[str], key: st
 
 
 def test_the_stuck_threshold_applies_over_buffers_and_is_refused_over_a_fifo() -> None:
-    """Null is 4 where per-version buffers can wait for stragglers and off over a FIFO; a
-    threshold above 0 over a FIFO would change nothing, so it is refused by name."""
+    """Null is 4 (below batch_size) where per-version buffers can wait for stragglers and off
+    over a FIFO; a threshold above 0 over a FIFO would change nothing, so it is refused by
+    name."""
     assert stuck_threshold(load_config(None, [])) == DEFAULT_STUCK_THRESHOLD
     assert stuck_threshold(load_config(None, ["protocol.stuck_threshold=2"])) == 2
     assert stuck_threshold(load_config(None, ["protocol.stuck_threshold=0"])) == 0
@@ -233,6 +234,14 @@ def test_the_stuck_threshold_applies_over_buffers_and_is_refused_over_a_fifo() -
         with pytest.raises(ConfigError) as e:
             load_config(None, [*fifo, "protocol.stuck_threshold=2"])
         assert e.value.key == "protocol.stuck_threshold" and "0 or null" in str(e.value.allowed)
+    # a buffer lacking all of its batch_size groups is empty, not stuck: null stays below it
+    for batch, want in ((5, 4), (4, 3), (2, 1), (1, 0)):
+        small = load_config(None, [f"protocol.batch_size={batch}", "trainer.mini_batches=1"])
+        assert stuck_threshold(small) == want
+        assert core_config(small, rows=8).protocol.stuck_threshold == (want or None)
+    with pytest.raises(ConfigError) as e:  # the package's own rule, named by the app's key
+        load_config(None, ["protocol.batch_size=4", "protocol.stuck_threshold=4"])
+    assert e.value.key == "protocol.stuck_threshold" and "batch_size (4)" in str(e.value.allowed)
     # the core runs what the config says: buffers with 4, a FIFO with none
     assert core_config(load_config(None, []), rows=8).protocol.stuck_threshold == 4
     drop = core_config(load_config(None, fifos[0]), rows=8).protocol

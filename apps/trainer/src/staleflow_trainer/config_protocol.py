@@ -25,6 +25,7 @@ from staleflow_trainer.config_schema import config_error as _err
 from staleflow_trainer.config_schema import field as _f
 from staleflow_trainer.config_schema import section as _section
 from staleflow_trainer.errors import ConfigError
+from staleness_protocol.errors import ConfigError as PackageConfigError
 from trajectory_server import MAX_GROUP_SIZE
 
 if TYPE_CHECKING:
@@ -38,7 +39,8 @@ if TYPE_CHECKING:
 #: per step, and 2^20 admitted trajectories (≈ 1 GiB of bookkeeping) is 14x a run of B = 512
 #: prompts x n = 16 at η = 8.
 MAX_ETA = 64
-#: ``protocol.stuck_threshold`` where it is null and the protocol has per-version buffers
+#: ``protocol.stuck_threshold`` where it is null and the protocol has per-version buffers (at most
+#: ``batch_size - 1``)
 DEFAULT_STUCK_THRESHOLD = 4
 #: ``protocol.stuck_after_s`` where null and stuck resolution is on
 DEFAULT_STUCK_AFTER_S = 5.0
@@ -66,8 +68,9 @@ class ProtocolConfig:
     stuck_threshold: int | None = _f(
         None,
         ge=0,
-        doc="abort stragglers of a buffer lacking <= this many (0: off; null: "
-        f"{DEFAULT_STUCK_THRESHOLD} over per-version buffers, off over a FIFO)",
+        doc="abort stragglers of a buffer lacking <= this many groups, < batch_size (0: off; "
+        f"null: {DEFAULT_STUCK_THRESHOLD} over per-version buffers, batch_size - 1 where that "
+        "is smaller, off over a FIFO)",
     )
     stuck_after_s: float | None = _f(
         None,
@@ -127,11 +130,15 @@ def fifo_protocol(cfg: AppConfig) -> bool:
 
 def stuck_threshold(cfg: AppConfig) -> int:
     """``protocol.stuck_threshold`` as the run applies it (0: off): null is
-    :data:`DEFAULT_STUCK_THRESHOLD` over per-version buffers and off over a FIFO."""
+    :data:`DEFAULT_STUCK_THRESHOLD` over per-version buffers (``batch_size - 1`` where that is
+    smaller) and off over a FIFO."""
     given = cfg.protocol.stuck_threshold
     if given is not None:
         return given
-    return 0 if fifo_protocol(cfg) else DEFAULT_STUCK_THRESHOLD
+    if fifo_protocol(cfg):
+        return 0
+    # a buffer lacking all of its batch_size groups is empty, not stuck
+    return min(DEFAULT_STUCK_THRESHOLD, cfg.protocol.batch_size - 1)
 
 
 def stuck_after_s(cfg: AppConfig) -> float:
@@ -169,7 +176,7 @@ def _check_window(cfg: AppConfig) -> None:
 def check_protocol(cfg: AppConfig) -> None:
     """The protocol's settings against the policy: eta 'unbounded' only with a policy that
     syncs greedily, the η of a policy that models a fixed staleness, a stuck threshold below
-    the batch size, and no setting of per-version buffers over a FIFO or of the FIFO over
+    the batch size (the package's own checks, :func:`_check_by_package`), and no setting of per-version buffers over a FIFO or of the FIFO over
     buffers. Raises ConfigError naming the key."""
     if cfg.protocol.eta == "unbounded" and cfg.coordinator.policy not in UNBOUNDED_POLICIES:
         raise _err(
@@ -186,14 +193,6 @@ def check_protocol(cfg: AppConfig) -> None:
             f"{cfg.protocol.eta!r}: policy {policy!r} models a system whose staleness is fixed "
             f"at {FIXED_ETA[policy]}",
             f"{FIXED_ETA[policy]} with policy {policy!r}",
-        )
-    threshold = cfg.protocol.stuck_threshold
-    if threshold and threshold >= cfg.protocol.batch_size:
-        raise _err(
-            "protocol.stuck_threshold",
-            f"{threshold}: a buffer lacking every one of its protocol.batch_size "
-            f"({cfg.protocol.batch_size}) groups is empty, not stuck",
-            f"0..{cfg.protocol.batch_size - 1} (0 or null: off)",
         )
     if cfg.protocol.eta == "unbounded" and cfg.protocol.batch_redundancy:
         raise _err(
@@ -235,3 +234,18 @@ def check_protocol(cfg: AppConfig) -> None:
             f"'unbounded' only; eta {cfg.protocol.eta} admits by its buffers",
             "null with an integer eta",
         )
+    _check_by_package(cfg)
+
+
+def _check_by_package(cfg: AppConfig) -> None:
+    """The staleness-protocol package's own checks of the protocol this config builds
+    (``control.config.protocol_spec``, the one place it is built): a value it refuses (a
+    ``stuck_threshold`` of at least ``batch_size``, ...) is refused here, at load, naming the
+    app's key, instead of when a run starts."""
+    from staleflow_trainer.control.config import config_key, protocol_spec
+
+    try:
+        protocol_spec(cfg)
+    except PackageConfigError as e:
+        key = config_key(e.field) if e.field else "protocol"
+        raise _err(key, f"{e.value!r} is refused by the staleness protocol", e.allowed) from None

@@ -136,7 +136,7 @@ def check_resumable(restored: AnyProtocol, spec: ProtocolSpec) -> None:
             "FIFO without a bound ('gc-fifo') cannot be resumed by this version"
         )
     old, new = attrs.asdict(restored.config), attrs.asdict(spec)
-    diff = [f"{_KEYS.get(k, 'protocol.' + k)}: checkpoint {old[k]!r}, config {new.get(k)!r}"
+    diff = [f"{config_key(k)}: checkpoint {old[k]!r}, config {new.get(k)!r}"
             for k in old if old[k] != new.get(k)]  # fmt: skip
     if diff:
         raise CheckpointError(
@@ -169,41 +169,40 @@ def coordinator_config(cfg: Any) -> CoordinatorConfig:
     )
 
 
-def core_config(cfg: Any, *, rows: int | None) -> CoreConfig:
-    """The core's config from the app's (``staleflow_trainer.config.AppConfig``): the one
-    place both shells read their decisions' settings from. ``rows``: the dataset size (None
-    for the simulator's unbounded prompt stream)."""
-    from staleflow_trainer.config import GC_FIFO_POLICIES, stuck_after_s, stuck_threshold
+def protocol_spec(cfg: Any) -> ProtocolSpec:
+    """The staleness protocol's config from the app's: per-version buffers, or the FIFO of
+    ``eta: unbounded``, verl-async (its window ``s`` sizes the FIFO's cap) or a policy that
+    drops what ages out. The one place it is built: ``core_config`` for a run, and the app's
+    config at load (so the package's own checks refuse a bad value before a run starts)."""
+    from staleflow_trainer.config import GC_FIFO_POLICIES, stuck_threshold
 
     p = cfg.protocol
     filtering = cfg.trainer.dynamic_sampling
-    coordinator = coordinator_config(cfg)
-    spec: ProtocolSpec
-    if p.eta != "unbounded" and build_policy(coordinator.policy).protocol == "fifo":
+    policy = cfg.coordinator.policy
+    if p.eta != "unbounded" and build_policy(policy).protocol == "fifo":
         # verl-async: η sets its window (``verl_staleness_threshold`` unless set), and the
         # FIFO's own cap sits above the most the window admits ((1 + s)·B groups not yet
         # consumed), so the window always binds first
-        s = verl_window(p.eta, coordinator.verl_staleness_threshold)
-        coordinator = attrs.evolve(coordinator, verl_staleness_threshold=s)
-        spec = UnboundedConfig(
+        s = verl_window(p.eta, cfg.coordinator.verl_staleness_threshold)
+        return UnboundedConfig(
             batch_size=p.batch_size,
             group_size=p.group_size,
             max_inflight_groups=(math.floor(s) + 2) * p.batch_size,
             group_redundancy=p.group_redundancy,
             filtering=filtering,
         )
-    elif p.eta == "unbounded":
-        spec = UnboundedConfig(
+    if p.eta == "unbounded":
+        return UnboundedConfig(
             batch_size=p.batch_size,
             group_size=p.group_size,
             max_inflight_groups=p.inflight_batches * p.batch_size,
             group_redundancy=p.group_redundancy,
             filtering=filtering,
         )
-    elif cfg.coordinator.policy in GC_FIFO_POLICIES:
+    if policy in GC_FIFO_POLICIES:
         # its own cap is (η + 1)·B groups in flight, so the policy's (η + v + 1)·B budget gate,
         # which also counts finished groups, always binds first
-        spec = GcFifoConfig(
+        return GcFifoConfig(
             batch_size=p.batch_size,
             group_size=p.group_size,
             eta=int(p.eta),
@@ -211,16 +210,35 @@ def core_config(cfg: Any, *, rows: int | None) -> CoreConfig:
             group_redundancy=p.group_redundancy,
             filtering=filtering,
         )
-    else:
-        spec = ProtocolConfig(
-            batch_size=p.batch_size,
-            group_size=p.group_size,
-            eta=int(p.eta),
-            batch_redundancy=p.batch_redundancy,
-            group_redundancy=p.group_redundancy,
-            filtering=filtering,
-            stuck_threshold=stuck_threshold(cfg) or None,
-        )
+    return ProtocolConfig(
+        batch_size=p.batch_size,
+        group_size=p.group_size,
+        eta=int(p.eta),
+        batch_redundancy=p.batch_redundancy,
+        group_redundancy=p.group_redundancy,
+        filtering=filtering,
+        stuck_threshold=stuck_threshold(cfg) or None,
+    )
+
+
+def config_key(field: str) -> str:
+    """The app config key that sets the staleness protocol's ``field``."""
+    return _KEYS.get(field, f"protocol.{field}")
+
+
+def core_config(cfg: Any, *, rows: int | None) -> CoreConfig:
+    """The core's config from the app's (``staleflow_trainer.config.AppConfig``): the one
+    place both shells read their decisions' settings from. ``rows``: the dataset size (None
+    for the simulator's unbounded prompt stream)."""
+    from staleflow_trainer.config import stuck_after_s
+
+    coordinator = coordinator_config(cfg)
+    spec = protocol_spec(cfg)
+    if cfg.protocol.eta != "unbounded" and build_policy(coordinator.policy).protocol == "fifo":
+        # verl-async runs by the window its FIFO's cap was sized for (``protocol_spec``)
+        s = verl_window(cfg.protocol.eta, coordinator.verl_staleness_threshold)
+        coordinator = attrs.evolve(coordinator, verl_staleness_threshold=s)
+    filtering = cfg.trainer.dynamic_sampling
     return CoreConfig(
         protocol=spec,
         coordinator=coordinator,

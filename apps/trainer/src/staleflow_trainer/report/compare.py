@@ -47,7 +47,6 @@ import structlog
 
 from staleflow_trainer.atomic_files import make_run_dir
 from staleflow_trainer.config import FIXED_ETA, POLICIES, AppConfig, dump_config
-from staleflow_trainer.config_sim import warmup_steps
 from staleflow_trainer.errors import ConfigError
 from staleflow_trainer.sim.ideal import ideal_throughput, latency_bound
 from staleflow_trainer.sim.spec import spec_from_app_config, with_policy
@@ -209,7 +208,7 @@ def run_comparison(
         "protocol": {
             "seeds": list(seeds),
             "measured_steps": measured,
-            "warmup_steps": warmup_steps(base),
+            "warmup_steps": spec.warmup_steps,
             "steady_state": measured >= MIN_MEASURED_STEPS and len(seeds) >= MIN_SEEDS,
             "short_of": [
                 *(

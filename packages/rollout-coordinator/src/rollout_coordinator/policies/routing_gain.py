@@ -510,11 +510,11 @@ def _most_headroom(
     first) of the instance with the lowest KV usage that can take ``length`` tokens now (under
     the concurrency cap, KV room), the first in the group's order among equals; -1 if none.
     Nothing leaves the group: θ does not apply to due work placed so."""
-    chosen, low = -1, math.inf
+    chosen, low, usage = -1, math.inf, _usage_of(kv, cap)
     for j, p in enumerate(members):
         if n[p] >= max_n or kv[p] + length > kv_limit * cap[p]:
             continue
-        u = kv[p] / cap[p]
+        u = usage(p)
         if u < low:
             chosen, low = j, u
     return chosen
