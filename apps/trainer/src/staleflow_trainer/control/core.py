@@ -21,7 +21,8 @@ it feeds the next event. The core owns:
   ``Trained`` publishes the new version; a stuck buffer is resolved once the trainer has
   waited ``stuck_after_s``;
 * instances joining and leaving, sync outcomes (``sync_retries`` failures in a row halt the
-  run), and the step records and instance timeline of the metrics contract (:mod:`.report`).
+  run; :mod:`.instances`), and the step records and instance timeline of the metrics contract
+  (:mod:`.report`).
 
 Determinism: the same events from the same state give the same effects and the same state,
 in any process (no iteration over hash-ordered sets decides anything). The write-ahead journal
@@ -43,6 +44,7 @@ from rollout_coordinator import Interrupt as CoordInterrupt
 from rollout_coordinator import Route as CoordRoute
 from rollout_coordinator import Sync as CoordSync
 from staleflow_trainer.control import effects as fx
+from staleflow_trainer.control import instances
 from staleflow_trainer.control.config import (
     AnyProtocol,
     CoreConfig,
@@ -141,15 +143,15 @@ class ControlCore:
         elif isinstance(event, Trained):
             self._trained(event, out)
         elif isinstance(event, SyncDone):
-            self._sync_done(event)
+            instances.sync_done(self, event)
         elif isinstance(event, SyncFailed):
-            self._sync_failed(event, out)
+            instances.sync_failed(self, event, out)
         elif isinstance(event, InstanceJoined):
-            self._joined(event)
+            instances.joined(self, event)
         elif isinstance(event, InstanceLost):
-            self._lost(event, out)
+            instances.lost(self, event, out)
         elif isinstance(event, InstanceSilent):
-            self._silent(event)
+            instances.silent(self, event)
         else:  # pragma: no cover - the Event union is closed
             raise TypeError(f"not an event: {event!r}")
         if self.halted is not None:  # the shell stops at the Halt: nothing may follow it
@@ -380,85 +382,6 @@ class ControlCore:
                 self._close(str(n.group_id), str(n.reason), out)
             elif isinstance(n, ReplacementRequest):
                 self._replacements_due += 1
-
-    # ------------------------------------------------------------------------- instances
-
-    def _joined(self, ev: InstanceJoined) -> None:
-        self.coordinator.add_instance(
-            ev.instance_id, kv_capacity_tokens=ev.kv_capacity_tokens, version=ev.version
-        )
-        if not ev.setup:
-            self.counters["instances_joined"] += 1
-        self.report.instance_joined(ev.instance_id, ev.at, ev.version)
-
-    def _lost(self, ev: InstanceLost, out: list[fx.Effect]) -> None:
-        iid = ev.instance_id
-        if iid not in self.coordinator.instances:
-            return
-        # what the store holds as finished or dropped of its work: settled as the report the
-        # instance's death swallowed would have settled it (not requeued: the store would
-        # refuse to route it again)
-        held = self.ledger.held.get(iid, {})
-        finished = [o for o in ev.finished if o.trajectory_id in held]
-        dropped = [d for d in ev.dropped if d[0] in held]
-        if finished or dropped:
-            self.counters["lost_finished"] += len(finished)
-            self._reported(Reported(at=ev.at, instance_id=iid, outcomes=finished,
-                                    dropped=dropped), out)  # fmt: skip
-        self.coordinator.remove_instance(iid)  # routes held for it stay queued, reserved
-        lengths = dict(ev.requeued)
-        held_ids = self.ledger.held_by(iid)
-        for tid in held_ids:
-            self.ledger.requeue(tid, lengths.get(tid))
-        self.ledger.forget_instance(iid)
-        self._snapshots.pop(iid, None)
-        self._sync_fail_streak.pop(iid, None)
-        if not ev.setup:
-            self.counters["instances_lost"] += 1
-        # (one the store lists that is not held there any more was requeued before: taken
-        # back unsent while the instance was silent)
-        self.counters["lost_requeued"] += sum(1 for t in held_ids if t in lengths)
-        self.report.instance_gone(iid, ev.at)
-
-    def _silent(self, ev: InstanceSilent) -> None:
-        iid = ev.instance_id
-        if iid not in self.coordinator.instances:
-            return  # lost meanwhile
-        if ev.silent and iid not in self.coordinator.silent:
-            self.counters["instances_silent"] += 1
-        self.coordinator.set_silent(iid, ev.silent)
-        held = self.ledger.held.get(iid, {})
-        back = [t for t in ev.withdrawn if t in held]  # (not settled or moved meanwhile)
-        for tid in back:
-            self.ledger.requeue(tid, None)
-        if back:
-            self.counters["withdrawn_routes"] += len(back)
-            self.coordinator.unroute(iid, back)
-
-    def _sync_done(self, ev: SyncDone) -> None:
-        inst = self.coordinator.instances.get(ev.instance_id)
-        if inst is None or ev.version < max(inst.version, inst.target_version):
-            return  # lost meanwhile, or superseded by a later sync (greedy sync)
-        self._sync_fail_streak.pop(ev.instance_id, None)
-        self.coordinator.on_sync_done(ev.instance_id, ev.version)
-        self.report.instance_synced(ev.instance_id, ev.at, ev.version)
-
-    def _sync_failed(self, ev: SyncFailed, out: list[fx.Effect]) -> None:
-        iid = ev.instance_id
-        if iid not in self.coordinator.instances:
-            return
-        self.counters["sync_failures"] += 1
-        streak = self._sync_fail_streak.get(iid, 0) + 1
-        self._sync_fail_streak[iid] = streak
-        self.coordinator.on_sync_failed(iid)  # routes held for it stay queued, reserved
-        self.report.instance_synced(iid, ev.at, None)
-        if streak > self.config.sync_retries:
-            self.halted = fx.Halt(
-                component=f"rollout:{iid}",
-                reason=f"instance {iid} failed to sync {streak} times in a row "
-                f"(sync_retries={self.config.sync_retries}); last error: {ev.error}",
-            )
-            out.append(self.halted)
 
     @property
     def sync_fail_streak(self) -> Mapping[str, int]:
