@@ -63,6 +63,7 @@ CHANGES = {
     "coordinator.sync_retries": "2",
     "trainer.steps": "7",
     "trainer.dynamic_sampling": "true",
+    "trainer.max_filtered_in_row": "9",
     "run.checkpoint_every": "3",
     "run.seed": "5",
     "data.shuffle": "false",
@@ -88,6 +89,8 @@ ONE_SHELL = {
 }
 #: settings only meaningful with eta=unbounded (checked on such a config)
 UNBOUNDED_ONLY = {"protocol.unbounded_inflight_batches"}
+#: settings only meaningful with dynamic sampling on (checked on such a config)
+DYNAMIC_SAMPLING_ONLY = {"trainer.max_filtered_in_row"}
 BASE = ["protocol.eta=2", "protocol.stuck_threshold=1", "protocol.batch_size=4"]
 
 
@@ -111,6 +114,8 @@ def test_a_decision_setting_changes_the_core_both_shells_run(key: str) -> None:
     unbounded = ["protocol.eta=unbounded", "coordinator.policy=all-vanilla",
                  "protocol.stuck_threshold=0"]  # fmt: skip
     base = [*BASE, *unbounded] if key in UNBOUNDED_ONLY else BASE
+    if key in DYNAMIC_SAMPLING_ONLY:
+        base = [*base, "trainer.dynamic_sampling=true"]
     if key == "coordinator.policy" and key in CHANGES:
         base = [*base, "protocol.stuck_threshold=0"]
     a = core_config(load_config(None, base), rows=100)

@@ -49,6 +49,7 @@ from staleflow_trainer.config_schema import validate_field as _validate_field
 from staleflow_trainer.config_sim import SimConfig as SimConfig  # the sim sections live there
 from staleflow_trainer.config_sim import SimWorkloadConfig as SimWorkloadConfig
 from staleflow_trainer.config_sim import validate_sim
+from staleflow_trainer.control.config import FILTERED_BATCHES_IN_ROW
 from staleflow_trainer.errors import ConfigError
 
 # ---------------------------------------------------------------------------------------------
@@ -206,6 +207,13 @@ class TrainerConfig:
     tis_cap: float = _f(2.0, ge=1.0)
     adv_eps: float = _f(1e-6, gt=0.0)
     dynamic_sampling: bool = _f(False, doc="drop groups whose rewards are all equal")
+    max_filtered_in_row: int | None = _f(
+        None,
+        ge=1,
+        doc="with dynamic_sampling: groups filtered in a row that stop the run (the data is "
+        f"too easy or too hard, or the reward constant); null: {FILTERED_BATCHES_IN_ROW} x "
+        "protocol.batch_size",
+    )
     mini_batches: int = _f(1, ge=1, doc="optimizer updates per training step")
     micro_batch_size: int = _f(0, ge=0, doc="samples per forward; 0 = whole mini-batch")
     overlong: OverlongConfig = attrs.field(factory=OverlongConfig, validator=_validate_field)
@@ -413,6 +421,13 @@ def validate(cfg: AppConfig) -> None:
             f"<= {r.sampling.max_new_tokens}",
         )
     check_protocol(cfg)
+    if t.max_filtered_in_row is not None and not t.dynamic_sampling:
+        raise _err(
+            "trainer.max_filtered_in_row",
+            f"{t.max_filtered_in_row}: it stops a run whose groups dynamic sampling filters, "
+            "and trainer.dynamic_sampling is false (no group is filtered)",
+            "null with trainer.dynamic_sampling false",
+        )
     if not is_loopback(cfg.param_server.bind_host) and not cfg.param_server.auth_token:
         raise _err(
             "param_server.auth_token",

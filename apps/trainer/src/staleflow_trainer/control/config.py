@@ -26,6 +26,11 @@ from staleness_protocol import (
 )
 
 ProtocolSpec = ProtocolConfig | UnboundedConfig | GcFifoConfig
+#: With dynamic sampling, this many batches' worth of groups filtered in a row stop the run
+#: where no limit is set: every reward of every group equal for that long says the data is
+#: too easy or too hard for the model, or the reward is constant (verl's DAPO recipe stops
+#: after ``max_num_gen_batches`` generation batches without a full one, in the same spirit).
+FILTERED_BATCHES_IN_ROW = 20
 AnyProtocol = StalenessProtocol | UnboundedFifo
 
 
@@ -70,6 +75,11 @@ class CoreConfig:
     queue_view_limit: int | None = None
     #: Rewards failed in a row (after the workers' retries) that stop the run.
     reward_failures_in_row: int = attrs.field(default=100, validator=_positive)
+    #: With ``dynamic_sampling``: groups filtered in a row that stop the run (None:
+    #: :data:`FILTERED_BATCHES_IN_ROW` x ``batch_size``).
+    filtered_in_row: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_positive)
+    )
     #: Steps over which ``gen_tokens_per_s`` is averaged.
     rate_window_steps: int = attrs.field(default=5, validator=_positive)
 
@@ -80,6 +90,12 @@ class CoreConfig:
     @property
     def group_size(self) -> int:
         return self.protocol.group_size
+
+    @property
+    def filtered_limit(self) -> int:
+        """Groups filtered in a row that stop the run (``filtered_in_row``, or its default)."""
+        given = self.filtered_in_row
+        return FILTERED_BATCHES_IN_ROW * self.batch_size if given is None else given
 
     @property
     def members(self) -> int:
@@ -248,6 +264,7 @@ def core_config(cfg: Any, *, rows: int | None) -> CoreConfig:
         checkpoint_every=cfg.run.checkpoint_every,
         sync_retries=cfg.coordinator.sync_retries,
         reward_failures_in_row=cfg.reward.max_failures_in_row,
+        filtered_in_row=cfg.trainer.max_filtered_in_row,
         rows=rows,
         seed=cfg.run.seed,
         shuffle=cfg.data.shuffle,

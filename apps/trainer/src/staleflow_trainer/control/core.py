@@ -123,6 +123,7 @@ class ControlCore:
         self._snapshots: dict[str, InstanceSnapshot] = {}
         self._sync_fail_streak: dict[str, int] = {}
         self._reward_fail_streak = 0
+        self._filtered_streak = 0  # groups filtered in a row (dynamic sampling)
         self.halted: fx.Halt | None = None
         self.done = False
 
@@ -316,8 +317,21 @@ class ControlCore:
             scores = [cast(float, self.ledger.entries[t].reward) for t in kept]
             if self.config.dynamic_sampling and len(set(scores)) == 1:
                 self.counters["filtered"] += 1
+                self._filtered_streak += 1
                 self._drop_group(gid, "filtered: equal rewards", out)
+                if self._filtered_streak >= self.config.filtered_limit:
+                    self.halted = fx.Halt(
+                        component="data",
+                        reason=f"dynamic sampling filtered {self._filtered_streak} groups in a "
+                        f"row (every reward of each equal, last {scores[0]:g}; "
+                        f"the limit, trainer.max_filtered_in_row, is {self.config.filtered_limit}): "
+                        "the data "
+                        "is too easy or too hard for the model, or the reward is constant",
+                    )
+                    out.append(self.halted)
+                    return
                 continue
+            self._filtered_streak = 0
             for t in kept:
                 self.protocol.finish(t)  # the n-th places the group (OCCUPIED)
             # never-admitted siblings can no longer join a complete group

@@ -44,6 +44,7 @@ def core_to_dict(self: ControlCore) -> dict[str, Any]:
         "snapshots": {k: _snap(v) for k, v in self._snapshots.items()},
         "sync_fail_streak": dict(self._sync_fail_streak),
         "reward_fail_streak": self._reward_fail_streak,
+        "filtered_streak": self._filtered_streak,
         "done": self.done,
     }
 
@@ -78,6 +79,7 @@ def core_from_dict(core: ControlCore, state: Mapping[str, Any]) -> ControlCore:
     core._snapshots = {str(k): snapshot_from_dict(v) for k, v in state["snapshots"].items()}
     core._sync_fail_streak = {str(k): int(v) for k, v in state["sync_fail_streak"].items()}
     core._reward_fail_streak = int(state.get("reward_fail_streak", 0))
+    core._filtered_streak = int(state.get("filtered_streak", 0))
     # the run may go on with more steps than the state it resumes from was written with
     core.done = bool(state["done"]) and core.steps_done >= config.steps
     return core

@@ -49,6 +49,12 @@ def coin(
     return float(hashlib.sha256(solution_str.encode()).digest()[0] & 1)
 
 
+def zero(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> float:
+    """0 for every response: every group's rewards are equal, so dynamic sampling filters
+    every group (the test of the run's stop when nothing can be trained)."""
+    return 0.0
+
+
 # Plug-ins for the runner's own tests: the runner imports a plug-in by its dotted path in a
 # worker process, so test plug-ins live in an importable module.
 

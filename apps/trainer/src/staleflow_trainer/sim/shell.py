@@ -52,6 +52,7 @@ from staleflow_trainer.control.events import (
     SyncDone,
     Trained,
 )
+from staleflow_trainer.errors import StaleflowError
 from staleflow_trainer.sim.metrics import RunRecorder
 from staleflow_trainer.sim.requests import build_request
 from staleflow_trainer.sim.spec import SimSpec, spec_from_app_config
@@ -65,8 +66,9 @@ _PUSHED = 2
 _EPS = 1e-9  # the sim engine's boundary tolerance
 
 
-class SimulationHalted(RuntimeError):
-    """The core halted the simulated run (e.g. an instance failed to sync too often)."""
+class SimulationHalted(StaleflowError, RuntimeError):
+    """The core halted the simulated run (e.g. an instance failed to sync too often); the CLI
+    prints it as one line, as it does the deployment's ``ComponentLost``."""
 
 
 class Simulation:
