@@ -17,7 +17,11 @@ from rollout_coordinator import (
     Sync,
 )
 from rollout_coordinator.policies import CycleView, GateState
-from rollout_coordinator.policies.admission import admit_by_verl_window
+from rollout_coordinator.policies.admission import (
+    admit_by_inflight_budget,
+    admit_by_verl_window,
+    batch_barrier,
+)
 from rollout_coordinator.testing import CAP, make, new, partial, snap
 from staleness_protocol import UnboundedConfig, UnboundedFifo
 
@@ -506,7 +510,7 @@ def test_preemption_rule_off():
 # ---- the VeRL-Async window ------------------------------------------------------------------
 
 
-def _view(*, latest, admitted, lost, held=0, eta=1, instances=2, **cfg):
+def _view(*, latest, admitted, lost, held=0, eta=1, instances=2, redundancy=0, **cfg):
     state = SpeculativeState()
     for k in range(instances):
         inst = state.add_instance(f"i{k}", version=latest, kv_capacity_tokens=CAP)
@@ -520,6 +524,7 @@ def _view(*, latest, admitted, lost, held=0, eta=1, instances=2, **cfg):
         config=CoordinatorConfig(policy="verl-async", **cfg),
         batch_size=4,
         group_size=2,
+        group_redundancy=redundancy,
         eta=eta,
         admitted_total=admitted,
         lost_total=lost,
@@ -545,6 +550,26 @@ def test_verl_window_budget_counts_carry_over_and_whole_groups():
         _view(latest=0, admitted=0, lost=0, verl_staleness_threshold=0.5), GateState()
     )
     assert quota == 12
+
+
+def test_the_gates_admit_whole_groups_of_n_prime_members():
+    """With group redundancy a group starts n' = 3 members (n = 2 kept): the gates count
+    them, or a window of B groups admits fewer than B whole groups and never fills a batch."""
+    quota, state = admit_by_verl_window(
+        _view(latest=0, admitted=0, lost=0, eta=0, redundancy=1), GateState()
+    )
+    assert quota == 4 * 3  # (1 + 0) x B=4 groups of 3
+    # version 1: B x n = 8 consumed, B x (n' - n) = 4 surplus lost before the window opened
+    quota, _ = admit_by_verl_window(
+        _view(latest=1, admitted=12, lost=4, eta=0, redundancy=1), state
+    )
+    assert quota == 12
+    quota, _ = admit_by_inflight_budget(
+        _view(latest=1, admitted=15, lost=4, eta=0, redundancy=1), GateState()
+    )
+    assert quota == 12 + 8 - 11  # (eta + 1) x B x n' + 1 x B x n - (admitted - lost)
+    quota, state = batch_barrier(0)(_view(latest=0, admitted=0, lost=0, redundancy=1), GateState())
+    assert quota == 12 and state.remaining == 12
 
 
 def test_verl_concurrency_cap():

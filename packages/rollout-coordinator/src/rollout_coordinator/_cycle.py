@@ -352,6 +352,7 @@ class Coordinator:
             config=self.config,
             batch_size=self.protocol.config.batch_size,
             group_size=self.protocol.config.group_size,
+            group_redundancy=self.protocol.config.group_redundancy,
             eta=self.protocol.config.eta,
             admitted_total=self._admitted_total,
             lost_total=self._lost_total,

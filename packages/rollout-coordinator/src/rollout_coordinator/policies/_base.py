@@ -41,6 +41,9 @@ class CycleView:
     batch_size: int
     group_size: int
     eta: int
+    #: ``n' - n``: the members a group starts beyond the ``n`` it keeps (the first ``n`` to
+    #: finish are kept, the rest aborted as surplus).
+    group_redundancy: int = 0
     #: Trajectories admitted (reserved) since start, and those lost (dropped/aborted) since.
     admitted_total: int = 0
     lost_total: int = 0
@@ -53,6 +56,11 @@ class CycleView:
     #: The smallest V_traj among the trajectories the coordinator routed to an instance and
     #: has not heard back about (None: none).
     oldest_routed: Callable[[str], int | None] = _none_routed
+
+    @property
+    def members(self) -> int:
+        """``n'``: the trajectories a group starts (``group_size + group_redundancy``)."""
+        return self.group_size + self.group_redundancy
 
 
 class AdmissionPort(Protocol):
