@@ -181,6 +181,7 @@ class ControlCore:
                 for r in pending.held_for(iid):
                     if r.new and self._never_admitted(r.trajectory_id):
                         self.ledger.set_v_traj(r.trajectory_id, r.version)
+                        self._fresh.pop(self.ledger.entries[r.trajectory_id].group, None)
         self._maybe_train(out)
 
     def _execute(self, commands: Sequence[Any], out: list[fx.Effect]) -> None:
@@ -352,11 +353,11 @@ class ControlCore:
     def _close(self, gid: str, reason: str, out: list[fx.Effect]) -> None:
         """A closed group: its never-admitted members are dropped too, and the store discards
         whatever it holds of the group."""
+        self._fresh.pop(gid, None)  # (also where the ledger forgot it: all members settled)
         g = self.ledger.groups.get(gid)
         if g is None or g.closed:
             return
         self.ledger.close_group(gid)
-        self._fresh.pop(gid, None)
         # admitted members come back as the protocol's aborts; these it never saw
         self._drop_ids([t for t in g.members if self._never_admitted(t)], reason)
         out.append(fx.DropGroup(group_id=gid, reason=reason))
