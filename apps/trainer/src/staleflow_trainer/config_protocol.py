@@ -175,9 +175,10 @@ def _check_window(cfg: AppConfig) -> None:
 
 def check_protocol(cfg: AppConfig) -> None:
     """The protocol's settings against the policy: eta 'unbounded' only with a policy that
-    syncs greedily, the η of a policy that models a fixed staleness, a stuck threshold below
-    the batch size (the package's own checks, :func:`_check_by_package`), and no setting of per-version buffers over a FIFO or of the FIFO over
-    buffers. Raises ConfigError naming the key."""
+    syncs greedily, the η of a policy that models a fixed staleness, no setting of per-version
+    buffers over a FIFO or of the FIFO over buffers, and the package's own checks (a stuck
+    threshold below the batch size, ...: :func:`_check_by_package`). Raises ConfigError
+    naming the key."""
     if cfg.protocol.eta == "unbounded" and cfg.coordinator.policy not in UNBOUNDED_POLICIES:
         raise _err(
             "coordinator.policy",

@@ -324,10 +324,9 @@ class ControlCore:
                     self.halted = fx.Halt(
                         component="data",
                         reason=f"dynamic sampling filtered {self._filtered_streak} groups in a "
-                        f"row (every reward of each equal, last {scores[0]:g}; "
-                        f"the limit, trainer.max_filtered_in_row, is {self.config.filtered_limit}): "
-                        "the data "
-                        "is too easy or too hard for the model, or the reward is constant",
+                        f"row (every reward of each equal, last {scores[0]:g}; the limit, "
+                        f"trainer.max_filtered_in_row, is {self.config.filtered_limit}): the "
+                        "data is too easy or too hard for the model, or the reward is constant",
                     )
                     out.append(self.halted)
                     return
