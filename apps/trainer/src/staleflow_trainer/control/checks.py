@@ -25,8 +25,8 @@ _LIVE = {
 def ledger_problems(core: Any) -> list[str]:
     """Every disagreement between the core's ledger and its protocol (empty when consistent):
     each live admitted trajectory is where the protocol says, the totals balance (admitted =
-    consumed + dropped + in flight), every group the feed counts as fresh is open with no
-    member admitted, and no consumed sample is staler than η."""
+    consumed + dropped + in flight), every group the feed counts as fresh is open and none of
+    its members ran, and no consumed sample is staler than η."""
     problems: list[str] = []
     proto = core.protocol
     admitted_live = 0
@@ -49,18 +49,19 @@ def ledger_problems(core: Any) -> list[str]:
         )
     if by_state.get("consumed", 0) != counts["consumed"]:
         problems.append(f"consumed {by_state.get('consumed', 0)} vs {counts['consumed']}")
-    # a fresh group (the feed counts it as stock) is open and none of its members admitted:
-    # one that is not would hold the feed's place for ever and starve it
+    # a fresh group (the feed counts it as stock until a member is routed) is open and none
+    # of its members has run: one that is not would hold the feed's place for ever
     for gid in core._fresh:
         g = core.ledger.groups.get(gid)
         if g is None or g.closed:
             problems.append(
                 f"{gid}: fresh in the feed's stock, {'closed' if g else 'gone'} in the ledger"
             )
-        elif any(
-            core.ledger.entries[t].v_traj is not None for t in g.members if t in core.ledger.entries
-        ):
-            problems.append(f"{gid}: fresh in the feed's stock, but a member was admitted")
+            continue
+        ran = [t for t in g.members if (e := core.ledger.entries.get(t)) is not None
+               and e.where not in (Where.QUEUED, Where.DROPPED)]  # fmt: skip
+        if ran:
+            problems.append(f"{gid}: fresh in the feed's stock, but {ran[0]} ran")
     eta = proto.config.eta
     if eta is not None and stats.staleness_histogram and max(stats.staleness_histogram) > eta:
         problems.append(f"consumed staleness {max(stats.staleness_histogram)} > eta {eta}")

@@ -181,7 +181,6 @@ class ControlCore:
                 for r in pending.held_for(iid):
                     if r.new and self._never_admitted(r.trajectory_id):
                         self.ledger.set_v_traj(r.trajectory_id, r.version)
-                        self._fresh.pop(self.ledger.entries[r.trajectory_id].group, None)
         self._maybe_train(out)
 
     def _execute(self, commands: Sequence[Any], out: list[fx.Effect]) -> None:
