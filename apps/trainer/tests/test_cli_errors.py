@@ -108,6 +108,20 @@ def test_compare_with_an_unknown_policy_writes_nothing(
     assert not run_dir.exists()
 
 
+@pytest.mark.parametrize(
+    ("command", "flag", "value"),
+    [("compare", "--policies", ","), ("compare", "--seeds", ""), ("plan", "--etas", ""),
+     ("plan", "--fractions", " ")],
+)  # fmt: skip
+def test_a_list_option_given_empty_is_refused_not_read_as_its_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str, flag: str, value: str
+) -> None:
+    run_dir = tmp_path / "out"
+    assert main([command, SIM, f"run_dir={run_dir}", flag, value]) == 2
+    assert f"config error at {flag}" in _one_line_error(capsys)
+    assert not run_dir.exists()
+
+
 def test_overrides_may_follow_a_commands_options(tmp_path: Path) -> None:
     """``plan CONFIG --etas 1 KEY=VALUE`` applies the overrides after the options (argparse
     alone ends them at the first option and refuses the rest)."""

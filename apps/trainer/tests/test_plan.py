@@ -59,6 +59,8 @@ def test_parse_grid_fixed_eta_policy_gets_its_eta() -> None:
         ({"policy": "staleflow", "fractions": "nan"}, "--fractions", "(0, 1)"),
         ({"policy": "staleflow", "fractions": "0.5,0.5"}, "--fractions", "(0, 1)"),
         ({"policy": "staleflow", "etas": "1,-1"}, "--etas", "integers >= 0"),
+        ({"policy": "staleflow", "etas": ""}, "--etas", "integers >= 0"),
+        ({"policy": "staleflow", "fractions": ""}, "--fractions", "(0, 1)"),
         ({"policy": "staleflow", "etas": "1.5"}, "--etas", "integers >= 0"),
         ({"policy": "one-step", "etas": "2"}, "--etas", "fixed staleness"),
         ({"policy": "staleflow", "tolerance": "1"}, "--tolerance", "[0, 1)"),

@@ -91,10 +91,25 @@ def _int_list(raw: str, flag: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _list_flag(raw: str | None, flag: str, allowed: str) -> str:
+    """A comma-separated flag's value ("" where the flag is left out, for its default); a
+    flag given with nothing in it is refused rather than read as its default."""
+    if raw is None:
+        return ""
+    if not raw.replace(",", "").strip():
+        raise ConfigError(
+            f"{flag}: {raw!r} names nothing (leave the flag out for its default)",
+            key=flag,
+            allowed=allowed,
+        )
+    return raw
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     cfg = _load(args)
-    policies = [p for p in (args.policies or "").split(",") if p]
-    seeds = _int_list(args.seeds, "--seeds")
+    raw = _list_flag(args.policies, "--policies", f"comma-separated, from: {_policy_list()}")
+    policies = [p.strip() for p in raw.split(",") if p.strip()]
+    seeds = _int_list(_list_flag(args.seeds, "--seeds", "integers, comma-separated"), "--seeds")
     result = _lazy("staleflow_trainer.simulate").compare(
         cfg, policies=policies or None, seeds=seeds or None
     )
@@ -287,13 +302,13 @@ def build_parser() -> argparse.ArgumentParser:
     cmp = with_config("compare")
     cmp.add_argument(
         "--policies",
-        default="",
+        default=None,
         metavar="P1,P2",
         help=f"comma-separated policies, from: {_policy_list()} (default: all of them)",
     )
     cmp.add_argument(
         "--seeds",
-        default="",
+        default=None,
         metavar="S1,S2",
         help="comma-separated seeds (default: run.seed and the next one)",
     )
@@ -304,12 +319,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pln.add_argument(
         "--fractions",
-        default="",
+        default=None,
         metavar="F1,F2",
         help="rollout fractions of sim.total_gpus to try (default: 0.25 to 0.75)",
     )
     pln.add_argument(
-        "--etas", default="", metavar="E1,E2", help="staleness bounds to try (default: 1,2,3)"
+        "--etas", default=None, metavar="E1,E2", help="staleness bounds to try (default: 1,2,3)"
     )
     pln.add_argument(
         "--tolerance",

@@ -89,11 +89,12 @@ def _numbers(text: str, key: str, allowed: str, kind: type) -> list[Any]:
 def parse_grid(
     *,
     policy: str,
-    fractions: str = "",
-    etas: str = "",
+    fractions: str | None = None,
+    etas: str | None = None,
     tolerance: str | float = DEFAULT_TOLERANCE,
 ) -> PlanGrid:
-    """Validate the CLI's grid options (comma-separated strings; ``""`` = the default).
+    """Validate the CLI's grid options (comma-separated strings; None = the default, and a
+    given one that names nothing is refused).
 
     Raises :class:`ConfigError` naming the option (``--policy``, ``--fractions``, ``--etas``,
     ``--tolerance``) and its allowed values.
@@ -111,7 +112,7 @@ def parse_grid(
     f_allowed = "comma-separated numbers in (0, 1), e.g. 0.25,0.5,0.75"
     fr = (
         _numbers(fractions, "--fractions", f_allowed, float)
-        if fractions.strip()
+        if fractions is not None
         else list(DEFAULT_FRACTIONS)
     )
     for f in fr:
@@ -125,7 +126,7 @@ def parse_grid(
     if pol in FIXED_ETA:
         fixed = FIXED_ETA[pol]
         e_allowed = f"{fixed} (policy {pol!r} models a fixed staleness)"
-    if etas.strip():
+    if etas is not None:
         et = _numbers(etas, "--etas", e_allowed, int)
     else:
         et = [FIXED_ETA[pol]] if pol in FIXED_ETA else list(DEFAULT_ETAS)
@@ -429,8 +430,8 @@ def plan_main(
     cfg: AppConfig,
     *,
     policy: str = "",
-    fractions: str = "",
-    etas: str = "",
+    fractions: str | None = None,
+    etas: str | None = None,
     tolerance: str | float = DEFAULT_TOLERANCE,
     workers: int | None = None,
 ) -> int:
