@@ -196,10 +196,10 @@ SIM_CODE = {
     "rollout.replace_lost": (".replace_lost", ["runtime/replacements.py", "runtime/deployment.py"],
                              ["sim/faults.py"]),
     "run.run_dir": (".run_dir", ["runtime/deployment.py"], ["simulate.py"]),
-    "metrics.tensorboard": (".tensorboard", ["runtime/deployment.py"], ["simulate.py"]),
-    "metrics.progress_bar": (".progress_bar", ["runtime/deployment.py"], ["simulate.py"]),
-    "metrics.log_every": (".log_every", ["runtime/deployment.py"], ["simulate.py"]),
-    **{f"metrics.wandb.{k}": ("trackers_from_config", ["runtime/deployment.py"], ["simulate.py"])
+    "metrics.tensorboard": (".tensorboard", ["runtime/drive.py"], ["simulate.py"]),
+    "metrics.progress_bar": (".progress_bar", ["runtime/drive.py"], ["simulate.py"]),
+    "metrics.log_every": (".log_every", ["runtime/drive.py"], ["simulate.py"]),
+    **{f"metrics.wandb.{k}": ("trackers_from_config", ["runtime/drive.py"], ["simulate.py"])
        for k in ("enabled", "project", "name", "mode")},
 }  # fmt: skip
 _TRAINS = "sim.trainer_model"  # what a training step costs in the simulator

@@ -18,15 +18,12 @@ from typing import Any
 
 import structlog
 
-from staleflow_trainer.actors.liveness import is_actor_death, kill_actor, unresponsive_actors
-from staleflow_trainer.actors.log_relay import WarningRelay, relayed_actors, replay
-from staleflow_trainer.actors.reconcile import TS_FILE, checkpoint_records
+from staleflow_trainer.actors.liveness import kill_actor, unresponsive_actors
+from staleflow_trainer.actors.reconcile import TS_FILE
 from staleflow_trainer.atomic_files import make_run_dir
 from staleflow_trainer.config import AppConfig, dump_config, is_loopback, to_dict
 from staleflow_trainer.errors import ComponentLost
-from staleflow_trainer.report.metrics import MetricsWriter, TimelineWriter
-from staleflow_trainer.report.progress import ProgressBar, StartupProgress
-from staleflow_trainer.report.trackers import trackers_from_config
+from staleflow_trainer.report.progress import StartupProgress
 from staleflow_trainer.runtime.prepare import (
     check_local_cpus,
     init_ray,
@@ -42,8 +39,6 @@ from staleflow_trainer.runtime.prepare import (
 from staleflow_trainer.runtime.replacements import Replacer
 
 log = structlog.get_logger(__name__)
-#: control-actor lines the driver does not relay: it logs their news itself
-_OURS = frozenset({"instance_lost", "run_stopped"})
 
 #: How long actors may take to start (engines load models) before the run gives up.
 START_TIMEOUT_S = 900.0
@@ -467,84 +462,11 @@ class Deployment:
     # ------------------------------------------------------------------------------- run
 
     def run(self, on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-        """Drive the coordinator loop until ``trainer.steps``; writes metrics and timeline."""
-        import ray
+        """Drive the coordinator loop until ``trainer.steps``; writes metrics and timeline
+        (:func:`~staleflow_trainer.runtime.drive.drive`)."""
+        from staleflow_trainer.runtime.drive import drive
 
-        cfg = self.cfg
-        resumed = self.resume_dir is not None
-        writer = MetricsWriter(
-            self.run_dir,
-            tensorboard=cfg.metrics.tensorboard,
-            resume_step=self.steps_at_start if resumed else None,
-            trackers=trackers_from_config(cfg, resume=resumed),
-            backfill=checkpoint_records(self.resume_dir) if self.resume_dir else (),
-        )
-        timeline = TimelineWriter(self.run_dir)
-        coord: Any = None
-        run_ref: Any = None
-        last_step = self.steps_at_start
-        summary: Any = None
-        replacer = self.replacer = Replacer(self, cfg.rollout.replace_lost, START_TIMEOUT_S)
-        relay = WarningRelay(
-            lambda: relayed_actors(self), log, enabled=not ray_prints_worker_logs()
-        )
-
-        def emit(outs: list[dict[str, Any]], bar: Any) -> None:
-            nonlocal last_step
-            for out in outs:
-                for rec in out["records"]:
-                    if int(rec["step"]) <= last_step:
-                        continue  # re-sent by a coordinator recovered from its journal
-                    last_step = int(rec["step"])
-                    writer.log_step(rec)
-                    if bar is not None:
-                        bar.update(int(rec["step"]), rec)
-                    if on_record is not None:
-                        on_record(rec)
-                timeline.extend(out["timeline"])
-                replay(out.get("logs", []), log, skip=_OURS)
-
-        try:
-            with ProgressBar(
-                cfg.trainer.steps,
-                enabled=cfg.metrics.progress_bar,
-                start_step=self.steps_at_start,
-                log_every=cfg.metrics.log_every,
-            ) as bar:
-                while True:
-                    if coord is not self.coordinator:  # started, or replaced
-                        coord = self.coordinator
-                        run_ref = coord.run.remote()
-                    ready, _ = ray.wait([run_ref], timeout=0.5)
-                    outs, self._pending_out = self._pending_out, []
-                    try:
-                        outs.append(ray.get(coord.drain.remote(last_step)))
-                    except Exception as e:
-                        if not is_actor_death(e) or coord is not self.coordinator:
-                            raise
-                        emit(outs, bar)
-                        self.replace_crashed_coordinator(e)
-                        continue
-                    emit(outs, bar)
-                    relay.poll()  # the other actors' warnings
-                    if not ready:  # losses logged, replaced (replace_lost); none left: raises
-                        replacer.update(outs[-1]["instances"])
-                    if ready and coord is self.coordinator:
-                        try:
-                            summary = ray.get(run_ref)
-                        except Exception as e:  # ComponentLost etc. propagate
-                            if not is_actor_death(e):
-                                raise
-                            self.replace_crashed_coordinator(e)
-                            continue
-                        break
-            emit([ray.get(coord.drain.remote(last_step))], None)
-            relay.poll(wait_s=2.0)
-        finally:
-            replacer.close()
-            writer.close()
-            timeline.close()
-        return dict(summary)
+        return drive(self, on_record)
 
     # ------------------------------------------------------------------------- queries
 
