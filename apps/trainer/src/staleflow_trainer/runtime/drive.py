@@ -13,6 +13,7 @@ import structlog
 from staleflow_trainer.actors.liveness import is_actor_death
 from staleflow_trainer.actors.log_relay import WarningRelay, relayed_actors, replay
 from staleflow_trainer.actors.reconcile import checkpoint_records
+from staleflow_trainer.errors import StaleflowError
 from staleflow_trainer.report.metrics import MetricsWriter, TimelineWriter
 from staleflow_trainer.report.progress import ProgressBar
 from staleflow_trainer.report.trackers import trackers_from_config
@@ -93,6 +94,11 @@ def drive(
                         summary = ray.get(run_ref)
                     except Exception as e:  # ComponentLost etc. propagate
                         if not is_actor_death(e):
+                            # as the control actor raised it, not wrapped in Ray's remote
+                            # traceback (which the CLI would print in full)
+                            cause = getattr(e, "cause", None)
+                            if isinstance(cause, StaleflowError):
+                                raise cause from e
                             raise
                         dep.replace_crashed_coordinator(e)
                         continue
