@@ -300,13 +300,13 @@ class ControlCore:
                 self._reward_fail_streak += 1
                 self._drop_group(gid, f"reward_failed: {r.reason or 'unknown'}"[:200], out)
                 if self._reward_fail_streak >= self.config.reward_failures_in_row:
-                    self.halted = fx.Halt(
-                        component="reward",
-                        reason=f"the reward failed for {self._reward_fail_streak} trajectories "
-                        f"in a row (reward.max_failures_in_row="
-                        f"{self.config.reward_failures_in_row}); last error: {r.reason}",
+                    self.halt(
+                        "reward",
+                        f"the reward failed for {self._reward_fail_streak} trajectories in a row "
+                        f"(reward.max_failures_in_row={self.config.reward_failures_in_row}); "
+                        f"last error: {r.reason}",
+                        out,
                     )
-                    out.append(self.halted)
                     return
                 continue
             self._reward_fail_streak = 0
@@ -320,14 +320,14 @@ class ControlCore:
                 self._filtered_streak += 1
                 self._drop_group(gid, "filtered: equal rewards", out)
                 if self._filtered_streak >= self.config.filtered_limit:
-                    self.halted = fx.Halt(
-                        component="data",
-                        reason=f"dynamic sampling filtered {self._filtered_streak} groups in a "
-                        f"row (every reward of each equal, last {scores[0]:g}; the limit, "
+                    self.halt(
+                        "data",
+                        f"dynamic sampling filtered {self._filtered_streak} groups in a row "
+                        f"(every reward of each equal, last {scores[0]:g}; the limit, "
                         f"trainer.max_filtered_in_row, is {self.config.filtered_limit}): the "
                         "data is too easy or too hard for the model, or the reward is constant",
+                        out,
                     )
-                    out.append(self.halted)
                     return
                 continue
             self._filtered_streak = 0
@@ -338,6 +338,12 @@ class ControlCore:
             if stray:
                 self._drop_ids(stray, "group_surplus")
                 out.append(fx.Drop(trajectory_ids=stray, reason="group_surplus"))
+
+    def halt(self, component: str, reason: str, out: list[fx.Effect]) -> None:
+        """The run cannot go on: ``Halt`` is the last effect, and the core takes no more
+        events (:class:`CoreHalted`)."""
+        self.halted = fx.Halt(component=component, reason=reason)
+        out.append(self.halted)
 
     def _never_admitted(self, tid: str) -> bool:
         e = self.ledger.entries.get(tid)

@@ -94,9 +94,9 @@ def sync_failed(core: ControlCore, ev: SyncFailed, out: list[fx.Effect]) -> None
     core.coordinator.on_sync_failed(iid)  # routes held for it stay queued, reserved
     core.report.instance_synced(iid, ev.at, None)
     if streak > core.config.sync_retries:
-        core.halted = fx.Halt(
-            component=f"rollout:{iid}",
-            reason=f"instance {iid} failed to sync {streak} times in a row "
+        core.halt(
+            f"rollout:{iid}",
+            f"instance {iid} failed to sync {streak} times in a row "
             f"(sync_retries={core.config.sync_retries}); last error: {ev.error}",
+            out,
         )
-        out.append(core.halted)
