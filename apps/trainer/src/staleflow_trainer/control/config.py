@@ -194,12 +194,10 @@ def protocol_spec(cfg: Any) -> ProtocolSpec:
 
     p = cfg.protocol
     filtering = cfg.trainer.dynamic_sampling
-    policy = cfg.coordinator.policy
-    if p.eta != "unbounded" and build_policy(policy).protocol == "fifo":
-        # verl-async: η sets its window (``verl_staleness_threshold`` unless set), and the
-        # FIFO's own cap sits above the most the window admits ((1 + s)·B groups not yet
-        # consumed), so the window always binds first
-        s = verl_window(p.eta, cfg.coordinator.verl_staleness_threshold)
+    s = _window(cfg)
+    if s is not None:
+        # the FIFO's own cap sits above the most verl's window admits ((1 + s)·B groups not
+        # yet consumed), so the window always binds first
         return UnboundedConfig(
             batch_size=p.batch_size,
             group_size=p.group_size,
@@ -215,7 +213,7 @@ def protocol_spec(cfg: Any) -> ProtocolSpec:
             group_redundancy=p.group_redundancy,
             filtering=filtering,
         )
-    if policy in GC_FIFO_POLICIES:
+    if cfg.coordinator.policy in GC_FIFO_POLICIES:
         # its own cap is (η + 1)·B groups in flight, so the policy's (η + v + 1)·B budget gate,
         # which also counts finished groups, always binds first
         return GcFifoConfig(
@@ -237,6 +235,14 @@ def protocol_spec(cfg: Any) -> ProtocolSpec:
     )
 
 
+def _window(cfg: Any) -> float | None:
+    """verl-async's window ``s`` where the policy runs over a FIFO under a window (η sets it
+    unless ``coordinator.verl_staleness_threshold`` does); None for every other run."""
+    if cfg.protocol.eta == "unbounded" or build_policy(cfg.coordinator.policy).protocol != "fifo":
+        return None
+    return verl_window(cfg.protocol.eta, cfg.coordinator.verl_staleness_threshold)
+
+
 def config_key(field: str) -> str:
     """The app config key that sets the staleness protocol's ``field``."""
     return _KEYS.get(field, f"protocol.{field}")
@@ -249,17 +255,14 @@ def core_config(cfg: Any, *, rows: int | None) -> CoreConfig:
     from staleflow_trainer.config import stuck_after_s
 
     coordinator = coordinator_config(cfg)
-    spec = protocol_spec(cfg)
-    if cfg.protocol.eta != "unbounded" and build_policy(coordinator.policy).protocol == "fifo":
-        # verl-async runs by the window its FIFO's cap was sized for (``protocol_spec``)
-        s = verl_window(cfg.protocol.eta, coordinator.verl_staleness_threshold)
+    s = _window(cfg)
+    if s is not None:  # verl-async runs by the window its FIFO's cap is sized for
         coordinator = attrs.evolve(coordinator, verl_staleness_threshold=s)
-    filtering = cfg.trainer.dynamic_sampling
     return CoreConfig(
-        protocol=spec,
+        protocol=protocol_spec(cfg),
         coordinator=coordinator,
         steps=cfg.trainer.steps,
-        dynamic_sampling=filtering,
+        dynamic_sampling=cfg.trainer.dynamic_sampling,
         stuck_after_s=stuck_after_s(cfg),
         checkpoint_every=cfg.run.checkpoint_every,
         sync_retries=cfg.coordinator.sync_retries,
