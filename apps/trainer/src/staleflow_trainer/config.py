@@ -236,6 +236,13 @@ class TrainerConfig:
                 key="trainer.betas",
                 allowed="[b1, b2] with 0 <= b < 1",
             )
+        if self.max_filtered_in_row is not None and not self.dynamic_sampling:
+            raise _err(
+                "trainer.max_filtered_in_row",
+                f"{self.max_filtered_in_row}: it stops a run whose groups dynamic sampling "
+                "filters, and trainer.dynamic_sampling is false (no group is filtered)",
+                "null with trainer.dynamic_sampling false",
+            )
 
 
 @_section("reward")
@@ -421,13 +428,6 @@ def validate(cfg: AppConfig) -> None:
             f"<= {r.sampling.max_new_tokens}",
         )
     check_protocol(cfg)
-    if t.max_filtered_in_row is not None and not t.dynamic_sampling:
-        raise _err(
-            "trainer.max_filtered_in_row",
-            f"{t.max_filtered_in_row}: it stops a run whose groups dynamic sampling filters, "
-            "and trainer.dynamic_sampling is false (no group is filtered)",
-            "null with trainer.dynamic_sampling false",
-        )
     if not is_loopback(cfg.param_server.bind_host) and not cfg.param_server.auth_token:
         raise _err(
             "param_server.auth_token",
