@@ -15,9 +15,9 @@ the baseline's own, coarser admission rule on top of it.
   keeps at most ``verl_max_concurrent_groups_per_instance`` groups per instance in flight.
   Whole groups only (``n'`` trajectories each: the surplus members count too).
 * :func:`batch_barrier` ``(lag)`` — verl synchronous (lag 0) and one-step off-policy (lag 1):
-  a batch of exactly ``B·n'`` new trajectories (``B`` whole groups) is admitted at once, only when the previous
-  batch's generation is over (every instance idle, nothing partial queued, every instance
-  serving the latest version) and the trainer is at most ``lag`` batches behind.
+  a batch of exactly ``B·n'`` new trajectories (``B`` whole groups) is admitted at once, only
+  when the previous batch's generation is over (every instance idle, nothing partial queued,
+  every instance serving the latest version) and the trainer is at most ``lag`` batches behind.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ def admit_by_verl_window(view: CycleView, state: GateState) -> tuple[int | None,
 
     The window opens when version ``v`` is published: verl resets its count of started
     samples to what is in flight or queued then, ``admitted − lost − v·B·n`` (``v`` batches are
-    consumed by then), and adds every group started since (``n'`` samples each). Work lost later in the window
-    (dropped for staleness) does not free room until the next window.
+    consumed by then), and adds every group started since (``n'`` samples each). Work lost
+    later in the window (dropped for staleness) does not free room until the next window.
     """
     n = view.members  # a group starts n' trajectories; a trained batch consumed B·n of them
     consumed = view.latest_version * view.batch_size * view.group_size
