@@ -64,6 +64,7 @@ CHANGES = {
     "trainer.steps": "7",
     "trainer.dynamic_sampling": "true",
     "trainer.max_filtered_in_row": "9",
+    "trainer.stream_batch": "true",
     "run.checkpoint_every": "3",
     "run.seed": "5",
     "data.shuffle": "false",

@@ -95,6 +95,25 @@ def test_consume_discards_what_fell_below_the_floor_in_flight_and_waiting() -> N
     assert p.stats().aborts_by_reason == {"stale": 2}
 
 
+def test_next_batch_groups_never_lists_what_consume_then_discards() -> None:
+    """What ages out is discarded right after a consume, so between two consumes the head of
+    the FIFO is exactly the next batch (the same scenario as above)."""
+    p = gc(b=1, eta=1)
+    finish_group(p, "a", 0)
+    finish_group(p, "b", 0)
+    assert p.next_batch_groups() == ("a",)
+    advance(p)
+    assert p.next_batch_groups() == ("b",)
+    finish_group(p, "c", 1)
+    finish_group(p, "d", 1)
+    assert p.consume().group_ids == ("b",)
+    p.publish(2)
+    assert p.next_batch_groups() == ("c",)
+    finish_group(p, "e", 2)
+    assert p.consume().group_ids == ("c",)  # → next 3, floor 1: d discarded
+    assert p.next_batch_groups() == ("e",)
+
+
 def test_a_sibling_that_would_make_its_group_too_stale_is_refused() -> None:
     """A live group (first member at version 1) takes no sibling from an instance still at a
     version ≤ the floor: the group's version would drop below what can be trained."""

@@ -86,6 +86,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.model = ReferenceModel(self.config, start_version=start_version)
         self.admitted: set[str] = set()
         self.consumed_staleness: list[int] = []
+        self.promised: set[str] = set()  # seen in next_batch_groups() since the last consume
         self.next_id = 0
         self.started = True
 
@@ -214,13 +215,18 @@ class ProtocolMachine(RuleBasedStateMachine):
         if groups:
             gid = data.draw(st.sampled_from(groups), label="drop")
             assert self.p.drop_group(gid, "filtered") == self.model.drop_group(gid, "filtered")
+            self.promised.discard(gid)  # the one way a promised group leaves the next batch
 
     @precondition(lambda self: self.started)
     @rule()
     def consume(self) -> None:
         if self.p.ready():
+            promised = self.p.next_batch_groups()
             batch = self.p.consume()
             assert set(batch.group_ids) == set(self.model.consume())
+            assert batch.group_ids == promised  # READY: exactly these, in this order
+            assert self.promised <= set(batch.group_ids)
+            self.promised.clear()
             assert len(batch.group_ids) == self.config.batch_size
             for group_stale in batch.trajectory_staleness:
                 assert len(group_stale) == self.config.group_size
@@ -272,6 +278,16 @@ class ProtocolMachine(RuleBasedStateMachine):
     def protocol_invariants_hold(self) -> None:
         if self.started:
             check_invariants(self.p)
+
+    @invariant()
+    def next_batch_groups_are_occupied_in_the_next_buffer(self) -> None:
+        if self.started:
+            ids = self.p.next_batch_groups()
+            assert len(ids) == self.p.buffer_fill(self.p.next_buffer).occupied
+            for gid in ids:
+                rec = self.p.group(gid)
+                assert rec.state == "occupied" and rec.buffer == self.p.next_buffer
+            self.promised.update(str(g) for g in ids)
 
     @invariant()
     def consumed_staleness_within_eta(self) -> None:

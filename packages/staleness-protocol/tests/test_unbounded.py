@@ -138,6 +138,20 @@ def test_consume_takes_the_first_b_complete_groups_whatever_their_version() -> N
     assert p.next_buffer == 2
 
 
+def test_next_batch_groups_are_the_head_of_the_fifo_that_consume_takes() -> None:
+    p = fifo(b=2, cap=10)
+    assert p.next_batch_groups() == ()
+    run_group(p, "a", 0)
+    assert p.next_batch_groups() == ("a",)  # fewer than B: the trainer may start on it
+    run_group(p, "b", 0)
+    run_group(p, "c", 0)
+    assert p.next_batch_groups() == ("a", "b")
+    assert p.consume().group_ids == ("a", "b")
+    assert p.next_batch_groups() == ("c",)
+    p.drop_group("c", "filtered")  # the caller's drop is the one way out before consume
+    assert p.next_batch_groups() == ()
+
+
 def test_staleness_is_measured_and_can_exceed_any_eta() -> None:
     """A group generated at version 0 that completes late is consumed at a staleness the bounded
     protocol (η = 1) would never allow; the FIFO measures it."""

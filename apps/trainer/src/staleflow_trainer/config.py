@@ -216,6 +216,12 @@ class TrainerConfig:
     )
     mini_batches: int = _f(1, ge=1, doc="optimizer updates per training step")
     micro_batch_size: int = _f(0, ge=0, doc="samples per forward; 0 = whole mini-batch")
+    stream_batch: bool = _f(
+        False,
+        doc="start on the next batch while it fills: each group that has settled in it gets its "
+        "log-probs, forward and backward at once, and the optimizer step follows the last "
+        "(the same update; needs mini_batches 1 and no FSDP)",
+    )
     overlong: OverlongConfig = attrs.field(factory=OverlongConfig, validator=_validate_field)
     device: Literal["auto", "cpu", "cuda"] = _f("auto")
     fsdp: bool = _f(False, doc="FSDP2 (fully_shard) across torch.distributed ranks")
@@ -235,6 +241,19 @@ class TrainerConfig:
                 f"trainer.betas must be two numbers in [0, 1), got {list(self.betas)}",
                 key="trainer.betas",
                 allowed="[b1, b2] with 0 <= b < 1",
+            )
+        if self.stream_batch and self.mini_batches != 1:
+            raise _err(
+                "trainer.stream_batch",
+                f"true with trainer.mini_batches {self.mini_batches}: an update before the batch "
+                "is complete would change the weights the later groups' old log-probs come from",
+                "false, or true with trainer.mini_batches 1",
+            )
+        if self.stream_batch and self.fsdp:
+            raise _err(
+                "trainer.stream_batch",
+                "true with trainer.fsdp true: a streamed step runs in one process",
+                "false, or true with trainer.fsdp false",
             )
         if self.max_filtered_in_row is not None and not self.dynamic_sampling:
             raise _err(

@@ -340,6 +340,15 @@ class StalenessProtocol(LedgerBase):
         buf = self._buffers.get(self._next)
         return buf is not None and len(buf.occupied) >= self._need
 
+    def next_batch_groups(self) -> tuple[Id, ...]:
+        """The groups occupied in buffer ``next_buffer``, in the order they occupied it (the
+        order ``consume`` returns them). Each is in the batch the next ``consume()`` takes
+        unless you ``drop_group`` it: the protocol never moves an occupied group out of
+        ``next_buffer`` or aborts it there (stuck resolution only moves groups into it). A
+        trainer may start on them (log-probs, gradients) before the buffer is READY."""
+        buf = self._buffers.get(self._next)
+        return () if buf is None else tuple(buf.occupied)
+
     def consume(self) -> Batch:
         """Take the READY buffer ``next_buffer``; ``next_buffer`` advances by one (publish the
         trained version with ``publish(batch.version + 1)`` once its weights exist)."""

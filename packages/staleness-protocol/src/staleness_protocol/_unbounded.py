@@ -41,6 +41,7 @@ Sans-IO like the rest of the package.
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 from typing import Any, Self, TypeVar
 
 import attrs
@@ -279,6 +280,13 @@ class UnboundedFifo(LedgerBase):
             )
         fifo = self._fifo
         return self._take_batch(tuple(fifo.popleft() for _ in range(need)))
+
+    def next_batch_groups(self) -> tuple[Id, ...]:
+        """The first ``B`` complete groups of the FIFO (all of them while it holds fewer), in
+        order: the next ``consume()`` takes exactly these unless you ``drop_group`` one (only
+        ``consume`` removes a complete group; a FIFO that drops what aged out does so right
+        after a ``consume``, never between two)."""
+        return tuple(islice(self._fifo, self._config.batch_size))
 
     def resolve_stuck(self) -> StuckResolution:
         """Nothing to resolve: a FIFO batch is any ``B`` complete groups, so none gets stuck."""

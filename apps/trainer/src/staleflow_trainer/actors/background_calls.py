@@ -80,6 +80,18 @@ class BackgroundCalls:
         options = role_options(self.cfg, "reward", num_cpus=0)
         return ray.remote(RewardActor).options(**options).remote(**self.reward_spec)
 
+    async def train_part(self, e: fx.TrainPart) -> None:
+        """Stream groups into the trainer early; a failure only logs (that step's ``Train``
+        trains what did not stream in, and a dead trainer fails it)."""
+        part = train_batch(e.version, e.group_ids, e.trajectory_ids, e.staleness, e.rewards)
+        self._counts.count("trainer", size(part), "train_part")
+        try:
+            answer = await self.trainer.stream_batch_part.remote(part)
+        except Exception as err:
+            log.warning("train_part_failed", version=e.version, error=repr(err)[:300])
+            return
+        self._counts.count("trainer", size(answer), "train_part_answer")
+
     async def train(self, e: fx.Train) -> dict[str, Any]:
         batch = train_batch(e.version, e.group_ids, e.trajectory_ids, e.staleness, e.rewards)
         self._counts.count("trainer", size(batch), "train")

@@ -287,8 +287,8 @@ class ControlActor(FaultHooks):
                 self.io.spawn(self._sync(e))
             elif isinstance(e, fx.Score):
                 self.io.spawn(self._score(e.trajectory_ids))
-            elif isinstance(e, fx.Train):
-                self.io.spawn(self._train(e))
+            elif isinstance(e, fx.Train | fx.TrainPart):  # a part has no answer to wait for
+                self.io.spawn(self._train(e) if isinstance(e, fx.Train) else self.io.train_part(e))
             elif isinstance(e, fx.Halt):
                 raise ComponentLost(e.reason, component=e.component)
             elif isinstance(e, fx.Done):

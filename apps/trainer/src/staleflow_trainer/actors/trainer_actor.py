@@ -20,6 +20,7 @@ from staleflow_trainer.actors.ts_link import StoreLink
 from staleflow_trainer.actors.work_wire import batch_members
 from staleflow_trainer.config import from_dict
 from staleflow_trainer.trainer import Trainer, TrainSample
+from staleflow_trainer.trainer.stream import finish_streamed, stream_part
 
 log = structlog.get_logger(__name__)
 
@@ -57,6 +58,7 @@ class TrainerActor(KeepsWarnings):
         self._ts = StoreLink(ts_address, ts_token) if ts_address else None
         self._push_retry_s = float(app.param_server.push_retry_s)
         self._step_delay_s = float(app.trainer.step_delay_s)
+        self._stream = bool(app.trainer.stream_batch)
         self._push_failures: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._step_lock = threading.Lock()
@@ -165,7 +167,10 @@ class TrainerActor(KeepsWarnings):
                     "this trainer has no record of that step"
                 )
             batch = [TrainSample(**s) for s in samples]
-            metrics = dict(self._trainer.train_step(batch))
+            if self._stream:
+                metrics = dict(finish_streamed(self._trainer, batch))
+            else:
+                metrics = dict(self._trainer.train_step(batch))
             if self._step_delay_s > 0:  # trainer.step_delay_s: a slower trainer, by config
                 time.sleep(self._step_delay_s)
             metrics["version"] = self._trainer.version
@@ -194,6 +199,21 @@ class TrainerActor(KeepsWarnings):
                 ids = [t for members in batch_members(batch) for t in members]
                 self._trained.append((version, ids))
         return metrics
+
+    def stream_batch_part(self, part: Mapping[str, Any]) -> dict[str, Any]:
+        """Groups settled in the batch of consumed version ``part["version"]`` before it is
+        complete (``trainer.stream_batch``; the wire of :meth:`train_batch`): their log-probs,
+        forward and backward now, the optimizer step with that version's :meth:`train_batch`.
+        A part for another version than the one this trainer trains next (its step is over)
+        is ignored, as is a group already streamed in. Returns ``{"streamed": samples}``."""
+        version = int(part["version"])
+        with self._step_lock:
+            if not self._stream or version != self._trainer.version:
+                return {"streamed": 0}
+            samples = [TrainSample(**s) for s in self._read_samples(part)]
+            n = stream_part(self._trainer, samples)
+        log.debug("batch_part_streamed", version=version, samples=n)
+        return {"streamed": n}
 
     def trained(self) -> list[tuple[int, list[str]]]:
         """``(consumed version, trajectory ids)`` of the most recent batches this trainer

@@ -80,6 +80,9 @@ class CoreConfig:
     filtered_in_row: int | None = attrs.field(
         default=None, validator=attrs.validators.optional(_positive)
     )
+    #: Send the trainer each group settled in the batch it takes next before the batch is
+    #: complete (:mod:`.stream`).
+    stream_batch: bool = False
     #: Steps over which ``gen_tokens_per_s`` is averaged.
     rate_window_steps: int = attrs.field(default=5, validator=_positive)
 
@@ -248,6 +251,16 @@ def config_key(field: str) -> str:
     return _KEYS.get(field, f"protocol.{field}")
 
 
+def streams(cfg: Any) -> bool:
+    """Does the run stream the next batch into its trainer (``trainer.stream_batch``)? Not in
+    the simulator's colocated ``sync``: its trainer's GPUs generate until the batch is
+    complete, so nothing can start early (the setting is documented to do nothing there)."""
+    from staleflow_trainer.config_sim import colocated
+
+    sim = cfg.rollout.backend == "sim"
+    return bool(cfg.trainer.stream_batch) and not (sim and colocated(cfg.coordinator.policy))
+
+
 def core_config(cfg: Any, *, rows: int | None) -> CoreConfig:
     """The core's config from the app's (``staleflow_trainer.config.AppConfig``): the one
     place both shells read their decisions' settings from. ``rows``: the dataset size (None
@@ -268,6 +281,7 @@ def core_config(cfg: Any, *, rows: int | None) -> CoreConfig:
         sync_retries=cfg.coordinator.sync_retries,
         reward_failures_in_row=cfg.reward.max_failures_in_row,
         filtered_in_row=cfg.trainer.max_filtered_in_row,
+        stream_batch=streams(cfg),
         rows=rows,
         seed=cfg.run.seed,
         shuffle=cfg.data.shuffle,

@@ -65,6 +65,7 @@ from staleflow_trainer.control.events import (
 from staleflow_trainer.control.feed import PromptFeed
 from staleflow_trainer.control.ledger import Ledger, Where
 from staleflow_trainer.control.report import StepReport
+from staleflow_trainer.control.stream import stream_settled
 from staleness_protocol import (
     Abort,
     GroupAborted,
@@ -79,6 +80,7 @@ _COUNTER_NAMES = """
     routes syncs sync_failures migrations bounces interrupts aborts filtered reward_dropped
     replacements stuck_resolved instances_lost instances_joined lost_requeued lost_finished
     store_dropped late_outcomes sync_interrupts instances_silent withdrawn_routes
+    streamed_groups
 """
 #: the run's counters (the step records' ``counters``), in the order they are reported
 COUNTERS = tuple(_COUNTER_NAMES.split())
@@ -124,6 +126,9 @@ class ControlCore:
         self._sync_fail_streak: dict[str, int] = {}
         self._reward_fail_streak = 0
         self._filtered_streak = 0  # groups filtered in a row (dynamic sampling)
+        #: groups of buffer ``streamed_version`` sent to the trainer early (``stream_batch``)
+        self.streamed: set[str] = set()
+        self.streamed_version = -1
         self.halted: fx.Halt | None = None
         self.done = False
 
@@ -422,6 +427,8 @@ class ControlCore:
                     self.counters["stuck_resolved"] += 1
                     self._after_change(out)
             if not proto.ready():
+                if self.config.stream_batch:
+                    stream_settled(self, out)
                 return
         batch = proto.consume()
         ids: list[tuple[str, ...]] = []

@@ -112,6 +112,26 @@ class Train:
 
 
 @attrs.frozen(kw_only=True, slots=True)
+class TrainPart:
+    """Groups already settled in the batch the trainer takes next (buffer ``version``), sent
+    before it is complete (``trainer.stream_batch``): the trainer starts on them and keeps the
+    result for that step's :class:`Train`, which still lists the whole batch. Fields as in
+    :class:`Train`. No answer; one that arrives after its step ended is ignored."""
+
+    version: int
+    group_ids: tuple[str, ...] = attrs.field(converter=_tuple)
+    trajectory_ids: tuple[tuple[str, ...], ...] = attrs.field(converter=_tuple)
+    staleness: tuple[tuple[int, ...], ...] = attrs.field(converter=_tuple)
+    rewards: tuple[tuple[float, ...], ...] = attrs.field(converter=_tuple)
+    tokens: int = 0
+    response_tokens: int = 0
+
+    @property
+    def flat_ids(self) -> list[str]:
+        return [t for members in self.trajectory_ids for t in members]
+
+
+@attrs.frozen(kw_only=True, slots=True)
 class Release:
     """A trained batch: free its payloads in the store."""
 
@@ -156,6 +176,7 @@ Effect = (
     | Sync
     | Score
     | Train
+    | TrainPart
     | Release
     | Record
     | Checkpoint

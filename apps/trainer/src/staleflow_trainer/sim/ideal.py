@@ -40,6 +40,12 @@ against a bound of 1 376: read the bound as the steady-step limit, and a run abo
 that exploits uneven steps. The side that sets ``S`` is named (``train``: the
 trainer; ``rollout``: the instances' throughput; ``latency``: the tail against ``η·S``).
 
+With ``trainer.stream_batch`` (:attr:`~.spec.SimSpec.stream_batch`) the trainer works on a
+batch's settled groups while the rest finishes, so a response's window ends not when the step
+of its last buffer starts but when only that step's per-step rest and push are left:
+``(η + 1)·S − tail`` instead of ``η·S``; at η = 0 generation and the per-sample work
+overlap (``S = max(train + push, generation + tail)``).
+
 The moments and lengths come from the run's own workload stream (the first ``groups`` groups).
 """
 
@@ -156,16 +162,24 @@ def latency_bound(spec: SimSpec, eta: int, *, groups: int = 2048, bins: int = 64
     instances = spec.num_instances
     cost = spec.engine.cost
 
+    # streamed (trainer.stream_batch): a batch's last group may arrive until the step's
+    # per-step rest and the push are all that is left of it
+    tail_s = _stream_tail_s(spec, m) if spec.stream_batch else None
     if eta == 0:  # generate, then train: the slowest alone, or the batch's work spread out
         length, prompt, _ = max(classes)
         alone = sum(cost.step_latency(1, prompt + i) for i in range(int(length)))
         side = "latency" if alone >= roof_s else "rollout"
-        return _bound_row(batch_tokens, floor_s + max(alone, roof_s), floor_s, side)
+        gen = max(alone, roof_s)
+        if tail_s is not None and floor_s >= gen + tail_s:
+            return _bound_row(batch_tokens, floor_s, floor_s, "train")
+        s0 = floor_s + gen if tail_s is None else gen + tail_s
+        return _bound_row(batch_tokens, s0, floor_s, side)
 
     def needed(s: float, window: float | None = None) -> float:
         """Instances the demand needs at step time ``s``, each length at the rate its window
-        (``η·s`` unless given) allows."""
-        window = eta * s if window is None else window
+        (``η·s`` unless given; streamed, one step more less its tail) allows."""
+        if window is None:
+            window = eta * s if tail_s is None else (eta + 1) * s - tail_s
         total = 0.0
         for length, p, w in classes:
             rate = _rate_at_latency(spec, window / length, p + length / 2)
@@ -192,6 +206,15 @@ def latency_bound(spec: SimSpec, eta: int, *, groups: int = 2048, bins: int = 64
         else:
             lo = mid
     return _bound_row(batch_tokens, hi, floor_s, "latency")
+
+
+def _stream_tail_s(spec: SimSpec, m: dict[str, float]) -> float:
+    """What is left of a streamed step once its last group is in: the per-step rest of the
+    step (optimizer, offload, fixed costs) and the push."""
+    samples = spec.batch_size * spec.group_size
+    seq_sq = samples * m.get("mean_seq_sq", 0.0) or None
+    tokens = int(samples * (m["mean_prompt"] + m["mean_response"]))
+    return spec.train_split(tokens, seq_sq)[1] + spec.push_seconds
 
 
 def _bound_row(batch_tokens: float, s: float, floor_s: float, side: str) -> dict[str, Any]:

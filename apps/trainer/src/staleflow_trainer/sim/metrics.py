@@ -106,7 +106,8 @@ class RunRecorder:
         span = max(t1 - t0, 1e-12)
         tokens = sum(r["tokens"] for r in window)
         samples = sum(r["samples"] for r in window)
-        wait = sum(r["trainer_wait_s"] for r in window)
+        # the trainer waited for each batch, less what it worked on streamed-in groups meanwhile
+        wait = sum(r["trainer_wait_s"] - r["trainer"].get("stream_busy_s", 0.0) for r in window)
         busy = sum(r["rollout_busy_frac"] * r["step_s"] for r in window) / span
         active = sum(r["rollout_active_frac"] * r["step_s"] for r in window) / span
         prefill = sum(r["prefill_frac"] * r["step_s"] for r in window) / span
@@ -138,6 +139,7 @@ class RunRecorder:
             "aborts": c.get("aborts", 0),
             "stuck_resolved": c.get("stuck_resolved", 0),
             "filtered": c.get("filtered", 0),
+            "streamed_groups": c.get("streamed_groups", 0),
             "tokens_wasted": self.tokens_wasted,
             "rollout_instances": len(self.instances),
             "rollout_gpus": s.rollout_gpus_used,

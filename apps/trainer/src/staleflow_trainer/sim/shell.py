@@ -111,6 +111,8 @@ class Simulation:
         self._changed: set[str] = set()
         self._snap_at: dict[str, float] = {}
         self._seq_len: dict[str, int] = {}  # scored trajectories' prompt + response lengths
+        self._streamed: _Streamed | None = None  # the next step's parts (stream_batch)
+        self._stream_busy_s = 0.0  # of the step in training: its parts' work before its Train
         self.cycles = 0
         self.wall_s = 0.0
         for i in range(s.num_instances):
@@ -227,9 +229,10 @@ class Simulation:
             self._touch()
         elif kind == _PUSHED:
             self.rec.trainer_phase(self.now, "waiting")
-            self.feed(
-                Trained(at=self.now, version=payload, metrics={"push_s": self.spec.push_seconds})
-            )
+            metrics = {"push_s": self.spec.push_seconds}
+            if self.core.config.stream_batch:
+                metrics["stream_busy_s"] = self._stream_busy_s
+            self.feed(Trained(at=self.now, version=payload, metrics=metrics))
 
     def _cycle(self) -> None:
         if not self._dirty:
@@ -269,10 +272,10 @@ class Simulation:
                 self._engine_changed(e.instance_id)
             elif isinstance(e, fx.Score):
                 self._score(e.trajectory_ids)
+            elif isinstance(e, fx.TrainPart):
+                self._stream_in(e)
             elif isinstance(e, fx.Train):
-                train_s = self.spec.train_seconds(e.tokens, self._seq_sq_sum(e))
-                self.rec.trainer_phase(self.now, "training")
-                self._at(self.now + train_s, _TRAINED, e.version + 1)
+                self._train(e)
             elif isinstance(e, fx.Record):
                 self.rec.add_step(dict(e.row), self)
             elif isinstance(e, fx.Checkpoint):
@@ -281,20 +284,63 @@ class Simulation:
                 raise SimulationHalted(f"{e.component}: {e.reason}")
             # SubmitGroups, Drop, DropGroup, Release, Done: nothing to store or free here
 
-    def _seq_sq_sum(self, train: fx.Train) -> float:
-        """Sum of the batch's squared sequence lengths (prompt + response): attention cost.
-        Lengths are noted when a trajectory is scored (the ledger forgets a group once it is
-        consumed); one not noted (a run restored mid-step) counts at the batch's mean."""
+    def _stream_in(self, part: fx.TrainPart) -> None:
+        """Groups settled in the next batch: the trainer works on them while it waits, one
+        part after another (a group already in is not counted twice)."""
+        st = self._streamed
+        if st is None or st.version != part.version:
+            st = self._streamed = _Streamed(part.version, self.now)
+        tokens, sq = 0, 0.0
+        for gid, members in zip(part.group_ids, part.trajectory_ids, strict=True):
+            if gid in st.groups:
+                continue
+            st.groups.add(gid)
+            for tid in members:
+                n = self._seq_len.pop(tid)
+                tokens += n
+                sq += float(n) ** 2
+        work, _ = self.spec.train_split(tokens, sq)
+        st.free_at = max(st.free_at, self.now) + work
+        st.tokens += tokens
+        st.sq += sq
+        st.work_s += work
+
+    def _train(self, e: fx.Train) -> None:
+        """The step starts once the streamed parts are done; what they did not cover follows,
+        then the per-step rest (optimizer, offload, fixed costs)."""
+        st, self._streamed = self._streamed, None
+        if st is not None and st.version != e.version:
+            st = None  # parts of an older step (none reach a shell after their Train)
+        sq = self._seq_sq_sum(e, st)  # the groups not streamed in
+        start, self._stream_busy_s = self.now, 0.0
+        if st is not None:
+            start = max(self.now, st.free_at)
+            self._stream_busy_s = st.work_s - (start - self.now)
+        tokens = e.tokens - (st.tokens if st is not None else 0)
+        work, per_step = self.spec.train_split(tokens, sq)
+        self.rec.trainer_phase(self.now, "training")
+        self._at(start + work + per_step, _TRAINED, e.version + 1)
+
+    def _seq_sq_sum(self, train: fx.Train, streamed: _Streamed | None = None) -> float:
+        """Sum of the squared sequence lengths (prompt + response) of the batch's groups not
+        ``streamed`` in: attention cost. Lengths are noted when a trajectory is scored (the
+        ledger forgets a group once it is consumed); one not noted (a run restored mid-step)
+        counts at the batch's mean."""
+        skip = streamed.groups if streamed is not None else ()
+        tokens = train.tokens - (streamed.tokens if streamed is not None else 0)
         total, known, missing = 0.0, 0, 0
-        for tid in train.flat_ids:
-            n = self._seq_len.pop(tid, None)
-            if n is None:
-                missing += 1
-            else:
-                total += float(n) ** 2
-                known += n
+        for gid, members in zip(train.group_ids, train.trajectory_ids, strict=True):
+            if gid in skip:
+                continue
+            for tid in members:
+                n = self._seq_len.pop(tid, None)
+                if n is None:
+                    missing += 1
+                else:
+                    total += float(n) ** 2
+                    known += n
         if missing:
-            total += missing * (max(train.tokens - known, 0) / missing) ** 2
+            total += missing * (max(tokens - known, 0) / missing) ** 2
         return total
 
     def on_checkpoint(self, step: int) -> None:
@@ -345,6 +391,20 @@ class Simulation:
             self._at(self.now + self.spec.reward_time_s, _REWARDS, tuple(rewards))
         else:
             self._pending.append(Rewarded(at=self.now, rewards=rewards))
+
+
+class _Streamed:
+    """The parts of the next training step streamed in so far (``trainer.stream_batch``)."""
+
+    __slots__ = ("free_at", "groups", "sq", "tokens", "version", "work_s")
+
+    def __init__(self, version: int, now: float) -> None:
+        self.version = version
+        self.free_at = now  # the trainer is done with the parts so far
+        self.groups: set[str] = set()
+        self.tokens = 0
+        self.sq = 0.0
+        self.work_s = 0.0
 
 
 def _instance_snapshot(eng: SimEngineCore, now: float) -> InstanceSnapshot:

@@ -58,6 +58,7 @@ CONFIG_KEYS: dict[str, str] = {
     "policy": "coordinator.policy",
     "steps": "trainer.steps",
     "trainer_step_delay_s": "trainer.step_delay_s",
+    "stream_batch": "trainer.stream_batch",
     "seed": "run.seed",
     "max_running": "rollout.max_running",
     "rollout_gpus": "rollout.num_instances",
@@ -203,6 +204,9 @@ class SimSpec:
     train_overhead_s: float = attrs.field(default=5.0, validator=_ge(0))
     #: ``trainer.step_delay_s``: added to every modeled step, whatever the trainer model.
     trainer_step_delay_s: float = attrs.field(default=0.0, validator=_ge(0))
+    #: ``trainer.stream_batch`` (never under the colocated ``sync``): the trainer works on the
+    #: groups settled in its next batch while the rest finishes (:meth:`train_split`).
+    stream_batch: bool = False
     #: ``trainer_model="megatron"``: the setup (its GPU count is replaced by the policy's).
     megatron: MegatronSetup | None = None
     model_bytes: int = attrs.field(default=100_000_000, validator=_gt(0))
@@ -320,16 +324,23 @@ class SimSpec:
         """Modeled compute time of one training step on ``tokens`` (prompt + response) in
         sequences whose squared lengths sum to ``seq_sq_sum`` (megatron's attention term), plus
         the configured ``trainer_step_delay_s``."""
-        return self._compute_seconds(tokens, seq_sq_sum) + self.trainer_step_delay_s
+        per_sample, per_step = self.train_split(tokens, seq_sq_sum)
+        return per_sample + per_step
 
-    def _compute_seconds(self, tokens: int, seq_sq_sum: float | None) -> float:
+    def train_split(self, tokens: int, seq_sq_sum: float | None = None) -> tuple[float, float]:
+        """:meth:`train_seconds` in two parts: the work that grows with the samples (log-prob
+        pass, forward and backward: what ``trainer.stream_batch`` can do before the batch is
+        complete) and the per-step rest (the linear model's intercept, offload, the optimizer,
+        fixed overheads, ``trainer_step_delay_s``)."""
+        delay = self.trainer_step_delay_s
         if self.trainer_model == "linear":
-            return self.trainer_time_a_s + self.trainer_time_b_s_per_token * tokens
+            return self.trainer_time_b_s_per_token * tokens, self.trainer_time_a_s + delay
         if self.trainer_model == "megatron":
-            return self.trainer_setup().step_seconds(tokens, seq_sq_sum)
+            b = self.trainer_setup().breakdown(tokens, seq_sq_sum)
+            return b.update_s + b.logprob_s, b.offload_s + b.optimizer_s + b.fixed_s + delay
         flops = 8.0 * self.active_params * tokens
         rate = self.train_gpus_used * self.peak_flops_per_gpu * self.mfu
-        return flops / rate + self.train_overhead_s
+        return flops / rate, self.train_overhead_s + delay
 
     @property
     def push_seconds(self) -> float:
@@ -361,7 +372,7 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
         speed_factors,
         warmup_steps,
     )
-    from staleflow_trainer.control.config import coordinator_config
+    from staleflow_trainer.control.config import coordinator_config, streams
     from staleflow_trainer.sim.trainer_model import setup
 
     sim = cfg.sim
@@ -401,6 +412,7 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
             )
         },
         trainer_step_delay_s=cfg.trainer.step_delay_s,
+        stream_batch=streams(cfg),
         megatron=(
             setup(sim_value(sim, "trainer_setup")) if sim.trainer_model == "megatron" else None
         ),

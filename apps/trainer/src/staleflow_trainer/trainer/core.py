@@ -31,6 +31,7 @@ from staleflow_trainer.trainer.loss import (
     tis_weights,
 )
 from staleflow_trainer.trainer.optim import make_optimizer, make_scheduler
+from staleflow_trainer.trainer.stream import StreamedStep
 
 log = structlog.get_logger(__name__)
 
@@ -96,6 +97,8 @@ class Trainer:
         self.scheduler = make_scheduler(self.optimizer, cfg)
         self.version = initial_version
         self.steps_done = 0
+        #: the parts of the next step streamed in so far (``trainer.stream_batch``)
+        self.stream: StreamedStep | None = None
 
     # ------------------------------------------------------------------------------- training
 
@@ -136,7 +139,7 @@ class Trainer:
         index = torch.tensor([ids.setdefault(s.group_id, len(ids)) for s in batch])
         return group_advantages(self.scores(batch), index, eps=self.cfg.adv_eps)
 
-    def _micro_chunks(self, idx: list[int]) -> list[list[int]]:
+    def micro_chunks(self, idx: list[int]) -> list[list[int]]:
         size = self.cfg.micro_batch_size or len(idx)
         return [idx[i : i + size] for i in range(0, len(idx), size)]
 
@@ -144,7 +147,7 @@ class Trainer:
     def compute_logprobs(self, batch: Sequence[TrainSample]) -> list[list[float]]:
         """Per-token log-probs of each sample's response under the current weights."""
         out: list[list[float]] = []
-        for chunk in self._micro_chunks(list(range(len(batch)))):
+        for chunk in self.micro_chunks(list(range(len(batch)))):
             samples = [batch[i] for i in chunk]
             c = _dev(collate(samples, pad_id=self.pad_token_id), self.device)
             lp = token_logprobs(self.model, c)
@@ -171,18 +174,7 @@ class Trainer:
             local = list(range(len(batch)))
         samples = [batch[i] for i in local]
         adv = adv_all[local]
-        full = collate(samples, pad_id=self.pad_token_id)
-        # "old" log-probs: the trainer's current policy before this step's update
-        with torch.no_grad():
-            old = torch.zeros_like(full.rollout_logprobs)
-            for chunk in self._micro_chunks(list(range(len(samples)))):
-                c = _select(full, chunk)
-                old[chunk] = token_logprobs(self.model, _dev(c, self.device)).cpu().float()
-        weights = (
-            tis_weights(old, full.rollout_logprobs, cap=cfg.tis_cap)
-            if cfg.use_tis
-            else torch.ones_like(old)
-        )
+        full, old, weights = self.old_logprobs(samples)
         mask = full.response_mask
         per_mini = len(samples) // cfg.mini_batches
         losses, clipfracs, ratios, grad_norms = [], [], [], []
@@ -197,44 +189,14 @@ class Trainer:
                 mini_tokens = int(t.item())
             self.optimizer.zero_grad(set_to_none=True)
             total = 0.0
-            for chunk in self._micro_chunks(mini):
-                c = _dev(_select(full, chunk), self.device)
-                lp = token_logprobs(self.model, c)
-                out = policy_loss(
-                    lp,
-                    old[chunk].to(self.device),
-                    adv[chunk].to(self.device),
-                    c.response_mask,
-                    clip_low=cfg.clip_low,
-                    clip_high=cfg.clip_high,
-                    weights=weights[chunk].to(self.device),
-                    num_tokens=mini_tokens,
-                )
-                # FSDP averages gradients over ranks; each rank's loss is already a share of
-                # the global token mean, so undo the averaging.
-                (out.loss * self.world_size).backward()  # type: ignore[no-untyped-call,unused-ignore]
+            for chunk in self.micro_chunks(mini):
+                out = self.backward_chunk(full, chunk, old, adv, weights, num_tokens=mini_tokens)
                 total += float(out.loss.item())
                 clipfracs.append(out.clip_frac)
                 ratios.append(out.ratio_mean)
-            if cfg.grad_clip > 0:
-                gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-            else:
-                gn = _grad_norm(self.model)
-            if not (math.isfinite(total) and math.isfinite(float(gn))):
-                self.optimizer.zero_grad(set_to_none=True)
-                raise TrainerError(
-                    f"non-finite loss ({total!r}) or gradient norm ({float(gn)!r}) in mini-batch "
-                    f"{m}: no optimizer step taken; check the rewards and trainer.lr",
-                    field="loss",
-                )
-            grad_norms.append(float(gn))
-            self.optimizer.step()
+            grad_norms.append(self.optimizer_step(total, f"mini-batch {m}"))
             losses.append(total)
-        self.require_finite_weights()
-        lr = float(self.optimizer.param_groups[0]["lr"])
-        self.scheduler.step()
-        self.version += 1
-        self.steps_done += 1
+        lr = self.finish_step()
         n_tok = int(mask.sum().item())
         with torch.no_grad():
             w_masked = weights[mask]
@@ -259,6 +221,81 @@ class Trainer:
             "version": float(self.version),
         }
         return metrics
+
+    def old_logprobs(
+        self, samples: Sequence[TrainSample]
+    ) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """The collated samples, their "old" log-probs (the trainer's policy before this step's
+        update) and their truncated importance weights."""
+        full = collate(samples, pad_id=self.pad_token_id)
+        with torch.no_grad():
+            old = torch.zeros_like(full.rollout_logprobs)
+            for chunk in self.micro_chunks(list(range(len(samples)))):
+                c = _select(full, chunk)
+                old[chunk] = token_logprobs(self.model, _dev(c, self.device)).cpu().float()
+        weights = (
+            tis_weights(old, full.rollout_logprobs, cap=self.cfg.tis_cap)
+            if self.cfg.use_tis
+            else torch.ones_like(old)
+        )
+        return full, old, weights
+
+    def backward_chunk(
+        self,
+        full: Any,
+        chunk: list[int],
+        old: torch.Tensor,
+        adv: torch.Tensor,
+        weights: torch.Tensor,
+        *,
+        num_tokens: int,
+    ) -> Any:
+        """Forward and backward of one micro-batch; gradients add up in the parameters."""
+        cfg = self.cfg
+        c = _dev(_select(full, chunk), self.device)
+        lp = token_logprobs(self.model, c)
+        out = policy_loss(
+            lp,
+            old[chunk].to(self.device),
+            adv[chunk].to(self.device),
+            c.response_mask,
+            clip_low=cfg.clip_low,
+            clip_high=cfg.clip_high,
+            weights=weights[chunk].to(self.device),
+            num_tokens=num_tokens,
+        )
+        # FSDP averages gradients over ranks; each rank's loss is already a share of the
+        # global token mean, so undo the averaging.
+        (out.loss * self.world_size).backward()  # type: ignore[no-untyped-call,unused-ignore]
+        return out
+
+    def optimizer_step(self, loss: float, where: str) -> float:
+        """Clip the accumulated gradients and take the optimizer step; returns the gradient
+        norm. A non-finite loss or norm takes no step (TrainerError)."""
+        cfg = self.cfg
+        if cfg.grad_clip > 0:
+            gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        else:
+            gn = _grad_norm(self.model)
+        if not (math.isfinite(loss) and math.isfinite(float(gn))):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise TrainerError(
+                f"non-finite loss ({loss!r}) or gradient norm ({float(gn)!r}) in {where}: no "
+                "optimizer step taken; check the rewards and trainer.lr",
+                field="loss",
+            )
+        self.optimizer.step()
+        return float(gn)
+
+    def finish_step(self) -> float:
+        """After the step's last optimizer update: weights checked, scheduler stepped, version
+        advanced. Returns the learning rate the step used."""
+        self.require_finite_weights()
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        self.scheduler.step()
+        self.version += 1
+        self.steps_done += 1
+        return lr
 
     # ------------------------------------------------------------------------ weights / state
 
@@ -336,6 +373,7 @@ class Trainer:
         self.scheduler.load_state_dict(payload["scheduler"])
         self.version = int(payload["version"])
         self.steps_done = int(payload["steps_done"])
+        self.stream = None
         torch.set_rng_state(payload["rng"]["torch"])
         _np_set_state(payload["rng"]["numpy"])
 
