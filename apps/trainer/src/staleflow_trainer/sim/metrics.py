@@ -107,7 +107,9 @@ class RunRecorder:
         tokens = sum(r["tokens"] for r in window)
         samples = sum(r["samples"] for r in window)
         # the trainer waited for each batch, less what it worked on streamed-in groups meanwhile
-        wait = sum(r["trainer_wait_s"] - r["trainer"].get("stream_busy_s", 0.0) for r in window)
+        wait = sum(
+            max(r["trainer_wait_s"] - r["trainer"].get("stream_busy_s", 0.0), 0.0) for r in window
+        )
         busy = sum(r["rollout_busy_frac"] * r["step_s"] for r in window) / span
         active = sum(r["rollout_active_frac"] * r["step_s"] for r in window) / span
         prefill = sum(r["prefill_frac"] * r["step_s"] for r in window) / span

@@ -291,12 +291,14 @@ class Simulation:
         if st is None or st.version != part.version:
             st = self._streamed = _Streamed(part.version, self.now)
         tokens, sq = 0, 0.0
+        mean = part.tokens / max(len(part.flat_ids), 1)  # for one scored before a restore
         for gid, members in zip(part.group_ids, part.trajectory_ids, strict=True):
             if gid in st.groups:
                 continue
             st.groups.add(gid)
             for tid in members:
-                n = self._seq_len.pop(tid)
+                n = self._seq_len.pop(tid, None)
+                n = round(mean) if n is None else n
                 tokens += n
                 sq += float(n) ** 2
         work, _ = self.spec.train_split(tokens, sq)
