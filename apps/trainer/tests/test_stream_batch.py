@@ -129,7 +129,11 @@ def test_the_simulators_colocated_sync_streams_nothing() -> None:
 
 @pytest.mark.parametrize(
     ("over", "says"),
-    [("trainer.mini_batches=2", "trainer.mini_batches 2"), ("trainer.fsdp=true", "trainer.fsdp")],
+    [
+        ("trainer.mini_batches=2", "trainer.mini_batches 2"),
+        ("trainer.fsdp=true", "trainer.fsdp"),
+        ("model.dtype=float16", "model.dtype float16"),
+    ],
 )
 def test_settings_a_streamed_step_cannot_take_are_refused(over: str, says: str) -> None:
     with pytest.raises(ConfigError, match=r"trainer\.stream_batch") as e:

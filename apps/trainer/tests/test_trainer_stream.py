@@ -146,3 +146,43 @@ def test_streaming_needs_one_update_per_step(tiny_model_dir: Path) -> None:
     with pytest.raises(TrainerError, match="mini_batches") as e:
         stream_part(tr, _batch()[:4])
     assert e.value.field == "mini_batches"
+
+
+def test_the_batch_may_leave_out_the_groups_streamed_in(tiny_model_dir: Path) -> None:
+    """As the trainer actor calls it: the consumed batch's samples without those already in,
+    and the batch's group ids."""
+    batch = _batch()
+    plain, streamed = _trainer(tiny_model_dir), _trainer(tiny_model_dir)
+    m0 = plain.train_step(batch)
+    stream_part(streamed, batch[4:8])
+    rest = batch[:4] + batch[8:]
+    m = finish_streamed(streamed, rest, groups=["g0", "g1", "g2"])
+    assert m["streamed_samples"] == 4.0 and m["tokens"] == m0["tokens"] == 33.0
+    assert _same(streamed, plain)
+    with pytest.raises(TrainerError, match=r"neither streamed in nor given"):
+        finish_streamed(_trainer(tiny_model_dir), rest, groups=["g0", "g1", "g2"])
+
+
+def test_a_part_that_fails_halfway_leaves_no_gradient_behind(tiny_model_dir: Path) -> None:
+    batch = _batch()
+    plain, streamed = _trainer(tiny_model_dir), _trainer(tiny_model_dir)
+    plain.train_step(batch)
+    stream_part(streamed, batch[:4])
+    real = streamed.backward_chunk
+    calls = []
+
+    def flaky(*a: object, **k: object) -> object:
+        calls.append(1)
+        if len(calls) == 2:  # the second micro-batch of the part: its first one is in
+            raise RuntimeError("out of memory")
+        return real(*a, **k)  # type: ignore[arg-type]
+
+    streamed.backward_chunk = flaky  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="out of memory"):
+        stream_part(streamed, batch[4:])
+    assert streamed.stream is None
+    assert all(p.grad is None for p in streamed.model.parameters())
+    streamed.backward_chunk = real  # type: ignore[method-assign]
+    m = finish_streamed(streamed, batch)  # the whole batch again, from zero
+    assert m["streamed_samples"] == 0.0
+    assert _same(streamed, plain)

@@ -220,7 +220,7 @@ class TrainerConfig:
         False,
         doc="start on the next batch while it fills: each group that has settled in it gets its "
         "log-probs, forward and backward at once, and the optimizer step follows the last "
-        "(the same update; needs mini_batches 1 and no FSDP)",
+        "(the same update; needs mini_batches 1, no FSDP and model.dtype other than float16)",
     )
     overlong: OverlongConfig = attrs.field(factory=OverlongConfig, validator=_validate_field)
     device: Literal["auto", "cpu", "cuda"] = _f("auto")
@@ -408,6 +408,13 @@ def validate(cfg: AppConfig) -> None:
             f"mini-batch of {mini} samples is not divisible by micro_batch_size="
             f"{t.micro_batch_size}",
             f"0 or a divisor of {mini}",
+        )
+    if t.stream_batch and cfg.model.dtype == "float16":
+        raise _err(
+            "trainer.stream_batch",
+            "true with model.dtype float16: a streamed step sums the gradients over the whole "
+            "batch before it divides by the token count, beyond float16's range on large batches",
+            "false, or true with model.dtype float32 or bfloat16",
         )
     if t.fsdp and t.num_gpus > 1 and samples % t.num_gpus:
         raise _err(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +73,7 @@ class TrainerActor(KeepsWarnings):
         return self._trainer.version
 
     def busy(self) -> bool:
-        """True while a training step (or its push) runs."""
+        """True while a training step (or its push) runs, or a streamed part."""
         return self._step_lock.locked()
 
     def push(self) -> dict[str, Any]:
@@ -136,7 +136,11 @@ class TrainerActor(KeepsWarnings):
         return state_digest(self._trainer)
 
     def train_step(
-        self, samples: Sequence[Mapping[str, Any]], *, consumed_version: int | None = None
+        self,
+        samples: Sequence[Mapping[str, Any]],
+        *,
+        consumed_version: int | None = None,
+        groups: Sequence[str] | None = None,
     ) -> dict[str, Any]:
         """Train on the batch, push the new version; returns the trainer's metrics + push info.
 
@@ -144,6 +148,8 @@ class TrainerActor(KeepsWarnings):
         idempotent across a coordinator crash: a step for a batch this trainer already trained
         returns that step's metrics (pushing again if its push had not completed) instead of
         training twice, and one still running is waited for (steps run one at a time).
+        ``groups``: with ``trainer.stream_batch``, the batch's group ids, where ``samples``
+        leaves out groups already streamed in.
         """
         with self._step_lock:
             v = self._trainer.version
@@ -161,14 +167,14 @@ class TrainerActor(KeepsWarnings):
                     f"train_step for consumed version {consumed_version}, but the trainer is at "
                     f"version {v} (last step trained {None if last is None else last[0]})"
                 )
-            if not samples:
+            if not samples and not groups:
                 raise RuntimeError(
                     f"train_step for consumed version {consumed_version} without samples, and "
                     "this trainer has no record of that step"
                 )
             batch = [TrainSample(**s) for s in samples]
             if self._stream:
-                metrics = dict(finish_streamed(self._trainer, batch))
+                metrics = dict(finish_streamed(self._trainer, batch, groups))
             else:
                 metrics = dict(self._trainer.train_step(batch))
             if self._step_delay_s > 0:  # trainer.step_delay_s: a slower trainer, by config
@@ -189,11 +195,18 @@ class TrainerActor(KeepsWarnings):
         version = int(batch["version"])
         with self._step_lock:
             last = self._last_step
+            st = self._trainer.stream  # groups already streamed in are not read again
+            streamed = set(st.groups) if st is not None and st.version == version else set()
         if last is not None and last[0] == version:
             return self.train_step([], consumed_version=version)
-        samples = self._read_samples(batch)
+        groups = [str(g) for g in batch["group_ids"]]
+        # parts only ever add groups; one the batch lacks makes the step train it whole
+        skip = streamed if streamed <= set(groups) else set()
+        samples = self._read_samples(batch, skip=skip)
         replays = self._replays
-        metrics = self.train_step(samples, consumed_version=version)
+        metrics = self.train_step(
+            samples, consumed_version=version, groups=groups if self._stream else None
+        )
         if self._replays == replays:
             with self._lock:
                 ids = [t for members in batch_members(batch) for t in members]
@@ -207,10 +220,12 @@ class TrainerActor(KeepsWarnings):
         A part for another version than the one this trainer trains next (its step is over)
         is ignored, as is a group already streamed in. Returns ``{"streamed": samples}``."""
         version = int(part["version"])
+        if not self._stream or version != self._trainer.version:
+            return {"streamed": 0}  # (checked again under the lock)
+        samples = [TrainSample(**s) for s in self._read_samples(part)]
         with self._step_lock:
-            if not self._stream or version != self._trainer.version:
+            if version != self._trainer.version:
                 return {"streamed": 0}
-            samples = [TrainSample(**s) for s in self._read_samples(part)]
             n = stream_part(self._trainer, samples)
         log.debug("batch_part_streamed", version=version, samples=n)
         return {"streamed": n}
@@ -221,11 +236,20 @@ class TrainerActor(KeepsWarnings):
         with self._lock:
             return list(self._trained)
 
-    def _read_samples(self, batch: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def _read_samples(
+        self, batch: Mapping[str, Any], *, skip: Collection[str] = ()
+    ) -> list[dict[str, Any]]:
+        """The samples of ``batch``'s groups, but those in ``skip``, from the trajectory
+        server."""
         if self._ts is None:
             raise RuntimeError("the trainer has no trajectory-server address")
         groups = batch_members(batch)
-        ids = [t for members in groups for t in members]
+        ids = [
+            t
+            for gid, members in zip(batch["group_ids"], groups, strict=True)
+            if str(gid) not in skip
+            for t in members
+        ]
 
         async def read(ts: Any) -> dict[str, Any]:
             return {ft.trajectory.trajectory_id: ft for ft in await ts.finished(ids)}
@@ -236,6 +260,8 @@ class TrainerActor(KeepsWarnings):
             batch["group_ids"], groups, batch["staleness"], batch["rewards"],
             strict=True,
         ):  # fmt: skip
+            if str(gid) in skip:
+                continue
             for tid, s, r in zip(members, stale, rewards, strict=True):
                 ft = finished[str(tid)]
                 t = ft.trajectory

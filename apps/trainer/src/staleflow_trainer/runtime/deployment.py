@@ -168,8 +168,8 @@ class Deployment:
         self.trainer = (
             ray.remote(TrainerActor)
             .options(
-                # 3 threads: push_failures() answers while a step retries a push, and a
-                # streamed-in part (trainer.stream_batch) may wait for the step before it
+                # 4 threads: push_failures() answers while a step retries a push, and
+                # streamed-in parts (trainer.stream_batch) may wait for the step before them
                 **opts(
                     n,
                     **role_options(
@@ -177,7 +177,7 @@ class Deployment:
                         "trainer",
                         num_cpus=0,
                         num_gpus=cfg.trainer.num_gpus or 0,
-                        max_concurrency=3,
+                        max_concurrency=4,
                     ),
                 )
             )

@@ -15,7 +15,11 @@ of every token's gradient over the batch's token count, so each part's loss is s
 count 1) and the accumulated gradient is divided by the batch's token count once, before
 clipping. Only the order of the floating-point additions differs. It needs one optimizer
 update per step (``trainer.mini_batches`` 1: a second update would change the weights the
-late groups' old log-probs must come from) and one process (no FSDP).
+late groups' old log-probs must come from), one process (no FSDP), and a dtype with float32's
+range (the summed gradient of a large batch could overflow float16).
+
+A part that fails halfway (out of memory) drops every part of the step and their gradients:
+nothing of it is counted twice when the step's batch is trained.
 
 A part for another version (one that arrives after its step ended), or a group already
 streamed in, is ignored. A consumed batch that lacks a group streamed in (it cannot happen
@@ -26,7 +30,7 @@ the parts and trains the batch whole.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -52,8 +56,8 @@ class StreamedStep:
         self.t0 = time.perf_counter()
         self.busy_s = 0.0  # seconds spent on the parts
         self.loss_sum = 0.0  # token-summed loss
-        self.clipfracs: list[float] = []
-        self.ratios: list[float] = []
+        self.clipped = 0.0  # tokens where the clipped branch was taken
+        self.ratio_sum = 0.0  # the importance ratio summed over the tokens
         self.rewards: list[float] = []
         self.scores: list[float] = []
         self.adv_abs: list[float] = []
@@ -86,6 +90,18 @@ def stream_part(trainer: Trainer, samples: Sequence[TrainSample]) -> int:
     if not new:
         return 0
     t0 = time.perf_counter()
+    try:
+        _accumulate(trainer, st, new)
+    except BaseException:
+        # gradients of a part that failed halfway must not stay: the step starts over
+        trainer.optimizer.zero_grad(set_to_none=True)
+        trainer.stream = None
+        raise
+    st.busy_s += time.perf_counter() - t0
+    return len(new)
+
+
+def _accumulate(trainer: Trainer, st: StreamedStep, new: list[TrainSample]) -> None:
     adv = trainer.advantages(new)
     if not bool(torch.isfinite(adv).all()):
         raise TrainerError(
@@ -95,11 +111,14 @@ def stream_part(trainer: Trainer, samples: Sequence[TrainSample]) -> int:
         )
     adv = adv.to(torch.float32)
     full, old, weights = trainer.old_logprobs(new)
+    clipped = ratio_sum = 0.0
     for chunk in trainer.micro_chunks(list(range(len(new)))):
         out = trainer.backward_chunk(full, chunk, old, adv, weights, num_tokens=1)
+        clipped += out.clip_frac * out.tokens
+        ratio_sum += out.ratio_mean * out.tokens
         st.loss_sum += float(out.loss.item())
-        st.clipfracs.append(out.clip_frac)
-        st.ratios.append(out.ratio_mean)
+    st.clipped += clipped
+    st.ratio_sum += ratio_sum
     mask = full.response_mask
     with torch.no_grad():
         w = weights[mask]
@@ -112,18 +131,21 @@ def stream_part(trainer: Trainer, samples: Sequence[TrainSample]) -> int:
     st.adv_abs.extend(float(x) for x in adv.abs())
     st.response_lens.extend(len(s.response_ids) for s in new)
     st.groups.update(s.group_id for s in new)
-    st.busy_s += time.perf_counter() - t0
-    return len(new)
 
 
-def finish_streamed(trainer: Trainer, batch: Sequence[TrainSample]) -> dict[str, float]:
-    """The step on the whole consumed ``batch``: streams in what is not in yet, then takes the
-    optimizer step. Returns the step's metrics (those of an unstreamed step, plus
+def finish_streamed(
+    trainer: Trainer, batch: Sequence[TrainSample], groups: Collection[str] | None = None
+) -> dict[str, float]:
+    """The step on the consumed batch whose groups are ``groups`` (default: those of
+    ``batch``): streams ``batch``'s samples in where their group is not in yet (``batch`` may
+    leave out groups already streamed in), then takes the optimizer step. Returns the step's
+    metrics (those of an unstreamed step, with ``pg_clipfrac`` and ``ratio_mean`` as means
+    over the batch's tokens, plus
     ``streamed_samples``, the samples streamed in before the batch was complete, and
     ``stream_busy_s``, the seconds spent on them)."""
     _check(trainer)
     st = trainer.stream
-    in_batch = {s.group_id for s in batch}
+    in_batch = set(groups) if groups is not None else {s.group_id for s in batch}
     if st is not None and st.version == trainer.version and not st.groups <= in_batch:
         log.warning(
             "stream_discarded",
@@ -139,11 +161,18 @@ def finish_streamed(trainer: Trainer, batch: Sequence[TrainSample]) -> dict[str,
     t_finish = time.perf_counter()
     stream_part(trainer, batch)
     st = trainer.stream
-    assert st is not None
+    if st is None:  # an empty batch: nothing streamed in, nothing to stream
+        st = StreamedStep(trainer.version)
+        trainer.optimizer.zero_grad(set_to_none=True)
     trainer.stream = None
-    if not st.tokens:
-        raise TrainerError("the consumed batch has no response token to train on", field="batch")
-    scale = 1.0 / st.tokens
+    missing = in_batch - st.groups
+    if missing:
+        raise TrainerError(
+            f"the consumed batch's groups {sorted(missing)[:3]} were neither streamed in nor "
+            "given: no optimizer step taken",
+            field="batch",
+        )
+    scale = 1.0 / max(st.tokens, 1)  # no response token: a zero gradient, as unstreamed
     for p in trainer.model.parameters():
         if p.grad is not None:
             p.grad.mul_(scale)
@@ -154,8 +183,8 @@ def finish_streamed(trainer: Trainer, batch: Sequence[TrainSample]) -> dict[str,
     rewards = torch.tensor(st.rewards)
     return {
         "loss": loss,
-        "pg_clipfrac": float(np.mean(st.clipfracs)),
-        "ratio_mean": float(np.mean(st.ratios)),
+        "pg_clipfrac": st.clipped * scale,
+        "ratio_mean": st.ratio_sum * scale,
         "grad_norm": grad_norm,
         "lr": lr,
         "reward_mean": float(rewards.mean()),
@@ -164,9 +193,9 @@ def finish_streamed(trainer: Trainer, batch: Sequence[TrainSample]) -> dict[str,
         "adv_abs_mean": float(np.mean(st.adv_abs)),
         "response_len_mean": float(np.mean(st.response_lens)),
         "tokens": float(st.tokens),
-        "tis_mean": st.tis_sum / st.tokens,
-        "tis_capped_frac": st.tis_capped / st.tokens,
-        "rollout_old_kl": st.kl_sum / st.tokens,
+        "tis_mean": st.tis_sum / st.tokens if st.tokens else 1.0,
+        "tis_capped_frac": st.tis_capped * scale,
+        "rollout_old_kl": st.kl_sum * scale,
         # the time the step took once its batch was complete (the parts before are hidden)
         "train_time_s": time.perf_counter() - t_finish,
         "streamed_samples": float(streamed),
