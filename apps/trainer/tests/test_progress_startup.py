@@ -65,6 +65,8 @@ def test_step_line_names_both_rates() -> None:
         "generated 2,346 tok/s | wait 0.40 s | t 83.2 s"
     )
     assert throughput(_record(1)) == (1234.5, 2345.6)
+    streamed = {**_record(3), "trainer": {"stream_busy_s": 0.3}}
+    assert "| wait 0.40 s (0.30 s of it streaming) |" in step_line(streamed, total=30)
     # a record of the older control loop: its tokens_per_s counted generated tokens
     assert throughput({"tokens_per_s": 10.0}) == (None, 10.0)
 

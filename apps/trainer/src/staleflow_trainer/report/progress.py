@@ -11,7 +11,10 @@ the progress of commands that run many simulations (compare, plan, the sweeps).
   ``trained`` is the step's trained tokens (prompt + response) per second since the previous
   step; ``generated`` the tokens the rollout instances generated per second over the last few
   steps (see :mod:`staleflow_trainer.control.report` and ``docs/watching-a-run.md``); ``t`` the
-  run's clock (wall seconds, or virtual seconds in the simulator).
+  run's clock (wall seconds, or virtual seconds in the simulator). ``wait`` is how long the
+  trainer waited for the batch to be complete; with ``trainer.stream_batch`` it adds how much
+  of that wait the trainer spent on the batch's groups streamed in (``wait 3.10 s (2.95 s of it
+  streaming)``).
 * :class:`StartupProgress` prints one line per start-up phase with the seconds since start-up
   began, and names what it still waits for every ``heartbeat_s`` seconds.
 * :class:`JobProgress` counts finished simulations (a bar on a terminal, a line per run
@@ -75,7 +78,11 @@ def step_line(record: Mapping[str, Any], *, total: int) -> str:
         parts.append(f"trained {_rate(trained)} tok/s")
     if generated is not None:
         parts.append(f"generated {_rate(generated)} tok/s")
-    parts.append(f"wait {float(record.get('trainer_wait_s', 0.0)):.2f} s")
+    wait = f"wait {float(record.get('trainer_wait_s', 0.0)):.2f} s"
+    busy = (record.get("trainer") or {}).get("stream_busy_s")
+    if busy:  # trainer.stream_batch: the trainer worked on settled groups meanwhile
+        wait += f" ({float(busy):.2f} s of it streaming)"
+    parts.append(wait)
     if record.get("time_s") is not None:
         parts.append(f"t {float(record['time_s']):.1f} s")
     return " | ".join(parts)
