@@ -126,9 +126,8 @@ class ControlCore:
         self._sync_fail_streak: dict[str, int] = {}
         self._reward_fail_streak = 0
         self._filtered_streak = 0  # groups filtered in a row (dynamic sampling)
-        #: groups of buffer ``streamed_version`` sent to the trainer early (``stream_batch``)
+        #: groups of the next batch sent to the trainer early (``stream_batch``)
         self.streamed: set[str] = set()
-        self.streamed_version = -1
         self.halted: fx.Halt | None = None
         self.done = False
 
@@ -431,6 +430,7 @@ class ControlCore:
                     stream_settled(self, out)
                 return
         batch = proto.consume()
+        self.streamed.clear()
         ids: list[tuple[str, ...]] = []
         rewards: list[tuple[float, ...]] = []
         lengths: list[tuple[int, ...]] = []

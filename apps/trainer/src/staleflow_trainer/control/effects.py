@@ -87,15 +87,11 @@ class Score:
 
 
 @attrs.frozen(kw_only=True, slots=True)
-class Train:
-    """Train buffer ``version`` (producing ``version + 1``); answer with ``Trained``.
-
-    ``trajectory_ids[g]`` are the kept members of ``group_ids[g]``, ``staleness`` and
-    ``rewards`` per trajectory in the same order; ``tokens`` (prompt + response) and
-    ``response_tokens`` are the batch's totals (the simulator times the step by them);
-    ``response_lengths`` the members' response lengths in the same order (the step record
-    writes them: a group trace the simulator can replay).
-    """
+class _Groups:
+    """Groups of buffer ``version`` for the trainer: ``trajectory_ids[g]`` are the kept members
+    of ``group_ids[g]``, ``staleness`` and ``rewards`` per trajectory in the same order;
+    ``tokens`` (prompt + response) and ``response_tokens`` their totals (the simulator times
+    the trainer's work by them)."""
 
     version: int
     group_ids: tuple[str, ...] = attrs.field(converter=_tuple)
@@ -104,7 +100,6 @@ class Train:
     rewards: tuple[tuple[float, ...], ...] = attrs.field(converter=_tuple)
     tokens: int = 0
     response_tokens: int = 0
-    response_lengths: tuple[tuple[int, ...], ...] = attrs.field(default=(), converter=_tuple)
 
     @property
     def flat_ids(self) -> list[str]:
@@ -112,23 +107,22 @@ class Train:
 
 
 @attrs.frozen(kw_only=True, slots=True)
-class TrainPart:
+class Train(_Groups):
+    """Train buffer ``version`` (producing ``version + 1``); answer with ``Trained``. The
+    fields are the whole batch's (:class:`_Groups`), and ``response_lengths`` the members'
+    response lengths in the same order (the step record writes them: a group trace the
+    simulator can replay).
+    """
+
+    response_lengths: tuple[tuple[int, ...], ...] = attrs.field(default=(), converter=_tuple)
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class TrainPart(_Groups):
     """Groups already settled in the batch the trainer takes next (buffer ``version``), sent
     before it is complete (``trainer.stream_batch``): the trainer starts on them and keeps the
-    result for that step's :class:`Train`, which still lists the whole batch. Fields as in
-    :class:`Train`. No answer; one that arrives after its step ended is ignored."""
-
-    version: int
-    group_ids: tuple[str, ...] = attrs.field(converter=_tuple)
-    trajectory_ids: tuple[tuple[str, ...], ...] = attrs.field(converter=_tuple)
-    staleness: tuple[tuple[int, ...], ...] = attrs.field(converter=_tuple)
-    rewards: tuple[tuple[float, ...], ...] = attrs.field(converter=_tuple)
-    tokens: int = 0
-    response_tokens: int = 0
-
-    @property
-    def flat_ids(self) -> list[str]:
-        return [t for members in self.trajectory_ids for t in members]
+    result for that step's :class:`Train`, which still lists the whole batch. No answer; one
+    that arrives after its step ended is ignored."""
 
 
 @attrs.frozen(kw_only=True, slots=True)

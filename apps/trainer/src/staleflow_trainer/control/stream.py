@@ -4,8 +4,9 @@
 While the trainer waits for the batch it takes next, every group that has settled in it (the
 protocol's ``next_batch_groups``: only the core's own ``drop_group`` could take it out, and
 the core drops a group before it settles, never after) goes to the trainer at once, in a
-:class:`~.effects.TrainPart`, each group once. The :class:`~.effects.Train` that follows
-still names the whole batch: the trainer finishes what it has not seen and takes the step.
+:class:`~.effects.TrainPart`, each group once (the core forgets them when it consumes the
+batch). The :class:`~.effects.Train` that follows still names the whole batch: the trainer
+finishes what it has not seen and takes the step.
 What was streamed is not part of the core's saved state: after a restore the groups settled
 so far are sent again, and the trainer skips those it holds.
 """
@@ -24,9 +25,6 @@ def stream_settled(core: ControlCore, out: list[fx.Effect]) -> None:
     """A ``TrainPart`` for the groups settled in the next batch since the last one."""
     proto = core.protocol
     version = proto.next_buffer
-    if core.streamed_version != version:
-        core.streamed_version = version
-        core.streamed.clear()
     new = [str(g) for g in proto.next_batch_groups() if str(g) not in core.streamed]
     if not new:
         return

@@ -84,11 +84,17 @@ def workload_moments(spec: SimSpec, groups: int = 2048) -> dict[str, float]:
     }
 
 
+def _mean_batch(spec: SimSpec, m: dict[str, float]) -> tuple[float, float | None]:
+    """(tokens, sum of squared sequence lengths) of a batch at the workload's means."""
+    samples = spec.batch_size * spec.group_size
+    return samples * (m["mean_prompt"] + m["mean_response"]), (
+        samples * m.get("mean_seq_sq", 0.0) or None
+    )
+
+
 def _step_seconds(spec: SimSpec, m: dict[str, float]) -> tuple[float, float]:
     """(batch tokens, train + push seconds) of one step at the workload's means."""
-    samples = spec.batch_size * spec.group_size
-    batch_tokens = samples * (m["mean_prompt"] + m["mean_response"])
-    seq_sq = samples * m.get("mean_seq_sq", 0.0) or None
+    batch_tokens, seq_sq = _mean_batch(spec, m)
     return batch_tokens, spec.train_seconds(int(batch_tokens), seq_sq) + spec.push_seconds
 
 
@@ -211,10 +217,8 @@ def latency_bound(spec: SimSpec, eta: int, *, groups: int = 2048, bins: int = 64
 def _stream_tail_s(spec: SimSpec, m: dict[str, float]) -> float:
     """What is left of a streamed step once its last group is in: the per-step rest of the
     step (optimizer, offload, fixed costs) and the push."""
-    samples = spec.batch_size * spec.group_size
-    seq_sq = samples * m.get("mean_seq_sq", 0.0) or None
-    tokens = int(samples * (m["mean_prompt"] + m["mean_response"]))
-    return spec.train_split(tokens, seq_sq)[1] + spec.push_seconds
+    batch_tokens, seq_sq = _mean_batch(spec, m)
+    return spec.train_split(int(batch_tokens), seq_sq)[1] + spec.push_seconds
 
 
 def _bound_row(batch_tokens: float, s: float, floor_s: float, side: str) -> dict[str, Any]:

@@ -29,7 +29,7 @@ import itertools
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from itertools import starmap
 from typing import Any
 
@@ -290,17 +290,11 @@ class Simulation:
         st = self._streamed
         if st is None or st.version != part.version:
             st = self._streamed = _Streamed(part.version, self.now)
-        tokens, sq = 0, 0.0
-        mean = part.tokens / max(len(part.flat_ids), 1)  # for one scored before a restore
-        for gid, members in zip(part.group_ids, part.trajectory_ids, strict=True):
-            if gid in st.groups:
-                continue
-            st.groups.add(gid)
-            for tid in members:
-                n = self._seq_len.pop(tid, None)
-                n = round(mean) if n is None else n
-                tokens += n
-                sq += float(n) ** 2
+        lengths, missing = self._pop_lengths(part, st.groups)
+        st.groups.update(part.group_ids)
+        mean = round(part.tokens / max(len(part.flat_ids), 1))  # one scored before a restore
+        tokens = sum(lengths) + missing * mean
+        sq = sum(float(n) ** 2 for n in lengths) + missing * float(mean) ** 2
         work, _ = self.spec.train_split(tokens, sq)
         st.free_at = max(st.free_at, self.now) + work
         st.tokens += tokens
@@ -328,10 +322,21 @@ class Simulation:
         ``streamed`` in: attention cost. Lengths are noted when a trajectory is scored (the
         ledger forgets a group once it is consumed); one not noted (a run restored mid-step)
         counts at the batch's mean."""
-        skip = streamed.groups if streamed is not None else ()
-        tokens = train.tokens - (streamed.tokens if streamed is not None else 0)
-        total, known, missing = 0.0, 0, 0
-        for gid, members in zip(train.group_ids, train.trajectory_ids, strict=True):
+        lengths, missing = self._pop_lengths(train, () if streamed is None else streamed.groups)
+        total = sum(float(n) ** 2 for n in lengths)
+        if missing:
+            tokens = train.tokens - (streamed.tokens if streamed is not None else 0)
+            total += missing * (max(tokens - sum(lengths), 0) / missing) ** 2
+        return total
+
+    def _pop_lengths(
+        self, groups: fx.Train | fx.TrainPart, skip: Collection[str]
+    ) -> tuple[list[int], int]:
+        """The noted sequence lengths (prompt + response) of ``groups``' members outside the
+        groups in ``skip``, forgotten here, and how many of those members have none noted."""
+        lengths: list[int] = []
+        missing = 0
+        for gid, members in zip(groups.group_ids, groups.trajectory_ids, strict=True):
             if gid in skip:
                 continue
             for tid in members:
@@ -339,11 +344,8 @@ class Simulation:
                 if n is None:
                     missing += 1
                 else:
-                    total += float(n) ** 2
-                    known += n
-        if missing:
-            total += missing * (max(tokens - known, 0) / missing) ** 2
-        return total
+                    lengths.append(n)
+        return lengths, missing
 
     def on_checkpoint(self, step: int) -> None:
         """A checkpoint is due (the fault simulation keeps the core's state)."""

@@ -139,6 +139,14 @@ class Trainer:
         index = torch.tensor([ids.setdefault(s.group_id, len(ids)) for s in batch])
         return group_advantages(self.scores(batch), index, eps=self.cfg.adv_eps)
 
+    def checked_advantages(self, batch: Sequence[TrainSample]) -> torch.Tensor:
+        """:meth:`advantages` in float32, refused (TrainerError) where one is not finite."""
+        adv = self.advantages(batch)
+        _require_finite("reward-based advantage", adv)
+        adv = adv.to(torch.float32)
+        _require_finite("advantage (in float32)", adv)
+        return adv
+
     def micro_chunks(self, idx: list[int]) -> list[list[int]]:
         size = self.cfg.micro_batch_size or len(idx)
         return [idx[i : i + size] for i in range(0, len(idx), size)]
@@ -162,10 +170,7 @@ class Trainer:
         self._check_batch(batch)
         t0 = time.perf_counter()
         cfg = self.cfg
-        adv_all = self.advantages(batch)
-        _require_finite("reward-based advantage", adv_all)
-        adv_all = adv_all.to(torch.float32)
-        _require_finite("advantage (in float32)", adv_all)
+        adv_all = self.checked_advantages(batch)
         if self.world_size > 1:
             local = fsdp_mod.local_slice(
                 list(range(len(batch))), rank=self.rank, world_size=self.world_size

@@ -102,14 +102,7 @@ def stream_part(trainer: Trainer, samples: Sequence[TrainSample]) -> int:
 
 
 def _accumulate(trainer: Trainer, st: StreamedStep, new: list[TrainSample]) -> None:
-    adv = trainer.advantages(new)
-    if not bool(torch.isfinite(adv).all()):
-        raise TrainerError(
-            "a reward-based advantage is not finite (a reward too large for the trainer's "
-            "arithmetic?); no optimizer step taken",
-            field="reward",
-        )
-    adv = adv.to(torch.float32)
+    adv = trainer.checked_advantages(new)
     full, old, weights = trainer.old_logprobs(new)
     clipped = ratio_sum = 0.0
     for chunk in trainer.micro_chunks(list(range(len(new)))):
@@ -143,27 +136,23 @@ def finish_streamed(
     over the batch's tokens, plus
     ``streamed_samples``, the samples streamed in before the batch was complete, and
     ``stream_busy_s``, the seconds spent on them)."""
-    _check(trainer)
-    st = trainer.stream
+    early = trainer.stream
     in_batch = set(groups) if groups is not None else {s.group_id for s in batch}
-    if st is not None and st.version == trainer.version and not st.groups <= in_batch:
+    if early is not None and early.version != trainer.version:
+        early = trainer.stream = None  # the parts of a step that ended
+    if early is not None and not early.groups <= in_batch:
         log.warning(
             "stream_discarded",
             version=trainer.version,
-            not_in_batch=sorted(st.groups - in_batch)[:5],
+            not_in_batch=sorted(early.groups - in_batch)[:5],
         )
-        st = None
-    if st is None or st.version != trainer.version:
-        trainer.stream = None
-    early = trainer.stream
+        early = trainer.stream = None
     streamed = 0 if early is None else len(early.rewards)
     busy_s = 0.0 if early is None else early.busy_s
     t_finish = time.perf_counter()
-    stream_part(trainer, batch)
+    stream_part(trainer, batch)  # the rest (it starts the step afresh where nothing is in)
     st = trainer.stream
-    if st is None:  # an empty batch: nothing streamed in, nothing to stream
-        st = StreamedStep(trainer.version)
-        trainer.optimizer.zero_grad(set_to_none=True)
+    assert st is not None  # stream_part always leaves the step's parts
     trainer.stream = None
     missing = in_batch - st.groups
     if missing:
