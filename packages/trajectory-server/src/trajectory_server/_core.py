@@ -39,7 +39,7 @@ from typing import Any
 
 import attrs
 
-from engine_adapters import FinishReason, SamplingParams
+from engine_adapters import SamplingParams
 from trajectory_server._groups import (
     GroupByKey,
     check_batch,
@@ -48,8 +48,7 @@ from trajectory_server._groups import (
     prompt_of,
 )
 from trajectory_server._invariants import check_store
-from trajectory_server._prompts import PromptTable
-from trajectory_server._queue import ALL_LEVELS, LevelQueue, queue_entry
+from trajectory_server._queue import ALL_LEVELS, queue_entry
 from trajectory_server._records import (
     FINISHED,
     QUEUED,
@@ -61,22 +60,19 @@ from trajectory_server._records import (
     LocationState,
     QueueEntry,
     Segment,
-    StoreStats,
     Trajectory,
     check_id,
     check_version,
-    id_tuple,
-    is_int,
 )
 from trajectory_server._segments import extend
 from trajectory_server._state import STATE_FORMAT, store_from_dict, store_to_dict
+from trajectory_server._views import StoreViews
 from trajectory_server.errors import (
     DuplicateTrajectory,
     InvalidRecord,
     NotQueued,
     StaleVersion,
     UnknownGroup,
-    UnknownTrajectory,
     WrongOwner,
     WrongState,
 )
@@ -84,23 +80,9 @@ from trajectory_server.errors import (
 __all__ = ["ALL_LEVELS", "STATE_FORMAT", "TrajectoryStore"]
 
 
-class TrajectoryStore:
-    """Synchronous store of trajectory payloads; see the module docstring for the rules."""
-
-    def __init__(self) -> None:
-        self._payload: dict[str, Trajectory] = {}  # queued, running and unreleased finished
-        self._where: dict[str, Location] = {}  # every trajectory ever submitted
-        self._queue = LevelQueue()
-        self._running: dict[str, dict[str, None]] = {}  # instance -> ordered set of ids
-        self._finished: dict[str, FinishReason] = {}  # unreleased finished ids
-        self._finished_by: dict[str, str] = {}
-        self._released: set[str] = set()
-        self._groups: dict[str, list[str]] = {}
-        self._routed_groups: set[str] = set()  # groups a member of which has been routed
-        self._history: dict[str, list[LedgerEvent]] = {}
-        self._event_seq = 0
-        self._enqueue_seq = 0
-        self.prompts = PromptTable()  # put once, submitted by key (not checkpointed)
+class TrajectoryStore(StoreViews):
+    """Synchronous store of trajectory payloads; see the module docstring for the rules. Its
+    state and read-only queries are :class:`~trajectory_server._views.StoreViews`'."""
 
     # -- submission ------------------------------------------------------------------------------
 
@@ -398,95 +380,6 @@ class TrajectoryStore:
             self._released.add(tid)
             self._log(tid, EventKind.RELEASED)
 
-    # -- queries ---------------------------------------------------------------------------------
-
-    def location(self, trajectory_id: str) -> Location:
-        return self._location(trajectory_id)
-
-    def get(self, trajectory_id: str) -> Trajectory:
-        """The payload the store holds (queued, running or unreleased finished)."""
-        self._location(trajectory_id)
-        if trajectory_id not in self._payload:
-            raise UnknownTrajectory(
-                f"trajectory {trajectory_id!r} holds no payload any more "
-                f"({self._where[trajectory_id].state.value})",
-                trajectory_id=trajectory_id,
-            )
-        return self._payload[trajectory_id]
-
-    def finished_ids(self) -> tuple[str, ...]:
-        """The ids :meth:`finished` would answer with no argument, without their payloads."""
-        return tuple(self._finished)
-
-    def finished(
-        self, trajectory_ids: Sequence[str] | None = None
-    ) -> tuple[FinishedTrajectory, ...]:
-        """Unreleased finished trajectories (all, or the given ones), without freeing them."""
-        ids = list(self._finished) if trajectory_ids is None else self._unique_ids(trajectory_ids)
-        for tid in ids:
-            if tid not in self._finished:
-                raise WrongState(
-                    f"trajectory {tid!r} is not an unreleased finished trajectory",
-                    trajectory_id=tid,
-                    state=self._location(tid).state.value,
-                    owner=self._where[tid].instance_id,
-                )
-        return tuple(self._finished_record(tid) for tid in ids)
-
-    def held_by(self, instance_id: str) -> tuple[str, ...]:
-        return tuple(self._running.get(instance_id, ()))
-
-    def instances(self) -> tuple[str, ...]:
-        return tuple(i for i, held in self._running.items() if held)
-
-    def group(self, group_id: str) -> tuple[str, ...]:
-        if group_id not in self._groups:
-            raise UnknownGroup(f"no group {group_id!r:.80}", group_id=group_id)
-        return tuple(self._groups[group_id])
-
-    def queue_view(
-        self, limit: int | None = None, *, level: Any = ALL_LEVELS
-    ) -> tuple[QueueEntry, ...]:
-        """Queued trajectories in service order (light records), optionally one level only."""
-        if limit is not None and (not is_int(limit) or limit < 0):
-            raise InvalidRecord(f"limit must be an int >= 0 or None, got {limit!r}", field="limit")
-        out: list[QueueEntry] = []
-        for tid in self._queue.iter(level):
-            if limit is not None and len(out) >= limit:
-                break
-            out.append(queue_entry(self._payload[tid]))
-        return tuple(out)
-
-    def level_counts(self) -> dict[int | None, int]:
-        """Queue depth per level, in service order (``None`` = unversioned, last)."""
-        return {lv: len(self._queue.levels[lv]) for lv in self._queue.order()}
-
-    def history(self, trajectory_id: str) -> tuple[LedgerEvent, ...]:
-        self._location(trajectory_id)
-        return tuple(self._history[trajectory_id])
-
-    def ledger(self) -> dict[str, Location]:
-        """Where every trajectory ever submitted is now."""
-        return dict(self._where)
-
-    def stats(self) -> StoreStats:
-        counts = dict.fromkeys(LocationState, 0)
-        for where in self._where.values():
-            counts[where.state] += 1
-        return StoreStats(
-            queued_by_level=self.level_counts(),
-            queued=counts[LocationState.QUEUED],
-            running=counts[LocationState.RUNNING],
-            finished=counts[LocationState.FINISHED],
-            dropped=counts[LocationState.DROPPED],
-            released=len(self._released),
-            running_by_instance={i: len(h) for i, h in self._running.items() if h},
-            tokens_held=sum(t.prompt_len + t.generated_len for t in self._payload.values()),
-        )
-
-    def __len__(self) -> int:
-        return len(self._where)
-
     def check_invariants(self) -> None:
         """Raise AssertionError unless every trajectory is in exactly one consistent place."""
         check_store(self)
@@ -517,32 +410,6 @@ class TrajectoryStore:
         return load_checkpoint(path)
 
     # -- internals -------------------------------------------------------------------------------
-
-    def _finished_record(self, tid: str) -> FinishedTrajectory:
-        return FinishedTrajectory(
-            trajectory=self._payload[tid],
-            finish_reason=self._finished[tid],
-            instance_id=self._finished_by[tid],
-        )
-
-    def _location(self, tid: str) -> Location:
-        where = self._where.get(tid) if isinstance(tid, str) else None
-        if where is None:
-            raise UnknownTrajectory(f"no trajectory {tid!r:.80}", trajectory_id=tid)
-        return where
-
-    def _unique_ids(self, trajectory_ids: Sequence[str]) -> list[str]:
-        ids = list(id_tuple(trajectory_ids))
-        if len(set(ids)) != len(ids):
-            dup = next(t for t in ids if ids.count(t) > 1)
-            raise InvalidRecord(
-                f"trajectory {dup!r} appears twice in one request",
-                field="trajectory_ids",
-                trajectory_id=dup,
-            )
-        for tid in ids:
-            self._location(tid)
-        return ids
 
     def _enqueue(self, t: Trajectory) -> None:
         self._enqueue_seq += 1
