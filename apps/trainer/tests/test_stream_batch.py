@@ -13,6 +13,7 @@ from staleflow_trainer.control import ControlCore, core_config
 from staleflow_trainer.control import effects as fx
 from staleflow_trainer.errors import ConfigError
 from staleflow_trainer.sim import Simulation
+from staleflow_trainer.sim.faults import FaultPlan, FaultySimulation
 from staleflow_trainer.sim.spec import SimSpec
 from staleflow_trainer.sim.testing import sim_config
 
@@ -96,10 +97,8 @@ def test_the_step_splits_into_what_streams_and_what_does_not(model: str) -> None
     assert 2 * half == pytest.approx(per_sample)  # the per-sample part adds up over the parts
 
 
-def test_a_restored_core_sends_the_settled_groups_again() -> None:
-    """The streamed set is not in the saved state: after a restore the groups settled so far go
-    out again (the trainer skips those it already holds)."""
-    cfg = _cfg("trainer.stream_batch=true")
+def _stopped_at_first_part(cfg: Any) -> tuple[Simulation, fx.TrainPart]:
+    """A simulated run stopped right after the first ``TrainPart`` its core emitted."""
     sim = Simulation(cfg)
     first: list[fx.TrainPart] = []
     apply = sim.apply
@@ -113,13 +112,56 @@ def test_a_restored_core_sends_the_settled_groups_again() -> None:
     sim.apply = stop_at_first_part  # type: ignore[method-assign]
     with pytest.raises(StopIteration):
         sim.run()
-    core = sim.core
-    restored = ControlCore.restore(core.to_dict(), core.config, prompt_len=lambda row: 64)
+    return sim, first[0]
+
+
+def _parts_after_restore(state: dict[str, Any], config: Any) -> tuple[ControlCore, list[Any]]:
+    restored = ControlCore.restore(state, config, prompt_len=lambda row: 64)
     out: list[fx.Effect] = []
     restored._maybe_train(out)
-    again = [e for e in out if isinstance(e, fx.TrainPart)]
-    assert len(again) == 1 and again[0].version == first[0].version
-    assert set(first[0].group_ids) <= set(again[0].group_ids)
+    return restored, [e for e in out if isinstance(e, fx.TrainPart)]
+
+
+def test_a_restored_core_sends_and_counts_each_group_once() -> None:
+    sim, first = _stopped_at_first_part(_cfg("trainer.stream_batch=true"))
+    core = sim.core
+    counted = core.counters["streamed_groups"]
+    assert counted == len(first.group_ids)
+    restored, again = _parts_after_restore(core.to_dict(), core.config)
+    assert restored.streamed == set(first.group_ids)
+    sent_again = {g for p in again for g in p.group_ids}
+    assert not sent_again & set(first.group_ids)
+    assert restored.counters["streamed_groups"] == counted + len(sent_again)
+
+
+def test_a_state_saved_without_the_streamed_set_sends_the_settled_groups_again() -> None:
+    sim, first = _stopped_at_first_part(_cfg("trainer.stream_batch=true"))
+    state = sim.core.to_dict()
+    del state["streamed"]  # as written before the set was saved
+    _, again = _parts_after_restore(state, sim.core.config)
+    assert len(again) == 1 and again[0].version == first.version
+    assert set(first.group_ids) <= set(again[0].group_ids)
+
+
+def test_a_crashed_trainer_loses_its_streamed_parts_and_the_run_goes_on() -> None:
+    """Trainer crashes roll the app back to its last checkpoint; the parts the dead trainer
+    held are gone (the simulated step does their work again) and the run finishes with every
+    ledger check passing."""
+    cfg = _cfg("trainer.stream_batch=true", "trainer.steps=12", "run.checkpoint_every=2")
+    sim = FaultySimulation(cfg, FaultPlan(seed=7, trainer_crash_rate=1 / 400))
+    crash = sim._crash
+    held: list[tuple[bool, bool]] = []  # per crash: parts held before it, after it
+
+    def spy() -> None:
+        before = sim._streamed is not None
+        crash()
+        held.append((before, sim._streamed is not None))
+
+    sim._crash = spy  # type: ignore[method-assign]
+    sim.run()
+    assert (True, False) in held and all(not after for _, after in held)
+    assert sim.core.steps_done == 12
+    assert 0 < sim.core.counters["streamed_groups"] <= 12 * 4
 
 
 def test_the_simulators_colocated_sync_streams_nothing() -> None:

@@ -45,6 +45,7 @@ def core_to_dict(self: ControlCore) -> dict[str, Any]:
         "sync_fail_streak": dict(self._sync_fail_streak),
         "reward_fail_streak": self._reward_fail_streak,
         "filtered_streak": self._filtered_streak,
+        "streamed": sorted(self.streamed),
         "done": self.done,
     }
 
@@ -80,6 +81,8 @@ def core_from_dict(core: ControlCore, state: Mapping[str, Any]) -> ControlCore:
     core._sync_fail_streak = {str(k): int(v) for k, v in state["sync_fail_streak"].items()}
     core._reward_fail_streak = int(state.get("reward_fail_streak", 0))
     core._filtered_streak = int(state.get("filtered_streak", 0))
+    # absent from states written before it was saved: those groups go out again
+    core.streamed = {str(g) for g in state.get("streamed", ())}
     # the run may go on with more steps than the state it resumes from was written with
     core.done = bool(state["done"]) and core.steps_done >= config.steps
     return core

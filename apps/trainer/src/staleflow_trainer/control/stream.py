@@ -7,8 +7,9 @@ the core drops a group before it settles, never after) goes to the trainer at on
 :class:`~.effects.TrainPart`, each group once (the core forgets them when it consumes the
 batch). The :class:`~.effects.Train` that follows still names the whole batch: the trainer
 finishes what it has not seen and takes the step.
-What was streamed is not part of the core's saved state: after a restore the groups settled
-so far are sent again, and the trainer skips those it holds.
+What was streamed is part of the core's saved state, so a restored core sends each group once
+and counts it once (``streamed_groups``). A trainer that restarted with it has lost the parts
+it held: the ``Train`` names every group, and the trainer does the ones it does not hold.
 """
 
 from __future__ import annotations

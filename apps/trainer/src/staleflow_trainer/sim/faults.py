@@ -198,6 +198,7 @@ class FaultySimulation(Simulation):
         # pending training, pushes, syncs and rewards died with the app; faults stay scheduled
         self._timed[:] = [ev for ev in self._timed if ev[2] >= _KILL]
         heapq.heapify(self._timed)
+        self._streamed, self._stream_busy_s = None, 0.0  # its streamed parts died with it
         self.rec.trainer_phase(self.now, "waiting")
         self._doomed.clear()
         self._unreported.clear()
