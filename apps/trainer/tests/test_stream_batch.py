@@ -4,6 +4,7 @@ simulated step hides the streamed work behind the wait."""
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -80,6 +81,29 @@ def test_streaming_hides_the_per_sample_work_behind_the_wait() -> None:
     assert streamed["trainer_idle_frac"] < plain["trainer_idle_frac"]
     assert streamed["tokens_per_s"] > plain["tokens_per_s"]
     assert streamed["max_staleness"] <= 1
+
+
+def test_the_trainer_timeline_shows_streaming_inside_its_waits() -> None:
+    """The simulated trainer's timeline: back-to-back phases; ``streaming`` spans only where
+    it would otherwise wait, adding up to the streamed work the steps report done before their
+    batch was complete."""
+    base = _cfg("sim.trainer_time_a_s=2.0", "sim.trainer_time_b_s_per_token=1e-3")
+    sim = Simulation(base.evolve("trainer.stream_batch=true"))
+    sim.run()
+    spans = [(state, a, b) for lane, state, a, b, _ in sim.rec.timeline if lane == "trainer"]
+    assert all(b0 == a1 for (_, _, b0), (_, a1, _) in pairwise(spans))
+    order = [state for state, _, _ in spans]
+    assert "streaming" in order
+    for i, state in enumerate(order):
+        if state == "streaming":  # inside a wait, maybe at its very start or end
+            assert order[i - 1] in ("waiting", "pushing")  # a part may come as it waits
+            assert order[i + 1] in ("waiting", "training")
+    streaming = sum(b - a for state, a, b in spans if state == "streaming")
+    busy = sum(r["trainer"].get("stream_busy_s", 0.0) for r in sim.rec.steps)
+    assert streaming == pytest.approx(busy, rel=1e-9, abs=1e-9)
+    plain = Simulation(base)
+    plain.run()
+    assert not any(s == "streaming" for _, s, _, _, _ in plain.rec.timeline)
 
 
 @pytest.mark.parametrize("model", ["linear", "flops", "megatron"])

@@ -7,7 +7,7 @@
 ``config.yaml`` (resolved), ``metrics.jsonl`` (one record per training step, the app's
 metrics contract), ``timeline.jsonl`` (per-instance busy / syncing / idle intervals, the
 format :mod:`staleflow_trainer.report.plots` reads), ``trainer_timeline.jsonl`` (training /
-pushing / waiting), ``summary.json`` and ``plots/``. It ends with a ledger check: every admitted
+pushing / waiting / streaming), ``summary.json`` and ``plots/``. It ends with a ledger check: every admitted
 trajectory is consumed, in flight, or dropped/aborted with a reason, and agrees with the
 protocol's own ledger.
 

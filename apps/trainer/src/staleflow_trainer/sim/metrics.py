@@ -9,7 +9,9 @@ Files (written by :func:`staleflow_trainer.simulate.run_and_write`):
   prefilling: prompts, and contexts again after an interrupt, a preemption or a sync),
   ``preemptions`` (requests the engines preempted for KV room) and ``cycles``;
 * ``timeline.jsonl`` — per-instance ``busy`` / ``syncing`` / ``idle`` intervals;
-  ``trainer_timeline.jsonl`` the trainer's ``training`` / ``pushing`` / ``waiting`` intervals;
+  ``trainer_timeline.jsonl`` the trainer's ``training`` / ``pushing`` / ``waiting`` intervals,
+  and ``streaming`` where it works on the next batch's settled groups while it waits
+  (``trainer.stream_batch``);
 * ``summary.json`` — the whole-run numbers the comparison uses (:meth:`RunRecorder.summary`).
 """
 
@@ -31,6 +33,7 @@ class RunRecorder:
         self.steps: list[dict[str, Any]] = []
         self.timeline: list[tuple[str, str, float, float, int]] = []
         self._trainer_phase = ("waiting", 0.0)
+        self._streaming: list[tuple[float, float]] = []  # the current phase's streamed parts
         self.staleness_hist: dict[int, int] = {}
         self.end_time = 0.0
         self.counters: dict[str, int] = {}
@@ -45,9 +48,27 @@ class RunRecorder:
 
     def trainer_phase(self, now: float, phase: str) -> None:
         old, start = self._trainer_phase
-        if now > start and self.spec.timeline:
-            self.timeline.append(("trainer", old, start, now, 0))
+        if self.spec.timeline:
+            for begin, end in self._streaming:  # one after another, in time order
+                begin, end = max(begin, start), min(end, now)
+                if begin < end:
+                    if begin > start:
+                        self.timeline.append(("trainer", old, start, begin, 0))
+                    self.timeline.append(("trainer", "streaming", begin, end, 0))
+                    start = end
+            if now > start:
+                self.timeline.append(("trainer", old, start, now, 0))
+        self._streaming.clear()
         self._trainer_phase = (phase, now)
+
+    def trainer_streaming(self, begin: float, end: float) -> None:
+        """The waiting trainer works on a streamed part from ``begin`` to ``end`` (what is left
+        of it when the phase changes belongs to the next phase)."""
+        if not self.spec.timeline:
+            return
+        if self._streaming and self._streaming[-1][1] == begin:  # right after the last one
+            begin = self._streaming.pop()[0]
+        self._streaming.append((begin, end))
 
     def add_step(self, row: dict[str, Any], sim: Any) -> None:
         busy = row.get("instance_busy_frac", {})

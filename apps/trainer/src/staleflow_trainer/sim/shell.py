@@ -296,7 +296,9 @@ class Simulation:
         tokens = sum(lengths) + missing * mean
         sq = sum(float(n) ** 2 for n in lengths) + missing * float(mean) ** 2
         work, _ = self.spec.train_split(tokens, sq)
-        st.free_at = max(st.free_at, self.now) + work
+        begin = max(st.free_at, self.now)
+        st.free_at = begin + work
+        self.rec.trainer_streaming(begin, st.free_at)
         st.tokens += tokens
         st.sq += sq
         st.work_s += work
