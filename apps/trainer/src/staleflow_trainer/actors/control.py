@@ -34,10 +34,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
 import structlog
 
 from staleflow_trainer.actors import liveness, log_relay, reconcile
+from staleflow_trainer.actors.control_queries import ControlQueries
 from staleflow_trainer.actors.fault_hooks import FaultHooks
 from staleflow_trainer.actors.in_store import InStore
 from staleflow_trainer.actors.reconcile import STATE_FILE, checkpoint_records, latest_checkpoint
@@ -69,7 +69,7 @@ SETTLE_POLLS = 3  # rounds of polls that bring the core level with the store at 
 SETTLE_BACKGROUND_S = 60.0  # the run's end waits this long for background work, or call_timeout_s
 
 
-class ControlActor(FaultHooks):
+class ControlActor(ControlQueries, FaultHooks):
     """Wrap with ``ray.remote``; async. ``run()`` returns when ``trainer.steps`` are done."""
 
     def __init__(
@@ -415,86 +415,3 @@ class ControlActor(FaultHooks):
         self._events.append(InstanceJoined(at=self.now(), instance_id=instance_id,
                                            kv_capacity_tokens=int(kv_capacity_tokens),
                                            version=int(version)))  # fmt: skip
-
-    # --------------------------------------------------------------------------- queries
-
-    async def drain(self, written_through: int | None = None) -> dict[str, Any]:
-        """Step records, timeline rows and warning lines (``log_relay``) produced since the
-        last call, and the instances in the run now (for the driver)."""
-        # ``written_through``: the last step the driver has written to ``metrics.jsonl``;
-        # records after it go into every checkpoint, so a resume can fill the gap a killed
-        # driver leaves
-        if written_through is not None:
-            self._unconfirmed = [r for r in self._unconfirmed
-                                 if int(r["step"]) > written_through]  # fmt: skip
-        logs = log_relay.take()
-        if self.io.fatal is not None and not self._records and not logs:
-            raise self.io.fatal  # after the records and lines made before it were handed over
-        records, self._records = self._records, []
-        return {"records": records, "timeline": self.core.take_timeline(),
-                "steps_done": self.core.steps_done, "logs": logs,
-                "instances": list(self.io.rollouts)}  # fmt: skip
-
-    def summary_now(self) -> dict[str, Any]:
-        st = self.core.protocol.stats()
-        return {"steps_done": self.core.steps_done, "version": self.core.published,
-                "tokens_total": self.core.report.gen_total, "counters": dict(self.core.counters),
-                "staleness_histogram": {str(k): v for k, v in st.staleness_histogram.items()},
-                "aborts_by_reason": dict(st.aborts_by_reason),
-                "groups_submitted": self.core.feed.serial}  # fmt: skip
-
-    async def summary(self) -> dict[str, Any]:
-        return self.summary_now()
-
-    async def ledger(self) -> dict[str, Any]:
-        return await reconcile.ledger_report(self.core, self.io)
-
-    async def histories(self) -> dict[str, list[list[Any]]]:
-        return await reconcile.histories(self.core, self.io)
-
-    async def protocol_stats(self) -> dict[str, Any]:
-        st = self.core.protocol.stats()
-        return {"aborts_by_reason": dict(st.aborts_by_reason),
-                "replacements_requested": st.replacements_requested,
-                "consumed_batches": st.consumed_batches}  # fmt: skip
-
-    async def core_config(self) -> str:
-        """The control core's settings, as built from the app config (``repr``)."""
-        return repr(self.core.config)
-
-    async def rows(self) -> int:
-        return self.io.rows
-
-    async def protocol_state(self) -> dict[str, Any]:
-        return dict(self.core.protocol.to_dict())
-
-    async def restored(self) -> dict[str, Any] | None:
-        """What a resume restored from the checkpoint, before anything changed it: the
-        protocol's state and the groups (id -> dataset row); ``None`` for a fresh run."""
-        return self._restored
-
-    async def groups(self) -> dict[str, int]:
-        """Group id -> dataset row: the groups the core knows plus those this process
-        submitted (settled ones included)."""
-        known = {gid: g.row for gid, g in self.core.ledger.groups.items()}
-        return {**self.io.submitted, **known}
-
-    async def instances(self) -> list[str]:
-        return list(self.io.rollouts)
-
-    async def lost_instances(self) -> list[dict[str, Any]]:
-        return list(self.io.lost)
-
-    async def held_by(self, instance_id: str) -> list[str]:
-        return list(await self.io.ts.held_by(instance_id))
-
-    async def ts_stats(self) -> dict[str, Any]:
-        return attrs.asdict(await self.io.ts.stats())
-
-    async def wal_stats(self) -> dict[str, Any]:
-        return {**self._wal.stats, "journal_bytes": self._wal.journal_bytes()}
-
-    async def io_stats(self) -> dict[str, Any]:
-        """Bytes sent and received per peer kind, per call, polls by why (``ByteCounts.stats``;
-        ``watch`` is a part of ``instances``) — the data-path benchmark reads it."""
-        return self.io.byte_stats()
