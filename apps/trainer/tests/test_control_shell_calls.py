@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from engine_adapters import unpack_ids
-from staleflow_trainer.actors import background_calls, shell_io
+from staleflow_trainer.actors import background_calls, effect_calls, shell_io
 from staleflow_trainer.actors.control import ControlActor
 from staleflow_trainer.actors.shell_io import ShellIO
 from staleflow_trainer.actors.work_wire import pack_scores
@@ -91,6 +91,7 @@ async def test_calls_to_different_instances_go_out_together_one_instances_in_ord
 
 async def test_a_dead_instance_leaves_the_run_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shell_io, "is_actor_death", lambda e: isinstance(e, _Dead))
+    monkeypatch.setattr(effect_calls, "is_actor_death", lambda e: isinstance(e, _Dead))
     log: list[tuple[str, str]] = []
     io = _io({"a": _Instance("a", log), "c": _Instance("c", log, dead=True)})
     lost = await io.carry_all(
@@ -308,6 +309,7 @@ async def test_settling_waits_for_a_call_still_out_and_feeds_the_loss_it_ends_in
     from staleflow_trainer.actors.in_store import InStore
 
     monkeypatch.setattr(shell_io, "ANSWER_WAIT_S", 0.05)
+    monkeypatch.setattr(effect_calls, "ANSWER_WAIT_S", 0.05)
     monkeypatch.setattr(shell_io, "kill_actor", lambda h: None)
     monkeypatch.setattr(control, "SETTLE_BACKGROUND_S", 0.05)
     monkeypatch.setattr(control, "POLL_RETRY_S", 0.0)  # its rounds of polls do not wait for it

@@ -20,7 +20,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from engine_adapters import EngineSnapshot, SnapshotEncoder
-from staleflow_trainer.actors import shell_io
+from staleflow_trainer.actors import effect_calls, shell_io
 from staleflow_trainer.actors.shell_io import ShellIO
 from staleflow_trainer.config import load_config
 from staleflow_trainer.control import effects as fx
@@ -276,6 +276,7 @@ async def test_a_hung_poll_holds_its_own_instance_only(
     answer is handed on, the hung one is not polled again while its poll is out, gets no
     extrapolated view, and is ended once call_timeout_s has run out."""
     monkeypatch.setattr(shell_io, "ANSWER_WAIT_S", 0.05)
+    monkeypatch.setattr(effect_calls, "ANSWER_WAIT_S", 0.05)
     a, b = _Instance(), _Instance()
     io = _io({"a": a, "b": b}, call_s=0.6)
     await _cycle(io)  # both have a view
@@ -301,6 +302,7 @@ async def test_a_hung_route_holds_its_own_instance_only(
     carried and the cycle goes on, and the hung one is silent; a later route to it is taken
     back at once (never sent); its loss comes with ``take_late``."""
     monkeypatch.setattr(shell_io, "ANSWER_WAIT_S", 0.05)
+    monkeypatch.setattr(effect_calls, "ANSWER_WAIT_S", 0.05)
     a, b = _Instance(), _Instance()
     io = _io({"a": a, "b": b}, call_s=0.4)
     a.hanging = True
@@ -331,6 +333,7 @@ async def test_an_interrupts_late_answer_comes_with_the_next_cycle(
     killed: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(shell_io, "ANSWER_WAIT_S", 0.05)
+    monkeypatch.setattr(effect_calls, "ANSWER_WAIT_S", 0.05)
     a = _Instance()
     a.delay_s = 0.3
     io = _io({"a": a}, call_s=5.0)
@@ -356,6 +359,7 @@ async def test_a_call_queued_behind_a_hung_poll_is_not_sent(
     """The hung poll ends the instance: what waited behind it in its lane is not sent (else
     each of those calls would wait its limit in turn on an instance that is gone)."""
     monkeypatch.setattr(shell_io, "ANSWER_WAIT_S", 0.05)
+    monkeypatch.setattr(effect_calls, "ANSWER_WAIT_S", 0.05)
     a = _Instance()
     io = _io({"a": a}, call_s=0.3)
     a.hanging = True
@@ -380,6 +384,7 @@ async def test_routes_queued_behind_an_overdue_call_come_back_and_the_instance_i
     and routes it to instances that answer. Once the call is answered, the instance answers
     again (``silent=False``) and its later routes are sent."""
     monkeypatch.setattr(shell_io, "ANSWER_WAIT_S", 0.05)
+    monkeypatch.setattr(effect_calls, "ANSWER_WAIT_S", 0.05)
     a, b = _Instance(), _Instance()
     io = _io({"a": a, "b": b}, call_s=5.0)
     a.delay_s = 0.4  # slow, not hung

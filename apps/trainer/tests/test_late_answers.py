@@ -25,7 +25,7 @@ from structlog.testing import capture_logs
 
 from engine_adapters import EngineSnapshot, RunningTrajectory, SnapshotEncoder, unpack_ids
 from rollout_coordinator._speculative import SpeculativeState
-from staleflow_trainer.actors import shell_io
+from staleflow_trainer.actors import effect_calls, shell_io
 from staleflow_trainer.actors.shell_io import ShellIO
 from staleflow_trainer.config import load_config
 from staleflow_trainer.control import effects as fx
@@ -87,6 +87,7 @@ class _Instance:
 @pytest.fixture(autouse=True)
 def _fast(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shell_io, "ANSWER_WAIT_S", 0.05)
+    monkeypatch.setattr(effect_calls, "ANSWER_WAIT_S", 0.05)
     monkeypatch.setattr(shell_io, "kill_actor", lambda h: None)
 
 
@@ -187,6 +188,7 @@ async def test_a_later_cycle_does_not_wait_for_a_poll_still_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(shell_io, "ANSWER_WAIT_S", 0.5)
+    monkeypatch.setattr(effect_calls, "ANSWER_WAIT_S", 0.5)
     a, b = _Instance(), _Instance()
     io = _io({"a": a, "b": b})
     await _cycle(io)

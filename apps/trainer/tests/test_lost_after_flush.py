@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from engine_adapters import pack_ids, unpack_ids
-from staleflow_trainer.actors import shell_io
+from staleflow_trainer.actors import effect_calls, shell_io
 from staleflow_trainer.actors.control import ControlActor
 from staleflow_trainer.actors.in_store import in_store
 from staleflow_trainer.actors.rollout_wire import pack_outcomes
@@ -175,6 +175,7 @@ def _scored(actor: ControlActor, wal_dir: Path) -> set[str]:
 @pytest.fixture(autouse=True)
 def _fake_deaths(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shell_io, "is_actor_death", lambda e: isinstance(e, _Dead))
+    monkeypatch.setattr(effect_calls, "is_actor_death", lambda e: isinstance(e, _Dead))
 
 
 async def test_finished_in_the_store_before_the_answer_goes_to_reward_not_back_to_the_queue(

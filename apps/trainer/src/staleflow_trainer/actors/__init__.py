@@ -8,12 +8,12 @@ parameter server over NIXL, never through Ray.
 
 * :mod:`~staleflow_trainer.actors.control` — ``ControlActor``: the control core
   (:mod:`staleflow_trainer.control`) behind a write-ahead journal of the events it is fed;
-  polls instances, feeds events, carries out effects (with :mod:`.shell_io`); recovers by
-  replaying the journal and reconciling the other processes with the core (:mod:`.reconcile`);
-  its fault hooks (crash at a named point, hold between steps) are in :mod:`.fault_hooks`, what
-  it answers when asked (records to drain, summaries, read-only views) in
-  :mod:`.control_queries`; :mod:`.liveness` tells a dead peer from a failing one and paces
-  retries.
+  polls instances, feeds events, carries out effects (with :mod:`.shell_io` and
+  :mod:`.effect_calls`); recovers by replaying the journal and reconciling the other processes
+  with the core (:mod:`.reconcile`); its fault hooks (crash at a named point, hold between
+  steps) are in :mod:`.fault_hooks`, what it answers when asked (records to drain, summaries,
+  read-only views) in :mod:`.control_queries`; :mod:`.liveness` tells a dead peer from a
+  failing one and paces retries.
 * :mod:`~staleflow_trainer.actors.rollout` — ``RolloutActor``: one engine adapter (vllm | sglang |
   sim); submit by id / poll / interrupt / sync (pull from the PS, load in place) / probe; its
   requests to the trajectory server, which survive a broken connection, in
