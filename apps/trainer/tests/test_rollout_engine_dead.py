@@ -23,8 +23,9 @@ from engine_adapters import (
     SamplingParams,
 )
 from engine_adapters.sim import SimAdapter, SimConfig
-from staleflow_trainer.actors import rollout
-from staleflow_trainer.actors.rollout import ENGINE_DEAD_EXIT, RolloutActor
+from staleflow_trainer.actors import engine_health
+from staleflow_trainer.actors.engine_health import ENGINE_DEAD_EXIT
+from staleflow_trainer.actors.rollout import RolloutActor
 
 
 class Exited(Exception):
@@ -49,9 +50,9 @@ def exits(monkeypatch: pytest.MonkeyPatch, child: subprocess.Popen[bytes]) -> li
         codes.append(code)
         raise Exited(code)
 
-    monkeypatch.setattr(rollout.os, "_exit", fake_exit)
-    monkeypatch.setattr(rollout, "HEALTH_CHECK_S", 0.01)
-    monkeypatch.setattr(rollout, "child_processes", lambda: [(child.pid, "sleep 60")])
+    monkeypatch.setattr(engine_health.os, "_exit", fake_exit)
+    monkeypatch.setattr(engine_health, "HEALTH_CHECK_S", 0.01)
+    monkeypatch.setattr(engine_health, "child_processes", lambda: [(child.pid, "sleep 60")])
     return codes
 
 
@@ -280,7 +281,7 @@ async def test_a_dying_instance_exits_even_if_its_output_cannot_be_flushed(
         def flush(self) -> None:
             raise BrokenPipeError("stdout is gone")
 
-    monkeypatch.setattr(rollout.sys, "stdout", Broken())
+    monkeypatch.setattr(engine_health.sys, "stdout", Broken())
     with pytest.raises(Exited):
         await actor._die(EngineDead("gone"))
     assert exits == [ENGINE_DEAD_EXIT]

@@ -18,7 +18,8 @@ parameter server over NIXL, never through Ray.
   sim); submit by id / poll / interrupt / sync (pull from the PS, load in place) / probe; its
   requests to the trajectory server, which survive a broken connection, in
   :mod:`.instance_store`; its poll's wire format in :mod:`.rollout_wire`; the kept
-  trajectory-server connections in :mod:`.ts_link`.
+  trajectory-server connections in :mod:`.ts_link`; its weight loads in :mod:`.weight_sync`;
+  its end when its engine dies in :mod:`.engine_health`.
 * :mod:`~staleflow_trainer.actors.param_host` — ``ParamServerHost``: owns the ``ParamServer`` and
   its NIXL storage worker processes.
 * :mod:`~staleflow_trainer.actors.trainer_actor` — ``TrainerActor``: the PyTorch trainer; reads a

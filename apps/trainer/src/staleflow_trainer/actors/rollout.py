@@ -31,48 +31,39 @@ trajectory server (TS) directly:
   returning; with ``report`` it answers with their response lengths (in the order of the ids
   sent, so no id comes back), and their outcomes do not come with the next poll;
 * ``sync(version)`` interrupts everything, pulls ``version`` from the parameter server over NIXL
-  and loads it in place (the engine never serves half-loaded weights);
+  and loads it in place (the engine never serves half-loaded weights; :mod:`.weight_sync`);
 * ``quiesce()`` waits out a sync, interrupts everything and polls (a recovering control
   shell's first call); ``probe`` greedy-decodes a fixed prompt (tests check served weights).
 
-An engine whose process died (``engine_adapters.EngineDead``: found by a call, or by the
-health check every ``HEALTH_CHECK_S``) ends this actor's process, with an error in its log
-(relayed to the driver's), once what already finished is in the TS. The control shell then
-sees a dead instance, as if the actor had been killed: what the TS held here goes back to the
-queue and the run goes on without it. Without this, a dead vLLM EngineCore left an instance
-that never answered its sync again and held its work.
+An engine whose process died, or that fails every generation while it answers everything
+else, ends this actor's process, so the control shell sees a dead instance
+(:mod:`.engine_health`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
-import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 import attrs
 import structlog
 
 from engine_adapters import (
     EngineAdapter,
-    EngineDead,
     EngineSnapshot,
     FinishReason,
     GenerateRequest,
     GenerateResult,
-    InvalidRequest,
     SamplingParams,
     SnapshotEncoder,
     create_engine,
-    id_prefix,
     pack_ids,
     unpack_ids,
 )
 from staleflow_trainer.actors.admission import admitted
+from staleflow_trainer.actors.engine_health import EngineHealth
 from staleflow_trainer.actors.fault_hooks import RolloutFaultHooks
 from staleflow_trainer.actors.instance_store import (
     InstanceStore,
@@ -80,9 +71,10 @@ from staleflow_trainer.actors.instance_store import (
     StoreUnreachable,
     generate_request,
 )
-from staleflow_trainer.actors.liveness import child_processes, wait_or_timeout
-from staleflow_trainer.actors.log_relay import FETCH_EVERY_S, KeepsWarnings, handed_over
+from staleflow_trainer.actors.liveness import wait_or_timeout
+from staleflow_trainer.actors.log_relay import KeepsWarnings
 from staleflow_trainer.actors.rollout_wire import pack_outcomes
+from staleflow_trainer.actors.weight_sync import WeightSync
 from trajectory_server import Completion, Segment
 
 log = structlog.get_logger(__name__)
@@ -98,17 +90,6 @@ SNAPSHOT_TOLERANCE = 0.05
 #: past the tolerance); if so, ``wait_results`` answers True and the control side polls it.
 #: Between those polls the control side extrapolates the view in time and sends no request.
 DRIFT_CHECK_S = 0.1
-#: How often the instance asks its engine whether its process is alive (``check_health``).
-HEALTH_CHECK_S = 1.0
-#: This process's exit status when its engine died.
-ENGINE_DEAD_EXIT = 75
-#: Before it ends, a dying instance writes what already finished to the TS for this long at most.
-DYING_FLUSH_S = 5.0
-#: A dying instance then waits this long at most for the driver to fetch its last warning and
-#: error lines (``log_relay``: it asks every ``FETCH_EVERY_S``), the reason it ends among them.
-LAST_LINES_S = 2 * FETCH_EVERY_S
-#: How long an instance whose generations keep failing waits for its engine's snapshot.
-SNAPSHOT_CHECK_S = 10.0
 
 #: How long an interrupt waits for the interrupted generations to come back before it writes
 #: what it has (``coordinator.call_timeout_s`` must leave it this long).
@@ -120,7 +101,7 @@ def _finish(r: GenerateResult) -> FinishReason:
     return FinishReason.LENGTH if r.finish_reason is FinishReason.INTERRUPTED else r.finish_reason
 
 
-class RolloutActor(RolloutFaultHooks, KeepsWarnings):
+class RolloutActor(WeightSync, EngineHealth, RolloutFaultHooks, KeepsWarnings):
     """Wrap with ``ray.remote(max_concurrency=...)``; every method is async."""
 
     def __init__(
@@ -256,44 +237,6 @@ class RolloutActor(RolloutFaultHooks, KeepsWarnings):
         if failure is not None:
             await self._count_failure(tid, failure)
 
-    async def _count_failure(self, tid: str, error: Exception) -> None:
-        """A generation failed on a live engine. An engine whose every generation fails while
-        it answers everything else (a server that reports its metrics but fails each request)
-        looks idle, so work keeps being routed to it and comes back with no progress. It is
-        treated as unable to serve once generations of ``generate_error_limit`` different
-        prompts failed in a row (none returning between; one bad prompt fails all its samples,
-        wherever it runs) and its snapshot, asked once then (``SNAPSHOT_CHECK_S`` at most),
-        shows no trajectory that generated here: an engine that still generates for others,
-        or that does not answer at all (the control side's failing polls judge that one), is
-        not. An error of the request itself (``InvalidRequest``: a prompt too long) says
-        nothing of the engine and is not counted."""
-        if isinstance(error, InvalidRequest) or self._dying:
-            return
-        failed = self._failed
-        failed.add(id_prefix(tid) or tid)
-        if len(failed) < self._error_limit or self._checking or self._engine is None:
-            return
-        self._checking = True
-        try:
-            async with asyncio.timeout(SNAPSHOT_CHECK_S):
-                snap = await self._engine.snapshot()
-        except Exception:
-            return
-        finally:
-            self._checking = False
-        known = self._known
-        if self._failed is not failed or any(  # one returned since, or it generates
-            r.generated_tokens > known.get(r.trajectory_id, 0) for r in snap.running
-        ):
-            return
-        await self._die(
-            EngineDead(
-                f"generations of {len(failed)} prompts failed in a row on a live engine "
-                f"that generates nothing (coordinator.generate_error_limit="
-                f"{self._error_limit}; the last: {error!r:.200})"
-            )
-        )
-
     async def _snapshot(self, engine: EngineAdapter) -> EngineSnapshot:
         try:
             snap = await engine.snapshot()
@@ -317,59 +260,6 @@ class RolloutActor(RolloutFaultHooks, KeepsWarnings):
                     self._ready.set()
             except Exception as e:  # the engine is closing or failed: its calls will say so
                 self._log.debug("drift_check_failed", error=repr(e)[:200])
-
-    async def _watch_health(self) -> None:
-        """Every HEALTH_CHECK_S: an engine whose process died ends this process (see the
-        module docstring). Calls alone would not find it: vLLM leaves a weight load that was
-        in flight when its EngineCore died waiting forever."""
-        while self._engine is not None:
-            await asyncio.sleep(HEALTH_CHECK_S)
-            engine = self._engine
-            if engine is not None:
-                try:
-                    await engine.check_health()
-                except EngineDead as e:
-                    await self._die(e)
-                except Exception as e:  # a check that itself failed: the next one may not
-                    self._log.warning("health_check_failed", error=repr(e)[:200])
-
-    async def _end_if_dead(self, engine: EngineAdapter, error: BaseException) -> None:
-        """An engine call raised ``error``: if the engine is dead (the error says so, or its
-        health check does: a dead server's calls may fail with a plain connection error), end
-        this process; else return, and the caller handles a live engine's error."""
-        if isinstance(error, EngineDead):
-            await self._die(error)
-        try:
-            await engine.check_health()
-        except EngineDead as e:
-            await self._die(e)
-
-    async def _die(self, error: EngineDead) -> NoReturn:
-        """The engine is gone for good: end this process, so the control shell sees a dead
-        instance (its work goes back to the queue) rather than one that fails every call.
-        What already finished is written to the TS first, if that takes at most
-        ``DYING_FLUSH_S`` (the control side then learns from the TS that it finished), its last
-        lines are left for the driver to fetch (``LAST_LINES_S``), and the process's children
-        (an engine process that may still hold memory) are killed."""
-        if self._dying:  # the first call ends the process
-            await asyncio.get_running_loop().create_future()
-        self._dying = True
-        try:  # whatever happens meanwhile (a cancelled flush included), the process ends
-            self._log.error("engine_dead", error=str(error), running=len(self._tasks),
-                            exit_status=ENGINE_DEAD_EXIT)  # fmt: skip
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(DYING_FLUSH_S):
-                    await self._flush()
-            with contextlib.suppress(Exception):  # the driver fetches the lines that say why
-                await handed_over(LAST_LINES_S)
-            for pid, _ in child_processes():
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-        finally:
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(Exception):
-                    stream.flush()
-            os._exit(ENGINE_DEAD_EXIT)
 
     async def _flush(self) -> None:
         """Write every pending result to the TS (new tokens only), then queue its outcome. A
@@ -523,47 +413,6 @@ class RolloutActor(RolloutFaultHooks, KeepsWarnings):
         async with self._sync_lock:
             await self.interrupt(None)
         return await self.poll()
-
-    def _client(self) -> Any:
-        if self._ps is None:
-            if self._ps_address is None:
-                raise RuntimeError(f"{self.instance_id!r} has no parameter-server address")
-            from param_server import ParamServerClient
-
-            self._ps = ParamServerClient(
-                self._ps_address, token=self._ps_token, name=f"rollout-{self.instance_id}"
-            )
-        return self._ps
-
-    async def sync(self, version: int | None = None) -> dict[str, Any]:
-        """Interrupt all work, pull ``version`` (None = latest) from the PS, load it in place."""
-        engine = self._require()
-        async with self._sync_lock:
-            await self._maybe_hang_sync()  # fault tests only
-            t0 = time.perf_counter()
-            interrupted = await self.interrupt(None)
-            client = self._client()
-            got, tensors = await asyncio.to_thread(client.pull, None, version=version)
-            t_pull = time.perf_counter() - t0
-            try:
-                served = await engine.load_weights(int(got), tensors)
-            except Exception as e:
-                await self._end_if_dead(engine, e)
-                raise
-            self._syncs += 1
-            seconds = time.perf_counter() - t0
-            self._log.info("synced", version=served, interrupted=interrupted,
-                           pull_s=round(t_pull, 4), seconds=round(seconds, 4))  # fmt: skip
-            return {"version": int(served), "interrupted": interrupted, "pull_s": t_pull,
-                    "seconds": seconds}  # fmt: skip
-
-    async def check_pull(self, version: int | None = None) -> dict[str, Any]:
-        """Pull ``version`` (None = latest) from the PS without loading it: ``{"version",
-        "nbytes"}``. Fault tests use it to show a version stays pullable from a replica."""
-        client = self._client()
-        got, tensors = await asyncio.to_thread(client.pull, None, version=version)
-        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-        return {"version": int(got), "nbytes": int(nbytes)}
 
     async def probe(
         self, prompt_token_ids: Sequence[int], max_new_tokens: int = 4
