@@ -51,6 +51,7 @@ PRESETS = (
     "examples/sim-paper-30b-a3b.yaml",
     "examples/sim-paper-30b-a3b-40k.yaml",
     "examples/sim-paper-30b-a3b-rollout-bound.yaml",
+    "examples/sim-paper-7b.yaml",
 )
 ETAS = (1, 2, 3, 5)
 ABLATIONS = ("vanilla-routing", "vanilla-sync", "vanilla-migration", "all-vanilla")

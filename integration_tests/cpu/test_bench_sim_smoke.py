@@ -29,7 +29,8 @@ def test_bench_sim_matrix_smoke_writes_its_report(tmp_path: Path) -> None:
     res = json.loads((out / "sim_matrix.json").read_text())
     assert res["smoke"] is True
     assert res["presets"] == [
-        "sim-paper-30b-a3b", "sim-paper-30b-a3b-40k", "sim-paper-30b-a3b-rollout-bound"
+        "sim-paper-30b-a3b", "sim-paper-30b-a3b-40k", "sim-paper-30b-a3b-rollout-bound",
+        "sim-paper-7b",
     ]  # fmt: skip
     for rep in res["reports"].values():
         assert rep["protocol"]["seeds"] == [0, 1]

@@ -257,6 +257,7 @@ def test_evolve() -> None:
         "sim-paper-30b-a3b.yaml",
         "sim-paper-30b-a3b-40k.yaml",
         "sim-paper-30b-a3b-rollout-bound.yaml",
+        "sim-paper-7b.yaml",
     ],
 )
 def test_examples_load(name: str) -> None:

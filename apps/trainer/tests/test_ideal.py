@@ -53,19 +53,26 @@ def test_a_tail_beyond_the_window_binds_on_latency() -> None:
 
 
 @pytest.mark.parametrize(
-    ("preset", "sides"),
+    ("preset", "sides", "kv"),
     [
-        ("sim-paper-30b-a3b.yaml", {1: "train", 3: "train"}),
-        ("sim-paper-30b-a3b-40k.yaml", {1: "latency", 3: "train"}),
-        ("sim-paper-30b-a3b-rollout-bound.yaml", {1: "latency", 2: "rollout", 3: "rollout"}),
+        ("sim-paper-30b-a3b.yaml", {1: "train", 3: "train"}, 274_736),
+        ("sim-paper-30b-a3b-40k.yaml", {1: "latency", 3: "train"}, 274_736),
+        (
+            "sim-paper-30b-a3b-rollout-bound.yaml",
+            {1: "latency", 2: "rollout", 3: "rollout"},
+            274_736,
+        ),
+        ("sim-paper-7b.yaml", {1: "latency", 3: "latency"}, 1_270_363),
     ],
 )
-def test_paper_presets_bind_where_their_headers_say(preset: str, sides: dict[int, str]) -> None:
+def test_paper_presets_bind_where_their_headers_say(
+    preset: str, sides: dict[int, str], kv: int
+) -> None:
     cfg = load_config(EXAMPLES / preset, [])
     assert cfg.sim.kv_capacity_tokens is None  # KV from the model's geometry
     for eta, side in sides.items():
         spec = spec_from_app_config(with_policy(cfg, "staleflow", eta))
-        assert spec.kv_capacity_tokens == 274_736
+        assert spec.kv_capacity_tokens == kv
         assert latency_bound(spec, eta, groups=512)["latency_bound_side"] == side, eta
 
 

@@ -21,6 +21,7 @@ PRESETS = [
     "sim-paper-30b-a3b.yaml",
     "sim-paper-30b-a3b-40k.yaml",
     "sim-paper-30b-a3b-rollout-bound.yaml",
+    "sim-paper-7b.yaml",
 ]
 
 

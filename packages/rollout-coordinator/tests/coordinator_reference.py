@@ -378,7 +378,8 @@ class ReferenceCoordinator(Coordinator):
                 self.state.apply_snapshot(
                     snap, now=now, latest_version=self.protocol.published_version
                 )
-                self._note_running(snap)
+                if self._track_meant and snap.running:
+                    self._meant.note_running(snap, self._routed[snap.instance_id])
                 self._prune(snap, prev_time)
             except SnapshotRejected as exc:
                 rejected.append(exc)

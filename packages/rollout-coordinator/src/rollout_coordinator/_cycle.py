@@ -43,6 +43,7 @@ import structlog
 
 from rollout_coordinator._commands import Command, Drop, Interrupt, PendingRoutes, Route, Sync
 from rollout_coordinator._config import CoordinatorConfig
+from rollout_coordinator._meant import MeantToRun
 from rollout_coordinator._port import _ProtocolPort
 from rollout_coordinator._records import InstanceSnapshot, QueuedTrajectory, QueueView
 from rollout_coordinator._speculative import InstanceState, SpeculativeState
@@ -147,11 +148,8 @@ class Coordinator:
         # per instance: trajectory id -> (V_traj, time routed); and the reverse index
         self._routed: dict[str, dict[str, tuple[int, float]]] = {}
         self._where: dict[str, str] = {}
-        # per instance, under the ``abort`` preemption rule: the routed trajectories meant to
-        # run there (routed while the instance had room, or shown running by a snapshot since).
-        # One of them in the engine's waiting queue was preempted, or refused because the
-        # instance had filled since its last snapshot; the others were queued on purpose.
-        self._meant: dict[str, set[str]] = {}
+        # under the ``abort`` preemption rule: which routed trajectories were meant to run there
+        self._meant = MeantToRun()
         self._track_meant = self.config.preemption_rule == "abort"
         self._orphans: dict[str, int] = {}  # reserved, never handed out: tid -> V_traj
         self._aborted_since = self._dropped_since = 0  # by abort(), reported by the next step
@@ -173,7 +171,7 @@ class Coordinator:
     def add_instance(self, instance_id: str, *, kv_capacity_tokens: int, version: int = 0) -> None:
         self.state.add_instance(instance_id, version=version, kv_capacity_tokens=kv_capacity_tokens)
         self._routed[instance_id] = {}
-        self._meant[instance_id] = set()
+        self._meant.reset(instance_id)
 
     def remove_instance(self, instance_id: str) -> list[str]:
         """The instance is gone; returns the trajectories the coordinator had routed to it
@@ -181,7 +179,7 @@ class Coordinator:
         self.state.remove_instance(instance_id)
         self._silent.discard(instance_id)
         lost = list(self._routed.pop(instance_id, {}))
-        self._meant.pop(instance_id, None)
+        self._meant.remove(instance_id)
         for tid in lost:
             self._where.pop(tid, None)
         self._orphan_held(instance_id)  # held for its sync: never issued
@@ -279,36 +277,22 @@ class Coordinator:
 
     def _preempted_ids(self, instance_id: str) -> tuple[str, ...]:
         """Routed to the instance and meant to run there, but in its engine's waiting queue:
-        preempted, or refused because the instance had filled since its last snapshot (not
-        work routed to an instance known to be full, which the engine queues as intended).
-        Oldest route first; empty unless the ``abort`` preemption rule is on, and while the
-        instance syncs."""
+        preempted, or refused (:class:`~._meant.MeantToRun`). Oldest route first; empty
+        unless the ``abort`` preemption rule is on, and while the instance syncs."""
         inst = self.state.instances.get(instance_id)
-        meant = self._meant.get(instance_id)
-        if inst is None or not meant or inst.syncing:
+        if inst is None:
             return ()
-        running = {e.trajectory_id for e in inst.running_entries()}
-        return tuple(t for t in self._routed[instance_id] if t in meant and t not in running)
+        return self._meant.out_of_place(inst, self._routed[instance_id], self.config)
 
     def _oldest_routed(self, instance_id: str) -> int | None:
         """The smallest V_traj routed to the instance and not heard back about."""
         return min((v for v, _ in self._routed.get(instance_id, {}).values()), default=None)
 
-    def _note_running(self, snap: InstanceSnapshot) -> None:
-        """Routed trajectories the snapshot shows running are meant to run there."""
-        if self._track_meant and snap.running:
-            routed = self._routed[snap.instance_id]
-            self._meant[snap.instance_id].update(
-                t for e in snap.running if (t := e.trajectory_id) in routed
-            )
-
     def _forget(self, tid: str) -> None:
         iid = self._where.pop(tid, None)
         if iid is not None:
             self._routed.get(iid, {}).pop(tid, None)
-            meant = self._meant.get(iid)
-            if meant:
-                meant.discard(tid)
+            self._meant.forget(iid, tid)
 
     def v_traj_of(self, trajectory_id: str) -> int | None:
         iid = self._where.get(trajectory_id)
@@ -381,7 +365,7 @@ class Coordinator:
             routed[iid][tid] = (r.version, now)
             where[tid] = iid
             if meant is not None and instances[iid].is_running(tid):
-                meant[iid].add(tid)  # routed into room (not onto a waiting queue)
+                meant.routed_into_room(iid, tid, r.tokens)  # not onto a waiting queue
             if orphans:
                 orphans.pop(tid, None)
             if instances[iid].syncing:
@@ -461,8 +445,8 @@ class Coordinator:
                             field="snapshot",
                         ) from exc
                 prev_time = apply(snap, now=now, latest_version=latest)
-                if track_meant:
-                    self._note_running(snap)
+                if track_meant and snap.running:
+                    self._meant.note_running(snap, routed[snap.instance_id])
                 # _prune's own early exit, here: it runs for every instance every cycle
                 if not snap.waiting and len(routed[snap.instance_id]) > len(snap.running) + 16:
                     self._prune(snap, prev_time)
@@ -480,13 +464,12 @@ class Coordinator:
         if snap.waiting or len(routed) <= len(snap.running) + 16:
             return
         running = {e.trajectory_id for e in snap.running}
-        meant = self._meant.get(snap.instance_id)
+        meant = self._meant
         for tid, (_v, t) in list(routed.items()):
             if t < prev_time and tid not in running:
                 del routed[tid]
                 self._where.pop(tid, None)
-                if meant:
-                    meant.discard(tid)
+                meant.forget(snap.instance_id, tid)
 
     def _abort(self, aborts: list[Abort], commands: list[Command], now: float) -> tuple[int, int]:
         if not aborts:
@@ -537,7 +520,7 @@ class Coordinator:
         for tid in list(self._routed[s.instance_id]):
             self._where.pop(tid, None)
         self._routed[s.instance_id] = {}
-        self._meant[s.instance_id] = set()
+        self._meant.reset(s.instance_id)
         return True
 
     def _unsend_released(

@@ -18,6 +18,7 @@ import attrs
 from rollout_coordinator._commands import Route
 from rollout_coordinator._config import CoordinatorConfig
 from rollout_coordinator._cycle import Coordinator
+from rollout_coordinator._meant import MeantToRun
 from rollout_coordinator._records import RunningEntry
 from rollout_coordinator._speculative import InstanceState
 from rollout_coordinator.policies import GateState
@@ -104,7 +105,7 @@ def coordinator_to_dict(c: Coordinator) -> dict[str, Any]:
         "lost_total": c._lost_total,
         "known_groups": sorted(c._known_groups),
         "routed": {iid: [[t, v, w] for t, (v, w) in m.items()] for iid, m in c._routed.items()},
-        "meant_to_run": {iid: sorted(r) for iid, r in c._meant.items() if r},
+        **c._meant.to_dict(),
         "orphans": dict(c._orphans),
         "released": [_route(r) for r in c._released],
         "held": {iid: [_route(r) for r in rs] for iid, rs in c.pending._held.items()},
@@ -134,9 +135,7 @@ def coordinator_from_dict(
         str(iid): {str(t): (int(v), float(w)) for t, v, w in m} for iid, m in d["routed"].items()
     }
     c._where = {t: iid for iid, m in c._routed.items() for t in m}
-    c._meant = {iid: set() for iid in c._routed}
-    for iid, ids in d.get("meant_to_run", {}).items():
-        c._meant[str(iid)] = {str(t) for t in ids}
+    c._meant = MeantToRun.from_dict(d, c._routed)
     c._orphans = {str(t): int(v) for t, v in d["orphans"].items()}
     c._released = [Route(**r) for r in d["released"]]
     c.pending._held = {str(iid): [Route(**r) for r in rs] for iid, rs in d["held"].items()}

@@ -48,9 +48,11 @@ Preemption (``preemption_rule``):
 * ``abort``: once an engine's waiting queue exceeds ``preempt_abort_waiting``, the waiting
   trajectories that were meant to run there — the engine preempted them (a snapshot showed
   them running), or refused them because it had filled since the snapshot they were routed
-  against — are aborted back to the trajectory server (``Interrupt``, requeue, reason
-  ``bounce``), oldest route first, as many as the queue exceeds the allowance by, and
-  re-routed. Work routed to an engine known to be full (the even router hands work to an
+  against (no room left for them under ``route_kv_limit``) — are aborted back to the
+  trajectory server (``Interrupt``, requeue, reason ``bounce``), oldest route first, as many
+  as the queue exceeds the allowance by, and re-routed. One routed into room that still fits
+  waits for its prefill (the engine's token budget a step) and stays
+  (:class:`~rollout_coordinator._meant.MeantToRun`). Work routed to an engine known to be full (the even router hands work to an
   engine whatever its load, as a round-robin front end does) stays in that engine's queue,
   as in a real deployment: aborting it would send it straight back to the same full
   engines, cycle after cycle.
