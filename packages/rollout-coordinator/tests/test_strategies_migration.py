@@ -222,11 +222,12 @@ def test_abort_rule_leaves_work_queued_behind_a_full_engine_alone():
 
 
 def test_abort_rule_keeps_work_waiting_for_its_prefill_and_returns_what_no_longer_fits():
-    """Routed into room and never shown running: while the instance has room for it under the
-    router's KV limit, it waits for its turn to prefill (the engine prefills under a token
-    budget a step) and stays; once the instance has filled, the ones past its room, in route
-    order, go back. The record survives a save and restore; a state written before it kept
-    the routed-into-room ones counts them as preempted."""
+    """Routed into room and never shown running: while the instance has room for it — half
+    the router's KV limit less what the instance holds (its running work will about double
+    that) — it waits for its turn to prefill (the engine prefills under a token budget a step)
+    and stays; once the instance has filled, the ones past that room, in route order, go back.
+    The record survives a save and restore; a state written before it kept the routed-into-room
+    ones counts them as preempted."""
     from rollout_coordinator._state import coordinator_from_dict, coordinator_to_dict
 
     coord, proto, clock = make(
@@ -234,25 +235,24 @@ def test_abort_rule_keeps_work_waiting_for_its_prefill_and_returns_what_no_longe
     )
     q = [new(f"t{k}", group=f"g{k // 2}") for k in range(10)]
     assert len(routes(coord.step([snap("a")], q, now=0.0))) == 10
-    clock.t = 1.0  # two prefilled and running, eight waiting their turn: room for all of them
+    clock.t = 1.0  # two prefilled and running (33K of KV), eight waiting their turn (4K)
     cmds = coord.step([snap("a", running=_entries(["t0", "t1"]), waiting=8, t=1.0)], [], now=1.0)
     assert interrupts(cmds) == []
     state = coordinator_to_dict(coord)
     assert state["routed_into_room"] == {"a": [[f"t{k}", 500] for k in range(2, 10)]}
     twin = coordinator_from_dict(state, coord.config, proto, clock)
-    # the two running ones grew to 88K of KV: under the 0.9 limit, room for four of 500 tokens
+    # the two running ones grew to 42K of KV: room for six of 500 tokens under 0.9 / 2
     clock.t = 2.0
-    grown = _entries(["t0", "t1"], 44_000)
+    grown = _entries(["t0", "t1"], 21_000)
     for c in (coord, twin):
         (it,) = interrupts(c.step([snap("a", running=grown, waiting=8, t=2.0)], [], now=2.0))
-        assert it.trajectory_ids == ("t6", "t7", "t8", "t9")
+        assert it.trajectory_ids == ("t8", "t9")
     old = dict(state, meant_to_run={"a": [f"t{k}" for k in range(2, 10)]})
     del old["routed_into_room"]
     clock.t = 1.5
     before = coordinator_from_dict(old, coord.config, proto, clock)
-    (it,) = interrupts(
-        before.step([snap("a", running=_entries(["t0", "t1"]), waiting=8, t=1.5)], [], now=1.5)
-    )
+    snaps = [snap("a", running=_entries(["t0", "t1"]), waiting=8, t=1.5)]
+    (it,) = interrupts(before.step(snaps, [], now=1.5))
     assert it.trajectory_ids == ("t2", "t3", "t4", "t5", "t6")  # 8 waiting, 3 allowed
 
 

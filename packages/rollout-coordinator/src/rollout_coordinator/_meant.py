@@ -7,12 +7,15 @@ was routed. Found later in the engine's waiting queue, it is one of:
 * *preempted*: a snapshot showed it running, and the engine put it back in its queue (the
   paper's rule aborts these);
 * *refused*: routed into room, never shown running, and the instance has no room left for it
-  under the router's own KV limit (``route_kv_limit``): the instance filled after the snapshot
-  it was routed against. Counted in route order over the queue, since the engine admits its
-  queue in order;
+  — it filled after the snapshot the trajectory was routed against, or will fill: the room
+  counted is half the router's KV limit (``route_kv_limit``) less what the instance holds,
+  because the trajectories it runs are on average halfway through their responses and will
+  about double what they hold. Counted in route order over the queue, since the engine admits
+  its queue in order. Work sent back before its prefill costs the engine nothing, and on an
+  instance that is filling the router places it better than the engine's queue would;
 * *waiting for its prefill*: routed into room, never shown running, and the instance still has
-  room for it. The engine prefills under a token budget a step, so a burst of routes (after a
-  sync, say) waits a few steps for its turn; it stays.
+  that room for it. The engine prefills under a token budget a step, so a burst of routes
+  (after a sync, say) waits a few steps for its turn; it stays.
 
 Work routed to an instance the router knew was full is not meant to run there yet: the engine
 queues it as intended, and it stays too. State: per instance, trajectory id → the KV tokens it
@@ -68,7 +71,7 @@ class MeantToRun:
         if not meant or inst.syncing:
             return ()
         running = {e.trajectory_id for e in inst.running_entries()}
-        room = config.route_kv_limit * inst.kv_capacity - inst.kv_used
+        room = config.route_kv_limit * inst.kv_capacity / 2 - inst.kv_used  # see the docstring
         out: list[str] = []
         for t in routed:
             need = meant.get(t)

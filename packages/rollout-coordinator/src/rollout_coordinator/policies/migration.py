@@ -48,7 +48,8 @@ Preemption (``preemption_rule``):
 * ``abort``: once an engine's waiting queue exceeds ``preempt_abort_waiting``, the waiting
   trajectories that were meant to run there — the engine preempted them (a snapshot showed
   them running), or refused them because it had filled since the snapshot they were routed
-  against (no room left for them under ``route_kv_limit``) — are aborted back to the
+  against (no room left for them: half ``route_kv_limit`` less what the instance holds) —
+  are aborted back to the
   trajectory server (``Interrupt``, requeue, reason ``bounce``), oldest route first, as many
   as the queue exceeds the allowance by, and re-routed. One routed into room that still fits
   waits for its prefill (the engine's token budget a step) and stays
