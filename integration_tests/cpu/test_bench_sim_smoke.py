@@ -30,7 +30,7 @@ def test_bench_sim_matrix_smoke_writes_its_report(tmp_path: Path) -> None:
     assert res["smoke"] is True
     assert res["presets"] == [
         "sim-paper-30b-a3b", "sim-paper-30b-a3b-40k", "sim-paper-30b-a3b-rollout-bound",
-        "sim-paper-7b",
+        "sim-paper-7b", "sim-paper-14b",
     ]  # fmt: skip
     for rep in res["reports"].values():
         assert rep["protocol"]["seeds"] == [0, 1]

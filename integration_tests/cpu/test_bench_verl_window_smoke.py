@@ -29,7 +29,7 @@ def test_bench_verl_window_smoke_writes_its_report(tmp_path: Path) -> None:
     assert res["smoke"] is True and res["seeds"] == [0, 1]
     assert set(res["presets"]) == {
         "sim-paper-30b-a3b", "sim-paper-30b-a3b-40k", "sim-paper-30b-a3b-rollout-bound",
-        "sim-paper-7b",
+        "sim-paper-7b", "sim-paper-14b",
     }  # fmt: skip
     for rep in res["presets"].values():
         runs = rep["runs"]

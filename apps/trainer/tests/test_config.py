@@ -258,6 +258,7 @@ def test_evolve() -> None:
         "sim-paper-30b-a3b-40k.yaml",
         "sim-paper-30b-a3b-rollout-bound.yaml",
         "sim-paper-7b.yaml",
+        "sim-paper-14b.yaml",
     ],
 )
 def test_examples_load(name: str) -> None:

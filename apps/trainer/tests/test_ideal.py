@@ -63,6 +63,7 @@ def test_a_tail_beyond_the_window_binds_on_latency() -> None:
             274_736,
         ),
         ("sim-paper-7b.yaml", {1: "latency", 3: "latency"}, 1_270_363),
+        ("sim-paper-14b.yaml", {1: "latency", 3: "rollout"}, 298_399),
     ],
 )
 def test_paper_presets_bind_where_their_headers_say(

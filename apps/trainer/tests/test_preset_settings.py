@@ -22,6 +22,7 @@ PRESETS = [
     "sim-paper-30b-a3b-40k.yaml",
     "sim-paper-30b-a3b-rollout-bound.yaml",
     "sim-paper-7b.yaml",
+    "sim-paper-14b.yaml",
 ]
 
 
