@@ -3,16 +3,8 @@ placed (``due_placement``), and moving due work off loaded instances (``due_spre
 
 from __future__ import annotations
 
-from rollout_coordinator import Interrupt, Route, RunningEntry
-from rollout_coordinator.testing import make, partial, snap
-
-
-def routes(cmds):
-    return {c.trajectory_id: c.instance_id for c in cmds if isinstance(c, Route)}
-
-
-def interrupts(cmds):
-    return [c for c in cmds if isinstance(c, Interrupt)]
+from rollout_coordinator import RunningEntry
+from rollout_coordinator.testing import interrupts, make, partial, routes, snap
 
 
 def _due_two(**cfg):

@@ -11,20 +11,9 @@ from rollout_coordinator import (
     ConfigError,
     CoordinatorConfig,
     QueueView,
-    Route,
     RunningEntry,
-    Sync,
 )
-from rollout_coordinator.testing import CAP, make, new, partial, snap
-
-
-def routes(cmds):
-    return {c.trajectory_id: c.instance_id for c in cmds if isinstance(c, Route)}
-
-
-def syncs(cmds):
-    return {c.instance_id: c.to_version for c in cmds if isinstance(c, Sync)}
-
+from rollout_coordinator.testing import CAP, make, new, partial, routes, snap, syncs
 
 # ---- profiles -------------------------------------------------------------------------------
 

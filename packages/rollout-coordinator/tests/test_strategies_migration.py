@@ -9,25 +9,9 @@ import pytest
 from rollout_coordinator import (
     ConfigError,
     CoordinatorConfig,
-    Interrupt,
-    Route,
     RunningEntry,
-    Sync,
 )
-from rollout_coordinator.testing import CAP, make, new, snap
-
-
-def syncs(cmds):
-    return {c.instance_id: c.to_version for c in cmds if isinstance(c, Sync)}
-
-
-def interrupts(cmds):
-    return [c for c in cmds if isinstance(c, Interrupt)]
-
-
-def routes(cmds):
-    return {c.trajectory_id: c.instance_id for c in cmds if isinstance(c, Route)}
-
+from rollout_coordinator.testing import CAP, interrupts, make, new, routes, snap, syncs
 
 # ---- migration ------------------------------------------------------------------------------
 

@@ -2,17 +2,8 @@
 
 from __future__ import annotations
 
-from rollout_coordinator import Interrupt, Route, Sync
-from rollout_coordinator.testing import CAP, make, new, partial, snap
-
-
-def syncs(cmds):
-    return {c.instance_id: c.to_version for c in cmds if isinstance(c, Sync)}
-
-
-def interrupts(cmds):
-    return [c for c in cmds if isinstance(c, Interrupt)]
-
+from rollout_coordinator import Route
+from rollout_coordinator.testing import CAP, interrupts, make, new, partial, snap, syncs
 
 # ---- per-instance sync ----------------------------------------------------------------------
 

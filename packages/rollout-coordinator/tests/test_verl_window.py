@@ -7,7 +7,6 @@ from rollout_coordinator import (
     Coordinator,
     CoordinatorConfig,
     QueueView,
-    Route,
     SpeculativeState,
 )
 from rollout_coordinator.policies import CycleView, GateState
@@ -16,13 +15,8 @@ from rollout_coordinator.policies.admission import (
     admit_by_verl_window,
     batch_barrier,
 )
-from rollout_coordinator.testing import CAP, new, snap
+from rollout_coordinator.testing import CAP, new, routes, snap
 from staleness_protocol import UnboundedConfig, UnboundedFifo
-
-
-def routes(cmds):
-    return {c.trajectory_id: c.instance_id for c in cmds if isinstance(c, Route)}
-
 
 # ---- the VeRL-Async window ------------------------------------------------------------------
 

@@ -10,11 +10,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from rollout_coordinator import (
+    Command,
     Coordinator,
     CoordinatorConfig,
     InstanceSnapshot,
+    Interrupt,
     QueuedTrajectory,
+    Route,
     RunningEntry,
+    Sync,
 )
 from staleness_protocol import ProtocolConfig, StalenessProtocol
 
@@ -93,3 +97,18 @@ def make(
     for iid, v in instances:
         coord.add_instance(iid, kv_capacity_tokens=CAP, version=v)
     return coord, proto, clock
+
+
+def routes(cmds: Iterable[Command]) -> dict[str, str]:
+    """A cycle's routes: trajectory id -> instance id."""
+    return {c.trajectory_id: c.instance_id for c in cmds if isinstance(c, Route)}
+
+
+def syncs(cmds: Iterable[Command]) -> dict[str, int]:
+    """A cycle's syncs: instance id -> the version it syncs to."""
+    return {c.instance_id: c.to_version for c in cmds if isinstance(c, Sync)}
+
+
+def interrupts(cmds: Iterable[Command]) -> list[Interrupt]:
+    """A cycle's interrupts, in order."""
+    return [c for c in cmds if isinstance(c, Interrupt)]
