@@ -56,7 +56,7 @@ def test_every_policy_of_a_comparison_runs_the_presets_coordinator_settings(name
         }
 
 
-def test_the_rollout_bound_preset_sets_theta_slack_due_first_and_the_kv_limit() -> None:
+def test_the_rollout_bound_preset_sets_theta_slack_due_first_the_kv_limit_and_load() -> None:
     base = load_config(EXAMPLES / "sim-paper-30b-a3b-rollout-bound.yaml", [])
     paper = load_config(
         EXAMPLES / "sim-paper-30b-a3b-rollout-bound.yaml",
@@ -64,15 +64,26 @@ def test_the_rollout_bound_preset_sets_theta_slack_due_first_and_the_kv_limit() 
             "coordinator.theta_slack=off",
             "coordinator.due_first=false",
             "coordinator.route_kv_limit=null",
+            "coordinator.sync_load_threshold=off",
         ],
     )
     got, profile = _strategy(base), _strategy(paper)
     assert got["theta_slack"] is not None and profile["theta_slack"] is None
     assert got["due_first"] is True and profile["due_first"] is False
     assert got["route_kv_limit"] < profile["route_kv_limit"]
-    for key in ("theta_slack", "due_first", "route_kv_limit"):
+    for key in ("theta_slack", "due_first", "route_kv_limit", "sync_load_threshold"):
         got.pop(key), profile.pop(key)
     assert got == profile  # every other field is the profile's
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_adds_the_router_load_test_to_the_paper_sync(name: str) -> None:
+    base = load_config(EXAMPLES / name, [])
+    paper = load_config(EXAMPLES / name, ["coordinator.sync_load_threshold=off"])
+    got, profile = _strategy(base), _strategy(paper)
+    assert got["sync_load_threshold"] == 0.5 and profile["sync_load_threshold"] is None
+    got.pop("sync_load_threshold"), profile.pop("sync_load_threshold")
+    assert got == profile
 
 
 @pytest.mark.parametrize("raw", ["off", '"off"'])

@@ -71,6 +71,7 @@ def _config(rng: random.Random, policy: str) -> CoordinatorConfig:
     overrides["due_placement"] = due.choice(["gain", "gain", "headroom"])
     overrides["due_spread_ratio"] = due.choice([None, None, 1.05, 1.5])
     overrides["due_spread_max_running"] = due.choice([0, 2, 8])
+    overrides["sync_load_threshold"] = due.choice([None, None, 0.3, 0.8])
     if build_policy(policy).protocol == "fifo":  # its FIFO keeps no η to size the window by
         overrides["verl_staleness_threshold"] = rng.choice([0.5, 1.0, 3.0])
     profile = rng.choice(["default", "paper", "robust"])
@@ -461,6 +462,7 @@ _OTHER: dict[str, tuple[Any, ...]] = {
     "max_routes_per_cycle": (1, 4096),
     "route_miss_limit": (1, 256),
     "sync_kv_threshold": (1.0, 0.0),
+    "sync_load_threshold": (0.01, None),
     "sync_require_starved": (False, True),
     "sync_max_lag": (1, None),
     "sync_lag_fraction": (0.01, None),

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from rollout_coordinator import Route
+import math
+
+import pytest
+
+from rollout_coordinator import CoordinatorConfig, CostModel, Route
+from rollout_coordinator._speculative import InstanceState
+from rollout_coordinator.policies.sync_per_instance import router_load
 from rollout_coordinator.testing import CAP, interrupts, make, new, partial, snap, syncs
 
 # ---- per-instance sync ----------------------------------------------------------------------
@@ -260,3 +266,77 @@ def test_routes_a_sync_released_are_sent_when_the_instance_is_not_synced_again()
     )
     assert syncs(cmds) == {}
     assert ("p1", "a") in [(c.trajectory_id, c.instance_id) for c in cmds if isinstance(c, Route)]
+
+
+# ---- per-instance sync: the router-load test (sync_load_threshold) ----------------------------
+
+
+def _placed_one_by_one(cfg, c, cap):
+    """How many trajectories of ``c`` tokens the router places on an empty instance of ``cap``
+    tokens, one route at a time, by its own three tests (the scalar formulas)."""
+    cm = cfg.cost_model
+    theta = cfg.theta if cfg.theta_slack is None else min(cfg.theta, cfg.theta_slack)
+    j = 0
+    while True:
+        if cfg.route_max_concurrency is not None and j >= cfg.route_max_concurrency:
+            return j
+        if (j + 1) * c > cfg.route_kv_limit * cap:
+            return j
+        if cm.marginal_gain(j, j * c, c) < theta * cm.empty_gain(c):
+            return j
+        j += 1
+
+
+@pytest.mark.parametrize("model", ["qwen3-30b-a3b-h20", "qwen-7b-h20", "qwen-14b-h20"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"theta": 0.05},
+        {"route_max_concurrency": 12},
+        {"route_kv_limit": 0.2},
+        {"theta_slack": 0.1},
+    ],
+)
+def test_router_load_is_the_share_of_what_the_router_places(model, extra):
+    cfg = CoordinatorConfig(cost_model=CostModel.resolve(model), **extra)
+    for cap, n, c in [(1_270_363, 30, 4000), (274_736, 20, 6000), (298_399, 5, 900)]:
+        st = InstanceState("a", 0, cap)
+        st.n_running, st.kv_used = n, n * c
+        m = _placed_one_by_one(cfg, c, cap)
+        assert m > 0
+        assert router_load(st, cfg) == pytest.approx(n / m)
+    st = InstanceState("a", 0, 1000)
+    assert router_load(st, cfg) == 0.0  # nothing runs
+    st.n_running, st.kv_used = 1, 5000  # one trajectory larger than the KV limit
+    assert router_load(st, cfg) == math.inf
+
+
+def test_a_loaded_instance_far_below_the_kv_threshold_keeps_its_version():
+    """On a dense model θ stops routing long before the KV fills: the KV test alone lets an
+    instance that is as loaded as the router makes it sync (and interrupt it all); the load
+    test keeps it serving until it runs less than half of that."""
+    cap = 1_270_363  # a Qwen2.5-7B instance on an H20
+
+    def run(n, **cfg):
+        coord, proto, _ = make(
+            instances=[("a", 0)],
+            start_version=1,
+            cost_model=CostModel.resolve("qwen-7b-h20"),
+            sync_kv_threshold=0.5,
+            sync_require_starved=False,
+            **cfg,
+        )
+        proto.reserve("gp", "p1", 1)  # work at the latest version
+        loaded = snap("a", version=0, n=n, tokens_each=4000, cap=cap)
+        assert loaded.kv_used_tokens / cap < 0.1
+        return syncs(coord.step([loaded], [partial("p1", 1)], now=0.0))
+
+    cfg = CoordinatorConfig(cost_model=CostModel.resolve("qwen-7b-h20"))
+    full = _placed_one_by_one(cfg, 4000, cap)
+    assert 20 < full < 60  # θ stops routing here; 286 such trajectories fit in the KV
+    assert run(full) == {"a": 1}  # the paper's rule: KV usage is low, so it syncs
+    assert run(full, sync_load_threshold=0.5) == {}
+    assert run(full // 2 + 1, sync_load_threshold=0.5) == {}
+    assert run(full // 2 - 1, sync_load_threshold=0.5) == {"a": 1}
+    assert run(0, sync_load_threshold=0.01) == {"a": 1}  # idle: nothing to interrupt

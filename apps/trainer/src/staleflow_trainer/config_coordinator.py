@@ -77,6 +77,7 @@ STRATEGY_FIELDS = (
     "max_routes_per_cycle",
     "route_miss_limit",
     "sync_kv_threshold",
+    "sync_load_threshold",
     "sync_require_starved",
     "sync_max_lag",
     "sync_lag_fraction",
@@ -139,6 +140,9 @@ class CoordinatorConfig:
     max_routes_per_cycle: int | None = _f(None)
     route_miss_limit: int | None = _f(None)
     sync_kv_threshold: float | None = _f(None, doc="per-instance sync only below this KV usage")
+    sync_load_threshold: float | Literal["off"] | None = _f(
+        None, doc="... and below this share of the load the cost-model router gives it"
+    )
     sync_require_starved: bool | None = _f(None, doc="... and only without work at its version")
     sync_max_lag: int | Literal["off"] | None = _f(None, doc="sync at once at this lag")
     sync_lag_fraction: float | Literal["off"] | None = _f(None, doc="lag bound as a share of eta")

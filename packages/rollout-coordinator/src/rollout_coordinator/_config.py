@@ -185,6 +185,15 @@ class CoordinatorConfig:
     #: A stale instance syncs only while its KV usage is below this (syncing unlocks routing
     #: only if the instance would have room; a busy instance keeps serving its version).
     sync_kv_threshold: float = attrs.field(default=0.3, validator=_unit)
+    #: ... and only while it runs less than this share of the trajectories the cost-model
+    #: router would give it: trajectories of its mean context, placed one by one on it empty
+    #: until a route fails θ, ``route_kv_limit`` or ``route_max_concurrency``. KV usage
+    #: measures how much a sync interrupts only where the KV is what fills an instance; where
+    #: θ stops routing first (a dense model, whose KV holds several times what θ lets run),
+    #: every stale instance is below any KV threshold and per-instance sync becomes greedy
+    #: global sync. None: no such test (the paper's rule). In (0, 1]. A rule beyond the
+    #: paper's runs (see the throughput docs for what it measured).
+    sync_load_threshold: float | None = attrs.field(default=None, validator=_optional_fraction)
     #: ... and only once it cannot take admissible work at its own version (the paper's runs
     #: do not require this: False).
     sync_require_starved: bool = attrs.field(default=True, validator=_bool)

@@ -13,11 +13,13 @@ whole context. StaleFlow instead lets each instance choose its moment. A stale i
    ``max(1, ⌈sync_lag_fraction × η⌉)`` (each when set): it has ridden an old version long
    enough; it pulls now whatever it runs, as greedy sync would have done ``k − 1`` versions
    ago.
-3. **Cheap moment.** Its KV usage is below ``sync_kv_threshold`` and its engine waiting queue is
-   empty (an interrupted batch is small), and — with ``sync_require_starved`` — it cannot take
-   admissible work at ``v`` (no queued partial with ``V_traj ≤ v`` above the floor; new prompts
-   absent, over the quota or not admitted at ``v``); and either there is work routable at ``L``
-   or it is idle (then syncing costs nothing).
+3. **Cheap moment.** Its KV usage is below ``sync_kv_threshold``, its engine waiting queue is
+   empty (an interrupted batch is small) and, with ``sync_load_threshold``, it runs less than
+   that share of what the router would load it with (:func:`router_load`); with
+   ``sync_require_starved`` it also cannot take admissible work at ``v`` (no queued partial
+   with ``V_traj ≤ v`` above the floor; new prompts absent, over the quota or not admitted at
+   ``v``); and either there is work routable at ``L`` or it is idle (then syncing costs
+   nothing).
 
 Why this never does worse than greedy global sync: every pull goes to the latest version, so an
 instance pulls at most once per published version — never more loads than greedy; a pull by
@@ -36,6 +38,14 @@ response; ``k = ⌈η/2⌉`` (``sync_lag_fraction = 0.5``) leaves half the windo
 best gain over every version that can serve them (``partial_order="gain"``) so long partials of
 old versions do not pile onto the few instances still at those versions.
 
+Why a load test beside the KV one: the KV threshold stands for "the sync interrupts little"
+only where the KV is what fills an instance (the paper's 30B-A3B runs, where the router's θ
+test and the KV stop routing at about the same load). On a dense model the KV holds several
+times what θ lets run — a Qwen2.5-7B instance on an H20 holds 214 trajectories of a 6K-token
+mean, θ = 0.3 stops routing near 30 — so every loaded instance sits far below any KV
+threshold, every stale one syncs at once, and per-instance sync is greedy global sync (each
+publish interrupts and re-prefills everything).
+
 Running work of a syncing instance is interrupted by the engine and returns to the trajectory
 server with V_traj kept (partial rollout).
 """
@@ -45,6 +55,8 @@ from __future__ import annotations
 import math
 
 from rollout_coordinator._commands import Sync
+from rollout_coordinator._config import CoordinatorConfig
+from rollout_coordinator._speculative import InstanceState
 from rollout_coordinator.policies._base import AdmissionPort, CycleView, reads
 
 #: A group id the protocol has never seen: asking about it asks "would a *fresh* group be
@@ -52,12 +64,50 @@ from rollout_coordinator.policies._base import AdmissionPort, CycleView, reads
 PROBE_GROUP = "\x00rollout-coordinator-probe"
 
 
-@reads("sync_kv_threshold", "sync_require_starved", "sync_max_lag", "sync_lag_fraction")
+def router_load(inst: InstanceState, cfg: CoordinatorConfig) -> float:
+    """What ``inst`` runs as a share of what the cost-model router would give it: ``n`` running
+    over ``m``, the trajectories of its mean context ``c = kv_used / n`` the router places on
+    it empty, one by one, before one fails a test (θ × an empty instance's gain, KV after it
+    ≤ ``route_kv_limit``, fewer than ``route_max_concurrency`` running). 0 when nothing runs;
+    infinite when not even one fits. The gain of one more trajectory of ``c`` tokens falls as
+    ``m`` grows (``T(m, m·c)`` is concave in ``m``), so ``m`` is found by bisection."""
+    n = inst.n_running
+    if n <= 0:
+        return 0.0
+    c = max(inst.kv_used / n, 1.0)
+    cm = cfg.cost_model
+    theta = cfg.theta if cfg.theta_slack is None else min(cfg.theta, cfg.theta_slack)
+    floor = theta * cm.empty_gain(c)
+    hi = int(cfg.route_kv_limit * inst.kv_capacity // c)  # j + 1 trajectories fit while j < hi
+    if cfg.route_max_concurrency is not None:
+        hi = min(hi, cfg.route_max_concurrency)
+    lo = 0  # the first j whose route fails lies in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if cm.marginal_gain(mid, mid * c, c) >= floor:
+            lo = mid + 1
+        else:
+            hi = mid
+    return n / lo if lo else math.inf
+
+
+@reads(
+    "sync_kv_threshold",
+    "sync_load_threshold",
+    "sync_require_starved",
+    "sync_max_lag",
+    "sync_lag_fraction",
+    "theta",
+    "theta_slack",
+    "route_kv_limit",
+    "route_max_concurrency",
+)
 def sync_when_starved(view: CycleView, port: AdmissionPort, quota: int | None) -> list[Sync]:
     cfg = view.config
     latest = view.latest_version
     floor = view.abort_floor
     thr = cfg.sync_kv_threshold
+    load_thr = cfg.sync_load_threshold
     bounds = [cfg.sync_max_lag] if cfg.sync_max_lag is not None else []
     if cfg.sync_lag_fraction is not None:
         bounds.append(max(1, math.ceil(cfg.sync_lag_fraction * view.eta)))
@@ -86,6 +136,8 @@ def sync_when_starved(view: CycleView, port: AdmissionPort, quota: int | None) -
             continue
         if inst.kv_usage >= thr or inst.waiting > 0:
             continue  # would interrupt too much now
+        if load_thr is not None and router_load(inst, cfg) >= load_thr:
+            continue  # near the load the router gives it: a sync would interrupt much
         if starved_only and ((min_partial is not None and min_partial <= v) or new_admissible(v)):
             continue  # it still has admissible work at its own version
         if inst.n_running == 0:
