@@ -8,7 +8,7 @@ import pytest
 
 from rollout_coordinator import CoordinatorConfig, CostModel, Route
 from rollout_coordinator._speculative import InstanceState
-from rollout_coordinator.policies.sync_per_instance import router_load
+from rollout_coordinator.policies.sync_per_instance import router_load, router_loaded
 from rollout_coordinator.testing import CAP, interrupts, make, new, partial, snap, syncs
 
 # ---- per-instance sync ----------------------------------------------------------------------
@@ -340,3 +340,13 @@ def test_a_loaded_instance_far_below_the_kv_threshold_keeps_its_version():
     assert run(full // 2 + 1, sync_load_threshold=0.5) == {}
     assert run(full // 2 - 1, sync_load_threshold=0.5) == {"a": 1}
     assert run(0, sync_load_threshold=0.01) == {"a": 1}  # idle: nothing to interrupt
+
+
+def test_router_loaded_answers_the_threshold_test_without_the_search():
+    cfg = CoordinatorConfig(cost_model=CostModel.resolve("qwen-7b-h20"))
+    for cap, c in [(1_270_363, 4000), (274_736, 6000), (50_000, 900)]:
+        for n in range(0, 90, 3):
+            st = InstanceState("a", 0, cap)
+            st.n_running, st.kv_used = n, n * c
+            for share in (0.05, 0.3, 0.5, 0.77, 1.0):
+                assert router_loaded(st, cfg, share) == (router_load(st, cfg) >= share), (n, share)

@@ -53,6 +53,7 @@ server with V_traj kept (partial rollout).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from rollout_coordinator._commands import Sync
 from rollout_coordinator._config import CoordinatorConfig
@@ -64,31 +65,53 @@ from rollout_coordinator.policies._base import AdmissionPort, CycleView, reads
 PROBE_GROUP = "\x00rollout-coordinator-probe"
 
 
-def router_load(inst: InstanceState, cfg: CoordinatorConfig) -> float:
-    """What ``inst`` runs as a share of what the cost-model router would give it: ``n`` running
-    over ``m``, the trajectories of its mean context ``c = kv_used / n`` the router places on
-    it empty, one by one, before one fails a test (θ × an empty instance's gain, KV after it
-    ≤ ``route_kv_limit``, fewer than ``route_max_concurrency`` running). 0 when nothing runs;
-    infinite when not even one fits. The gain of one more trajectory of ``c`` tokens falls as
-    ``m`` grows (``T(m, m·c)`` is concave in ``m``), so ``m`` is found by bisection."""
-    n = inst.n_running
-    if n <= 0:
-        return 0.0
-    c = max(inst.kv_used / n, 1.0)
+def _route_fails(inst: InstanceState, cfg: CoordinatorConfig) -> Callable[[int], bool]:
+    """``fails(j)``: would the cost-model router refuse one more trajectory of ``inst``'s mean
+    context ``c = kv_used / n`` on an instance like it running ``j`` of them (θ × an empty
+    instance's gain, with the smaller of ``theta`` and ``theta_slack``; KV after it ≤
+    ``route_kv_limit``; fewer than ``route_max_concurrency`` running)? False up to some ``m``,
+    then True: ``T(j, j·c)`` is concave in ``j``, so the gain of one more falls as ``j`` grows.
+    Only for ``n ≥ 1``."""
+    c = max(inst.kv_used / inst.n_running, 1.0)
     cm = cfg.cost_model
     theta = cfg.theta if cfg.theta_slack is None else min(cfg.theta, cfg.theta_slack)
     floor = theta * cm.empty_gain(c)
-    hi = int(cfg.route_kv_limit * inst.kv_capacity // c)  # j + 1 trajectories fit while j < hi
+    fit = int(cfg.route_kv_limit * inst.kv_capacity // c)  # j + 1 of them fit while j < fit
+    if cfg.route_max_concurrency is not None:
+        fit = min(fit, cfg.route_max_concurrency)
+
+    def fails(j: int) -> bool:
+        return j >= fit or cm.marginal_gain(j, j * c, c) < floor
+
+    return fails
+
+
+def router_load(inst: InstanceState, cfg: CoordinatorConfig) -> float:
+    """What ``inst`` runs as a share of what the cost-model router would give it: ``n`` running
+    over ``m``, the trajectories of its mean context the router places on it empty, one by one,
+    before one fails a test (see :func:`_route_fails`); 0 when nothing runs, infinite when not
+    even one fits. ``m`` is found by bisection."""
+    n = inst.n_running
+    if n <= 0:
+        return 0.0
+    fails = _route_fails(inst, cfg)
+    lo, hi = 0, int(cfg.route_kv_limit * inst.kv_capacity // max(inst.kv_used / n, 1.0))
     if cfg.route_max_concurrency is not None:
         hi = min(hi, cfg.route_max_concurrency)
-    lo = 0  # the first j whose route fails lies in [lo, hi]
-    while lo < hi:
+    while lo < hi:  # the first j that fails lies in [lo, hi]
         mid = (lo + hi) // 2
-        if cm.marginal_gain(mid, mid * c, c) >= floor:
-            lo = mid + 1
-        else:
+        if fails(mid):
             hi = mid
+        else:
+            lo = mid + 1
     return n / lo if lo else math.inf
+
+
+def router_loaded(inst: InstanceState, cfg: CoordinatorConfig, share: float) -> bool:
+    """``router_load(inst, cfg) ≥ share`` without the search: ``n ≥ share × m`` holds exactly
+    when the route at ``⌊n / share⌋`` running fails (``m`` is the first ``j`` that fails)."""
+    n = inst.n_running
+    return n > 0 and _route_fails(inst, cfg)(math.floor(n / share))
 
 
 @reads(
@@ -136,8 +159,6 @@ def sync_when_starved(view: CycleView, port: AdmissionPort, quota: int | None) -
             continue
         if inst.kv_usage >= thr or inst.waiting > 0:
             continue  # would interrupt too much now
-        if load_thr is not None and router_load(inst, cfg) >= load_thr:
-            continue  # near the load the router gives it: a sync would interrupt much
         if starved_only and ((min_partial is not None and min_partial <= v) or new_admissible(v)):
             continue  # it still has admissible work at its own version
         if inst.n_running == 0:
@@ -145,6 +166,6 @@ def sync_when_starved(view: CycleView, port: AdmissionPort, quota: int | None) -
             continue
         if work_at_latest is None:
             work_at_latest = min_partial is not None or new_admissible(latest)
-        if work_at_latest:
-            out.append(Sync(instance_id=iid, to_version=latest))
+        if work_at_latest and (load_thr is None or not router_loaded(inst, cfg, load_thr)):
+            out.append(Sync(instance_id=iid, to_version=latest))  # (loaded: it interrupts much)
     return out
