@@ -56,34 +56,37 @@ def test_every_policy_of_a_comparison_runs_the_presets_coordinator_settings(name
         }
 
 
-def test_the_rollout_bound_preset_sets_theta_slack_due_first_the_kv_limit_and_load() -> None:
-    base = load_config(EXAMPLES / "sim-paper-30b-a3b-rollout-bound.yaml", [])
-    paper = load_config(
-        EXAMPLES / "sim-paper-30b-a3b-rollout-bound.yaml",
-        [
-            "coordinator.theta_slack=off",
-            "coordinator.due_first=false",
-            "coordinator.route_kv_limit=null",
-            "coordinator.sync_load_threshold=off",
-        ],
-    )
-    got, profile = _strategy(base), _strategy(paper)
-    assert got["theta_slack"] is not None and profile["theta_slack"] is None
-    assert got["due_first"] is True and profile["due_first"] is False
-    assert got["route_kv_limit"] < profile["route_kv_limit"]
-    for key in ("theta_slack", "due_first", "route_kv_limit", "sync_load_threshold"):
-        got.pop(key), profile.pop(key)
-    assert got == profile  # every other field is the profile's
+#: what each preset sets on top of the paper profile, and how to unset it
+_UNSET = {
+    "theta_slack": "off",
+    "due_first": "false",
+    "route_kv_limit": "null",
+    "sync_load_threshold": "off",
+}
+OWN = {
+    "sim-paper-30b-a3b.yaml": {"sync_load_threshold": 0.5},
+    "sim-paper-30b-a3b-40k.yaml": {"sync_load_threshold": 0.5},
+    "sim-paper-30b-a3b-rollout-bound.yaml": {
+        "theta_slack": 0.15,
+        "due_first": True,
+        "route_kv_limit": 0.9,
+        "sync_load_threshold": 0.5,
+    },
+    "sim-paper-7b.yaml": {"theta_slack": 0.15, "due_first": True, "sync_load_threshold": 0.5},
+    "sim-paper-14b.yaml": {"sync_load_threshold": 0.5},
+}
 
 
 @pytest.mark.parametrize("name", PRESETS)
-def test_every_preset_adds_the_router_load_test_to_the_paper_sync(name: str) -> None:
+def test_each_preset_sets_its_own_settings_on_the_paper_profile(name: str) -> None:
+    own = OWN[name]
     base = load_config(EXAMPLES / name, [])
-    paper = load_config(EXAMPLES / name, ["coordinator.sync_load_threshold=off"])
+    paper = load_config(EXAMPLES / name, [f"coordinator.{k}={_UNSET[k]}" for k in own])
     got, profile = _strategy(base), _strategy(paper)
-    assert got["sync_load_threshold"] == 0.5 and profile["sync_load_threshold"] is None
-    got.pop("sync_load_threshold"), profile.pop("sync_load_threshold")
-    assert got == profile
+    for key, value in own.items():
+        assert got.pop(key) == value
+        assert profile.pop(key) != value  # the paper profile's differs
+    assert got == profile  # every other field is the profile's
 
 
 @pytest.mark.parametrize("raw", ["off", '"off"'])

@@ -54,12 +54,16 @@ def route_by_marginal_gain(
         ref_len = sum(i.kv_used for i in view.instances.values()) // n_all if n_all else 1
 
     def theta_of(iid: str) -> float:
-        # theta_slack: an instance holding work only the next batch can take, or none, keeps
-        # theta
+        # theta_slack: an instance holding work only the next theta_slack_batches batches can
+        # take, or none, keeps theta
         if cfg.theta_slack is None:
             return theta
         oldest = view.oldest_routed(iid)
-        return theta if oldest is None or oldest <= floor + 1 else cfg.theta_slack
+        return (
+            theta
+            if oldest is None or oldest <= floor + cfg.theta_slack_batches
+            else cfg.theta_slack
+        )
 
     def gain(n: int, kv: float, length: int) -> float:
         # max(k2, x) written out: this runs a few times per instance and per route, and the

@@ -72,6 +72,7 @@ def _config(rng: random.Random, policy: str) -> CoordinatorConfig:
     overrides["due_spread_ratio"] = due.choice([None, None, 1.05, 1.5])
     overrides["due_spread_max_running"] = due.choice([0, 2, 8])
     overrides["sync_load_threshold"] = due.choice([None, None, 0.3, 0.8])
+    overrides["theta_slack_batches"] = due.choice([1, 2, 3])
     if build_policy(policy).protocol == "fifo":  # its FIFO keeps no η to size the window by
         overrides["verl_staleness_threshold"] = rng.choice([0.5, 1.0, 3.0])
     profile = rng.choice(["default", "paper", "robust"])
@@ -451,6 +452,7 @@ def test_version_groups_keep_the_order_of_sorted_entries() -> None:
 _OTHER: dict[str, tuple[Any, ...]] = {
     "theta": (0.9, 0.01),
     "theta_slack": (0.9, None),
+    "theta_slack_batches": (1, 5),
     "due_first": (True, False),
     "due_placement": ("headroom", "gain"),
     "due_spread_ratio": (1.01, None),

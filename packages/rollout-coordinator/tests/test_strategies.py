@@ -89,13 +89,23 @@ def _others(n, tokens=1000):
     )
 
 
-@pytest.mark.parametrize(("held_v_traj", "takes"), [(None, False), (2, False), (3, True)])
-def test_theta_slack_applies_only_where_all_routed_work_has_slack(held_v_traj, takes):
+@pytest.mark.parametrize(
+    ("held_v_traj", "batches", "takes"),
+    [(None, 1, False), (2, 1, False), (3, 1, True), (3, 2, False), (None, 2, False)],
+)
+def test_theta_slack_applies_only_where_all_routed_work_has_slack(held_v_traj, batches, takes):
     """θ 0.9 refuses a 22nd trajectory; θ_slack 0.05 takes it on an instance whose routed work
-    all has slack (V_traj 3 > abort floor + 1 = 2). One holding work that only the batch the
-    trainer needs next can take (V_traj 2), or holding no routed work, keeps θ."""
+    all has slack: with ``theta_slack_batches`` 1, V_traj 3 > abort floor + 1 = 2. One holding
+    work that only the batch the trainer needs next can take (V_traj 2), or holding no routed
+    work, keeps θ. With 2 (the default), V_traj 3 is work the next two batches need (3 ≤ 1 +
+    2): its instance keeps θ too."""
     coord, proto, clock = make(
-        instances=[("a", 3)], start_version=3, eta=1, theta=0.9, theta_slack=0.05
+        instances=[("a", 3)],
+        start_version=3,
+        eta=1,
+        theta=0.9,
+        theta_slack=0.05,
+        theta_slack_batches=batches,
     )
     assert proto.abort_floor == 1
     running = _others(20)

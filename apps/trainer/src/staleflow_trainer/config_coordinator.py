@@ -70,6 +70,7 @@ STRATEGY_FIELDS = (
     "route_kv_limit",
     "route_max_concurrency",
     "theta_slack",
+    "theta_slack_batches",
     "due_first",
     "due_placement",
     "candidate_order",
@@ -126,6 +127,10 @@ class CoordinatorConfig:
     theta: float | None = _f(None, doc="min marginal-gain fraction to route")
     theta_slack: float | Literal["off"] | None = _f(
         None, doc="theta for an instance whose work all has slack in the eta window"
+    )
+    theta_slack_batches: int | None = _f(
+        None,
+        doc="theta_slack: an instance holding work the next this many batches need keeps theta",
     )
     due_first: bool | None = _f(
         None, doc="due work skips theta; a theta refusal holds for longer work only"

@@ -142,12 +142,20 @@ class CoordinatorConfig:
     #: In (0, 1]; the reference runs use 0.2–0.5.
     theta: float = attrs.field(default=0.3, validator=_open_unit)
     #: θ for an instance whose work all has slack in the η window: it holds routed work and
-    #: every trajectory routed to it can still be trained after the batch the trainer needs
-    #: next (its V_traj is above the abort floor + 1). Such an instance may take work at a
+    #: every trajectory routed to it can still be trained after the batches the trainer needs
+    #: next (its V_traj is above the abort floor + ``theta_slack_batches``). Such an instance
+    #: may take work at a
     #: smaller gain (more running, each slower); one holding work the next batch waits for, or
     #: holding none, keeps ``theta``. None: ``theta`` everywhere. In (0, 1]. A rule beyond the
     #: paper's runs (see the throughput docs for what it measured).
     theta_slack: float | None = attrs.field(default=None, validator=_optional_fraction)
+    #: What "holding work the next batches wait for" means for ``theta_slack``: a trajectory
+    #: routed at a V_traj ≤ the abort floor + this can only be trained in one of the next this
+    #: many batches, and its instance keeps ``theta``. 1: the next batch alone; 2 (the
+    #: default): the next two, so a trajectory admitted one step ahead of the trainer is not
+    #: slowed down by work packed beside it under ``theta_slack`` a step before the trainer
+    #: needs it (at η = 1 every trajectory is such). ≥ 1.
+    theta_slack_batches: int = attrs.field(default=2, validator=_positive_int)
     #: Serve what the trainer waits for first: a queued partial whose group is reserved in
     #: the buffer the trainer takes next is *due*, and θ never refuses it (it goes where a
     #: partial of its version goes, to the first instance with KV room, whatever the gain);

@@ -121,10 +121,10 @@ def gain_terms(n: Ints, kv: Ints, cm: CostModel) -> tuple[Floats, Floats]:
 def instance_thetas(view: CycleView, iids: list[str]) -> list[float] | None:
     """Per instance (in ``iids`` order) the θ its routes must pass, or None when every
     instance uses ``theta``. With ``theta_slack``: an instance holding a trajectory routed at
-    a V_traj ≤ the abort floor + 1 — work that can only be trained in the batch the trainer
-    needs next, whose wait every extra trajectory on that instance lengthens — keeps
-    ``theta``, and so does an instance holding no routed work; any other instance (all its
-    work can still land in a later buffer) uses ``theta_slack``. (This judges routed work by
+    a V_traj ≤ the abort floor + ``theta_slack_batches`` — work that can only be trained in
+    one of the batches the trainer needs next, whose wait every extra trajectory on that
+    instance lengthens — keeps ``theta``, and so does an instance holding no routed work; any
+    other instance (all its work can still land in a later buffer) uses ``theta_slack``. (This judges routed work by
     its version alone, which is all the coordinator keeps of it; ``due_first`` asks the
     protocol where a queued partial's group is reserved.)"""
     cfg = view.config
@@ -132,7 +132,7 @@ def instance_thetas(view: CycleView, iids: list[str]) -> list[float] | None:
     if slack is None:
         return None
     theta = cfg.theta
-    last_chance = view.abort_floor + 1
+    last_chance = view.abort_floor + cfg.theta_slack_batches
     oldest = view.oldest_routed
     return [theta if (v := oldest(iid)) is None or v <= last_chance else slack for iid in iids]
 
@@ -140,6 +140,7 @@ def instance_thetas(view: CycleView, iids: list[str]) -> list[float] | None:
 @reads(
     "theta",
     "theta_slack",
+    "theta_slack_batches",
     "due_first",
     "due_placement",
     "route_kv_limit",
