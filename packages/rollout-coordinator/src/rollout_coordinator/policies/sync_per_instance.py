@@ -65,13 +65,14 @@ from rollout_coordinator.policies._base import AdmissionPort, CycleView, reads
 PROBE_GROUP = "\x00rollout-coordinator-probe"
 
 
-def _route_fails(inst: InstanceState, cfg: CoordinatorConfig) -> Callable[[int], bool]:
+def _route_fails(inst: InstanceState, cfg: CoordinatorConfig) -> tuple[Callable[[int], bool], int]:
     """``fails(j)``: would the cost-model router refuse one more trajectory of ``inst``'s mean
     context ``c = kv_used / n`` on an instance like it running ``j`` of them (θ × an empty
     instance's gain, with the smaller of ``theta`` and ``theta_slack``; KV after it ≤
     ``route_kv_limit``; fewer than ``route_max_concurrency`` running)? False up to some ``m``,
     then True: ``T(j, j·c)`` is concave in ``j``, so the gain of one more falls as ``j`` grows.
-    Only for ``n ≥ 1``."""
+    Returned with ``fit``, from which on every ``j`` fails (KV or the cap). Only for
+    ``n ≥ 1``."""
     c = max(inst.kv_used / inst.n_running, 1.0)
     cm = cfg.cost_model
     theta = cfg.theta if cfg.theta_slack is None else min(cfg.theta, cfg.theta_slack)
@@ -83,7 +84,7 @@ def _route_fails(inst: InstanceState, cfg: CoordinatorConfig) -> Callable[[int],
     def fails(j: int) -> bool:
         return j >= fit or cm.marginal_gain(j, j * c, c) < floor
 
-    return fails
+    return fails, fit
 
 
 def router_load(inst: InstanceState, cfg: CoordinatorConfig) -> float:
@@ -94,10 +95,8 @@ def router_load(inst: InstanceState, cfg: CoordinatorConfig) -> float:
     n = inst.n_running
     if n <= 0:
         return 0.0
-    fails = _route_fails(inst, cfg)
-    lo, hi = 0, int(cfg.route_kv_limit * inst.kv_capacity // max(inst.kv_used / n, 1.0))
-    if cfg.route_max_concurrency is not None:
-        hi = min(hi, cfg.route_max_concurrency)
+    fails, hi = _route_fails(inst, cfg)
+    lo = 0
     while lo < hi:  # the first j that fails lies in [lo, hi]
         mid = (lo + hi) // 2
         if fails(mid):
@@ -111,7 +110,7 @@ def router_loaded(inst: InstanceState, cfg: CoordinatorConfig, share: float) -> 
     """``router_load(inst, cfg) ≥ share`` without the search: ``n ≥ share × m`` holds exactly
     when the route at ``⌊n / share⌋`` running fails (``m`` is the first ``j`` that fails)."""
     n = inst.n_running
-    return n > 0 and _route_fails(inst, cfg)(math.floor(n / share))
+    return n > 0 and _route_fails(inst, cfg)[0](math.floor(n / share))
 
 
 @reads(
