@@ -144,9 +144,8 @@ class CoordinatorConfig:
     #: θ for an instance whose work all has slack in the η window: it holds routed work and
     #: every trajectory routed to it can still be trained after the batches the trainer needs
     #: next (its V_traj is above the abort floor + ``theta_slack_batches``). Such an instance
-    #: may take work at a
-    #: smaller gain (more running, each slower); one holding work the next batch waits for, or
-    #: holding none, keeps ``theta``. None: ``theta`` everywhere. In (0, 1]. A rule beyond the
+    #: may take work at a smaller gain (more running, each slower); one holding work the next
+    #: batches wait for, or holding none, keeps ``theta``. None: ``theta`` everywhere. In (0, 1]. A rule beyond the
     #: paper's runs (see the throughput docs for what it measured).
     theta_slack: float | None = attrs.field(default=None, validator=_optional_fraction)
     #: What "holding work the next batches wait for" means for ``theta_slack``: a trajectory

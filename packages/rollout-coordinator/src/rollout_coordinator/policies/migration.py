@@ -49,14 +49,13 @@ Preemption (``preemption_rule``):
   trajectories that were meant to run there — the engine preempted them (a snapshot showed
   them running), or refused them because it had filled since the snapshot they were routed
   against (no room left for them: half ``route_kv_limit`` less what the instance holds) —
-  are aborted back to the
-  trajectory server (``Interrupt``, requeue, reason ``bounce``), oldest route first, as many
-  as the queue exceeds the allowance by, and re-routed. One routed into room that still fits
-  waits for its prefill (the engine's token budget a step) and stays
-  (:class:`~rollout_coordinator._meant.MeantToRun`). Work routed to an engine known to be full (the even router hands work to an
-  engine whatever its load, as a round-robin front end does) stays in that engine's queue,
-  as in a real deployment: aborting it would send it straight back to the same full
-  engines, cycle after cycle.
+  are aborted back to the trajectory server (``Interrupt``, requeue, reason ``bounce``),
+  oldest route first, as many as the queue exceeds the allowance by, and re-routed. One routed
+  into room that still fits waits for its prefill (the engine's token budget a step) and
+  stays (:class:`~rollout_coordinator._meant.MeantToRun`). Work routed to an engine known to
+  be full (the even router hands work to an engine whatever its load, as a round-robin front
+  end does) stays in that engine's queue, as in a real deployment: aborting it would send it
+  straight back to the same full engines, cycle after cycle.
 * ``off``: nothing.
 """
 

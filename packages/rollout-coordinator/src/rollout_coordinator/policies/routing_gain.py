@@ -124,9 +124,9 @@ def instance_thetas(view: CycleView, iids: list[str]) -> list[float] | None:
     a V_traj ≤ the abort floor + ``theta_slack_batches`` — work that can only be trained in
     one of the batches the trainer needs next, whose wait every extra trajectory on that
     instance lengthens — keeps ``theta``, and so does an instance holding no routed work; any
-    other instance (all its work can still land in a later buffer) uses ``theta_slack``. (This judges routed work by
-    its version alone, which is all the coordinator keeps of it; ``due_first`` asks the
-    protocol where a queued partial's group is reserved.)"""
+    other instance (all its work can still land in a later buffer) uses ``theta_slack``. (This
+    judges routed work by its version alone, which is all the coordinator keeps of it;
+    ``due_first`` asks the protocol where a queued partial's group is reserved.)"""
     cfg = view.config
     slack = cfg.theta_slack
     if slack is None:

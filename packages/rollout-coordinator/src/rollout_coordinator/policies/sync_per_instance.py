@@ -166,5 +166,5 @@ def sync_when_starved(view: CycleView, port: AdmissionPort, quota: int | None) -
         if work_at_latest is None:
             work_at_latest = min_partial is not None or new_admissible(latest)
         if work_at_latest and (load_thr is None or not router_loaded(inst, cfg, load_thr)):
-            out.append(Sync(instance_id=iid, to_version=latest))  # (loaded: it interrupts much)
+            out.append(Sync(instance_id=iid, to_version=latest))  # (not while loaded: see rule 3)
     return out
