@@ -302,3 +302,57 @@ def test_closed_form_matches_per_step_reference(seed: int) -> None:
     for tid, t in expected.items():
         assert got[tid].time_s == pytest.approx(t, rel=1e-9, abs=1e-12), tid
     assert core.preemptions == preemptions
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_pace_changes_match_per_step_reference(seed: int) -> None:
+    """``set_pace`` mid-run: the step in progress keeps its pace, every later step runs at the
+    new one (prefill included), exactly as the per-step reference."""
+    rng = random.Random(1000 + seed)
+    max_running = rng.choice([2, 4, 16])
+    c = cfg(
+        kv_capacity_tokens=rng.choice([400, 800, 5_000]),
+        max_model_len=300,
+        max_running=max_running,
+        prefill_s_per_token=rng.choice([0.0, 1e-4]),
+        prefill_s_per_token_position=rng.choice([0.0, 3e-7]),
+        max_num_batched_tokens=rng.choice([None, max_running + 7, 64]),
+        speed_factor=rng.choice([1.0, 0.7]),
+    )
+    trajs = [
+        RefTraj(
+            tid=f"t{i}",
+            arrive=rng.choice([0.0, rng.uniform(0, 0.5)]),
+            prompt_len=rng.randint(1, 60),
+            stop_len=rng.randint(1, 200),
+        )
+        for i in range(rng.randint(1, 20))
+    ]
+    paces = sorted((rng.uniform(0, 1.5), rng.choice([1.0, 0.5, 0.25, 0.8])) for _ in range(6))
+    expected, preemptions = run_reference(c, [attrs.evolve(t) for t in trajs], paces)
+    core = SimEngineCore(c)
+    got = {}
+    events = [(t.arrive, 0, t) for t in trajs] + [(at, 1, pace) for at, pace in paces]
+    for at, kind, what in sorted(events, key=lambda e: (e[0], e[1])):
+        while core.next_event_time() <= at:
+            for d in core.advance_to(core.next_event_time()):
+                got[d.trajectory_id] = d
+        for d in core.advance_to(at):
+            got[d.trajectory_id] = d
+        if kind == 0:
+            core.add(req(what.tid, what.prompt_len, target=what.stop_len), now=at)
+        else:
+            core.set_pace(what, now=at)
+    got.update(drain(core))
+    assert set(got) == set(expected)
+    for tid, t in expected.items():
+        assert got[tid].time_s == pytest.approx(t, rel=1e-9, abs=1e-12), tid
+    assert core.preemptions == preemptions
+
+
+def test_set_pace_rejects_a_pace_outside_zero_to_one() -> None:
+    core = SimEngineCore(cfg())
+    for bad in (0.0, -0.5, 1.5, float("nan")):
+        with pytest.raises(InvalidRequest, match="pace"):
+            core.set_pace(bad, now=0.0)
+    assert core.pace == 1.0

@@ -268,6 +268,19 @@ class SimEngineCore(Scheduler):
         if self._stretch is None and self._loading is None:
             self._boundary(now, NO_CARRY)
 
+    def set_pace(self, pace: float, now: float) -> None:
+        """Run at ``pace`` × the instance's speed from the next step boundary on (0 < pace ≤ 1:
+        the share of its compute it gets while something else on a shared host computes; 1
+        restores it). The step in progress finishes at the old pace; weight loads keep theirs."""
+        if not (isinstance(pace, int | float) and 0.0 < pace <= 1.0):
+            raise InvalidRequest(f"pace must be in (0, 1], got {pace!r}", field="pace")
+        self._advance(now)
+        if pace == self.pace:
+            return
+        self.pace = float(pace)
+        self._use_speed(self.config.speed_factor * self.pace)
+        self._touch(now)
+
     def peek(self, trajectory_id: str, now: float) -> SimCompletion:
         """Progress of a held trajectory at ``now`` without stopping it.
 

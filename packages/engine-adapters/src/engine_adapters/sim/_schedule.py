@@ -72,21 +72,32 @@ class Scheduler:
         self._outbox: list[SimCompletion] = []
         self._snapshot_seq = 0
         cfg = self.config
-        #: The instance's true step-latency model (the config's, at ``speed_factor``).
-        self.cost: CostModel = (
-            cfg.cost if cfg.speed_factor == 1.0 else cfg.cost.scaled(1.0 / cfg.speed_factor)
-        )
         self._cap_tokens = cfg.kv_capacity
         self._budget = cfg.max_num_batched_tokens
-        self._pf_lin, self._pf_quad = (c / cfg.speed_factor for c in cfg.prefill)
-        cost = self.cost
-        self._batch_terms = [cost.batch_term(n) for n in range(min(cfg.max_running, 4096) + 1)]
+        #: The share of its own speed the instance runs at (``set_pace``; 1: all of it).
+        self.pace = 1.0
+        self._speeds: dict[float, tuple[CostModel, float, float, list[float]]] = {}
+        self._use_speed(cfg.speed_factor)
         self.total_generated_tokens = 0
         self.preemptions = 0
         self.events = 0
         #: Context tokens prefilled (prompts and re-prefills) and the seconds that took.
         self.prefill_tokens = 0
         self.prefill_seconds = 0.0
+
+    def _use_speed(self, speed: float) -> None:
+        """Set the step-latency model and prefill costs of an instance running at ``speed``
+        (every time divided by it; one set of terms per speed, kept)."""
+        terms = self._speeds.get(speed)
+        if terms is None:
+            cfg = self.config
+            cost = cfg.cost if speed == 1.0 else cfg.cost.scaled(1.0 / speed)
+            lin, quad = (c / speed for c in cfg.prefill)
+            batch = [cost.batch_term(n) for n in range(min(cfg.max_running, 4096) + 1)]
+            terms = self._speeds[speed] = (cost, lin, quad, batch)
+        #: The instance's true step-latency model (the config's, at ``speed_factor`` × pace).
+        self.cost: CostModel = terms[0]
+        self._pf_lin, self._pf_quad, self._batch_terms = terms[1], terms[2], terms[3]
 
     def _steps_by(self, st: Stretch, delta: float) -> int:
         """Largest j <= m_end with S(j) <= delta (closed form, then exact fix-up)."""

@@ -2,14 +2,16 @@
 
 It loops over every step, so it is slow but obviously follows the rules stated in
 ``engine_adapters.sim._core`` (decode steps, KV-budget preemption, chunked prefill under the
-per-step token budget, the quadratic attention term, the speed factor); the closed-form core
-must agree with it exactly.
+per-step token budget, the quadratic attention term, the speed factor, pace changes); the
+closed-form core must agree with it exactly.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
+from collections.abc import Sequence
 
 import attrs
 
@@ -31,8 +33,13 @@ class RefTraj:
         return self.prompt_len + self.generated
 
 
-def run_reference(cfg: SimConfig, trajs: list[RefTraj]) -> tuple[dict[str, float], int]:
-    """Finish time of every trajectory and the number of preemptions."""
+def run_reference(
+    cfg: SimConfig, trajs: list[RefTraj], paces: Sequence[tuple[float, float]] = ()
+) -> tuple[dict[str, float], int]:
+    """Finish time of every trajectory and the number of preemptions. ``paces``: ``(time,
+    pace)`` changes in time order (``SimEngineCore.set_pace``); a step runs at the pace of the
+    last change made at or before its start."""
+    change_at = [c for c, _ in paces]
     pending = deque(sorted(trajs, key=lambda t: t.arrive))
     waiting: deque[RefTraj] = deque()
     running: list[RefTraj] = []  # decoding, in admission order
@@ -100,7 +107,9 @@ def run_reference(cfg: SimConfig, trajs: list[RefTraj]) -> tuple[dict[str, float
                 break
             t = max(t, pending[0].arrive)
             continue
-        t += prefill + cost.step_latency(len(running), kv) / speed
+        i = bisect.bisect_right(change_at, t)
+        pace = paces[i - 1][1] if i else 1.0
+        t += (prefill + cost.step_latency(len(running), kv) / speed) / pace
         for r in running:
             r.generated += 1
         if head is not None:
