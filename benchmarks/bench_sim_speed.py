@@ -13,7 +13,7 @@ other processes put on the cores, CPU seconds much less. Both sides run the same
 overrides in separate processes, each tree with its own locked environment (the ref's
 checkout is the cached ``git worktree`` of ``bench_e2e.py``, ``bench-results/e2e/ref-<sha>``).
 
-    .venv/bin/python benchmarks/bench_sim_speed.py [--ref bbcfae3] [--pairs 2] \\
+    .venv/bin/python benchmarks/bench_sim_speed.py [--ref HEAD] [--pairs 2] \\
         [--preset examples/sim-paper-30b-a3b.yaml] [KEY=VALUE ...]
     .venv/bin/python benchmarks/bench_sim_speed.py --smoke   # this tree on both sides, tiny
 
@@ -38,7 +38,9 @@ if (_HERE := str(Path(__file__).resolve().parent)) not in sys.path:
 from bench_e2e import ROOT, BenchError, _clean_env, prepare_ref
 
 SIDES = ("before", "after")
-DEFAULT_REF = "bbcfae3"
+#: The last commit: a change in this tree must compute the same run, and shows its speed. (An
+#: older ref computes the same run only while nothing since has changed what runs.)
+DEFAULT_REF = "HEAD"
 DEFAULT_PRESET = "examples/sim-paper-30b-a3b.yaml"
 SMOKE = ("trainer.steps=3", "sim.warmup_steps=1")
 # Runs inside each tree's own environment: only APIs both sides have.

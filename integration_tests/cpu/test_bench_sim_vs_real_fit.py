@@ -52,3 +52,10 @@ def test_a_falling_trend_keeps_a_flat_trainer(tmp_path: Path) -> None:
     cal = bench_sim_vs_real.calibrate(run, 0, tmp_path)
     assert cal["trainer_time_b_s_per_token"] == 0.0
     assert cal["trainer_time_a_s"] == pytest.approx(0.25)
+
+
+def test_the_shared_host_rows_take_the_trainer_alone_from_the_sync_run() -> None:
+    cal = {"trainer_time_a_s": 0.24, "trainer_time_b_s_per_token": 1e-6, "sync_s": 0.08}
+    sync = {"trainer_time_a_s": 0.12, "trainer_time_b_s_per_token": 2e-6, "sync_s": 0.05}
+    alone = bench_sim_vs_real._alone(cal, sync)
+    assert alone == {"trainer_time_a_s": 0.12, "trainer_time_b_s_per_token": 2e-6, "sync_s": 0.08}

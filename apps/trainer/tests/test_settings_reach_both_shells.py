@@ -312,6 +312,7 @@ SIM_VALUES = {
     "sim.total_gpus": "12",
     "sim.b": "0.001",
     "sim.warmup_steps": "5",
+    "sim.host_cores": "2",
 }
 #: sim keys a separate test covers (a trace file is needed)
 SIM_ELSEWHERE = {

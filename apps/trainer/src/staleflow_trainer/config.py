@@ -16,6 +16,7 @@ Theory of operation
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -170,6 +171,12 @@ class RolloutConfig:
         "(0: a lost instance is not replaced)",
     )
     sampling: SamplingConfig = attrs.field(factory=SamplingConfig, validator=_validate_field)
+
+    @property
+    def engine_threads(self) -> int:
+        """Compute threads of one instance's engine: ``cpus_per_instance`` rounded down, at
+        least 1 (Ray gives the actor ``OMP_NUM_THREADS`` = its CPUs)."""
+        return max(math.floor(self.cpus_per_instance), 1)
 
     @property
     def sglang_urls(self) -> list[str]:

@@ -26,6 +26,17 @@ package, never from a second table here:
   systematic error; the published fits report about 10 % average), and ``speed_spread``
   (per-instance speed factors, lognormal with that log-std and mean 1: a heterogeneous fleet
   the router does not know about).
+* **A shared host**: ``sim.host_cores`` (null: every instance and the trainer have their own
+  device, as on a cluster) makes the instances and the trainer share that many CPU cores, as
+  ``staleflow train`` does on one machine. While the trainer computes, its threads
+  (``trainer.torch_threads``, or 1, what Ray gives the trainer) and those of the instances
+  with work (``rollout.cpus_per_instance`` each, at least 1) share the cores evenly: each
+  thread gets ``min(1, cores / threads)`` of one, so the instances run at that share of their
+  pace without the trainer and the trainer's step takes longer by as much (the cost model is
+  the instances' speed side by side without the trainer, as ``staleflow profile`` measures it;
+  the trainer model, its time alone). The roofline ideal and the latency-aware bound that
+  reports print give each side its own device all the same. Not with
+  ``trainer.stream_batch``.
 
 :func:`engine_config` is the only place these become an ``engine_adapters.sim.SimConfig``;
 :func:`validate_sim` runs it when the config is loaded, so a bad setting fails there with the
@@ -99,6 +110,9 @@ class SimConfig:
         0.0, ge=0.0, le=1.0, doc="log-std of the engines' coefficients around the model"
     )
     speed_spread: float = _f(0.0, ge=0.0, le=1.0, doc="log-std of per-instance speed factors")
+    host_cores: int | None = _f(
+        None, ge=1, doc="CPU cores the instances and the trainer share (null: own devices)"
+    )
     # --- GPU budget
     total_gpus: int | None = _f(
         None, ge=1, doc="the GPU budget (null: the instances' GPUs + sim.train_gpus)"

@@ -13,7 +13,6 @@ each other is in the measurement. Each engine's latency at a point is one record
 from __future__ import annotations
 
 import asyncio
-import math
 import multiprocessing
 import os
 import queue
@@ -61,7 +60,7 @@ def engine_environment(cfg: AppConfig) -> dict[str, str]:
 
     env = dict(WORKER_ENV)
     threads = os.environ.get("OMP_NUM_THREADS")
-    env["OMP_NUM_THREADS"] = threads or str(max(math.floor(cfg.rollout.cpus_per_instance), 1))
+    env["OMP_NUM_THREADS"] = threads or str(cfg.rollout.engine_threads)
     return env
 
 

@@ -223,6 +223,7 @@ class Simulation:
         if kind == _REWARDS:
             self.feed(Rewarded(at=self.now, rewards=payload))
         elif kind == _TRAINED:
+            self._share_host(training=False)
             self.rec.trainer_phase(self.now, "pushing")
             self._at(self.now + self.spec.push_seconds, _PUSHED, payload)
             self._dirty = True
@@ -317,7 +318,26 @@ class Simulation:
         tokens = e.tokens - (st.tokens if st is not None else 0)
         work, per_step = self.spec.train_split(tokens, sq)
         self.rec.trainer_phase(self.now, "training")
+        factor = self._share_host(training=True)
+        if factor != 1.0:
+            delay = self.spec.trainer_step_delay_s  # a wait, not compute: never shared
+            work, per_step = work * factor, (per_step - delay) * factor + delay
         self._at(start + work + per_step, _TRAINED, e.version + 1)
+
+    def _share_host(self, *, training: bool) -> float:
+        """``sim.host_cores``: the trainer starts (``training``) or stops computing on the
+        cores the instances share. Sets every instance's pace (:meth:`SimSpec.host_shares`,
+        from the instances with work now; 1 when the trainer stops); returns the factor on the
+        trainer's compute time."""
+        if self.spec.host_cores is None:
+            return 1.0
+        busy = sum(1 for eng in self.engines.values() if eng.num_running or eng.num_waiting)
+        pace, factor = self.spec.host_shares(busy) if training else (1.0, 1.0)
+        for iid, eng in self.engines.items():
+            if eng.pace != pace:
+                eng.set_pace(pace, self.now)
+                self._engine_changed(iid)
+        return factor
 
     def _seq_sq_sum(self, train: fx.Train, streamed: _Streamed | None = None) -> float:
         """Sum of the squared sequence lengths (prompt + response) of the batch's groups not

@@ -66,6 +66,8 @@ CONFIG_KEYS: dict[str, str] = {
     "max_response_len": "rollout.sampling.max_new_tokens",
     "cycle_period_s": "coordinator.snapshot_interval_s",
     "timeline": "metrics.timeline",
+    "instance_threads": "rollout.cpus_per_instance",
+    "trainer_threads": "trainer.torch_threads",
 }
 
 
@@ -183,6 +185,12 @@ class SimSpec:
     #: Per-instance speed factors (index = instance number), drawn for this policy's fleet.
     speed_factors: tuple[float, ...] = ()
 
+    #: ``sim.host_cores``: the CPU cores the instances and the trainer share (None: each has
+    #: its own device); the compute threads of one instance and of the trainer.
+    host_cores: int | None = attrs.field(default=None, validator=attrs.validators.optional(_gt(0)))
+    instance_threads: int = attrs.field(default=1, validator=_gt(0))
+    trainer_threads: int = attrs.field(default=1, validator=_gt(0))
+
     # --- workload: response lengths (the package's config), prompt lengths, rewards
     lengths: WorkloadConfig = attrs.field(
         factory=lambda: WorkloadConfig(max_length=4096), validator=_instance_of(WorkloadConfig)
@@ -235,6 +243,14 @@ class SimSpec:
             )
             if error is not None:
                 raise error
+        if self.host_cores is not None and self.stream_batch:
+            raise ConfigError(
+                "sim.host_cores is set, but the shared host is not modelled for "
+                "trainer.stream_batch (its streamed parts would share the cores too)",
+                key="sim.host_cores",
+                allowed="null (unset) with trainer.stream_batch: true, or "
+                "trainer.stream_batch: false",
+            )
         if self.warmup_steps >= self.steps:
             raise ConfigError(
                 f"sim.warmup_steps ({self.warmup_steps}) must be < trainer.steps ({self.steps})",
@@ -342,6 +358,19 @@ class SimSpec:
         rate = self.train_gpus_used * self.peak_flops_per_gpu * self.mfu
         return flops / rate, self.train_overhead_s + delay
 
+    def host_shares(self, busy_instances: int) -> tuple[float, float]:
+        """With ``host_cores``, while the trainer computes beside ``busy_instances`` instances
+        that have work: the instances' pace (their share of the speed they have without the
+        trainer) and the factor on the trainer's compute time (its time alone × this). Every
+        thread gets ``min(1, cores / threads)`` of a core. ``(1, 1)`` without a shared host."""
+        if self.host_cores is None:
+            return 1.0, 1.0
+        cores, trainer = self.host_cores, self.trainer_threads
+        engines = busy_instances * self.instance_threads
+        share = min(1.0, cores / (engines + trainer))
+        alone = min(1.0, cores / engines) if engines else 1.0
+        return share / alone, min(trainer, cores) / (trainer * share)
+
     @property
     def push_seconds(self) -> float:
         return self.model_bytes / (self.push_bandwidth_gb_s * 1e9) + self.transfer_overhead_s
@@ -394,6 +423,9 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
         engine=engine_config(cfg),
         router_cost=coordinator_config(cfg).cost_model,
         speed_factors=speed_factors(cfg, cfg.rollout.num_instances),
+        host_cores=sim.host_cores,
+        instance_threads=cfg.rollout.engine_threads,
+        trainer_threads=cfg.trainer.torch_threads or 1,
         lengths=length_workload(cfg),
         prompt_len=wl.prompt_len,
         prompt_len_max=cfg.data.max_prompt_len,
