@@ -5,6 +5,7 @@ changes."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -89,48 +90,104 @@ def test_enough_cores_change_nothing() -> None:
         assert _steps(_cfg(f"sim.host_cores={cores}")) == plain
 
 
-def test_a_shared_core_slows_the_trainer_and_the_instances() -> None:
-    """On one core, a step's training takes its time alone times the factor for the instances
-    busy when it starts (one of the five possible), more than alone whenever one is busy; the
-    instances, slowed while it trains, make fewer tokens a second."""
-    cfg = _cfg("sim.host_cores=1")
-    spec = spec_from_app_config(cfg)
-    factors = [spec.host_shares(busy)[1] for busy in range(5)]
-    shared, plain = _steps(cfg), _steps(_cfg())
-    slowed = 0
-    for row in shared:
-        alone = A_S + B_S * row["tokens"]
-        ratio = (row["train_s"] - row["trainer"]["push_s"]) / alone
-        assert min(abs(ratio - f) for f in factors) < 1e-6, (ratio, factors)
-        slowed += ratio > 1
-    assert slowed >= len(shared) // 2
-    tokens_per_s = [sum(r["tokens"] for r in rows) / sum(r["step_s"] for r in rows)
-                    for rows in (shared, plain)]  # fmt: skip
-    assert tokens_per_s[0] < 0.9 * tokens_per_s[1]
+def _traced(cfg: Any, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Run ``cfg`` and keep what the shared host did: the instances' pace over time (one
+    instance's: all take the same), each training step's (start, end, tokens), and whether
+    every instance was back at pace 1 whenever a trained version arrived."""
+    from engine_adapters.sim import SimEngineCore
+    from staleflow_trainer.control.events import Trained
+    from staleflow_trainer.sim import Simulation
+    from staleflow_trainer.sim.metrics import RunRecorder
+
+    paces: list[tuple[float, float]] = [(0.0, 1.0)]
+    phases: list[tuple[float, str]] = []
+    tokens: list[int] = []
+    set_pace, phase = SimEngineCore.set_pace, RunRecorder.trainer_phase
+
+    def on_pace(self: SimEngineCore, pace: float, now: float) -> None:
+        if self.instance_id == "r000":
+            paces.append((now, pace))
+        set_pace(self, pace, now)
+
+    def on_phase(self: RunRecorder, now: float, name: str) -> None:
+        phases.append((now, name))
+        phase(self, now, name)
+
+    monkeypatch.setattr(SimEngineCore, "set_pace", on_pace)
+    monkeypatch.setattr(RunRecorder, "trainer_phase", on_phase)
+    sim = Simulation(cfg)
+    train = sim._train
+
+    def on_train(e: Any) -> None:
+        tokens.append(e.tokens)
+        train(e)
+
+    monkeypatch.setattr(sim, "_train", on_train)
+    restored: list[bool] = []
+    sim.on_event = lambda ev: (
+        restored.append(all(g.pace == 1.0 for g in sim.engines.values()))
+        if isinstance(ev, Trained)
+        else None
+    )
+    sim.run()
+    starts = [t for t, name in phases if name == "training"]
+    ends = [t for t, name in phases if name == "pushing"]
+    steps = list(zip(starts, ends, tokens, strict=False))
+    return {"paces": paces, "steps": steps, "restored": restored, "spec": sim.spec}
 
 
-def test_the_instances_run_at_their_share_while_the_trainer_computes(
+def _compute_done(
+    paces: list[tuple[float, float]], spec: SimSpec, start: float, end: float
+) -> float:
+    """Seconds of the trainer's compute (at its speed alone) done in ``[start, end]``: each
+    stretch of constant pace counts at the factor of that pace (one factor per pace here)."""
+    factor_of = {spec.host_shares(busy)[0]: spec.host_shares(busy)[1] for busy in range(5)}
+    done = 0.0
+    for (t0, pace), (t1, _) in zip(paces, [*paces[1:], (math.inf, 1.0)], strict=True):
+        lo, hi = max(t0, start), min(t1, end)
+        if hi > lo:
+            done += (hi - lo) / factor_of[pace]
+    return done
+
+
+def test_the_trainer_computes_at_the_share_of_whoever_has_work(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Each training start sets every instance's pace to the share for the instances busy
-    then; its end sets it back to 1."""
-    from engine_adapters.sim import SimEngineCore
-    from staleflow_trainer.sim import Simulation
+    """On one core, 4 instances: every step's compute (its time alone, ``a + b x tokens``)
+    is done at the factor for the instances with work at each moment, which changes within
+    steps; the instances run at the matching pace, and at 1 again before the step's version
+    arrives."""
+    run = _traced(_cfg("sim.host_cores=1"), monkeypatch)
+    assert run["steps"] and all(run["restored"]) and len(run["restored"]) == len(run["steps"])
+    mixed = 0
+    for start, end, tokens in run["steps"]:
+        alone = A_S + B_S * tokens
+        done = _compute_done(run["paces"], run["spec"], start, end)
+        assert done == pytest.approx(alone, rel=1e-9), (start, end, done, alone)
+        during = {p for t, p in run["paces"] if start < t < end}
+        mixed += len(during) > 0  # the shares were taken again within the step
+    assert mixed >= len(run["steps"]) // 2
+    assert any(p < 1.0 for _, p in run["paces"])
 
-    cfg = _cfg("sim.host_cores=1")
-    spec = spec_from_app_config(cfg)
-    shares = {spec.host_shares(busy)[0] for busy in range(5)}
-    calls: list[float] = []
-    real = SimEngineCore.set_pace
 
-    def recorded(self: SimEngineCore, pace: float, now: float) -> None:
-        calls.append(pace)
-        real(self, pace, now)
+def test_idle_instances_leave_the_trainer_its_time_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At η = 0 the instances wait for the step's weights while the trainer computes: nothing
+    shares the core, every step takes its time alone and no pace changes."""
+    run = _traced(_cfg("sim.host_cores=1", "protocol.eta=0"), monkeypatch)
+    assert run["steps"]
+    for start, end, tokens in run["steps"]:
+        assert end - start == pytest.approx(A_S + B_S * tokens, rel=1e-9)
+    assert run["paces"] == [(0.0, 1.0)]
 
-    monkeypatch.setattr(SimEngineCore, "set_pace", recorded)
-    sim = Simulation(cfg)
-    sim.run()
-    slowed = [p for p in calls if p < 1]
-    assert slowed and set(slowed) <= shares
-    assert calls.count(1.0) >= len(slowed) - len(sim.engines)  # restored after each step
-    assert all(eng.pace in shares | {1.0} for eng in sim.engines.values())
+
+def test_the_step_delay_is_a_wait_the_instances_do_not_share(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``trainer.step_delay_s`` comes after the compute, at full pace: the instances are back
+    at pace 1 for it."""
+    run = _traced(_cfg("sim.host_cores=1", "trainer.step_delay_s=3"), monkeypatch)
+    for start, end, tokens in run["steps"]:
+        done = _compute_done(run["paces"], run["spec"], start, end - 3.0)
+        assert done == pytest.approx(A_S + B_S * tokens, rel=1e-9)
+        assert all(p == 1.0 for t, p in run["paces"] if end - 3.0 < t < end)
+        assert [p for t, p in run["paces"] if t <= end - 3.0][-1] == 1.0

@@ -328,12 +328,17 @@ def test_pace_changes_match_per_step_reference(seed: int) -> None:
         )
         for i in range(rng.randint(1, 20))
     ]
-    paces = sorted((rng.uniform(0, 1.5), rng.choice([1.0, 0.5, 0.25, 0.8])) for _ in range(6))
+    # changes at random times, and at arrivals (a boundary where trajectories join)
+    times = {rng.choice([rng.uniform(0, 1.5), rng.choice(trajs).arrive]) for _ in range(6)}
+    paces = sorted((at, rng.choice([1.0, 0.5, 0.25, 0.8])) for at in times)
     expected, preemptions = run_reference(c, [attrs.evolve(t) for t in trajs], paces)
     core = SimEngineCore(c)
     got = {}
-    events = [(t.arrive, 0, t) for t in trajs] + [(at, 1, pace) for at, pace in paces]
-    for at, kind, what in sorted(events, key=lambda e: (e[0], e[1])):
+    # arrivals in their order; a change at an arrival's time before or after them
+    events = [(t.arrive, 0, i, t) for i, t in enumerate(trajs)]
+    events += [(at, rng.choice([-1, 1]), 0, p) for at, p in paces]
+    for at, _, _, what in sorted(events, key=lambda e: (e[0], e[1], e[2])):
+        kind = 1 if isinstance(what, float) else 0
         while core.next_event_time() <= at:
             for d in core.advance_to(core.next_event_time()):
                 got[d.trajectory_id] = d
@@ -352,7 +357,7 @@ def test_pace_changes_match_per_step_reference(seed: int) -> None:
 
 def test_set_pace_rejects_a_pace_outside_zero_to_one() -> None:
     core = SimEngineCore(cfg())
-    for bad in (0.0, -0.5, 1.5, float("nan")):
+    for bad in (0.0, -0.5, 1.5, float("nan"), True, "0.5"):
         with pytest.raises(InvalidRequest, match="pace"):
             core.set_pace(bad, now=0.0)
     assert core.pace == 1.0

@@ -32,7 +32,8 @@ package, never from a second table here:
   (``trainer.torch_threads``, or 1, what Ray gives the trainer) and those of the instances
   with work (``rollout.cpus_per_instance`` each, at least 1) share the cores evenly: each
   thread gets ``min(1, cores / threads)`` of one, so the instances run at that share of their
-  pace without the trainer and the trainer's step takes longer by as much (the cost model is
+  pace without the trainer and the trainer's step takes longer by as much, the shares taken
+  again whenever an instance gets work or runs out of it (the cost model is
   the instances' speed side by side without the trainer, as ``staleflow profile`` measures it;
   the trainer model, its time alone). The roofline ideal and the latency-aware bound that
   reports print give each side its own device all the same. Not with

@@ -53,6 +53,7 @@ from staleflow_trainer.control.events import (
     Trained,
 )
 from staleflow_trainer.errors import StaleflowError
+from staleflow_trainer.sim.host import SharedHost
 from staleflow_trainer.sim.metrics import RunRecorder
 from staleflow_trainer.sim.requests import build_request
 from staleflow_trainer.sim.spec import SimSpec, spec_from_app_config
@@ -63,6 +64,7 @@ _log = structlog.get_logger("staleflow.simulate")
 _REWARDS = 0
 _TRAINED = 1
 _PUSHED = 2
+_COMPUTED = 3  # sim.host_cores: the trainer's compute ends (payload: the SharedHost token)
 _EPS = 1e-9  # the sim engine's boundary tolerance
 
 
@@ -113,6 +115,8 @@ class Simulation:
         self._seq_len: dict[str, int] = {}  # scored trajectories' prompt + response lengths
         self._streamed: _Streamed | None = None  # the next step's parts (stream_batch)
         self._stream_busy_s = 0.0  # of the step in training: its parts' work before its Train
+        self._host = SharedHost(s) if s.host_cores is not None else None
+        self._trained_version = 0  # with a shared host: the version the step in compute makes
         self.cycles = 0
         self.wall_s = 0.0
         for i in range(s.num_instances):
@@ -190,6 +194,8 @@ class Simulation:
             if self._cycle_at is not None and self._cycle_at <= t:
                 self._cycle_at = None
                 self._cycle()
+            if self._host is not None and self._host.training:
+                self._share_host()  # who has work may have changed at t
         self.wall_s = time.perf_counter() - wall0
         self.rec.finish(self.now, self.core)
         return self.rec
@@ -222,8 +228,14 @@ class Simulation:
     def _on_timed(self, kind: int, payload: Any) -> None:
         if kind == _REWARDS:
             self.feed(Rewarded(at=self.now, rewards=payload))
+        elif kind == _COMPUTED:
+            host = self._host
+            if host is not None and host.training and payload == host.token:
+                host.finish()
+                self._share_host()
+                # the rest of the step is trainer.step_delay_s, a wait: never shared
+                self._at(self.now + self.spec.trainer_step_delay_s, _TRAINED, self._trained_version)
         elif kind == _TRAINED:
-            self._share_host(training=False)
             self.rec.trainer_phase(self.now, "pushing")
             self._at(self.now + self.spec.push_seconds, _PUSHED, payload)
             self._dirty = True
@@ -318,26 +330,36 @@ class Simulation:
         tokens = e.tokens - (st.tokens if st is not None else 0)
         work, per_step = self.spec.train_split(tokens, sq)
         self.rec.trainer_phase(self.now, "training")
-        factor = self._share_host(training=True)
-        if factor != 1.0:
-            delay = self.spec.trainer_step_delay_s  # a wait, not compute: never shared
-            work, per_step = work * factor, (per_step - delay) * factor + delay
-        self._at(start + work + per_step, _TRAINED, e.version + 1)
+        if self._host is None:
+            self._at(start + work + per_step, _TRAINED, e.version + 1)
+            return
+        # a shared host (no streamed parts there: start is now): the compute is shared
+        self._trained_version = e.version + 1
+        self._host.start(self.now, work + per_step - self.spec.trainer_step_delay_s)
+        self._share_host()
 
-    def _share_host(self, *, training: bool) -> float:
-        """``sim.host_cores``: the trainer starts (``training``) or stops computing on the
-        cores the instances share. Sets every instance's pace (:meth:`SimSpec.host_shares`,
-        from the instances with work now; 1 when the trainer stops); returns the factor on the
-        trainer's compute time."""
-        if self.spec.host_cores is None:
-            return 1.0
-        busy = sum(1 for eng in self.engines.values() if eng.num_running or eng.num_waiting)
-        pace, factor = self.spec.host_shares(busy) if training else (1.0, 1.0)
+    def _share_host(self) -> None:
+        """``sim.host_cores``: take the shares for the instances with work now
+        (:class:`SharedHost`), set every instance's pace to it, and schedule the end of the
+        trainer's compute when it moved."""
+        host = self._host
+        if host is None:
+            return
+        now = self.now
+        busy = sum(
+            1
+            for eng in self.engines.values()
+            if (eng.num_running or eng.num_waiting) and not eng.loading
+        )
+        end = host.shares(now, busy)
+        if end is not None:
+            self._at(end, _COMPUTED, host.token)
+        pace = host.pace
         for iid, eng in self.engines.items():
             if eng.pace != pace:
-                eng.set_pace(pace, self.now)
-                self._engine_changed(iid)
-        return factor
+                eng.set_pace(pace, now)
+                self._changed.add(iid)
+                self._next[iid] = eng.next_event_time()
 
     def _seq_sq_sum(self, train: fx.Train, streamed: _Streamed | None = None) -> float:
         """Sum of the squared sequence lengths (prompt + response) of the batch's groups not

@@ -56,6 +56,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
+from numbers import Real
 from typing import Any, NamedTuple
 
 from engine_adapters._contract import EngineSnapshot, FinishReason, GenerateRequest
@@ -272,13 +273,20 @@ class SimEngineCore(Scheduler):
         """Run at ``pace`` × the instance's speed from the next step boundary on (0 < pace ≤ 1:
         the share of its compute it gets while something else on a shared host computes; 1
         restores it). The step in progress finishes at the old pace; weight loads keep theirs."""
-        if not (isinstance(pace, int | float) and 0.0 < pace <= 1.0):
+        if isinstance(pace, bool) or not isinstance(pace, Real) or not 0.0 < pace <= 1.0:
             raise InvalidRequest(f"pace must be in (0, 1], got {pace!r}", field="pace")
         self._advance(now)
         if pace == self.pace:
             return
+        old = self.config.speed_factor * self.pace
         self.pace = float(pace)
         self._use_speed(self.config.speed_factor * self.pace)
+        st = self._stretch
+        if st is not None and st.carry[0]:
+            # cut at its step 0, the stretch hands the prefill of the trajectories that joined
+            # there to the next one: those seconds were planned at the old pace
+            seconds, tokens, joined = st.carry
+            st.carry = (seconds * old / (self.config.speed_factor * self.pace), tokens, joined)
         self._touch(now)
 
     def peek(self, trajectory_id: str, now: float) -> SimCompletion:
