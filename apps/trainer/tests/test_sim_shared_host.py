@@ -71,10 +71,14 @@ def test_bad_host_cores_name_the_field(value: str) -> None:
 
 
 def test_host_cores_refuses_a_streamed_batch() -> None:
+    """When the config loads (and in a spec built without it)."""
     with pytest.raises(ConfigError) as e:
-        spec_from_app_config(_cfg("sim.host_cores=2", "trainer.stream_batch=true"))
+        _cfg("sim.host_cores=2", "trainer.stream_batch=true")
     assert e.value.key == "sim.host_cores" and "stream_batch" in str(e.value)
     assert e.value.allowed
+    with pytest.raises(ConfigError) as e:
+        SimSpec(host_cores=2, stream_batch=True)
+    assert e.value.key == "sim.host_cores"
 
 
 def _steps(cfg: Any) -> list[dict[str, Any]]:

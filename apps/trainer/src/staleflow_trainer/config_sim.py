@@ -465,6 +465,15 @@ def validate_sim(cfg: Any) -> None:
     """Cross-section checks of a sim-backend config (the split, the warm-up, the engines and
     the workload build)."""
     check_split(cfg)
+    from staleflow_trainer.control.config import streams
+
+    if cfg.sim.host_cores is not None and streams(cfg):
+        raise ConfigError(
+            "sim.host_cores is set, but the shared host is not modelled for "
+            "trainer.stream_batch (its streamed parts would share the cores too)",
+            key="sim.host_cores",
+            allowed="null (unset) with trainer.stream_batch: true, or trainer.stream_batch: false",
+        )
     given, steps = cfg.sim.warmup_steps, cfg.trainer.steps
     if given is not None and given >= steps:
         raise ConfigError(
