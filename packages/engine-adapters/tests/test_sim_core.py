@@ -265,9 +265,17 @@ def test_context_limit_gives_length() -> None:
     assert a.num_tokens == 4 and a.finish_reason is FinishReason.LENGTH
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_closed_form_matches_per_step_reference(seed: int) -> None:
-    rng = random.Random(seed)
+def _random_case(
+    rng: random.Random,
+    *,
+    budgets: tuple[int, ...],
+    speeds: tuple[float, ...],
+    zeros: int,
+    most: int,
+) -> tuple[SimConfig, list[RefTraj]]:
+    """A random engine config (``budgets``: token budgets above ``max_running``, beside None
+    and 64) and 1 to ``most`` trajectories, each arriving at 0 with ``zeros`` chances in
+    ``zeros + 1``."""
     max_running = rng.choice([2, 4, 16])
     c = cfg(
         kv_capacity_tokens=rng.choice([400, 800, 5_000]),
@@ -275,33 +283,59 @@ def test_closed_form_matches_per_step_reference(seed: int) -> None:
         max_running=max_running,
         prefill_s_per_token=rng.choice([0.0, 1e-4]),
         prefill_s_per_token_position=rng.choice([0.0, 3e-7]),
-        max_num_batched_tokens=rng.choice([None, max_running + 1, max_running + 7, 64]),
-        speed_factor=rng.choice([1.0, 0.7, 1.3]),
+        max_num_batched_tokens=rng.choice([None, *(max_running + k for k in budgets), 64]),
+        speed_factor=rng.choice(speeds),
     )
     trajs = [
         RefTraj(
             tid=f"t{i}",
-            arrive=rng.choice([0.0, 0.0, rng.uniform(0, 0.5)]),
+            arrive=rng.choice([0.0] * zeros + [rng.uniform(0, 0.5)]),
             prompt_len=rng.randint(1, 60),
             stop_len=rng.randint(1, 200),
         )
-        for i in range(rng.randint(1, 25))
+        for i in range(rng.randint(1, most))
     ]
-    expected, preemptions = run_reference(c, [attrs.evolve(t) for t in trajs])
+    return c, trajs
+
+
+def _replay(
+    c: SimConfig, events: list[tuple[float, RefTraj | float]]
+) -> tuple[SimEngineCore, dict]:
+    """Drive a core through ``events`` in order (a trajectory arrives, or the pace changes),
+    then to the end; the core and every completion by trajectory id."""
     core = SimEngineCore(c)
     got = {}
-    for tr in sorted(trajs, key=lambda t: t.arrive):
-        while core.next_event_time() <= tr.arrive:
+    for at, what in events:
+        while core.next_event_time() <= at:
             for d in core.advance_to(core.next_event_time()):
                 got[d.trajectory_id] = d
-        for d in core.advance_to(tr.arrive):
+        for d in core.advance_to(at):
             got[d.trajectory_id] = d
-        core.add(req(tr.tid, tr.prompt_len, target=tr.stop_len), now=tr.arrive)
+        if isinstance(what, RefTraj):
+            core.add(req(what.tid, what.prompt_len, target=what.stop_len), now=at)
+        else:
+            core.set_pace(what, now=at)
     got.update(drain(core))
+    return core, got
+
+
+def _assert_matches(
+    core: SimEngineCore, got: dict, expected: dict[str, float], preemptions: int
+) -> None:
     assert set(got) == set(expected)
     for tid, t in expected.items():
         assert got[tid].time_s == pytest.approx(t, rel=1e-9, abs=1e-12), tid
     assert core.preemptions == preemptions
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_closed_form_matches_per_step_reference(seed: int) -> None:
+    rng = random.Random(seed)
+    c, trajs = _random_case(rng, budgets=(1, 7), speeds=(1.0, 0.7, 1.3), zeros=2, most=25)
+    expected, preemptions = run_reference(c, [attrs.evolve(t) for t in trajs])
+    arrivals = sorted(trajs, key=lambda t: t.arrive)
+    core, got = _replay(c, [(t.arrive, t) for t in arrivals])
+    _assert_matches(core, got, expected, preemptions)
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -309,50 +343,17 @@ def test_pace_changes_match_per_step_reference(seed: int) -> None:
     """``set_pace`` mid-run: the step in progress keeps its pace, every later step runs at the
     new one (prefill included), exactly as the per-step reference."""
     rng = random.Random(1000 + seed)
-    max_running = rng.choice([2, 4, 16])
-    c = cfg(
-        kv_capacity_tokens=rng.choice([400, 800, 5_000]),
-        max_model_len=300,
-        max_running=max_running,
-        prefill_s_per_token=rng.choice([0.0, 1e-4]),
-        prefill_s_per_token_position=rng.choice([0.0, 3e-7]),
-        max_num_batched_tokens=rng.choice([None, max_running + 7, 64]),
-        speed_factor=rng.choice([1.0, 0.7]),
-    )
-    trajs = [
-        RefTraj(
-            tid=f"t{i}",
-            arrive=rng.choice([0.0, rng.uniform(0, 0.5)]),
-            prompt_len=rng.randint(1, 60),
-            stop_len=rng.randint(1, 200),
-        )
-        for i in range(rng.randint(1, 20))
-    ]
+    c, trajs = _random_case(rng, budgets=(7,), speeds=(1.0, 0.7), zeros=1, most=20)
     # changes at random times, and at arrivals (a boundary where trajectories join)
     times = {rng.choice([rng.uniform(0, 1.5), rng.choice(trajs).arrive]) for _ in range(6)}
     paces = sorted((at, rng.choice([1.0, 0.5, 0.25, 0.8])) for at in times)
     expected, preemptions = run_reference(c, [attrs.evolve(t) for t in trajs], paces)
-    core = SimEngineCore(c)
-    got = {}
     # arrivals in their order; a change at an arrival's time before or after them
     events = [(t.arrive, 0, i, t) for i, t in enumerate(trajs)]
     events += [(at, rng.choice([-1, 1]), 0, p) for at, p in paces]
-    for at, _, _, what in sorted(events, key=lambda e: (e[0], e[1], e[2])):
-        kind = 1 if isinstance(what, float) else 0
-        while core.next_event_time() <= at:
-            for d in core.advance_to(core.next_event_time()):
-                got[d.trajectory_id] = d
-        for d in core.advance_to(at):
-            got[d.trajectory_id] = d
-        if kind == 0:
-            core.add(req(what.tid, what.prompt_len, target=what.stop_len), now=at)
-        else:
-            core.set_pace(what, now=at)
-    got.update(drain(core))
-    assert set(got) == set(expected)
-    for tid, t in expected.items():
-        assert got[tid].time_s == pytest.approx(t, rel=1e-9, abs=1e-12), tid
-    assert core.preemptions == preemptions
+    ordered = sorted(events, key=lambda e: (e[0], e[1], e[2]))
+    core, got = _replay(c, [(at, what) for at, _, _, what in ordered])
+    _assert_matches(core, got, expected, preemptions)
 
 
 def test_set_pace_rejects_a_pace_outside_zero_to_one() -> None:

@@ -461,19 +461,25 @@ def warmup_steps(cfg: Any) -> int:
     return min(DEFAULT_WARMUP_STEPS, cfg.trainer.steps - 1) if given is None else int(given)
 
 
-def validate_sim(cfg: Any) -> None:
-    """Cross-section checks of a sim-backend config (the split, the warm-up, the engines and
-    the workload build)."""
-    check_split(cfg)
-    from staleflow_trainer.control.config import streams
-
-    if cfg.sim.host_cores is not None and streams(cfg):
+def check_shared_host(host_cores: int | None, stream_batch: bool) -> None:
+    """Refuse a shared host (``sim.host_cores``) for a trainer that streams its batch in: the
+    streamed parts' work is not modelled on it."""
+    if host_cores is not None and stream_batch:
         raise ConfigError(
             "sim.host_cores is set, but the shared host is not modelled for "
             "trainer.stream_batch (its streamed parts would share the cores too)",
             key="sim.host_cores",
             allowed="null (unset) with trainer.stream_batch: true, or trainer.stream_batch: false",
         )
+
+
+def validate_sim(cfg: Any) -> None:
+    """Cross-section checks of a sim-backend config (the split, the warm-up, the engines and
+    the workload build)."""
+    check_split(cfg)
+    from staleflow_trainer.control.config import streams
+
+    check_shared_host(cfg.sim.host_cores, streams(cfg))
     given, steps = cfg.sim.warmup_steps, cfg.trainer.steps
     if given is not None and given >= steps:
         raise ConfigError(

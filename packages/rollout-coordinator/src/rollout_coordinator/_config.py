@@ -145,8 +145,8 @@ class CoordinatorConfig:
     #: every trajectory routed to it can still be trained after the batches the trainer needs
     #: next (its V_traj is above the abort floor + ``theta_slack_batches``). Such an instance
     #: may take work at a smaller gain (more running, each slower); one holding work the next
-    #: batches wait for, or holding none, keeps ``theta``. None: ``theta`` everywhere. In (0, 1]. A rule beyond the
-    #: paper's runs (see the throughput docs for what it measured).
+    #: batches wait for, or holding none, keeps ``theta``. None: ``theta`` everywhere. In
+    #: (0, 1]. A rule beyond the paper's runs (see the throughput docs for what it measured).
     theta_slack: float | None = attrs.field(default=None, validator=_optional_fraction)
     #: What "holding work the next batches wait for" means for ``theta_slack``: a trajectory
     #: routed at a V_traj ≤ the abort floor + this can only be trained in one of the next this

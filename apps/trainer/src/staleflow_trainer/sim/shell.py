@@ -358,8 +358,7 @@ class Simulation:
         for iid, eng in self.engines.items():
             if eng.pace != pace:
                 eng.set_pace(pace, now)
-                self._changed.add(iid)
-                self._next[iid] = eng.next_event_time()
+                self._engine_changed(iid)
 
     def _seq_sq_sum(self, train: fx.Train, streamed: _Streamed | None = None) -> float:
         """Sum of the squared sequence lengths (prompt + response) of the batch's groups not

@@ -41,7 +41,7 @@ from staleflow_trainer.config import (
     POLICIES,
     is_fifo,
 )
-from staleflow_trainer.config_sim import colocated, over_budget, total_gpus
+from staleflow_trainer.config_sim import check_shared_host, colocated, over_budget, total_gpus
 from staleflow_trainer.errors import ConfigError
 from staleflow_trainer.sim.trainer_model import MegatronSetup
 
@@ -243,14 +243,7 @@ class SimSpec:
             )
             if error is not None:
                 raise error
-        if self.host_cores is not None and self.stream_batch:
-            raise ConfigError(
-                "sim.host_cores is set, but the shared host is not modelled for "
-                "trainer.stream_batch (its streamed parts would share the cores too)",
-                key="sim.host_cores",
-                allowed="null (unset) with trainer.stream_batch: true, or "
-                "trainer.stream_batch: false",
-            )
+        check_shared_host(self.host_cores, self.stream_batch)
         if self.warmup_steps >= self.steps:
             raise ConfigError(
                 f"sim.warmup_steps ({self.warmup_steps}) must be < trainer.steps ({self.steps})",
