@@ -32,15 +32,22 @@ What it does, per staleness bound η (``--etas``, default 0, 1, 3):
    of the cores: the engines slow down and the trainer's step takes longer (at η ≥ 1 the two
    overlap; the calibrations of steps 3 and 6 hold each run's own trainer time, slowed as it
    was, and give the engines the whole host).
+8. **And as a shared host with the threads it runs** (rows ``loaded``): step 7 with what the
+   real η = 0 run kept runnable on the host over its measured steps, from ``/proc`` (each
+   thread's time on a core and waiting for one, per process: every real run's is in its
+   report, ``host_load``): ``sim.host_instance_threads``, an instance with work's engine and
+   rollout actor over the instances with work on average, and ``sim.host_load_threads``,
+   every other process but the trainer's (the control actor, the trajectory and parameter
+   servers, the reward worker, Ray, the driver).
 
 The config is ``examples/tiny.yaml`` with responses of up to ``MAX_NEW_TOKENS`` tokens (its 3
 would leave nothing for the rollout model to predict). Predicted, not calibrated: everything
 the rollout does (decode and its batching, routing, syncs' timing, interrupts, waiting for the
 tail), the control cycle, and how they add up under η. Not modelled by the simulator: the
 prefill of prompts (at most 16 tokens here; set to 0), reward scoring time, Ray and RPC
-latencies between the processes, and (but for step 7's trainer) that on this 2-core machine
-the engines also share the CPU with the trainer, the control process, the trajectory server
-and the reward worker (the profile measures the two engines alone).
+latencies between the processes, and (but in steps 7 and 8) that on this 2-core machine the
+engines also share the CPU with the trainer, the control process, the trajectory server and
+the reward worker (the profile measures the two engines alone).
 
     .venv/bin/python benchmarks/bench_sim_vs_real.py [--etas 0,1,3] [--steps 33] [--warmup 3]
     .venv/bin/python benchmarks/bench_sim_vs_real.py --smoke   # eta 1, 6 steps, 2 warm-up
@@ -49,7 +56,8 @@ and the reward worker (the profile measures the two engines alone).
 
 Writes ``bench-results/sim_vs_real.json``. The target is the step time within 15 % at every η:
 the report's ``met`` holds the verdict for the profile's cost model (the last line printed),
-``met_shared`` for the shared-host rows (printed above them; None without an η = 0 run).
+``met_shared`` and ``met_loaded`` for the shared-host rows (printed above them; None without an
+η = 0 run).
 """
 
 from __future__ import annotations
@@ -63,6 +71,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from proc_load import HostLoad
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "tiny.yaml"
@@ -92,6 +101,72 @@ def _cli(*args: str) -> None:
     rc = main(list(args))
     if rc != 0:
         raise RuntimeError(f"staleflow {' '.join(args[:2])} exited {rc}")
+
+
+#: a process's role in a real run, by its title: an instance is its engine (``engines``) and
+#: the rollout actor that turns the engine's steps into tokens (``actors``); what is none of
+#: them nor the trainer is the load beside them (the control actor, the trajectory and
+#: parameter servers, the reward worker, Ray's own processes, the driver)
+ROLES = (
+    ("VLLM::EngineCore", "engines"),
+    ("ray::RolloutActor", "actors"),
+    ("ray::TrainerActor", "trainer"),
+)
+ROLE_NAMES = ("engines", "actors", "trainer", "other")
+HOST_LOAD = "host_load.json"  # in a real run's directory
+
+
+def _role(name: str) -> str:
+    return next((r for prefix, r in ROLES if name.startswith(prefix)), "other")
+
+
+def real_run(run_dir: Path, eta: int, steps: int, warmup: int) -> None:
+    """``staleflow train`` on the config, with what its processes used of the host over its
+    measured steps (:class:`proc_load.HostLoad`) written to ``run_dir / HOST_LOAD``."""
+    for old in (run_dir / "metrics.jsonl", run_dir / HOST_LOAD):  # an earlier run's (--keep)
+        old.unlink(missing_ok=True)
+    load = HostLoad(run_dir, warmup, steps)
+    try:
+        _cli("train", str(CONFIG), *_common(run_dir, eta, steps))
+    finally:
+        measured = load.result()
+    (run_dir / HOST_LOAD).write_text(json.dumps(measured))
+
+
+def host_load(run_dir: Path) -> dict[str, Any] | None:
+    """What :func:`real_run` measured, with the sums per role (:data:`ROLE_NAMES`) of the
+    processes' ``cores`` and ``runnable``; None for a run without it, or cut short."""
+    f = run_dir / HOST_LOAD
+    load = json.loads(f.read_text()) if f.exists() else None
+    if load is None:
+        return None
+    roles = {r: [0.0, 0.0] for r in ROLE_NAMES}
+    for name, (cores, runnable) in load["by_process"].items():
+        roles[_role(name)][0] += cores
+        roles[_role(name)][1] += runnable
+    load["cores"] = {r: v[0] for r, v in roles.items()}
+    load["runnable"] = {r: v[1] for r, v in roles.items()}
+    return load
+
+
+def host_threads(run_dir: Path, warmup: int) -> dict[str, float] | None:
+    """The shared host's threads from a real run's load (:func:`host_load`; None without it):
+    ``host_instance_threads``, what an instance with work kept runnable (its engine's and its
+    rollout actor's threads over the instances with work on average, from the step records'
+    ``instance_busy_frac``, weighted by the steps' times), and ``host_load_threads``, what the
+    other processes but the trainer kept runnable."""
+    load = host_load(run_dir)
+    if load is None:
+        return None
+    rows = _records(run_dir, warmup)
+    busy = sum(sum(r["instance_busy_frac"].values()) * r["step_s"] for r in rows) / sum(
+        r["step_s"] for r in rows
+    )
+    n = load["runnable"]
+    return {
+        "host_instance_threads": round((n["engines"] + n["actors"]) / max(busy, 1e-9), 3),
+        "host_load_threads": round(n["other"], 3),
+    }
 
 
 def fit_cost_model(work: Path) -> Path:
@@ -312,13 +387,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for eta in etas:
             real_dir, sim_dir = work / f"real-eta{eta}", work / f"sim-eta{eta}"
             if not (a.reuse and (real_dir / "summary.json").exists()):
-                _cli("train", str(CONFIG), *_common(real_dir, eta, steps))
+                real_run(real_dir, eta, steps, warmup)
             cal = calibrate(real_dir, warmup, work)
             simulate(sim_dir, eta, steps, warmup, cost, cal)
             runs[eta] = (measure(real_dir, warmup), cal)
             real, sim = runs[eta][0], measure(sim_dir, warmup)
             rows.append({"eta": eta, "real": real, "sim": sim, "calibration": cal,
-                         **compare(real, sim)})  # fmt: skip
+                         "host_load": host_load(real_dir), **compare(real, sim)})  # fmt: skip
         pace: dict[str, Any] | None = None
         if 0 in runs:  # the engines' real pace here, from the synchronous run (see the docstring)
             pace = pace_factor(work, steps, warmup, fitted, runs[0])
@@ -326,6 +401,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             from staleflow_trainer.runtime.prepare import effective_cpus
 
             host = effective_cpus()
+            threads = host_threads(work / "real-eta0", warmup)
             for row in rows:
                 eta = row["eta"]
                 simulate(work / f"sim-scaled-eta{eta}", eta, steps, warmup, scaled, runs[eta][1])
@@ -336,6 +412,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 simulate(d, eta, steps, warmup, scaled, cal, f"sim.host_cores={host}")
                 sim = measure(d, warmup)
                 row["shared"] = {"sim": sim, "host_cores": host, **compare(row["real"], sim)}
+                if threads is None:
+                    continue
+                d = work / f"sim-loaded-eta{eta}"
+                simulate(d, eta, steps, warmup, scaled, cal, f"sim.host_cores={host}",
+                         *(f"sim.{k}={v}" for k, v in threads.items()))  # fmt: skip
+                sim = measure(d, warmup)
+                row["loaded"] = {"sim": sim, "host_cores": host, **threads,
+                                 **compare(row["real"], sim)}  # fmt: skip
         for row in rows:
             row["calibration"].pop("trace")
     worst = max(abs(r["step_s_error"]) for r in rows)
@@ -352,6 +436,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "met_shared": None
         if pace is None
         else all(abs(r["shared"]["step_s_error"]) <= TARGET for r in rows),
+        "met_loaded": None
+        if pace is None or any("loaded" not in r for r in rows)
+        else all(abs(r["loaded"]["step_s_error"]) <= TARGET for r in rows),
     }
     out = Path(a.out) if a.out else ROOT / "bench-results" / "sim_vs_real.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -387,6 +474,24 @@ def _print(res: dict[str, Any]) -> None:
               f"{'MET' if res['met_shared'] else 'MISSED'}):")  # fmt: skip
         for r in res["rows"]:
             print(_row(f"{r['eta']} shared", r["real"], r["shared"]["sim"], r["shared"]))
+        if res["met_loaded"] is not None:
+            x = res["rows"][0]["loaded"]
+            print(f"as a shared host with the threads runnable in the eta = 0 run: "
+                  f"{x['host_instance_threads']:.2f} an instance with work, "
+                  f"{x['host_load_threads']:.2f} beside the instances and the trainer "
+                  f"(step time within 15 % at every eta: "
+                  f"{'MET' if res['met_loaded'] else 'MISSED'}):")  # fmt: skip
+            for r in res["rows"]:
+                print(_row(f"{r['eta']} loaded", r["real"], r["loaded"]["sim"], r["loaded"]))
+    for r in res["rows"]:
+        u = r["host_load"]
+        if u is not None:
+            c, n = u["cores"], u["runnable"]
+            print(f"eta {r['eta']} real run over {u['window_s']:.1f} s of measured steps, cores "
+                  f"used (threads runnable): "
+                  + ", ".join(f"{k} {c[k]:.2f} ({n[k]:.2f})" for k in ROLE_NAMES))  # fmt: skip
+            top = list(u["by_process"].items())[:8]
+            print("  by process: " + ", ".join(f"{k} {v[0]:.2f} ({v[1]:.2f})" for k, v in top))
     for r in res["rows"]:
         c = r["calibration"]
         print(f"eta {r['eta']} calibration: trainer {c['trainer_time_a_s']:.3f} s + "

@@ -5,7 +5,7 @@ calibration (trainer, push, sync, the trained groups' response lengths). The ful
 reports the simulator's error at η = 0, 1, 3; this keeps the path running, checks the wiring
 (the simulated run reads the fitted cost model and the calibration, and its rollout model acts:
 the same simulation with the engines 4x slower waits longer for its batches; as a shared
-host, its trainer takes longer), and holds the times to a generous tolerance: on this 2-core
+host, its trainer takes longer; the real run's load on the host is measured), and holds the times to a generous tolerance: on this 2-core
 machine the simulator with the profiled cost model is measured to under-predict the step time
 by 15 to 47 % (see docs/throughput.md)."""
 
@@ -72,6 +72,23 @@ def test_bench_sim_vs_real_smoke(tmp_path: Path, engine_required: object) -> Non
     shared_cfg = yaml.safe_load((work / "sim-shared" / "config.yaml").read_text())
     assert shared_cfg["sim"]["host_cores"] == 2
     assert shared["train_s"] > sim["train_s"], (shared, sim)
+    # the real run's load on the host, from /proc over its measured steps: the engines, their
+    # rollout actors, the trainer and the rest each used some of the cores, and were runnable
+    # at least as long
+    load = row["host_load"]
+    assert load is not None and load["window_s"] > 0, load
+    for role in bench_sim_vs_real.ROLE_NAMES:
+        assert 0 < load["cores"][role] <= load["runnable"][role], load
+    assert sum(load["cores"].values()) <= 2.5, load  # 2 cores here (and the sampling's slack)
+    assert {"VLLM::EngineCore", "ray::TrainerActor", "ray::ControlActor"} <= set(load["by_process"])
+    # ... which a shared host takes as its threads (the full benchmark's rows ``loaded``)
+    threads = bench_sim_vs_real.host_threads(work / "real-eta1", 2)
+    assert threads is not None and threads["host_instance_threads"] > 1, threads
+    assert threads["host_load_threads"] == pytest.approx(load["runnable"]["other"], abs=1e-3)
+    bench_sim_vs_real.simulate(work / "sim-loaded", 1, 6, 2, cost, again, "sim.host_cores=2",
+                               *(f"sim.{k}={v}" for k, v in threads.items()))  # fmt: skip
+    loaded_cfg = yaml.safe_load((work / "sim-loaded" / "config.yaml").read_text())
+    assert {k: loaded_cfg["sim"][k] for k in threads} == threads
     # generous: the measured error is -15 to -47 % here (the 2 cores the profiled engines
     # share are shared with the trainer and the control process too)
     assert 0.1 < sim["step_s"] / real["step_s"] < 3.0, row

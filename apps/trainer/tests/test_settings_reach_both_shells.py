@@ -286,6 +286,8 @@ SIM_CONTEXT = {
     **{f"sim.workload.{k}": ["sim.workload.kind=power_law"] for k in ("alpha", "x_min")},
     **{f"sim.workload.{k}": ["sim.workload.kind=bimodal"]
        for k in ("median2", "sigma2", "weight2")},
+    "sim.host_load_threads": ["sim.host_cores=2"],
+    "sim.host_instance_threads": ["sim.host_cores=2"],
 }  # fmt: skip
 #: sim keys whose other value cannot be derived from the type
 SIM_VALUES = {
@@ -313,6 +315,7 @@ SIM_VALUES = {
     "sim.b": "0.001",
     "sim.warmup_steps": "5",
     "sim.host_cores": "2",
+    "sim.host_instance_threads": "1.5",
 }
 #: sim keys a separate test covers (a trace file is needed)
 SIM_ELSEWHERE = {

@@ -48,6 +48,26 @@ def test_host_shares(
     assert got == pytest.approx((pace, factor))
 
 
+@pytest.mark.parametrize(
+    ("cores", "busy", "load", "pace", "factor"),
+    [
+        # 2 engines + the trainer + 0.6 of load on 2 cores: 2/3.6 of a core each, against
+        # 2/2.6 for the engines without the trainer and a whole core for the trainer alone
+        (2, 2, 0.6, (2 / 3.6) / (2 / 2.6), 3.6 / 2),
+        (2, 1, 0.6, (2 / 2.6) / 1.0, 2.6 / 2),  # 1.6 threads alone fit; 2.6 do not
+        (2, 0, 0.6, 1.0, 1.0),  # the trainer beside the load alone: its time alone
+        (1, 1, 0.5, (1 / 2.5) / (1 / 1.5), 2.5 / 1.5),  # the trainer alone shares the core too
+        (1, 0, 0.5, 1.0, 1.0),
+        (8, 3, 2.0, 1.0, 1.0),  # 6 threads on 8 cores: no one waits
+    ],
+)
+def test_host_shares_with_a_load(
+    cores: int, busy: int, load: float, pace: float, factor: float
+) -> None:
+    spec = SimSpec(host_cores=cores, host_load_threads=load)
+    assert spec.host_shares(busy) == pytest.approx((pace, factor))
+
+
 def test_no_shared_host_by_default() -> None:
     assert SimSpec().host_shares(8) == (1.0, 1.0)
     spec = spec_from_app_config(_cfg())
@@ -68,6 +88,56 @@ def test_bad_host_cores_name_the_field(value: str) -> None:
     with pytest.raises(ConfigError) as e:
         _cfg(f"sim.host_cores={value}")
     assert e.value.key == "sim.host_cores"
+
+
+def test_an_instance_counts_the_threads_it_keeps_runnable() -> None:
+    """``sim.host_instance_threads`` replaces the engine's threads on the shared host: 2 busy
+    instances of 1.5 threads, the trainer and 0.5 of load on 2 cores: 2/4.5 of a core each,
+    against 2/3.5 without the trainer."""
+    spec = SimSpec(host_cores=2, host_instance_threads=1.5, host_load_threads=0.5)
+    assert spec.host_shares(2) == pytest.approx(((2 / 4.5) / (2 / 3.5), 4.5 / 2))
+    assert spec.host_shares(0) == (1.0, 1.0)
+    assert SimSpec(host_cores=2, host_instance_threads=1.0).host_shares(2) == pytest.approx(
+        SimSpec(host_cores=2).host_shares(2)
+    )  # null: the engine's one thread
+
+
+def test_the_host_threads_come_from_the_sim_section() -> None:
+    spec = spec_from_app_config(
+        _cfg("sim.host_cores=2", "sim.host_load_threads=0.6", "sim.host_instance_threads=1.7")
+    )
+    assert (spec.host_cores, spec.host_load_threads, spec.host_instance_threads) == (2, 0.6, 1.7)
+    spec = spec_from_app_config(_cfg())
+    assert (spec.host_load_threads, spec.host_instance_threads) == (0.0, None)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "some"])
+def test_bad_host_instance_threads_name_the_field(value: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        _cfg("sim.host_cores=2", f"sim.host_instance_threads={value}")
+    assert e.value.key == "sim.host_instance_threads"
+
+
+@pytest.mark.parametrize("value", ["-0.5", "nan", "inf", "some"])
+def test_bad_host_load_names_the_field(value: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        _cfg("sim.host_cores=2", f"sim.host_load_threads={value}")
+    assert e.value.key == "sim.host_load_threads"
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("host_load_threads", 0.5), ("host_instance_threads", 1.5)]
+)
+def test_host_threads_need_a_shared_host(key: str, value: float) -> None:
+    """When the config loads, and in a spec built without it."""
+    with pytest.raises(ConfigError) as e:
+        _cfg(f"sim.{key}={value}")
+    assert e.value.key == f"sim.{key}" and "sim.host_cores" in str(e.value)
+    assert e.value.allowed
+    with pytest.raises(ConfigError) as e:
+        SimSpec(**{key: value})
+    assert e.value.key == f"sim.{key}"
+    assert _cfg("sim.host_load_threads=0").sim.host_load_threads == 0.0
 
 
 def test_host_cores_refuses_a_streamed_batch() -> None:
@@ -154,14 +224,15 @@ def _compute_done(
     return done
 
 
+@pytest.mark.parametrize("load", [0.0, 0.5])
 def test_the_trainer_computes_at_the_share_of_whoever_has_work(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, load: float
 ) -> None:
-    """On one core, 4 instances: every step's compute (its time alone, ``a + b x tokens``)
-    is done at the factor for the instances with work at each moment, which changes within
-    steps; the instances run at the matching pace, and at 1 again before the step's version
-    arrives."""
-    run = _traced(_cfg("sim.host_cores=1"), monkeypatch)
+    """On one core, 4 instances (and a load beside them): every step's compute (its time
+    alone, ``a + b x tokens``) is done at the factor for the instances with work at each
+    moment, which changes within steps; the instances run at the matching pace, and at 1 again
+    before the step's version arrives."""
+    run = _traced(_cfg("sim.host_cores=1", f"sim.host_load_threads={load}"), monkeypatch)
     assert run["steps"] and all(run["restored"]) and len(run["restored"]) == len(run["steps"])
     mixed = 0
     for start, end, tokens in run["steps"]:
@@ -174,10 +245,15 @@ def test_the_trainer_computes_at_the_share_of_whoever_has_work(
     assert any(p < 1.0 for _, p in run["paces"])
 
 
-def test_idle_instances_leave_the_trainer_its_time_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("load", [0.0, 0.5])
+def test_idle_instances_leave_the_trainer_its_time_alone(
+    monkeypatch: pytest.MonkeyPatch, load: float
+) -> None:
     """At η = 0 the instances wait for the step's weights while the trainer computes: nothing
-    shares the core, every step takes its time alone and no pace changes."""
-    run = _traced(_cfg("sim.host_cores=1", "protocol.eta=0"), monkeypatch)
+    but the load (which its time alone includes) shares the core, every step takes its time
+    alone and no pace changes."""
+    run = _traced(_cfg("sim.host_cores=1", "protocol.eta=0", f"sim.host_load_threads={load}"),
+                  monkeypatch)  # fmt: skip
     assert run["steps"]
     for start, end, tokens in run["steps"]:
         assert end - start == pytest.approx(A_S + B_S * tokens, rel=1e-9)
@@ -195,3 +271,13 @@ def test_the_step_delay_is_a_wait_the_instances_do_not_share(
         assert done == pytest.approx(A_S + B_S * tokens, rel=1e-9)
         assert all(p == 1.0 for t, p in run["paces"] if end - 3.0 < t < end)
         assert [p for t, p in run["paces"] if t <= end - 3.0][-1] == 1.0
+
+
+def test_a_load_slows_the_trainer_where_it_shares_the_host() -> None:
+    """At η = 2 the trainer computes beside the instances on 2 cores: with 0.5 and then 1 core
+    of load beside them (its time alone still a whole core) its steps take longer."""
+    train_s = []
+    for load in (0.0, 0.5, 1.0):
+        steps = _steps(_cfg("sim.host_cores=2", f"sim.host_load_threads={load}"))
+        train_s.append(sum(r["train_s"] for r in steps))
+    assert train_s[0] < train_s[1] < train_s[2], train_s

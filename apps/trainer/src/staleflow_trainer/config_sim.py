@@ -35,9 +35,18 @@ package, never from a second table here:
   pace without the trainer and the trainer's step takes longer by as much, the shares taken
   again whenever an instance gets work or runs out of it (the cost model is
   the instances' speed side by side without the trainer, as ``staleflow profile`` measures it;
-  the trainer model, its time alone). The roofline ideal and the latency-aware bound that
-  reports print give each side its own device all the same. Not with
-  ``trainer.stream_batch``.
+  the trainer model, its time alone). ``sim.host_instance_threads`` (null: the engine's threads)
+  is what an instance with work keeps runnable when more than its engine computes for it (on
+  one machine, its rollout process turns the engine's steps into tokens, log-probabilities
+  and statistics), and ``sim.host_load_threads`` (0 by default) what the host's other
+  processes keep runnable all the time (the control process, the trajectory server, the
+  reward worker), as that many more threads. Each is a thread count on average: on a host
+  with cores to spare, the cores they use; on a busy one, more (``/proc/<pid>/task/*/schedstat``
+  counts a thread's time on a core and its time waiting for one). The cost model and the
+  trainer's time alone are taken as measured with these running, so they change how much each
+  slows down when the trainer computes beside the instances. The roofline ideal and the
+  latency-aware bound that reports print give each side its own device all the same. Not
+  with ``trainer.stream_batch``.
 
 :func:`engine_config` is the only place these become an ``engine_adapters.sim.SimConfig``;
 :func:`validate_sim` runs it when the config is loaded, so a bad setting fails there with the
@@ -113,6 +122,12 @@ class SimConfig:
     speed_spread: float = _f(0.0, ge=0.0, le=1.0, doc="log-std of per-instance speed factors")
     host_cores: int | None = _f(
         None, ge=1, doc="CPU cores the instances and the trainer share (null: own devices)"
+    )
+    host_instance_threads: float | None = _f(
+        None, gt=0.0, doc="with host_cores: threads an instance with work keeps runnable"
+    )
+    host_load_threads: float = _f(
+        0.0, ge=0.0, doc="with host_cores: threads the host's other processes keep runnable"
     )
     # --- GPU budget
     total_gpus: int | None = _f(
@@ -461,9 +476,32 @@ def warmup_steps(cfg: Any) -> int:
     return min(DEFAULT_WARMUP_STEPS, cfg.trainer.steps - 1) if given is None else int(given)
 
 
-def check_shared_host(host_cores: int | None, stream_batch: bool) -> None:
+def check_shared_host(
+    host_cores: int | None,
+    stream_batch: bool,
+    load_threads: float = 0.0,
+    instance_threads: float | None = None,
+) -> None:
     """Refuse a shared host (``sim.host_cores``) for a trainer that streams its batch in: the
-    streamed parts' work is not modelled on it."""
+    streamed parts' work is not modelled on it; and the threads of a shared host
+    (``sim.host_load_threads``, ``sim.host_instance_threads``) without one, or as anything but
+    a finite number (> 0 for an instance's)."""
+    given = (("sim.host_load_threads", load_threads, 0.0, "a number >= 0 (0: no other load)"),
+             ("sim.host_instance_threads", instance_threads, None,
+              "a number > 0, or null (rollout.cpus_per_instance, at least 1)"))  # fmt: skip
+    for key, value, unset, allowed in given:
+        if value is None:
+            continue
+        if not math.isfinite(value) or value < 0 or (unset is None and value == 0):
+            raise ConfigError(f"{key} must be {allowed}, got {value!r}", key=key, allowed=allowed)
+        if value != unset and host_cores is None:
+            raise ConfigError(
+                f"{key} is {value}, but the simulation has no shared host (sim.host_cores is "
+                "null: every instance and the trainer have their own device)",
+                key=key,
+                allowed=f"{'0' if unset == 0.0 else 'null'} while sim.host_cores is null, or "
+                "set sim.host_cores",
+            )
     if host_cores is not None and stream_batch:
         raise ConfigError(
             "sim.host_cores is set, but the shared host is not modelled for "
@@ -479,7 +517,10 @@ def validate_sim(cfg: Any) -> None:
     check_split(cfg)
     from staleflow_trainer.control.config import streams
 
-    check_shared_host(cfg.sim.host_cores, streams(cfg))
+    sim = cfg.sim
+    check_shared_host(
+        sim.host_cores, streams(cfg), sim.host_load_threads, sim.host_instance_threads
+    )
     given, steps = cfg.sim.warmup_steps, cfg.trainer.steps
     if given is not None and given >= steps:
         raise ConfigError(

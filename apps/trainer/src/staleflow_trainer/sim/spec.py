@@ -186,9 +186,14 @@ class SimSpec:
     speed_factors: tuple[float, ...] = ()
 
     #: ``sim.host_cores``: the CPU cores the instances and the trainer share (None: each has
-    #: its own device); the compute threads of one instance and of the trainer.
+    #: its own device); the compute threads of one instance and of the trainer; on the shared
+    #: host, the threads an instance with work keeps runnable (``sim.host_instance_threads``;
+    #: None: ``instance_threads``) and those other processes keep runnable
+    #: (``sim.host_load_threads``).
     host_cores: int | None = attrs.field(default=None, validator=attrs.validators.optional(_gt(0)))
     instance_threads: int = attrs.field(default=1, validator=_gt(0))
+    host_instance_threads: float | None = None
+    host_load_threads: float = 0.0
     trainer_threads: int = attrs.field(default=1, validator=_gt(0))
 
     # --- workload: response lengths (the package's config), prompt lengths, rewards
@@ -243,7 +248,9 @@ class SimSpec:
             )
             if error is not None:
                 raise error
-        check_shared_host(self.host_cores, self.stream_batch)
+        check_shared_host(
+            self.host_cores, self.stream_batch, self.host_load_threads, self.host_instance_threads
+        )
         if self.warmup_steps >= self.steps:
             raise ConfigError(
                 f"sim.warmup_steps ({self.warmup_steps}) must be < trainer.steps ({self.steps})",
@@ -355,14 +362,20 @@ class SimSpec:
         """With ``host_cores``, while the trainer computes beside ``busy_instances`` instances
         that have work: the instances' pace (their share of the speed they have without the
         trainer) and the factor on the trainer's compute time (its time alone × this). Every
-        thread gets ``min(1, cores / threads)`` of a core. ``(1, 1)`` without a shared host."""
+        thread gets ``min(1, cores / threads)`` of a core: an instance with work counts
+        ``host_instance_threads`` (or its ``instance_threads``), the host's load
+        (``host_load_threads``) that many more threads that always run; the speed without the
+        trainer, and the trainer's time alone, are each with the load beside them. ``(1, 1)``
+        without a shared host."""
         if self.host_cores is None:
             return 1.0, 1.0
-        cores, trainer = self.host_cores, self.trainer_threads
-        engines = busy_instances * self.instance_threads
-        share = min(1.0, cores / (engines + trainer))
-        alone = min(1.0, cores / engines) if engines else 1.0
-        return share / alone, min(trainer, cores) / (trainer * share)
+        cores, trainer, load = self.host_cores, self.trainer_threads, self.host_load_threads
+        engines = busy_instances * (self.host_instance_threads or self.instance_threads)
+        if not engines:
+            return 1.0, 1.0  # the trainer beside the load alone: its time alone
+        share = min(1.0, cores / (engines + trainer + load))
+        alone = min(1.0, cores / (engines + load))
+        return share / alone, min(1.0, cores / (trainer + load)) / share
 
     @property
     def push_seconds(self) -> float:
@@ -417,6 +430,8 @@ def spec_from_app_config(cfg: Any) -> SimSpec:
         router_cost=coordinator_config(cfg).cost_model,
         speed_factors=speed_factors(cfg, cfg.rollout.num_instances),
         host_cores=sim.host_cores,
+        host_instance_threads=sim.host_instance_threads,
+        host_load_threads=sim.host_load_threads,
         instance_threads=cfg.rollout.engine_threads,
         trainer_threads=cfg.trainer.torch_threads or 1,
         lengths=length_workload(cfg),
