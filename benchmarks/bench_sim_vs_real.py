@@ -479,7 +479,7 @@ def _print(res: dict[str, Any]) -> None:
             print(f"as a shared host with the threads runnable in the eta = 0 run: "
                   f"{x['host_instance_threads']:.2f} an instance with work, "
                   f"{x['host_load_threads']:.2f} beside the instances and the trainer "
-                  f"(step time within 15 % at every eta: "
+                  f"(step time within {res['target_step_s_error']:.0%} at every eta: "
                   f"{'MET' if res['met_loaded'] else 'MISSED'}):")  # fmt: skip
             for r in res["rows"]:
                 print(_row(f"{r['eta']} loaded", r["real"], r["loaded"]["sim"], r["loaded"]))

@@ -59,8 +59,8 @@ def sched_by_process() -> dict[int, tuple[str, float, float]]:
 
 
 class HostLoad:
-    """What each role of a real run wanted of the host over its measured steps: the time its
-    threads (this process's and its descendants') spent on a core and waiting for one, taken
+    """What each process of a real run (this process and its descendants) wanted of the host
+    over its measured steps: the time its threads spent on a core and waiting for one, taken
     when the run's warm-up step record lands in its ``metrics.jsonl`` and when the last one
     does, over the wall time between: ``cores`` (on a core), ``runnable`` (on a core or
     waiting: the threads it kept runnable on average)."""

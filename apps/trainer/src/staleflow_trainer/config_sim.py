@@ -484,23 +484,18 @@ def check_shared_host(
 ) -> None:
     """Refuse a shared host (``sim.host_cores``) for a trainer that streams its batch in: the
     streamed parts' work is not modelled on it; and the threads of a shared host
-    (``sim.host_load_threads``, ``sim.host_instance_threads``) without one, or as anything but
-    a finite number (> 0 for an instance's)."""
-    given = (("sim.host_load_threads", load_threads, 0.0, "a number >= 0 (0: no other load)"),
-             ("sim.host_instance_threads", instance_threads, None,
-              "a number > 0, or null (rollout.cpus_per_instance, at least 1)"))  # fmt: skip
-    for key, value, unset, allowed in given:
-        if value is None:
-            continue
-        if not math.isfinite(value) or value < 0 or (unset is None and value == 0):
-            raise ConfigError(f"{key} must be {allowed}, got {value!r}", key=key, allowed=allowed)
-        if value != unset and host_cores is None:
+    (``sim.host_load_threads``, ``sim.host_instance_threads``) set without one. (Their ranges
+    are the fields' own checks.)"""
+    given = (("sim.host_load_threads", load_threads, bool(load_threads), "0"),
+             ("sim.host_instance_threads", instance_threads, instance_threads is not None,
+              "null"))  # fmt: skip
+    for key, value, is_set, unset in given:
+        if is_set and host_cores is None:
             raise ConfigError(
                 f"{key} is {value}, but the simulation has no shared host (sim.host_cores is "
                 "null: every instance and the trainer have their own device)",
                 key=key,
-                allowed=f"{'0' if unset == 0.0 else 'null'} while sim.host_cores is null, or "
-                "set sim.host_cores",
+                allowed=f"{unset} while sim.host_cores is null, or set sim.host_cores",
             )
     if host_cores is not None and stream_batch:
         raise ConfigError(

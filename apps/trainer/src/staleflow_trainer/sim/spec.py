@@ -192,8 +192,10 @@ class SimSpec:
     #: (``sim.host_load_threads``).
     host_cores: int | None = attrs.field(default=None, validator=attrs.validators.optional(_gt(0)))
     instance_threads: int = attrs.field(default=1, validator=_gt(0))
-    host_instance_threads: float | None = None
-    host_load_threads: float = 0.0
+    host_instance_threads: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_gt(0))
+    )
+    host_load_threads: float = attrs.field(default=0.0, validator=_ge(0))
     trainer_threads: int = attrs.field(default=1, validator=_gt(0))
 
     # --- workload: response lengths (the package's config), prompt lengths, rewards
