@@ -62,6 +62,9 @@ _UNSET = {
     "due_first": "false",
     "route_kv_limit": "null",
     "sync_load_threshold": "off",
+    "due_spread_ratio": "off",
+    "due_spread_max_running": "null",
+    "due_placement": "gain",
 }
 OWN = {
     "sim-paper-30b-a3b.yaml": {"sync_load_threshold": 0.5},
@@ -73,7 +76,12 @@ OWN = {
         "sync_load_threshold": 0.5,
     },
     "sim-paper-7b.yaml": {"theta_slack": 0.15, "due_first": True, "sync_load_threshold": 0.5},
-    "sim-paper-14b.yaml": {"sync_load_threshold": 0.5},
+    "sim-paper-14b.yaml": {
+        "sync_load_threshold": 0.5,
+        "due_spread_ratio": 2.5,
+        "due_spread_max_running": 12,
+        "due_placement": "headroom",
+    },
 }
 
 
