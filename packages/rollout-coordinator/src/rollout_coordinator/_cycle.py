@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from operator import itemgetter
 from typing import Any
 
 import attrs
@@ -286,7 +287,7 @@ class Coordinator:
 
     def _oldest_routed(self, instance_id: str) -> int | None:
         """The smallest V_traj routed to the instance and not heard back about."""
-        return min((v for v, _ in self._routed.get(instance_id, {}).values()), default=None)
+        return min(map(itemgetter(0), self._routed.get(instance_id, {}).values()), default=None)
 
     def _forget(self, tid: str) -> None:
         iid = self._where.pop(tid, None)
@@ -298,6 +299,9 @@ class Coordinator:
         iid = self._where.get(trajectory_id)
         if iid is not None:
             return self._routed[iid][trajectory_id][0]
+        v = self.protocol.live_version(trajectory_id)  # O(1), no record built
+        if v is not None:
+            return v
         try:
             return self.protocol.trajectory(trajectory_id).version
         except ProtocolError:

@@ -25,6 +25,7 @@ needs to be admitted (its context when routed), or :data:`SEEN_RUNNING`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from operator import itemgetter
 from typing import Any
 
 from rollout_coordinator._config import CoordinatorConfig
@@ -53,9 +54,8 @@ class MeantToRun:
 
     def note_running(self, snap: InstanceSnapshot, routed: Mapping[str, Any]) -> None:
         """Routed trajectories the snapshot shows running."""
-        self._by[snap.instance_id].update(
-            (t, SEEN_RUNNING) for e in snap.running if (t := e.trajectory_id) in routed
-        )
+        seen = filter(routed.__contains__, map(itemgetter(0), snap.running))  # trajectory ids
+        self._by[snap.instance_id].update(dict.fromkeys(seen, SEEN_RUNNING))
 
     def forget(self, instance_id: str, trajectory_id: str) -> None:
         meant = self._by.get(instance_id)

@@ -11,6 +11,7 @@ every 100 ms), and raises :class:`InvalidSnapshot` naming the field.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 import attrs
@@ -36,6 +37,11 @@ class RunningEntry(NamedTuple):
     @property
     def tokens(self) -> int:
         return self.prompt_tokens + self.generated_tokens
+
+
+_TRAJECTORY_ID = attrgetter("trajectory_id")
+_PROMPT = attrgetter("prompt_tokens")
+_GENERATED = attrgetter("generated_tokens")
 
 
 def _running_tuple(value: Iterable[RunningEntry]) -> tuple[RunningEntry, ...]:
@@ -91,17 +97,19 @@ class InstanceSnapshot:
             raise InvalidSnapshot(
                 f"time_s must be >= 0, got {self.time_s!r}", instance_id=iid, field="time_s"
             )
-        seen: set[str] = set()
-        for entry in self.running:
-            if entry.prompt_tokens < 0 or entry.generated_tokens < 0:
-                raise InvalidSnapshot(
-                    f"running trajectory {entry.trajectory_id!r} has negative token counts "
-                    f"({entry.prompt_tokens}, {entry.generated_tokens})",
-                    instance_id=iid,
-                    field="running",
-                )
-            seen.add(entry.trajectory_id)
-        if len(seen) != len(self.running):
+        running = self.running
+        if not running:
+            return
+        # the checks below run in C (every snapshot lists every running trajectory)
+        if min(map(_PROMPT, running)) < 0 or min(map(_GENERATED, running)) < 0:
+            entry = next(e for e in running if e.prompt_tokens < 0 or e.generated_tokens < 0)
+            raise InvalidSnapshot(
+                f"running trajectory {entry.trajectory_id!r} has negative token counts "
+                f"({entry.prompt_tokens}, {entry.generated_tokens})",
+                instance_id=iid,
+                field="running",
+            )
+        if len(set(map(_TRAJECTORY_ID, running))) != len(running):
             raise InvalidSnapshot(
                 "running lists a trajectory id more than once", instance_id=iid, field="running"
             )

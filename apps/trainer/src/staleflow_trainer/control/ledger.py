@@ -30,6 +30,7 @@ import bisect
 import enum
 from collections.abc import Iterator, Mapping
 from itertools import chain
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from rollout_coordinator import QueuedTrajectory
@@ -48,6 +49,8 @@ class Where(enum.StrEnum):
 
 
 _SETTLED = (Where.CONSUMED, Where.DROPPED)
+_TID = itemgetter(2)  # a level key's trajectory id
+_ITEM = attrgetter("item")  # an entry's queued item
 
 
 class Entry:
@@ -172,12 +175,12 @@ class Ledger:
         entries = self.entries
         out: list[QueuedTrajectory] = []
         for v in self._level_versions:
-            out.extend(entries[k[2]].item for k in self._levels[v])  # type: ignore[misc]
+            out.extend(map(_ITEM, map(entries.__getitem__, map(_TID, self._levels[v]))))
             if limit is not None and len(out) >= limit:
                 return out[:limit]
         never_routed = chain(self._promoted, self._new)
         if limit is None:
-            out.extend(entries[t].item for t in never_routed)  # type: ignore[misc]
+            out.extend(map(_ITEM, map(entries.__getitem__, never_routed)))
             self._cached = out
             return out
         for t in never_routed:

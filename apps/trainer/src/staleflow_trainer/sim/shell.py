@@ -30,7 +30,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Collection
-from itertools import starmap
+from functools import partial
 from typing import Any
 
 import attrs
@@ -454,6 +454,13 @@ class _Streamed:
         self.work_s = 0.0
 
 
+#: A ``(trajectory_id, prompt_tokens, generated_tokens, None)`` row as a ``RunningEntry``, built
+#: in C (every snapshot lists every running trajectory of its instance)
+_running_entry: Callable[[tuple[str, int, int, None]], RunningEntry] = partial(
+    tuple.__new__, RunningEntry
+)
+
+
 def _instance_snapshot(eng: SimEngineCore, now: float) -> InstanceSnapshot:
     """``InstanceSnapshot.from_engine(eng.snapshot(now))``, without the engine's own
     per-trajectory records."""
@@ -463,7 +470,7 @@ def _instance_snapshot(eng: SimEngineCore, now: float) -> InstanceSnapshot:
         seq=r.seq,
         time_s=r.time_s,
         version=r.version,
-        running=tuple(starmap(RunningEntry, r.running)),
+        running=tuple(map(_running_entry, r.running)),
         waiting=r.waiting,
         kv_used_tokens=r.kv_used_tokens,
         kv_capacity_tokens=r.kv_capacity_tokens,

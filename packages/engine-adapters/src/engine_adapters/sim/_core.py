@@ -70,13 +70,15 @@ from engine_adapters.sim._traj import new_traj
 
 class SnapshotRows(NamedTuple):
     """An :class:`~engine_adapters.EngineSnapshot`'s fields, with ``running`` as plain
-    ``(trajectory_id, prompt_tokens, generated_tokens)`` tuples."""
+    ``(trajectory_id, prompt_tokens, generated_tokens, None)`` tuples: the last slot is left
+    for a caller's own field (the coordinator's ``RunningEntry.v_traj``), so a caller can take
+    each row as its own record type without copying it field by field."""
 
     instance_id: str
     seq: int
     time_s: float
     version: int
-    running: list[tuple[str, int, int]]
+    running: list[tuple[str, int, int, None]]
     waiting: int
     kv_used_tokens: int
     kv_capacity_tokens: int
@@ -343,7 +345,7 @@ class SimEngineCore(Scheduler):
             version=rows.version,
             running=tuple(
                 _Running(trajectory_id=tid, prompt_tokens=prompt, generated_tokens=generated)
-                for tid, prompt, generated in rows.running
+                for tid, prompt, generated, _ in rows.running
             ),
             waiting=rows.waiting,
             kv_used_tokens=rows.kv_used_tokens,
@@ -354,19 +356,19 @@ class SimEngineCore(Scheduler):
 
     def snapshot_rows(self, now: float) -> SnapshotRows:
         """:meth:`snapshot` with each running trajectory as a plain ``(trajectory_id,
-        prompt_tokens, generated_tokens)`` tuple, for a caller that builds its own records
-        (it takes a snapshot: the sequence number moves on)."""
+        prompt_tokens, generated_tokens, None)`` tuple (:class:`SnapshotRows`), for a caller
+        that builds its own records (it takes a snapshot: the sequence number moves on)."""
         self._advance(now)
         steps_now, _ = self._position(now)
         n = len(self._running)
         kv = self._k + n * steps_now if n else 0
         running = [
-            (tid, tr.prompt_len, tr.generated + steps_now - tr.admit_step)
+            (tid, tr.prompt_len, tr.generated + steps_now - tr.admit_step, None)
             for tid, tr in self._running.items()
         ]
         head = self._head
         if head is not None:
-            running.append((head.request.trajectory_id, head.prompt_len, head.generated))
+            running.append((head.request.trajectory_id, head.prompt_len, head.generated, None))
         self._snapshot_seq += 1
         decoding = self._stretch is not None and n > 0
         return SnapshotRows(

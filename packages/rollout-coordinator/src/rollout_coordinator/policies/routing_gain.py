@@ -218,6 +218,7 @@ def route_by_marginal_gain(  # noqa: C901 - one pass over the queue: the per-ins
     # ends), and a run of them is counted at once.
     fresh_refused = False
     admitted = port.admitted_groups
+    refuses_fresh, admissible, is_due = port.refuses_fresh, port.admissible, port.due
     # due_first: the instances θ refused, as (-length refused, position): one rejoins its
     # version group for a shorter trajectory, unless θ has refused it _REFUSALS times this
     # cycle (then it leaves for the cycle, as every refused one does without due_first).
@@ -314,7 +315,7 @@ def route_by_marginal_gain(  # noqa: C901 - one pass over the queue: the per-ins
         length = item.prompt_len + item.generated_len
         if refused:
             revive(length)
-        due = (due_first or headroom) and not is_new and port.due(item)
+        due = (due_first or headroom) and not is_new and is_due(item)
         if v_traj != run_v or not run:  # the queue comes in runs of one V_traj
             start = bisect.bisect_left(versions, floor + 1 if v_traj is None else v_traj)
             run = versions[start:]
@@ -336,7 +337,7 @@ def route_by_marginal_gain(  # noqa: C901 - one pass over the queue: the per-ins
             if not g.members:
                 continue
             if is_new:
-                if not port.admissible(item.group_id, v):
+                if not admissible(item.group_id, v):
                     continue
             elif not resumable_checked:
                 if not port.can_resume(item, v):
@@ -369,10 +370,11 @@ def route_by_marginal_gain(  # noqa: C901 - one pass over the queue: the per-ins
             misses = 0
         else:
             if is_new and not fresh_refused and item.group_id not in admitted:
-                fresh_refused = all(
-                    (not groups[v].members and not refused_at.get(v)) or port.refuses_fresh(v)
-                    for v in run
-                )
+                for v in run:  # (a loop, not all(): this runs for most misses of new work)
+                    if (groups[v].members or refused_at.get(v)) and not refuses_fresh(v):
+                        break
+                else:
+                    fresh_refused = True
             misses += 1
             if misses >= miss_limit:
                 stopped_early = True
@@ -404,8 +406,13 @@ def _no_room(
     meets change neither answer). False when nothing is queued."""
     if not items:
         return False
-    shortest = min(it.prompt_len + it.generated_len for it in islice(items, miss_limit))
-    return not bool((kv + shortest <= kv_limit * cap).any())
+    if not len(kv):
+        return True
+    # The most room any instance has: ``kv + length <= kv_limit * cap`` holds for some instance
+    # iff ``length <= room`` (the subtraction is exact: ``kv`` is an integer within ``cap`` of
+    # ``kv_limit * cap``), so the scan stops at the first trajectory that fits.
+    room = float((kv_limit * cap - kv).max())
+    return not any(it.prompt_len + it.generated_len <= room for it in islice(items, miss_limit))
 
 
 class _Group:
