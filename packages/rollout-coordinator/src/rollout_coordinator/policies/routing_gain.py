@@ -60,6 +60,9 @@ no reordering. The scan stops after ``route_miss_limit`` consecutive trajectorie
 nothing, or at ``max_routes_per_cycle``. Once every candidate version of new work has no
 instance left or refuses fresh groups (the port's cached refusal), a run of new trajectories
 of fresh groups is counted as that many misses in one pass, without an admission check each.
+Likewise a new trajectory that missed without changing anything (no instance left its group,
+none was picked): the members of its group queued right behind it with the same length would
+meet the same groups and the same cached admission answers, so they count as misses at once.
 
 Every instance is ranked every cycle and most of them leave their group saturated, so the
 per-instance work is kept small: the ranking keys, and the hungry set at the end, are computed
@@ -225,11 +228,11 @@ def route_by_marginal_gain(  # noqa: C901 - one pass over the queue: the per-ins
     # ``refused_at``: how many of them each version has.
     due_first = cfg.due_first
     headroom = cfg.due_placement == "headroom"
+    due_rule = due_first or headroom
     refused: list[tuple[int, int]] = []
     refusals: dict[int, int] = {}
     refused_at: dict[int, int] = {}
     n_items = len(items)
-    resume_at = 0
 
     def pick(g: _Group, length: int, due: bool) -> int:
         """Index in the version group ``g`` of its best instance with room and gain ≥ θ (any
@@ -287,9 +290,11 @@ def route_by_marginal_gain(  # noqa: C901 - one pass over the queue: the per-ins
             groups[tv_l[p]].insert(-gain_at(p, ref_len), p, iids)  # its ranking key
             live += 1
 
-    for i, item in enumerate(items):
-        if i < resume_at:
-            continue
+    resume_at = 0  # the next item to try (runs of misses counted at once skip ahead)
+    while resume_at < n_items:
+        i = resume_at
+        item = items[i]
+        resume_at = i + 1
         if live <= 0 and not refused:
             break
         if len(routes) >= max_routes:
@@ -313,9 +318,9 @@ def route_by_marginal_gain(  # noqa: C901 - one pass over the queue: the per-ins
             resume_at = j
             continue
         length = item.prompt_len + item.generated_len
-        if refused:
+        if refused and -refused[0][0] > length:  # (revive's own test: most items revive none)
             revive(length)
-        due = (due_first or headroom) and not is_new and is_due(item)
+        due = due_rule and not is_new and is_due(item)
         if v_traj != run_v or not run:  # the queue comes in runs of one V_traj
             start = bisect.bisect_left(versions, floor + 1 if v_traj is None else v_traj)
             run = versions[start:]
@@ -332,6 +337,7 @@ def route_by_marginal_gain(  # noqa: C901 - one pass over the queue: the per-ins
                 resumable_checked = True
                 usage = _usage_of(kv_l, cap_l) if due and headroom else None
                 candidates = _best_group(candidates, groups, pick, gain_at, length, due, usage)
+        live_at, picked = live, False
         for v in candidates:
             g = groups[v]
             if not g.members:
@@ -346,6 +352,7 @@ def route_by_marginal_gain(  # noqa: C901 - one pass over the queue: the per-ins
             at = pick(g, length, due)
             if at < 0:
                 continue
+            picked = True
             p = g.members[at]
             buffer: int | None = None
             if is_new:
@@ -379,6 +386,25 @@ def route_by_marginal_gain(  # noqa: C901 - one pass over the queue: the per-ins
             if misses >= miss_limit:
                 stopped_early = True
                 break
+            if is_new and not fresh_refused and live == live_at and not picked:
+                # It missed without changing anything (no instance left its group, none was
+                # picked): the next members of its group, queued behind it with the same
+                # length, meet the same groups and the same cached admission answers, and miss
+                # the same way. Count them at once.
+                gid, j = item.group_id, i + 1
+                stop = min(n_items, j + miss_limit - misses)
+                while (
+                    j < stop
+                    and (nxt := items[j]).v_traj is None
+                    and nxt.group_id == gid
+                    and nxt.prompt_len + nxt.generated_len == length
+                ):
+                    j += 1
+                misses += j - i - 1
+                if misses >= miss_limit:
+                    stopped_early = True
+                    break
+                resume_at = j
     hungry: frozenset[str] = frozenset()
     if not stopped_early:
         left = [p for g in groups.values() for p in g.members]
