@@ -160,12 +160,18 @@ class Scenario:
             else:
                 continue
             break
+        shared = 0  # a group's members share their prompt (and its length) in every other group
         for k in range(fresh):
             gid = f"ng{self.groups + k // group}"
             tid = f"{gid}/{k % group}"
+            if k % group == 0:
+                shared = rng.randint(50, 3000) if (self.groups + k // group) % 2 else 0
             self.queue.append(
                 QueuedTrajectory(
-                    trajectory_id=tid, group_id=gid, v_traj=None, prompt_len=rng.randint(50, 3000)
+                    trajectory_id=tid,
+                    group_id=gid,
+                    v_traj=None,
+                    prompt_len=shared or rng.randint(50, 3000),
                 )
             )
         self.groups += fresh // group + 1
@@ -307,6 +313,27 @@ def test_scenarios_meet_cycles_where_nothing_fits(monkeypatch: pytest.MonkeyPatc
         for _ in range(6):
             sc.cycle()
     assert seen[True] >= 5 and seen[False] > seen[True], seen
+
+
+def test_scenarios_count_a_groups_repeated_misses_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new trajectory that missed without changing anything lets the members of its group
+    queued behind it with the same length count as misses at once
+    (``routing_gain._same_prompt_run``); the staleflow scenarios above reach it, and there
+    too the fast cycle decided what the reference, which tries each of them, did."""
+    skipped = []
+    real = routing_gain._same_prompt_run
+
+    def counted(items: Any, start: int, *a: Any) -> int:
+        end: int = real(items, start, *a)
+        skipped.append(end - start)
+        return end
+
+    monkeypatch.setattr(routing_gain, "_same_prompt_run", counted)
+    for seed in range(48):  # the seeds of test_fast_cycle_matches_reference
+        sc = Scenario(seed * 7919 + len("staleflow"), "staleflow")
+        for _ in range(6):
+            sc.cycle()
+    assert sum(1 for n in skipped if n > 0) >= 5, skipped
 
 
 def test_due_first_matches_the_reference_on_long_tailed_queues(

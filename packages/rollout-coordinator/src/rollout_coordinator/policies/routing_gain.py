@@ -391,15 +391,7 @@ def route_by_marginal_gain(  # noqa: C901 - one pass over the queue: the per-ins
                 # picked): the next members of its group, queued behind it with the same
                 # length, meet the same groups and the same cached admission answers, and miss
                 # the same way. Count them at once.
-                gid, j = item.group_id, i + 1
-                stop = min(n_items, j + miss_limit - misses)
-                while (
-                    j < stop
-                    and (nxt := items[j]).v_traj is None
-                    and nxt.group_id == gid
-                    and nxt.prompt_len + nxt.generated_len == length
-                ):
-                    j += 1
+                j = _same_prompt_run(items, i + 1, miss_limit - misses, item.group_id, length)
                 misses += j - i - 1
                 if misses >= miss_limit:
                     stopped_early = True
@@ -439,6 +431,23 @@ def _no_room(
     # ``kv_limit * cap``), so the scan stops at the first trajectory that fits.
     room = float((kv_limit * cap - kv).max())
     return not any(it.prompt_len + it.generated_len <= room for it in islice(items, miss_limit))
+
+
+def _same_prompt_run(
+    items: Sequence[QueuedTrajectory], start: int, most: int, group_id: str, length: int
+) -> int:
+    """The end of the run of new trajectories of ``group_id`` with ``length`` tokens that
+    starts at ``start`` (at most ``most`` of them): the members of a group queued together."""
+    stop = min(len(items), start + most)
+    j = start
+    while (
+        j < stop
+        and (nxt := items[j]).v_traj is None
+        and nxt.group_id == group_id
+        and nxt.prompt_len + nxt.generated_len == length
+    ):
+        j += 1
+    return j
 
 
 class _Group:
