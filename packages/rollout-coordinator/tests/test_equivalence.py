@@ -295,6 +295,15 @@ def test_scenarios_exercise_the_paths() -> None:
     assert all(v > 0 for v in seen.values()), seen
 
 
+def _run_staleflow_scenarios() -> None:
+    """The staleflow scenarios of ``test_fast_cycle_matches_reference`` (its seeds), each
+    checked against the reference as it runs."""
+    for seed in range(48):
+        sc = Scenario(seed * 7919 + len("staleflow"), "staleflow")
+        for _ in range(6):
+            sc.cycle()
+
+
 def test_scenarios_meet_cycles_where_nothing_fits(monkeypatch: pytest.MonkeyPatch) -> None:
     """Some of the staleflow scenarios above reach cycles where no instance has KV room for
     anything the router may reach in the queue, which it answers without a scan
@@ -308,10 +317,7 @@ def test_scenarios_meet_cycles_where_nothing_fits(monkeypatch: pytest.MonkeyPatc
         return out
 
     monkeypatch.setattr(routing_gain, "_no_room", counted)
-    for seed in range(48):  # the seeds of test_fast_cycle_matches_reference
-        sc = Scenario(seed * 7919 + len("staleflow"), "staleflow")
-        for _ in range(6):
-            sc.cycle()
+    _run_staleflow_scenarios()
     assert seen[True] >= 5 and seen[False] > seen[True], seen
 
 
@@ -329,10 +335,7 @@ def test_scenarios_count_a_groups_repeated_misses_at_once(monkeypatch: pytest.Mo
         return end
 
     monkeypatch.setattr(routing_gain, "_same_prompt_run", counted)
-    for seed in range(48):  # the seeds of test_fast_cycle_matches_reference
-        sc = Scenario(seed * 7919 + len("staleflow"), "staleflow")
-        for _ in range(6):
-            sc.cycle()
+    _run_staleflow_scenarios()
     assert sum(1 for n in skipped if n > 0) >= 5, skipped
 
 

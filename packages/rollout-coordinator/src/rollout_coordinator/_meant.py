@@ -25,11 +25,10 @@ needs to be admitted (its context when routed), or :data:`SEEN_RUNNING`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from operator import itemgetter
 from typing import Any
 
 from rollout_coordinator._config import CoordinatorConfig
-from rollout_coordinator._records import InstanceSnapshot
+from rollout_coordinator._records import _TRAJECTORY_ID, InstanceSnapshot
 from rollout_coordinator._speculative import InstanceState
 
 #: a trajectory a snapshot showed running (preempted if it waits later)
@@ -54,7 +53,7 @@ class MeantToRun:
 
     def note_running(self, snap: InstanceSnapshot, routed: Mapping[str, Any]) -> None:
         """Routed trajectories the snapshot shows running."""
-        seen = filter(routed.__contains__, map(itemgetter(0), snap.running))  # trajectory ids
+        seen = filter(routed.__contains__, map(_TRAJECTORY_ID, snap.running))
         self._by[snap.instance_id].update(dict.fromkeys(seen, SEEN_RUNNING))
 
     def forget(self, instance_id: str, trajectory_id: str) -> None:
