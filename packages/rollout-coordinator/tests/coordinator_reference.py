@@ -231,7 +231,12 @@ def route_by_marginal_gain(
             if local[iid][1] + ref_len <= kv_limit * local[iid][2]
             and gain(local[iid][0], local[iid][1], ref_len) >= theta_of(iid) * empty
         )
-    return RoutingResult(routes=routes, hungry=hungry, new_admitted=new_admitted)
+    return RoutingResult(
+        routes=routes,
+        hungry=hungry,
+        new_admitted=new_admitted,
+        partials_oldest_first=not partials_by_gain,
+    )
 
 
 def _best_group(

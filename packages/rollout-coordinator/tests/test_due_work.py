@@ -96,3 +96,35 @@ def test_due_spreading_needs_a_light_instance_and_a_slow_enough_step():
         [_running("loaded", *entries, version=1), snap("light", version=1)], [], now=0.0
     )
     assert [i for i in interrupts(cmds) if i.reason == "migration"] == []
+
+
+def test_due_work_spreads_only_where_the_router_can_send_it():
+    """The router tries a partial's versions oldest first: a light instance newer than the
+    loaded one would not get the trajectory, which would come straight back to ``loaded`` (now
+    the first instance with room at its version), re-prefill there and be moved again, every
+    cycle. So with only such a light instance nothing moves; with the router placing partials
+    by gain over every version (``partial_order="gain"``), with the even router (the least
+    loaded instance of any version that can serve it), or with both at one version, it does."""
+    entries = [("d", 500, 20_000, 0)] + [(f"x{k}", 500, 6_000, 0) for k in range(12)]
+
+    def moved(loaded_version, light_version, policy="staleflow", **cfg):
+        coord, _, _ = make(
+            policy,
+            instances=[("loaded", loaded_version), ("light", light_version)],
+            eta=1,
+            start_version=1,
+            migration_min_running=64,
+            due_spread_ratio=1.3,
+            **cfg,
+        )
+        snaps = [
+            _running("loaded", *entries, version=loaded_version),
+            snap("light", version=light_version),
+        ]
+        cmds = coord.step(snaps, [], now=0.0)
+        return [i.trajectory_ids for i in interrupts(cmds) if i.reason == "migration"]
+
+    assert moved(0, 1) == []  # only a newer light instance: it would come back
+    assert moved(0, 1, partial_order="gain") == [("d",)]
+    assert moved(0, 1, "vanilla-routing") == [("d",)]
+    assert moved(1, 1) == [("d",)]

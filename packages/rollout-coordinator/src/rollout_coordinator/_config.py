@@ -249,7 +249,9 @@ class CoordinatorConfig:
     #: floor + 1) on an instance whose decode step is at least this many times the step it
     #: would take alone (routing cost model) is interrupted and re-routed while a light
     #: instance (``due_spread_max_running`` running or fewer, no waiting queue, not syncing)
-    #: is there to take it: per loaded instance its longest due trajectory, the largest
+    #: that the router can send it to is there (at a version that can resume it; with
+    #: ``partial_order="version"`` no newer than the loaded one's, else it comes straight
+    #: back): per loaded instance its longest due trajectory, the largest
     #: expected saving first (its step saved × the tokens it has generated, a long-tailed
     #: length's expectation of what it still has to go), one per light instance. Where the
     #: tail of a batch binds (η = 1), the last responses of a batch otherwise run beside the

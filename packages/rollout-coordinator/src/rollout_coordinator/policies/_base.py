@@ -102,6 +102,11 @@ class RoutingResult:
     #: stopped early for another reason (route cap).
     hungry: frozenset[str] = frozenset()
     new_admitted: int = 0
+    #: This router sends a queued partial to the oldest version that can serve it before any
+    #: newer one (the cost-model router with ``partial_order="version"``): due spreading then
+    #: moves work only toward light instances no newer than the one it leaves, since the
+    #: router would send it straight back.
+    partials_oldest_first: bool = False
 
 
 RoutingFn = Callable[[CycleView, AdmissionPort, int | None], RoutingResult]

@@ -37,6 +37,12 @@ times what it would take alone goes back to the queue while a light instance
 (``due_spread_max_running`` running or fewer) is there to take it: the longest such trajectory
 of each loaded instance, the largest expected saving first, one per light instance. The
 router then places it (by gain, or by ``due_placement``), which puts it on a light instance.
+A light instance counts for a trajectory only if the router can send it there instead of back:
+at a version that can resume it and, where the router tries a partial's versions oldest first
+(:attr:`RoutingResult.partials_oldest_first`: the cost-model router with
+``partial_order="version"``), no newer than the loaded instance's. Moved toward newer light
+instances alone, it would come straight back, re-prefill, and be moved again, cycle after cycle.
+The even router sends a partial to the least-loaded instance of any version that can serve it.
 
 Preemption (``preemption_rule``):
 
@@ -60,6 +66,8 @@ Preemption (``preemption_rule``):
 """
 
 from __future__ import annotations
+
+import bisect
 
 from rollout_coordinator._commands import Interrupt, InterruptReason
 from rollout_coordinator._config import CoordinatorConfig
@@ -104,7 +112,7 @@ def migrate_to_starving(
         out.extend(_bounce(view))
     elif cfg.preemption_rule == "abort":
         out.extend(_abort_preempted(view))
-    out.extend(_spread_due(view, v_traj, {i.instance_id for i in out}))
+    out.extend(_spread_due(view, routing, v_traj, {i.instance_id for i in out}))
     bounced = {i.instance_id for i in out}
     if not routing.hungry:
         return out
@@ -185,7 +193,9 @@ def _pays(
     return expected * (before - after) >= cost
 
 
-def _spread_due(view: CycleView, v_traj: VTrajLookup, busy: set[str]) -> list[Interrupt]:
+def _spread_due(
+    view: CycleView, routing: RoutingResult, v_traj: VTrajLookup, busy: set[str]
+) -> list[Interrupt]:
     """``due_spread_ratio``: due trajectories off loaded instances, while light ones can take
     them (see :class:`~rollout_coordinator.CoordinatorConfig`). ``busy``: instances already
     given an interrupt this cycle."""
@@ -197,13 +207,15 @@ def _spread_due(view: CycleView, v_traj: VTrajLookup, busy: set[str]) -> list[In
     light = cfg.due_spread_max_running
     last_chance = view.abort_floor + 1
     instances = view.instances
-    takers = sum(
-        1
+    taker_versions = sorted(
+        inst.version
         for iid, inst in instances.items()
         if inst.n_running <= light and not inst.syncing and inst.waiting == 0 and iid not in busy
     )
+    takers = len(taker_versions)
     if not takers:
         return []
+    by_version = routing.partials_oldest_first
     moves: list[tuple[float, str, str]] = []
     for iid, inst in instances.items():
         if iid in busy or inst.syncing or inst.n_running < light + 2:
@@ -220,6 +232,13 @@ def _spread_due(view: CycleView, v_traj: VTrajLookup, busy: set[str]) -> list[In
         step = cm.step_latency(inst.n_running, inst.kv_used)
         alone = cm.step_latency(1, e.tokens)
         if step < ratio * alone:
+            continue
+        # A light instance must be one the router can send it to instead of back here: at a
+        # version that can resume it and, where the router tries a partial's versions oldest
+        # first, not newer than this one's.
+        lo = e.v_traj if e.v_traj is not None else v_traj(e.trajectory_id)
+        at = bisect.bisect_left(taker_versions, lo if lo is not None else 0)
+        if at == takers or (by_version and taker_versions[at] > inst.version):
             continue
         moves.append((-(e.generated_tokens * (step - alone)), iid, e.trajectory_id))
     moves.sort()

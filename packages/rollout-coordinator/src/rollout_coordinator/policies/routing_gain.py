@@ -200,7 +200,7 @@ def route_by_marginal_gain(  # noqa: C901 - one pass over the queue: the per-ins
     # per version, the eligible instances without an engine waiting queue, best first
     pos = np.flatnonzero((tv > floor) & (waiting <= 0))
     if _no_room(items, kv_arr[pos], cap_arr[pos], kv_limit, cfg.route_miss_limit):
-        return RoutingResult(routes=[], hungry=frozenset(), new_admitted=0)
+        return RoutingResult(routes=[], partials_oldest_first=not partials_by_gain)
     key_arr = t_arr[pos] - (n_arr[pos] + 1) / (k4 + k1 * (kv_arr[pos] + ref_len) + x1_arr[pos])
     groups = _version_groups(tv[pos], key_arr, pos, iids)
     versions = sorted(groups)
@@ -409,7 +409,12 @@ def route_by_marginal_gain(  # noqa: C901 - one pass over the queue: the per-ins
             th = theta if th_l is None else np.array(th_l)[idx]
             worth = gain - np.array(t_l)[idx] >= th * cm.empty_gain(ref_len)
             hungry = frozenset(iids[p] for p in idx[room & worth].tolist())
-    return RoutingResult(routes=routes, hungry=hungry, new_admitted=new_admitted)
+    return RoutingResult(
+        routes=routes,
+        hungry=hungry,
+        new_admitted=new_admitted,
+        partials_oldest_first=not partials_by_gain,
+    )
 
 
 def _no_room(
