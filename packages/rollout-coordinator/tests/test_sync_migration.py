@@ -174,6 +174,36 @@ def test_migration_acts_under_the_even_router():
     assert coord.last_cycle.routes == 1 and interrupts(cmds) == []
 
 
+def test_migration_moves_nothing_the_router_would_send_straight_back():
+    """The cost-model router tries a partial's versions oldest first: work moved off ``busy``
+    (version 0) toward a starving instance at version 1 would go back to version 0, where
+    ``busy``, just emptied, is the best place. So nothing moves; it does where partials go by
+    gain over every version, and under the even router (the least-loaded instance of any
+    version)."""
+
+    def moved(policy="staleflow", **cfg):
+        coord, _, _ = make(
+            policy,
+            instances=[("idle", 1), ("busy", 0)],
+            start_version=1,
+            sync_kv_threshold=0.0,  # busy keeps version 0
+            **OFF,
+            **cfg,
+        )
+        busy = snap("busy", version=0, n=12, tokens_each=3000)
+        cmds = coord.step([snap("idle", version=1), busy], [], now=0.0)
+        assert syncs(cmds) == {}
+        return [len(i.trajectory_ids) for i in interrupts(cmds) if i.reason == "migration"]
+
+    assert moved() == []
+    assert moved(partial_order="gain") == [6]
+    assert moved("vanilla-routing") == [6]
+    # at one version the moved work is spread by gain: it moves
+    coord, _, _ = make(instances=[("idle", 1), ("busy", 1)], start_version=1, **OFF)
+    cmds = coord.step([snap("idle", version=1), snap("busy", version=1, n=12)], [], now=0.0)
+    assert [len(i.trajectory_ids) for i in interrupts(cmds)] == [6]
+
+
 def test_vanilla_migration_is_passive():
     coord, _, _ = make("vanilla-migration", instances=[("idle", 0), ("busy", 0)], **OFF)
     assert interrupts(coord.step([snap("idle"), snap("busy", n=40)], [], now=0.0)) == []

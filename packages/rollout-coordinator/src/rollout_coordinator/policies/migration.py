@@ -15,7 +15,11 @@ can serve (V_traj ≤ its version after sync) are interrupted — largest first 
 holds the batch back and the most KV relief): half the running-count gap
 (``migration_amount="half_gap"``) or all of them (``"all"``) — and return to the trajectory
 server, where the next cycle's router re-places them by marginal gain (the starving one has the
-largest).
+largest). Not where the router tries a partial's versions oldest first
+(:attr:`RoutingResult.partials_oldest_first`) and the starving instance is at a newer version
+than the loaded one: the moved work would go to the loaded instance's version first, where the
+loaded instance, emptied by the move, is the best place, and it would come straight back and
+re-prefill there.
 
 With ``migration_min_speedup`` set, that happens only if the cost model predicts that
 balancing the two instances — half the running-count gap onto the starving one — gives the
@@ -137,6 +141,8 @@ def migrate_to_starving(
             loaded, best = inst, ind
     if loaded is None or best <= 0 or best < cfg.migration_ratio * s_ind:
         return out
+    if routing.partials_oldest_first and starving.target_version > loaded.target_version:
+        return out  # the router would send the moved work straight back (module docstring)
     target_v = starving.target_version
     movable = [e for e in loaded.running_entries() if (v_traj(e.trajectory_id) or 0) <= target_v]
     half_gap = min(len(movable), (loaded.n_running - starving.n_running) // 2)
