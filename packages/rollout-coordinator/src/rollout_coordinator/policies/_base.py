@@ -103,9 +103,9 @@ class RoutingResult:
     hungry: frozenset[str] = frozenset()
     new_admitted: int = 0
     #: This router sends a queued partial to the oldest version that can serve it before any
-    #: newer one (the cost-model router with ``partial_order="version"``): due spreading then
-    #: moves work only toward light instances no newer than the one it leaves, since the
-    #: router would send it straight back.
+    #: newer one (the cost-model router with ``partial_order="version"``): migration and due
+    #: spreading then move work only toward instances no newer than the one it leaves, since
+    #: the router would send it straight back.
     partials_oldest_first: bool = False
 
 
