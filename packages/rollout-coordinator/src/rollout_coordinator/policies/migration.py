@@ -141,8 +141,8 @@ def migrate_to_starving(
             loaded, best = inst, ind
     if loaded is None or best <= 0 or best < cfg.migration_ratio * s_ind:
         return out
-    if routing.partials_oldest_first and starving.target_version > loaded.target_version:
-        return out  # the router would send the moved work straight back (module docstring)
+    if _sent_back(routing, loaded, starving.target_version):
+        return out
     target_v = starving.target_version
     movable = [e for e in loaded.running_entries() if (v_traj(e.trajectory_id) or 0) <= target_v]
     half_gap = min(len(movable), (loaded.n_running - starving.n_running) // 2)
@@ -161,6 +161,14 @@ def migrate_to_starving(
         )
     )
     return out
+
+
+def _sent_back(routing: RoutingResult, source: InstanceState, target_version: int) -> bool:
+    """Would work moved off ``source`` toward an instance at ``target_version`` come straight
+    back? Where the router tries a partial's versions oldest first, a newer target is tried
+    only after ``source``'s version, where ``source``, just relieved of the work, is the best
+    place (see the module docstring)."""
+    return routing.partials_oldest_first and target_version > source.target_version
 
 
 def _pays(
@@ -221,7 +229,6 @@ def _spread_due(
     takers = len(taker_versions)
     if not takers:
         return []
-    by_version = routing.partials_oldest_first
     moves: list[tuple[float, str, str]] = []
     for iid, inst in instances.items():
         if iid in busy or inst.syncing or inst.n_running < light + 2:
@@ -239,12 +246,11 @@ def _spread_due(
         alone = cm.step_latency(1, e.tokens)
         if step < ratio * alone:
             continue
-        # A light instance must be one the router can send it to instead of back here: at a
-        # version that can resume it and, where the router tries a partial's versions oldest
-        # first, not newer than this one's.
+        # a light instance at a version that can resume it, the oldest such (the router's
+        # first choice among them) not one it would send the trajectory back from
         lo = e.v_traj if e.v_traj is not None else v_traj(e.trajectory_id)
         at = bisect.bisect_left(taker_versions, lo if lo is not None else 0)
-        if at == takers or (by_version and taker_versions[at] > inst.version):
+        if at == takers or _sent_back(routing, inst, taker_versions[at]):
             continue
         moves.append((-(e.generated_tokens * (step - alone)), iid, e.trajectory_id))
     moves.sort()
