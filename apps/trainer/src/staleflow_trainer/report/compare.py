@@ -31,6 +31,10 @@ Writes into ``run.run_dir``:
 * ``results/compare.md`` (the table) and ``results/*.png`` (throughput bars, staleness
   histograms, per-instance timelines);
 * ``runs/<policy>-eta<η>-seed<s>/`` — each run's metrics, timeline and summary.
+
+A policy that makes another's every decision with the same settings (``coarse-async`` and
+``all-vanilla``: :func:`decision_twins`) is not run twice: its rows repeat the other's runs,
+with ``same_as`` naming that policy, ``run`` its run directory and ``wall_s`` 0.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from typing import Any
 import attrs
 import structlog
 
+from rollout_coordinator.policies import build_policy
 from staleflow_trainer.atomic_files import make_run_dir
 from staleflow_trainer.config import FIXED_ETA, POLICIES, AppConfig, dump_config
 from staleflow_trainer.errors import ConfigError
@@ -86,6 +91,27 @@ def plan_runs(
             out.append(with_policy(base, p))
         else:
             out.extend(with_policy(base, p, eta) for eta in etas)
+    return out
+
+
+def decision_twins(runs: list[AppConfig]) -> dict[int, int]:
+    """Run index → the index of a run that makes its every decision: a policy's
+    ``same_decisions_as`` (``coarse-async``: ``all-vanilla``), planned too with a config that
+    differs in the policy's name alone (a baseline runs without batch redundancy and stuck-buffer
+    resolution, so a config that sets either keeps both runs). A comparison runs the twin once
+    and reports its summary for both."""
+    index = {c: i for i, c in enumerate(runs)}
+    out: dict[int, int] = {}
+    for i, c in enumerate(runs):
+        twin = build_policy(c.coordinator.policy).same_decisions_as
+        if twin is None:
+            continue
+        try:
+            j = index.get(c.evolve(f"coordinator.policy={twin}"))
+        except ConfigError:  # the twin refuses a setting this run keeps: not the same config
+            continue
+        if j is not None:
+            out[i] = j
     return out
 
 
@@ -170,7 +196,11 @@ def run_comparison(
     if not seeds:
         raise ConfigError("compare needs at least one seed", key="--seeds", allowed="1 or more")
     runs = [c for seed in seeds for c in plan_runs(base.evolve(f"run.seed={seed}"), policies, etas)]
-    summaries = run_specs([(c, out_dir / "runs" / run_name(c)) for c in runs], workers=workers)
+    twins = decision_twins(runs)
+    own = [i for i in range(len(runs)) if i not in twins]
+    ran = run_specs([(runs[i], out_dir / "runs" / run_name(runs[i])) for i in own], workers=workers)
+    by_index = dict(zip(own, ran, strict=True))
+    summaries = [by_index[twins.get(i, i)] for i in range(len(runs))]
     spec = spec_from_app_config(base)
     disagg = spec if not spec.colocated else attrs.evolve(spec, policy="staleflow")
     ideal = ideal_throughput(disagg)
@@ -199,6 +229,9 @@ def run_comparison(
             measured_steps=s["steps"] - s["warmup_steps"],
             wall_s=round(s["wall_s"], 2),
         )
+        if c.coordinator.policy != s["policy"]:  # a decision twin's run (decision_twins)
+            row.update(policy=c.coordinator.policy, same_as=s["policy"], wall_s=0.0)
+            row["run"] = run_name(c.evolve(f"coordinator.policy={s['policy']}"))
         results.append(row)
     measured = min((r["measured_steps"] for r in results), default=0)
     summary = summarize(results, bounds)
@@ -406,6 +439,14 @@ def markdown_table(report: dict[str, Any]) -> str:
             f"{r['tokens_per_sample']:.0f} | "
             f"{r['max_staleness']} | {ratio_s} |"
         )
+    twins = sorted({(r["policy"], r["same_as"]) for r in report["results"] if "same_as" in r})
+    for policy, twin in twins:
+        lines += [
+            "",
+            f"{policy}: {twin}'s runs, reported for it. With these settings it makes every "
+            f'decision {twin} makes (docs/throughput.md, "Policies that decide alike"), so '
+            "it is not run twice.",
+        ]
     if any((r["frac_of_bound"] or 0.0) > 1.0 for r in report["summary"]):
         lines += [
             "",

@@ -55,6 +55,11 @@ class Policy:
     #: A baseline models another system: it runs none of StaleFlow's own protocol mechanisms
     #: (redundant rollout, stuck-buffer resolution) in a comparison.
     baseline: bool = False
+    #: Another policy whose every decision this one makes, run for run, where the two runs'
+    #: configs differ in the policy's name alone (a comparison may then report that policy's
+    #: runs for this one instead of running it). Stated only with a proof in the policy's
+    #: docstring.
+    same_decisions_as: str | None = None
     description: str = ""
 
     @property
@@ -129,6 +134,23 @@ def coarse_async_baseline() -> Policy:
     running work); requests are spread evenly over the servers; nothing migrates. Modeled
     exactly so: the in-flight budget gate, even routing, greedy global sync on publish, no
     migration. η comes from the protocol config.
+
+    Over StaleFlow's buffers the budget never binds, so it decides as ``all-vanilla`` does
+    (``same_decisions_as``) wherever the two runs' configs differ in the policy alone (no batch
+    redundancy, no stuck-buffer resolution: a baseline runs without them). Proof: let ``v``
+    be the latest published version and ``k ≥ v`` the batches consumed (version ``v`` trains
+    batch ``v − 1``). Every admitted trajectory not lost is consumed (``B·n`` a batch) or
+    belongs to a group reserved in a buffer in ``[k, v + η]``, at most ``B`` groups of ``n'``
+    members each: a fresh group at an instance's version ``u ≤ v`` reserves a buffer no
+    later than ``u + η``. Writing ``R`` for those groups' admitted members, the budget is
+    ``(η + 1)·B·n' + v·B·n − (k·B·n + R) = (η + 1 + v − k)·B·n' − R + (k − v)·B·(n' − n)``,
+    while the protocol has room for at most ``(v + η − k + 1)·B·n' − R`` more trajectories at
+    any version ≤ ``v``: the budget is never below it (equal at ``k = v``). Losses keep the
+    inequality: a lost member gives the budget one back and the protocol at most one, and a
+    group aborted whole frees its slot of ``n'`` while the budget gets back its admitted
+    members, the rest having counted as room on both sides. The even router tries partials before new prompts and stops at
+    the quota only after the admissions the protocol allows, and a refused admission changes
+    nothing, so every route, sync and admission is the same.
     """
     return Policy(
         name="coarse-async",
@@ -137,6 +159,7 @@ def coarse_async_baseline() -> Policy:
         sync=sync_all_on_publish,
         migration=no_migration,
         admission=admit_by_inflight_budget,
+        same_decisions_as="all-vanilla",
         description=coarse_async_baseline.__doc__ or "",
     )
 
