@@ -206,7 +206,7 @@ def run_comparison(
     ideal = ideal_throughput(disagg)
     bounds = _bounds(base, sorted({e for c in runs if isinstance(e := c.protocol.eta, int)}))
     results = []
-    for c, s in zip(runs, summaries, strict=True):
+    for i, (c, s) in enumerate(zip(runs, summaries, strict=True)):
         row = {"seed": c.run.seed, "run": run_name(c), **{k: s[k] for k in RESULT_KEYS}}
         row.update(
             frac_of_ideal=s["tokens_per_s"] / ideal["ideal_tokens_per_s"],
@@ -229,9 +229,14 @@ def run_comparison(
             measured_steps=s["steps"] - s["warmup_steps"],
             wall_s=round(s["wall_s"], 2),
         )
-        if c.coordinator.policy != s["policy"]:  # a decision twin's run (decision_twins)
-            row.update(policy=c.coordinator.policy, same_as=s["policy"], wall_s=0.0)
-            row["run"] = run_name(c.evolve(f"coordinator.policy={s['policy']}"))
+        if i in twins:  # its decision twin's run
+            twin = runs[twins[i]]
+            row.update(
+                policy=c.coordinator.policy,
+                same_as=twin.coordinator.policy,
+                run=run_name(twin),
+                wall_s=0.0,
+            )
         results.append(row)
     measured = min((r["measured_steps"] for r in results), default=0)
     summary = summarize(results, bounds)

@@ -148,9 +148,9 @@ def coarse_async_baseline() -> Policy:
     any version ≤ ``v``: the budget is never below it (equal at ``k = v``). Losses keep the
     inequality: a lost member gives the budget one back and the protocol at most one, and a
     group aborted whole frees its slot of ``n'`` while the budget gets back its admitted
-    members, the rest having counted as room on both sides. The even router tries partials before new prompts and stops at
-    the quota only after the admissions the protocol allows, and a refused admission changes
-    nothing, so every route, sync and admission is the same.
+    members, the rest having counted as room on both sides. The even router tries partials
+    before new prompts and stops at the quota only after the admissions the protocol allows,
+    and a refused admission changes nothing, so every route, sync and admission is the same.
     """
     return Policy(
         name="coarse-async",
