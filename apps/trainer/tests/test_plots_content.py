@@ -211,3 +211,29 @@ def test_plan_marks_its_pick_on_labelled_axes(tmp_path: Path, figures: dict[str,
     assert ax.get_ylabel() == "trained tokens / virtual s\n(mean after 2 warm-up steps)"
     assert ax.get_xlabel() == "rollout GPUs (of 6; the rest train)"
     assert ax.get_ylim()[0] == 0 and _outside(ax.get_legend(), ax)
+
+
+def test_a_decision_twins_timeline_says_whose_run_it_is(
+    tmp_path: Path, figures: dict[str, Any]
+) -> None:
+    """coarse-async's rows are all-vanilla's runs (a comparison runs the pair once): its
+    timeline panel draws that run and says so."""
+    from staleflow_trainer.report.compare import run_comparison
+
+    base = load_config(
+        EXAMPLES / "sim-tiny.yaml",
+        [
+            "trainer.steps=3",
+            "sim.warmup_steps=1",
+            "metrics.log_every=0",
+            "protocol.stuck_threshold=0",
+        ],
+    )
+    run_comparison(
+        base, tmp_path, policies=["all-vanilla", "coarse-async"], etas=(2,), seeds=(0,), workers=1
+    )
+    titles = [ax.get_title() for ax in figures["timelines.png"].axes if ax.get_title()]
+    assert len(titles) == 2
+    assert titles[0].startswith("all-vanilla η=2") and "run:" not in titles[0]
+    assert titles[1].startswith("coarse-async η=2")
+    assert titles[1].endswith("(all-vanilla's run: the same decisions)")

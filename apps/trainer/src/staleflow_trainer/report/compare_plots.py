@@ -199,7 +199,8 @@ def _timelines(report: dict[str, Any], out_dir: Path, out: Path) -> Path:
                 ax.axvline(float(m["time_s"]), color="#111111", lw=0.8, ls="--", zorder=3)
         ax.set_title(
             f"{r['policy']} η={r['eta']}: {r['tokens_per_s']:,.0f} trained tokens/s, "
-            f"{len(steps)} steps",
+            f"{len(steps)} steps"
+            + (f" ({r['same_as']}'s run: the same decisions)" if "same_as" in r else ""),
             fontsize=9,
         )
         ax.set_yticks([])
