@@ -229,9 +229,16 @@ def _spread_due(
     takers = len(taker_versions)
     if not takers:
         return []
+    # τ(1, kv) grows with kv, so no trajectory runs alone faster than one of no tokens: an
+    # instance stepping faster than ``ratio`` times that keeps its due work (checked before
+    # the per-trajectory scan below, which most instances would not pass)
+    least_alone = ratio * cm.step_latency(1, 0)
     moves: list[tuple[float, str, str]] = []
     for iid, inst in instances.items():
         if iid in busy or inst.syncing or inst.n_running < light + 2:
+            continue
+        step = cm.step_latency(inst.n_running, inst.kv_used)
+        if step < least_alone:
             continue
         due = [
             e
@@ -242,7 +249,6 @@ def _spread_due(
         if not due:
             continue
         e = max(due, key=lambda e: (e.tokens, e.trajectory_id))
-        step = cm.step_latency(inst.n_running, inst.kv_used)
         alone = cm.step_latency(1, e.tokens)
         if step < ratio * alone:
             continue
