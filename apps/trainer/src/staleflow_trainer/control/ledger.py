@@ -29,7 +29,7 @@ from __future__ import annotations
 import bisect
 import enum
 from collections.abc import Iterator, Mapping
-from itertools import chain
+from itertools import chain, islice
 from operator import attrgetter, itemgetter
 from typing import Any
 
@@ -51,6 +51,7 @@ class Where(enum.StrEnum):
 _SETTLED = (Where.CONSUMED, Where.DROPPED)
 _TID = itemgetter(2)  # a level key's trajectory id
 _ITEM = attrgetter("item")  # an entry's queued item
+_ABSENT: Any = object()  # what dict.pop returns for an id the dict does not hold
 
 
 class Entry:
@@ -124,8 +125,10 @@ class Ledger:
     def __init__(self) -> None:
         self.entries: dict[str, Entry] = {}
         self.groups: dict[str, Group] = {}
-        self._new: dict[str, None] = {}  # never-routed queued ids, FIFO
-        self._promoted: dict[str, None] = {}  # never-routed ids of promoted groups, FIFO
+        # never-routed queued ids, FIFO, and those of promoted groups, each with its queue
+        # record (``Entry.item``: the queue view copies them in one pass)
+        self._new: dict[str, QueuedTrajectory] = {}
+        self._promoted: dict[str, QueuedTrajectory] = {}
         self._partly: dict[str, None] = {}  # partly admitted groups not promoted (see above)
         self.promotions = 0  # groups promoted so far
         self._levels: dict[int, list[tuple[int, int, str]]] = {}
@@ -149,8 +152,7 @@ class Ledger:
         self.groups[gid] = Group(gid, row, ids)
         for m, tid in enumerate(ids):
             e = self.entries[tid] = Entry(tid, gid, m, prompt_len)
-            e.queued_item()
-            self._new[tid] = None
+            self._new[tid] = e.queued_item()
         return ids
 
     # ---- the queue -----------------------------------------------------------------------
@@ -178,15 +180,12 @@ class Ledger:
             out.extend(map(_ITEM, map(entries.__getitem__, map(_TID, self._levels[v]))))
             if limit is not None and len(out) >= limit:
                 return out[:limit]
-        never_routed = chain(self._promoted, self._new)
         if limit is None:
-            out.extend(map(_ITEM, map(entries.__getitem__, never_routed)))
+            out.extend(self._promoted.values())
+            out.extend(self._new.values())
             self._cached = out
             return out
-        for t in never_routed:
-            if len(out) >= limit:
-                break
-            out.append(entries[t].item)  # type: ignore[arg-type]
+        out.extend(islice(chain(self._promoted.values(), self._new.values()), limit - len(out)))
         return out
 
     def partly_admitted(self) -> list[str]:
@@ -205,13 +204,17 @@ class Ledger:
             return
         self.promotions += 1
         for t in g.members:
-            if self._new.pop(t, 0) is None:
-                self._promoted[t] = None
+            item = self._new.pop(t, _ABSENT)
+            if item is not _ABSENT:
+                self._promoted[t] = item
                 self._cached = None
 
     def _unqueue(self, tid: str) -> None:
         self._cached = None
-        if self._new.pop(tid, 0) is None or self._promoted.pop(tid, 0) is None:
+        if (
+            self._new.pop(tid, _ABSENT) is not _ABSENT
+            or self._promoted.pop(tid, _ABSENT) is not _ABSENT
+        ):
             return
         v, key = self._key.pop(tid)
         bucket = self._levels[v]
@@ -224,9 +227,9 @@ class Ledger:
         self._cached = None
         e.where = Where.QUEUED
         e.instance = None
-        e.queued_item()
+        item = e.queued_item()
         if e.v_traj is None:  # never admitted (a reserved-but-unrouted one has its V_traj)
-            self._new[e.tid] = None
+            self._new[e.tid] = item
             if self._admitted(e.group):
                 self._partly[e.group] = None
             return
@@ -408,7 +411,10 @@ class Ledger:
                 led.groups[gid].settled += 1
         promoted = set(d.get("promoted", ()))
         for tid in d["new"]:
-            (led._promoted if tid in promoted else led._new)[str(tid)] = None
+            item = led.entries[str(tid)].item
+            if item is None:
+                raise LedgerError(f"queued trajectory {tid!r} is not queued in the entries")
+            (led._promoted if tid in promoted else led._new)[str(tid)] = item
         led.promotions = int(d.get("promotions", 0))
         if "partly" in d:
             led._partly = dict.fromkeys(str(g) for g in d["partly"])
