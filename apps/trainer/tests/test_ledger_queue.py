@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
+from rollout_coordinator import CoordinatorConfig
+from staleflow_trainer.control.config import CoreConfig
 from staleflow_trainer.control.ledger import Ledger, LedgerError
+from staleness_protocol import ProtocolConfig
 
 
 def _ledger() -> Ledger:
@@ -22,7 +26,10 @@ def _ledger() -> Ledger:
 
 
 def _order(led: Ledger, limit: int | None = None) -> list[tuple[str, int | None, int]]:
-    return [(q.trajectory_id, q.v_traj, q.generated_len) for q in led.queue_items(limit)]
+    items = led.queue_items(limit)
+    for q in items:  # each record is its entry's own, current one
+        assert q is led.entries[q.trajectory_id].item
+    return [(q.trajectory_id, q.v_traj, q.generated_len) for q in items]
 
 
 def test_the_queue_serves_partials_then_promoted_then_fresh_groups() -> None:
@@ -39,6 +46,8 @@ def test_the_queue_serves_partials_then_promoted_then_fresh_groups() -> None:
     assert _order(led, 1) == _order(led)[:1]
     led.run("c/0", "i1", 4)  # routed: it leaves the queue, and the view follows
     assert [t for t, _, _ in _order(led)] == ["a/0", "c/1", "a/1", "b/0", "b/1"]
+    led.promote("b")  # promoted after the view was built: the view follows
+    assert [t for t, _, _ in _order(led)] == ["a/0", "c/1", "b/0", "b/1", "a/1"]
 
 
 def test_a_saved_ledger_reads_back_with_the_same_queue() -> None:
@@ -50,9 +59,33 @@ def test_a_saved_ledger_reads_back_with_the_same_queue() -> None:
     assert _order(back) == _order(led)
 
 
-def test_a_saved_queue_naming_a_trajectory_that_is_not_queued_is_refused() -> None:
-    d = json.loads(json.dumps(_ledger().to_dict()))
-    d["new"].append("a/0")  # a partial, listed again as never routed
-    d["entries"] = [e if e[0] != "a/0" else [*e[:5], "running", "i0", None] for e in d["entries"]]
-    with pytest.raises(LedgerError, match="a/0"):
-        Ledger.from_dict(d)
+def _saved_with_new(tid: str) -> dict[str, Any]:
+    led = _ledger()
+    led.run("b/0", "i0", 4)
+    d: dict[str, Any] = json.loads(json.dumps(led.to_dict()))
+    d["new"].append(tid)
+    return d
+
+
+@pytest.mark.parametrize(
+    ("tid", "what"),
+    [
+        ("b/0", "not queued"),  # running on i0
+        ("a/0", "admitted at version 3"),  # a partial, queued by its key
+        ("z/0", "not in the entries"),
+    ],
+)
+def test_a_saved_queue_listing_as_never_routed_what_is_not_is_refused(tid: str, what: str) -> None:
+    with pytest.raises(LedgerError, match=f"{tid!r} as never routed, but it is {what}"):
+        Ledger.from_dict(_saved_with_new(tid))
+
+
+@pytest.mark.parametrize("limit", [0, -1, 2.5, True])
+def test_a_queue_view_limit_below_one_trajectory_is_refused(limit: object) -> None:
+    with pytest.raises(ValueError, match="queue_view_limit must be an integer >= 1"):
+        CoreConfig(
+            protocol=ProtocolConfig(batch_size=2, group_size=2, eta=1),
+            coordinator=CoordinatorConfig(),
+            steps=1,
+            queue_view_limit=limit,
+        )

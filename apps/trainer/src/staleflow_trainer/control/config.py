@@ -72,7 +72,9 @@ class CoreConfig:
     feed_batches: int = attrs.field(default=1, validator=_positive)
     #: At most this many queued trajectories are offered to the coordinator per cycle (None:
     #: the whole queue).
-    queue_view_limit: int | None = None
+    queue_view_limit: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_positive)
+    )
     #: Rewards failed in a row (after the workers' retries) that stop the run.
     reward_failures_in_row: int = attrs.field(default=100, validator=_positive)
     #: With ``dynamic_sampling``: groups filtered in a row that stop the run (None:

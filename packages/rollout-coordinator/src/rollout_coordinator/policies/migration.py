@@ -229,9 +229,9 @@ def _spread_due(
     takers = len(taker_versions)
     if not takers:
         return []
-    # τ(1, kv) grows with kv, so no trajectory runs alone faster than one of no tokens: an
-    # instance stepping faster than ``ratio`` times that keeps its due work (checked before
-    # the per-trajectory scan below, which most instances would not pass)
+    # τ(1, kv) never falls as kv grows, so no trajectory runs alone faster than one of no
+    # tokens: an instance stepping faster than ``ratio`` times that keeps its due work (checked
+    # before the per-trajectory scan below, which most instances would not pass)
     least_alone = ratio * cm.step_latency(1, 0)
     moves: list[tuple[float, str, str]] = []
     for iid, inst in instances.items():
