@@ -128,3 +128,25 @@ def test_due_work_spreads_only_where_the_router_can_send_it():
     assert moved(0, 1, partial_order="gain") == [("d",)]
     assert moved(0, 1, "vanilla-routing") == [("d",)]
     assert moved(1, 1) == [("d",)]
+
+
+def test_the_ratio_test_is_against_the_due_trajectory_alone():
+    """The loaded instance's step against ``due_spread_ratio`` × the step of its longest due
+    trajectory alone: just above it the trajectory moves, just below it nothing does. Both
+    ratios are far above the step ÷ that of a trajectory of the instance's whole KV alone, so
+    a rule judged by anything longer than the trajectory itself would move nothing."""
+    entries = [("d", 500, 2_000, 0)] + [(f"x{k}", 500, 6_000, 1) for k in range(12)]
+    loaded = _running("loaded", *entries, version=1)
+    coord, _ = _spread()
+    cm = coord.config.cost_model
+    step = cm.step_latency(13, loaded.kv_used_tokens)
+    exact = step / cm.step_latency(1, 2_500)
+    assert exact > 1.0 and exact > 1.2 * step / cm.step_latency(1, loaded.kv_used_tokens)
+
+    def moved(ratio: float) -> list[tuple[str, ...]]:
+        coord, _ = _spread(due_spread_ratio=ratio)
+        cmds = coord.step([loaded, snap("light", version=1)], [], now=0.0)
+        return [i.trajectory_ids for i in interrupts(cmds) if i.reason == "migration"]
+
+    assert moved(exact * (1 - 1e-9)) == [("d",)]
+    assert moved(exact * (1 + 1e-9)) == []
