@@ -95,3 +95,37 @@ def test_the_rollout_side_binds_where_the_window_adds_nothing() -> None:
     one = latency_bound(spec, 1, groups=512)  # one step's window is too short for the tail
     assert one["latency_bound_side"] == "latency"
     assert one["latency_bound_step_s"] > wide["latency_bound_step_s"]
+
+
+def _rollout_bound(*over: str) -> SimSpec:
+    cfg = load_config(EXAMPLES / "sim-paper-30b-a3b-rollout-bound.yaml", list(over))
+    return spec_from_app_config(with_policy(cfg, "staleflow", 3))
+
+
+@pytest.mark.parametrize("eta", [1, 3])
+def test_the_bound_counts_each_prompts_first_prefill(eta: int) -> None:
+    """Where the rollout side binds, every prompt's prefill takes instance time: without it
+    the bound is the per-length accounting alone; a dearer prefill lowers it, by about the
+    prefill's share of an instance's time."""
+    free = latency_bound(
+        _rollout_bound("sim.prefill_s_per_token=0", "sim.prefill_s_per_token_position=0"),
+        eta,
+        groups=512,
+    )
+    spec = _rollout_bound()
+    paid = latency_bound(spec, eta, groups=512)
+    dear = latency_bound(_rollout_bound("sim.prefill_s_per_token=1e-3"), eta, groups=512)
+    assert free["latency_bound_side"] in ("latency", "rollout")
+    tps = [b["latency_bound_tokens_per_s"] for b in (free, paid, dear)]
+    assert tps[0] > tps[1] > tps[2]
+    # 1 ms a prompt token: a 574-token prompt takes 0.57 s, and 46 running trajectories of 5 877
+    # tokens put 46 x 0.57 / 5 877 = 4.5 ms of prefill on each 36 ms step: 11 % of the time
+    assert 0.80 < tps[2] / tps[0] < 0.95
+
+
+def test_the_first_prefill_leaves_a_trainer_bound_alone() -> None:
+    spec = _paper(3)
+    dear = _paper(3, "sim.prefill_s_per_token=1e-3")
+    a, b = latency_bound(spec, 3, groups=512), latency_bound(dear, 3, groups=512)
+    assert a["latency_bound_side"] == b["latency_bound_side"] == "train"
+    assert a["latency_bound_tokens_per_s"] == b["latency_bound_tokens_per_s"]

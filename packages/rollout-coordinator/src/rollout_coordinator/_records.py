@@ -40,6 +40,9 @@ class RunningEntry(NamedTuple):
 
 
 _TRAJECTORY_ID = attrgetter("trajectory_id")
+#: What a rejected queue record names as the snapshot's source (the queue view is the
+#: trajectory server's, not an instance's)
+QUEUE_SOURCE = "<trajectory-server>"
 _PROMPT = attrgetter("prompt_tokens")
 _GENERATED = attrgetter("generated_tokens")
 
@@ -154,6 +157,41 @@ class QueuedTrajectory:
     prompt_len: int
     generated_len: int = 0
 
+    def __attrs_post_init__(self) -> None:
+        # the checks of :meth:`_reject` as one test (one record per queued trajectory)
+        p, g, v = self.prompt_len, self.generated_len, self.v_traj
+        if not (
+            type(p) is int
+            and p >= 0
+            and type(g) is int
+            and g >= 0
+            and (v is None or (type(v) is int and v >= 0))
+            and isinstance(self.trajectory_id, str)
+            and self.trajectory_id
+            and isinstance(self.group_id, str)
+            and self.group_id
+        ):
+            self._reject()
+
+    def _reject(self) -> None:
+        """Raise :class:`InvalidSnapshot` naming the first bad field."""
+        checks = (
+            ("trajectory_id", _is_name, "a non-empty string"),
+            ("group_id", _is_name, "a non-empty string"),
+            ("v_traj", lambda v: v is None or _is_count(v), "None or an integer >= 0"),
+            ("prompt_len", _is_count, "an integer >= 0"),
+            ("generated_len", _is_count, "an integer >= 0"),
+        )
+        for name, good, allowed in checks:
+            value = getattr(self, name)
+            if not good(value):
+                raise InvalidSnapshot(
+                    f"queued trajectory {self.trajectory_id!r}: {name} must be {allowed}, "
+                    f"got {value!r}",
+                    instance_id=QUEUE_SOURCE,
+                    field=f"queue.{name}",
+                )
+
     @property
     def tokens(self) -> int:
         return self.prompt_len + self.generated_len
@@ -161,6 +199,14 @@ class QueuedTrajectory:
     @property
     def is_new(self) -> bool:
         return self.v_traj is None
+
+
+def _is_name(value: object) -> bool:
+    return isinstance(value, str) and bool(value)
+
+
+def _is_count(value: object) -> bool:
+    return type(value) is int and value >= 0  # (not a bool)
 
 
 def _queue_key(item: QueuedTrajectory) -> tuple[int, int, int]:
@@ -212,6 +258,6 @@ class QueueView:
         if keys != sorted(keys):
             raise InvalidSnapshot(
                 "queue view is not in multi-level order (oldest V_traj first, new prompts last)",
-                instance_id="<trajectory-server>",
+                instance_id=QUEUE_SOURCE,
                 field="queue",
             )

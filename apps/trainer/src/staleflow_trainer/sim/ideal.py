@@ -18,7 +18,10 @@ once every trajectory must also finish in time. In steady state with a step ever
 seconds, a trajectory admitted when version ``v`` is the latest must be trained with buffer
 ``v + η`` at the latest, ``η·S`` later: its ``L`` tokens need a decode step of at most
 ``d = η·S / L`` on average, so its instance may hold only ``n`` trajectories with
-``τ(n, n·c) ≤ d`` (and within the KV budget), ``c = E[prompt] + L/2``. Give every trajectory
+``τ(n, n·c) + n·t_p / L ≤ d`` (and within the KV budget), ``c = E[prompt] + L/2``: every
+trajectory's prompt is prefilled once (``t_p`` seconds, the engine's prefill of the prompt),
+which stretches the steps of its instance, and the ``n`` trajectories there start ``n / L``
+new ones a step, so each token carries ``n·t_p / L`` of prefill. Give every trajectory
 length its own instances at exactly that latency (a fluid relaxation: on a shared instance the
 longest member sets the latency all share) and count the
 instances the demand ``B·n·L / S`` tokens/s needs; ``S`` is the smallest step time at which the
@@ -28,9 +31,11 @@ instances' best rate), so the bound never exceeds the roofline ideal; nor below 
 instances need in the same per-length accounting with no window at all. The side is
 ``rollout`` when ``S`` is that step (the window adds nothing: the instances' throughput binds)
 and ``latency`` only when the window makes ``S`` longer. At η = 0 (generate, then
-train) ``S = train + push + generation``, generation being the slowest trajectory alone or the
-batch's work at the instances' best rate, whichever is longer. It ignores prefill, syncs, the
-discreteness of instances and the small KV saving of mixing lengths on one instance: an
+train) ``S = train + push + generation``, generation being the slowest trajectory alone (its
+prompt's prefill and its decode) or the batch's work at the instances' best rate plus its
+prompts' prefill, whichever is longer. It counts each prompt's first prefill, which no schedule
+avoids, and ignores every other prefill (after a preemption, a move or a sync), the weight
+loads of syncs, the discreteness of instances and the small KV saving of mixing lengths on one instance: an
 estimate of the best schedule, not a promise. It also assumes a *steady* step time (every batch
 the mean batch, every step ``S``): a schedule whose steps vary can beat it when long responses
 are rare, by giving only the steps that carry them a longer interval (a batch of long
@@ -133,21 +138,27 @@ def ideal_throughput(spec: SimSpec, moments: dict[str, float] | None = None) -> 
     }
 
 
-def _rate_at_latency(spec: SimSpec, d: float, ctx: float) -> float:
-    """Tokens/s of one instance whose decode step may take at most ``d`` seconds, holding
-    trajectories of context ``ctx``: the most running ``n`` that allows (0 if not even one)."""
+def _rate_at_latency(spec: SimSpec, d: float, ctx: float, prefill: float = 0.0) -> float:
+    """Tokens/s of one instance whose trajectories may take at most ``d`` seconds a token,
+    holding trajectories of context ``ctx``: the most running ``n`` that allows (0 if not even
+    one). Each trajectory's first prefill, ``prefill`` seconds for each of its tokens, falls on
+    the instance's steps: with ``n`` running a token takes ``τ(n, n·ctx) + n·prefill``."""
     cost = spec.engine.cost
     n_max = min(spec.max_running, int(spec.kv_capacity_tokens // max(ctx, 1.0)))
-    if n_max < 1 or cost.step_latency(1, ctx) > d:
+
+    def per_token(n: int) -> float:
+        return cost.step_latency(n, n * ctx) + n * prefill
+
+    if n_max < 1 or per_token(1) > d:
         return 0.0
-    lo, hi = 1, n_max  # τ grows with n: the largest n with τ(n, n·ctx) <= d
+    lo, hi = 1, n_max  # τ grows with n: the largest n whose token time is <= d
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if cost.step_latency(mid, mid * ctx) <= d:
+        if per_token(mid) <= d:
             lo = mid
         else:
             hi = mid - 1
-    return cost.throughput(lo, lo * ctx)
+    return lo / per_token(lo) if prefill else cost.throughput(lo, lo * ctx)
 
 
 def latency_bound(spec: SimSpec, eta: int, *, groups: int = 2048, bins: int = 64) -> dict[str, Any]:
@@ -167,15 +178,21 @@ def latency_bound(spec: SimSpec, eta: int, *, groups: int = 2048, bins: int = 64
     ]
     instances = spec.num_instances
     cost = spec.engine.cost
+    engine = spec.engine
+    # every prompt is prefilled once before its first token (mean seconds a trajectory)
+    first_prefill = float(np.mean([engine.prefill_seconds(0, int(p)) for p in P]))
 
     # streamed (trainer.stream_batch): a batch's last group may arrive until the step's
     # per-step rest and the push are all that is left of it
     tail_s = _stream_tail_s(spec, m) if spec.stream_batch else None
     if eta == 0:  # generate, then train: the slowest alone, or the batch's work spread out
         length, prompt, _ = max(classes)
-        alone = sum(cost.step_latency(1, prompt + i) for i in range(int(length)))
-        side = "latency" if alone >= roof_s else "rollout"
-        gen = max(alone, roof_s)
+        alone = engine.prefill_seconds(0, int(prompt)) + sum(
+            cost.step_latency(1, prompt + i) for i in range(int(length))
+        )
+        spread = roof_s + samples * first_prefill / instances
+        side = "latency" if alone >= spread else "rollout"
+        gen = max(alone, spread)
         if tail_s is not None and floor_s >= gen + tail_s:
             return _bound_row(batch_tokens, floor_s, floor_s, "train")
         s0 = floor_s + gen if tail_s is None else gen + tail_s
@@ -188,7 +205,8 @@ def latency_bound(spec: SimSpec, eta: int, *, groups: int = 2048, bins: int = 64
             window = eta * s if tail_s is None else (eta + 1) * s - tail_s
         total = 0.0
         for length, p, w in classes:
-            rate = _rate_at_latency(spec, window / length, p + length / 2)
+            prefill = engine.prefill_seconds(0, int(p)) / length
+            rate = _rate_at_latency(spec, window / length, p + length / 2, prefill)
             if rate <= 0:
                 return math.inf
             total += samples * w * length / s / rate
