@@ -178,19 +178,20 @@ class QueuedTrajectory:
         checks = (
             ("trajectory_id", _is_name, "a non-empty string"),
             ("group_id", _is_name, "a non-empty string"),
-            ("v_traj", lambda v: v is None or _is_count(v), "None or an integer >= 0"),
-            ("prompt_len", _is_count, "an integer >= 0"),
-            ("generated_len", _is_count, "an integer >= 0"),
+            ("v_traj", lambda v: v is None or _is_count(v), "None or an int >= 0"),
+            ("prompt_len", _is_count, "an int >= 0"),
+            ("generated_len", _is_count, "an int >= 0"),
         )
         for name, good, allowed in checks:
             value = getattr(self, name)
             if not good(value):
                 raise InvalidSnapshot(
                     f"queued trajectory {self.trajectory_id!r}: {name} must be {allowed}, "
-                    f"got {value!r}",
+                    f"got {value!r} ({type(value).__name__})",
                     instance_id=QUEUE_SOURCE,
                     field=f"queue.{name}",
                 )
+        raise AssertionError("QueuedTrajectory: the fast check and _reject disagree")
 
     @property
     def tokens(self) -> int:

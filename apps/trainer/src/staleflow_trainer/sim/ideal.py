@@ -35,13 +35,13 @@ train) ``S = train + push + generation``, generation being the slowest trajector
 prompt's prefill and its decode) or the batch's work at the instances' best rate plus its
 prompts' prefill, whichever is longer. It counts each prompt's first prefill, which no schedule
 avoids, and ignores every other prefill (after a preemption, a move or a sync), the weight
-loads of syncs, the discreteness of instances and the small KV saving of mixing lengths on one instance: an
-estimate of the best schedule, not a promise. It also assumes a *steady* step time (every batch
-the mean batch, every step ``S``): a schedule whose steps vary can beat it when long responses
-are rare, by giving only the steps that carry them a longer interval (a batch of long
+loads of syncs, the discreteness of instances and the small KV saving of mixing lengths on one
+instance: an estimate of the best schedule, not a promise. It also assumes a *steady* step time
+(every batch the mean batch, every step ``S``): a schedule whose steps vary can beat it when long
+responses are rare, by giving only the steps that carry them a longer interval (a batch of long
 responses also trains longer). On ``examples/sim-tiny.yaml`` at η = 1 (responses up to 1 024
 tokens at a 9.2 ms floor: ``S ≥ 9.4 s``) staleflow measured 1 852 tokens/s over 34 steps
-against a bound of 1 376: read the bound as the steady-step limit, and a run above it as one
+against a bound of 1 373: read the bound as the steady-step limit, and a run above it as one
 that exploits uneven steps. The side that sets ``S`` is named (``train``: the
 trainer; ``rollout``: the instances' throughput; ``latency``: the tail against ``η·S``).
 
