@@ -40,11 +40,11 @@ class RunningEntry(NamedTuple):
 
 
 _TRAJECTORY_ID = attrgetter("trajectory_id")
+_PROMPT = attrgetter("prompt_tokens")
+_GENERATED = attrgetter("generated_tokens")
 #: What a rejected queue record names as the snapshot's source (the queue view is the
 #: trajectory server's, not an instance's)
 QUEUE_SOURCE = "<trajectory-server>"
-_PROMPT = attrgetter("prompt_tokens")
-_GENERATED = attrgetter("generated_tokens")
 
 
 def _running_tuple(value: Iterable[RunningEntry]) -> tuple[RunningEntry, ...]:

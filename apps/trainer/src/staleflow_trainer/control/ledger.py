@@ -412,18 +412,16 @@ class Ledger:
         promoted = set(d.get("promoted", ()))
         for tid in d["new"]:
             queued = led.entries.get(str(tid))
-            if queued is None or queued.item is None or queued.v_traj is not None:
-                what = (
-                    "not in the entries"
-                    if queued is None
-                    else "not queued"
-                    if queued.item is None
-                    else f"admitted at version {queued.v_traj} (a partial, queued by its key)"
-                )
-                raise LedgerError(
-                    f"the saved queue lists {tid!r} as never routed, but it is {what}"
-                )
-            (led._promoted if tid in promoted else led._new)[str(tid)] = queued.item
+            if queued is None:
+                what = "not in the entries"
+            elif queued.item is None:
+                what = "not queued"
+            elif queued.v_traj is not None:
+                what = f"admitted at version {queued.v_traj} (a partial, queued by its key)"
+            else:
+                (led._promoted if tid in promoted else led._new)[str(tid)] = queued.item
+                continue
+            raise LedgerError(f"the saved queue lists {tid!r} as never routed, but it is {what}")
         led.promotions = int(d.get("promotions", 0))
         if "partly" in d:
             led._partly = dict.fromkeys(str(g) for g in d["partly"])

@@ -158,7 +158,7 @@ def _rate_at_latency(spec: SimSpec, d: float, ctx: float, prefill: float = 0.0) 
             lo = mid
         else:
             hi = mid - 1
-    return lo / per_token(lo) if prefill else cost.throughput(lo, lo * ctx)
+    return lo / per_token(lo)  # T(n, n·ctx) exactly when there is no prefill
 
 
 def latency_bound(spec: SimSpec, eta: int, *, groups: int = 2048, bins: int = 64) -> dict[str, Any]:
@@ -177,10 +177,8 @@ def latency_bound(spec: SimSpec, eta: int, *, groups: int = 2048, bins: int = 64
         if len(idx)
     ]
     instances = spec.num_instances
-    cost = spec.engine.cost
     engine = spec.engine
-    # every prompt is prefilled once before its first token (mean seconds a trajectory)
-    first_prefill = float(np.mean([engine.prefill_seconds(0, int(p)) for p in P]))
+    cost = engine.cost
 
     # streamed (trainer.stream_batch): a batch's last group may arrive until the step's
     # per-step rest and the push are all that is left of it
@@ -190,6 +188,8 @@ def latency_bound(spec: SimSpec, eta: int, *, groups: int = 2048, bins: int = 64
         alone = engine.prefill_seconds(0, int(prompt)) + sum(
             cost.step_latency(1, prompt + i) for i in range(int(length))
         )
+        # every prompt is prefilled once before its first token (mean seconds a trajectory)
+        first_prefill = float(np.mean([engine.prefill_seconds(0, int(p)) for p in P]))
         spread = roof_s + samples * first_prefill / instances
         side = "latency" if alone >= spread else "rollout"
         gen = max(alone, spread)
@@ -198,14 +198,16 @@ def latency_bound(spec: SimSpec, eta: int, *, groups: int = 2048, bins: int = 64
         s0 = floor_s + gen if tail_s is None else gen + tail_s
         return _bound_row(batch_tokens, s0, floor_s, side)
 
+    # each class's prompt prefill, spread over its tokens (see _rate_at_latency)
+    prefill_per_token = [engine.prefill_seconds(0, int(p)) / length for length, p, _ in classes]
+
     def needed(s: float, window: float | None = None) -> float:
         """Instances the demand needs at step time ``s``, each length at the rate its window
         (``η·s`` unless given; streamed, one step more less its tail) allows."""
         if window is None:
             window = eta * s if tail_s is None else (eta + 1) * s - tail_s
         total = 0.0
-        for length, p, w in classes:
-            prefill = engine.prefill_seconds(0, int(p)) / length
+        for (length, p, w), prefill in zip(classes, prefill_per_token, strict=True):
             rate = _rate_at_latency(spec, window / length, p + length / 2, prefill)
             if rate <= 0:
                 return math.inf
