@@ -47,6 +47,11 @@ def test_bench_sim_matrix_smoke_writes_its_report(tmp_path: Path) -> None:
     # the smoke runs sync, one-step and staleflow: those bars are measured, not skipped
     assert res["bars"]["vs_sync"]["holds"] is not None
     assert res["bars"]["never_loses"]["holds"] is not None
+    # each ratio bar carries its cap (staleflow at its bound); the smoke computes the bounds
+    caps = res["bars"]["vs_sync"]["cap_per_preset"]
+    assert set(caps) == set(res["presets"])
+    assert res["bars"]["vs_sync"]["reachable"] is not None
+    assert "cap meets the target" in proc.stdout
     # a smoke (or partial) matrix says nothing about the full matrix's time
     assert res["bars"]["matrix_time"]["holds"] is None
     assert res["bars"]["matrix_time"]["wall_s"] > 0
