@@ -232,14 +232,25 @@ def markdown(res: dict[str, Any]) -> str:
     ]
     for key, bar in res["bars"].items():
         lines.append(
-            f"| {key} | {bar['target']} | {json.dumps(_shown(bar), default=_num)} | "
-            f"{verdict(bar['holds'])} | {reach(bar)} |"
+            f"| {key} | {bar['target']} | {_shown(bar)} | {verdict(bar['holds'])} | {reach(bar)} |"
         )
     return "\n".join(lines) + "\n"
 
 
-def _shown(bar: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in bar.items() if k not in ("target", "holds", "reachable")}
+def _shown(bar: dict[str, Any]) -> str:
+    """What a bar measured, for people: floats to 3 places, × as itself."""
+    shown = {k: v for k, v in bar.items() if k not in ("target", "holds", "reachable")}
+    return json.dumps(_rounded(shown), ensure_ascii=False, default=_num)
+
+
+def _rounded(x: Any) -> Any:
+    if isinstance(x, float):
+        return round(x, 3)
+    if isinstance(x, dict):
+        return {k: _rounded(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_rounded(v) for v in x]
+    return x
 
 
 def verdict(holds: bool | None) -> str:
@@ -328,10 +339,7 @@ def main() -> None:
     (root / "sim_matrix.md").write_text(markdown(res))
     for key, bar in res["bars"].items():
         at_bound = "" if bar.get("reachable") is None else f"; cap meets the target: {reach(bar)}"
-        print(
-            f"{verdict(bar['holds'])} {key}: {bar['target']}; "
-            f"{json.dumps(_shown(bar), default=_num)}{at_bound}"
-        )
+        print(f"{verdict(bar['holds'])} {key}: {bar['target']}; {_shown(bar)}{at_bound}")
     print(f"written: {root / 'sim_matrix.json'}, {root / 'sim_matrix.md'}")
 
 
