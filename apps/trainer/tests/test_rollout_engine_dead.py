@@ -52,6 +52,9 @@ def exits(monkeypatch: pytest.MonkeyPatch, child: subprocess.Popen[bytes]) -> li
 
     monkeypatch.setattr(engine_health.os, "_exit", fake_exit)
     monkeypatch.setattr(engine_health, "HEALTH_CHECK_S", 0.01)
+    # no driver fetches the dying instance's last lines here (test_log_relay.py covers that
+    # wait): once another test has taken lines in this process, each death would wait for it
+    monkeypatch.setattr(engine_health, "LAST_LINES_S", 0.0)
     monkeypatch.setattr(engine_health, "child_processes", lambda: [(child.pid, "sleep 60")])
     return codes
 
