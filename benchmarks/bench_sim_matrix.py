@@ -47,6 +47,7 @@ import argparse
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,18 @@ def _strict_mean_best(per_preset: dict[str, float]) -> tuple[float | None, float
     return sum(per_preset.values()) / len(per_preset), max(per_preset.values())
 
 
-def _best_vs_sync(rep: dict[str, Any], of: Any) -> dict[str, float] | None:
+def _strict_holds(per_preset: dict[str, float]) -> bool | None:
+    mean, best = _strict_mean_best(per_preset)
+    return None if mean is None or best is None else mean >= 1.25 and best >= 1.45
+
+
+def _vanilla_holds(per_preset: dict[str, float]) -> bool | None:
+    return None if not per_preset else all(v >= 1.15 for v in per_preset.values())
+
+
+def _best_vs_sync(
+    rep: dict[str, Any], of: Callable[[dict[str, Any], int, str], float | None]
+) -> dict[str, float] | None:
     """Over staleflow's η, the best of ``of(rep, eta, policy)`` against sync and one-step."""
     out = {}
     for policy in ("sync", "one-step"):
@@ -117,7 +129,9 @@ def _best_vs_sync(rep: dict[str, Any], of: Any) -> dict[str, float] | None:
     return out
 
 
-def _vs_sync_holds(per_preset: dict[str, dict[str, float]]) -> bool:
+def _vs_sync_holds(per_preset: dict[str, dict[str, float]]) -> bool | None:
+    if not per_preset:
+        return None
     return any(v["sync"] >= 2.7 and v["one-step"] >= 2.0 for v in per_preset.values())
 
 
@@ -175,10 +189,8 @@ def bars(reports: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         "cap_per_preset": strict_cap,
         "cap_mean": cap_mean,
         "cap_best": cap_best,
-        "holds": None if mean is None or best is None else mean >= 1.25 and best >= 1.45,
-        "reachable": None
-        if cap_mean is None or cap_best is None
-        else cap_mean >= 1.25 and cap_best >= 1.45,
+        "holds": _strict_holds(strict),
+        "reachable": _strict_holds(strict_cap),
     }
     rollout_side = [
         name
@@ -192,8 +204,8 @@ def bars(reports: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         "rollout_bound_presets": sorted(rollout_side),
         "per_preset": measured,
         "cap_per_preset": capped,
-        "holds": None if not measured else all(v >= 1.15 for v in measured.values()),
-        "reachable": None if not capped else all(v >= 1.15 for v in capped.values()),
+        "holds": _vanilla_holds(measured),
+        "reachable": _vanilla_holds(capped),
     }
     best_sync = {n: v for n, rep in reports.items() if (v := _best_vs_sync(rep, _ratio))}
     cap_sync = {n: v for n, rep in reports.items() if (v := _best_vs_sync(rep, _cap))}
@@ -201,8 +213,8 @@ def bars(reports: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         "target": "staleflow / sync >= 2.7x and / one-step >= 2.0x on at least one preset",
         "per_preset": best_sync,
         "cap_per_preset": cap_sync,
-        "holds": None if not best_sync else _vs_sync_holds(best_sync),
-        "reachable": None if not cap_sync else _vs_sync_holds(cap_sync),
+        "holds": _vs_sync_holds(best_sync),
+        "reachable": _vs_sync_holds(cap_sync),
     }
     of_bound = {}
     for name, rep in reports.items():
