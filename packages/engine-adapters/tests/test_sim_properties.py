@@ -122,6 +122,16 @@ class SimCoreMachine(RuleBasedStateMachine):
             assert core.holds(tid)
         assert all(len(v) == 1 for v in self.outcomes.values())
 
+    @invariant()
+    def snapshot_rows_match_each_trajectory(self) -> None:
+        # the snapshot lists the running trajectories from columns kept beside the trajectory
+        # records; peek reads each record: both must agree, in admission order
+        rows = self.core.snapshot_rows(self.now).running
+        assert len(rows) == self.core.num_running
+        for tid, prompt, generated, _ in rows:
+            peeked = self.core.peek(tid, self.now)
+            assert (prompt, generated) == (len(self.held[tid].prompt_token_ids), peeked.num_tokens)
+
     def teardown(self) -> None:
         # drain: everything still held must finish
         for _ in range(100_000):

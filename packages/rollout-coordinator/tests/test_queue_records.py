@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rollout_coordinator import InvalidSnapshot, QueuedTrajectory
+from rollout_coordinator import InvalidSnapshot, QueuedTrajectory, QueueView
+from rollout_coordinator.testing import new, partial
 
 GOOD = {"trajectory_id": "g/0", "group_id": "g", "v_traj": None, "prompt_len": 5}
 
@@ -54,3 +55,17 @@ def test_the_first_bad_field_is_named() -> None:
 def test_every_record_a_queue_holds_is_accepted(fields: dict[str, object]) -> None:
     item = QueuedTrajectory(**fields)  # type: ignore[arg-type]
     assert item.tokens == item.prompt_len + item.generated_len
+
+
+def test_group_run_end_is_the_end_of_each_items_run_of_its_group() -> None:
+    items = [
+        partial("p1", 1, group="g0"),
+        new("a1", group="g0"),
+        new("a2", group="g0"),
+        new("b1", group="g1"),
+        new("c1", group="g2"),
+        new("c2", group="g2"),
+        new("c3", group="g2"),
+    ]
+    view = QueueView(items)
+    assert [view.group_run_end(i) for i in range(len(items))] == [3, 3, 3, 4, 7, 7, 7]

@@ -150,7 +150,8 @@ def test_fresh_groups_refused_everywhere_still_count_misses_and_spare_admitted_g
         assert list(routes(coord.step([snap("a")], [new("a0", group="gA")], now=0.0))) == ["a0"]
         assert proto.can_reserve("gB", 0) is Admission.WAIT
         assert proto.can_reserve("gA", 0) is Admission.ADMIT
-        items = [new(t, group="gA" if t.startswith("k") else f"g{t}") for t in queue]
+        # "f1.2": the second member of fresh group gf1; "k…": members of the admitted gA
+        items = [new(t, group="gA" if t.startswith("k") else f"g{t.split('.')[0]}") for t in queue]
         return list(routes(coord.step([snap("a", n=1)], items, now=1.0)))
 
     assert cycle(3, ["f1", "f2", "k1", "f3", "f4"]) == ["k1"]  # two misses, then k1
@@ -160,3 +161,6 @@ def test_fresh_groups_refused_everywhere_still_count_misses_and_spare_admitted_g
     # even routing has no miss limit: the whole queue is served
     assert cycle(3, ["f1", "f2", "f3", "k1", "f4"], "all-vanilla") == ["k1"]
     assert cycle(3, ["f1", "k1", "f2", "k2"], "all-vanilla") == ["k1"]
+    # a fresh group's members queued together are passed over at once, and no further
+    assert cycle(3, ["f1.1", "f1.2", "f1.3", "k1", "f2.1", "f2.2"], "all-vanilla") == ["k1"]
+    assert cycle(3, ["f1.1", "f1.2", "f2.1", "f2.2", "k1"], "all-vanilla") == ["k1"]

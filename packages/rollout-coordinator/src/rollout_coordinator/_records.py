@@ -11,6 +11,7 @@ every 100 ms), and raises :class:`InvalidSnapshot` naming the field.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import groupby, repeat
 from operator import attrgetter
 from typing import Any, NamedTuple
 
@@ -40,6 +41,7 @@ class RunningEntry(NamedTuple):
 
 
 _TRAJECTORY_ID = attrgetter("trajectory_id")
+_GROUP_ID = attrgetter("group_id")
 _PROMPT = attrgetter("prompt_tokens")
 _GENERATED = attrgetter("generated_tokens")
 #: What a rejected queue record names as the snapshot's source (the queue view is the
@@ -225,10 +227,26 @@ class QueueView:
     callers that cannot promise the order and :meth:`check_order` verifies it (O(n), for tests).
     """
 
-    __slots__ = ("items",)
+    __slots__ = ("_run_ends", "items")
 
     def __init__(self, items: Sequence[QueuedTrajectory] = ()) -> None:
         self.items: Sequence[QueuedTrajectory] = items
+        self._run_ends: list[int] | None = None
+
+    def group_run_end(self, i: int) -> int:
+        """The index after the run of consecutive items of ``items[i]``'s group that holds
+        ``i``. For a new trajectory (new ones come last) the rest of its run are new members of
+        its group: a router passing over a group skips them at once. Built on first use and
+        kept with the view (a caller that serves the same view again keeps the index)."""
+        ends = self._run_ends
+        if ends is None:
+            ends = self._run_ends = []
+            at = 0
+            for _, run in groupby(map(_GROUP_ID, self.items)):
+                size = len(list(run))
+                at += size
+                ends.extend(repeat(at, size))
+        return ends[i]
 
     @classmethod
     def from_unordered(cls, items: Iterable[QueuedTrajectory]) -> QueueView:

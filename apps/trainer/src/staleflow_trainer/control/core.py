@@ -123,6 +123,7 @@ class ControlCore:
         self._fresh: dict[str, None] = {}  # groups no member of which was admitted yet
         self._replacements_due = 0  # replacement prompts the protocol asked for, not yet fed
         self._snapshots: dict[str, InstanceSnapshot] = {}
+        self._queue_view: QueueView | None = None  # kept while the ledger serves the same queue
         self._sync_fail_streak: dict[str, int] = {}
         self._reward_fail_streak = 0
         self._filtered_streak = 0  # groups filtered in a row (dynamic sampling)
@@ -176,7 +177,10 @@ class ControlCore:
         self._snapshots.clear()
         self._promote_due()
         items = self.ledger.queue_items(self.config.queue_view_limit)
-        commands = self.coordinator.step(snaps, QueueView(items), self.now)
+        view = self._queue_view
+        if view is None or view.items is not items:  # the ledger's list is new when it changed
+            view = self._queue_view = QueueView(items)
+        commands = self.coordinator.step(snaps, view, self.now)
         self._execute(commands, out)
         # routes held until their instance's sync is done were reserved: their V_traj is set
         pending = self.coordinator.pending

@@ -56,7 +56,9 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
+from itertools import repeat
 from numbers import Real
+from operator import add
 from typing import Any, NamedTuple
 
 from engine_adapters._contract import EngineSnapshot, FinishReason, GenerateRequest
@@ -200,6 +202,8 @@ class SimEngineCore(Scheduler):
         for tid in ids:
             traj = self._running.pop(tid, None)
             if traj is not None:
+                del self._run_prompt[tid]
+                del self._run_base[tid]
                 removed_admitted = True
                 self._k -= traj.context_at_admit - traj.admit_step
                 generated = traj.generated + steps_now - traj.admit_step
@@ -362,10 +366,14 @@ class SimEngineCore(Scheduler):
         steps_now, _ = self._position(now)
         n = len(self._running)
         kv = self._k + n * steps_now if n else 0
-        running = [
-            (tid, tr.prompt_len, tr.generated + steps_now - tr.admit_step, None)
-            for tid, tr in self._running.items()
-        ]
+        running = list(
+            zip(
+                self._running,
+                self._run_prompt.values(),
+                map(add, self._run_base.values(), repeat(steps_now)),
+                repeat(None),
+            )
+        )
         head = self._head
         if head is not None:
             running.append((head.request.trajectory_id, head.prompt_len, head.generated, None))

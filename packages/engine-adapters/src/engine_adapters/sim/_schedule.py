@@ -59,6 +59,11 @@ class Scheduler:
         self._now = 0.0
         self._steps = 0  # global steps completed at the start of the current stretch
         self._running: dict[str, Traj] = {}  # decoding; insertion order == admission order
+        # two columns of ``_running``, kept in its order (every insertion and removal is made on
+        # all three): the prompt length and ``generated − admit_step``, so a snapshot lists the
+        # running trajectories without a per-trajectory Python step
+        self._run_prompt: dict[str, int] = {}
+        self._run_base: dict[str, int] = {}
         self._head: Traj | None = None  # admitted after every decoding one, prefill unfinished
         self._waiting: deque[Traj] = deque()
         self._waiting_ids: dict[str, Traj] = {}
@@ -214,6 +219,8 @@ class Scheduler:
             self._waiting.appendleft(tr)
             self._waiting_ids[tr.request.trajectory_id] = tr
         self._running.clear()
+        self._run_prompt.clear()
+        self._run_base.clear()
         self._heap.clear()
         self._k = 0
 
@@ -243,8 +250,11 @@ class Scheduler:
         waiting = self._waiting
         waiting_ids = self._waiting_ids
         # the same preemption loop as _boundary (its admission is skipped after a preemption)
+        prompts, bases = self._run_prompt, self._run_base
         while n and k + n * steps + n > cap:
             tid, tr = running.popitem()
+            prompts.popitem()
+            bases.popitem()
             k -= tr.context_at_admit - tr.admit_step
             tr.generated += steps - tr.admit_step
             waiting.appendleft(tr)
@@ -293,6 +303,8 @@ class Scheduler:
             if tr is None or tr.admit_seq != seq:
                 continue
             del running[tid]
+            del self._run_prompt[tid]
+            del self._run_base[tid]
             self._k -= tr.context_at_admit - tr.admit_step
             self._outbox.append(self._completion(tr, tr.stop_len, tr.stop_reason, t))
         if self._pending_load is not None:
@@ -317,6 +329,8 @@ class Scheduler:
                 self._waiting_ids[head.request.trajectory_id] = head
                 continue
             tid, tr = running.popitem()
+            self._run_prompt.popitem()
+            self._run_base.popitem()
             self._k -= tr.context_at_admit - tr.admit_step
             tr.generated += steps - tr.admit_step
             self._waiting.appendleft(tr)
@@ -440,6 +454,8 @@ class Scheduler:
             mark(tr, generated, self._version)
         tid = tr.request.trajectory_id
         self._running[tid] = tr
+        self._run_prompt[tid] = tr.prompt_len
+        self._run_base[tid] = generated - steps
         self._k += tr.context_at_admit - steps
         heapq.heappush(self._heap, (steps + tr.stop_len - generated, tr.admit_seq, tid))
 

@@ -42,11 +42,12 @@ def route_evenly(view: CycleView, port: AdmissionPort, quota: int | None) -> Rou
     new_admitted = 0
     max_routes = cfg.max_routes_per_cycle
     # Set once every candidate version of new work refuses fresh groups: from then on new
-    # trajectories of fresh groups are passed over in runs without asking (refusals last
-    # until the cycle ends, and a fresh group cannot be admitted meanwhile).
+    # trajectories of fresh groups are passed over a group at a time without asking (refusals
+    # last until the cycle ends, and a fresh group cannot be admitted meanwhile).
     fresh_refused = False
     admitted = port.admitted_groups
     items = view.queue.items
+    run_end = view.queue.group_run_end
     n_items = len(items)
     i = 0
     stopped_early = False
@@ -61,8 +62,9 @@ def route_evenly(view: CycleView, port: AdmissionPort, quota: int | None) -> Rou
             stopped_early = True
             break
         if fresh_refused and is_new and item.group_id not in admitted:
+            i = run_end(i - 1)  # the rest of its group's run (new work comes last)
             while i < n_items and items[i].v_traj is None and items[i].group_id not in admitted:
-                i += 1
+                i = run_end(i)
             continue
         start = bisect.bisect_left(versions, floor + 1 if item.v_traj is None else item.v_traj)
         best: tuple[int, str] | None = None
