@@ -237,7 +237,8 @@ class QueueView:
         """The index after the run of consecutive items of ``items[i]``'s group that holds
         ``i``. For a new trajectory (new ones come last) the rest of its run are new members of
         its group: a router passing over a group skips them at once. Built on first use and
-        kept with the view (a caller that serves the same view again keeps the index)."""
+        kept with the view (a caller that serves the same view again keeps the index; the
+        items must not change while the view is in use)."""
         ends = self._run_ends
         if ends is None:
             ends = self._run_ends = []
