@@ -7,8 +7,9 @@ StaleFlow's throughput claims are held to, each printed with its numbers and PAS
     .venv/bin/python benchmarks/bench_sim_matrix.py --presets examples/sim-paper-30b-a3b.yaml \\
         --policies staleflow,all-vanilla,verl-async --etas 3
 
-Every preset is a ``staleflow compare`` (same code path:
-:func:`staleflow_trainer.report.compare.run_comparison`); its ``compare.json`` and table go to
+Every preset is planned and reported as a ``staleflow compare`` is (same code path:
+:func:`staleflow_trainer.report.compare.plan_comparison` and ``comparison_report``), the runs of
+all presets in one process pool; each preset's ``compare.json`` and table go to
 ``<out-dir>/<preset>/``. Writes ``<out-dir>/sim_matrix.json`` (per preset the summary rows,
 ratios, bounds and protocol; the bars) and ``sim_matrix.md``.
 
@@ -54,7 +55,12 @@ from typing import Any
 import structlog
 
 from staleflow_trainer.config import load_config
-from staleflow_trainer.report.compare import run_comparison
+from staleflow_trainer.report.compare import (
+    ComparisonPlan,
+    comparison_report,
+    plan_comparison,
+    run_specs,
+)
 
 PRESETS = (
     "examples/sim-paper-30b-a3b.yaml",
@@ -301,19 +307,29 @@ def main() -> None:
     over = [*(SMOKE if a.smoke else []), "metrics.timeline=false", *a.overrides]
     root = Path(a.out_dir)
     t0 = time.monotonic()
-    reports: dict[str, dict[str, Any]] = {}
-    tables: dict[str, str] = {}
+    plans: dict[str, ComparisonPlan] = {}
     for preset in (p for p in a.presets.split(",") if p):
         name = Path(preset).stem
         cfg = load_config(preset, [*over, f"run.run_dir={root / name}"])
-        t = time.monotonic()
-        rep = run_comparison(
-            cfg, root / name, policies=policies, etas=etas, seeds=seeds, workers=a.workers,
-            plots=False,
+        plans[name] = plan_comparison(
+            cfg, root / name, policies=policies, etas=etas, seeds=seeds
         )  # fmt: skip
-        reports[name] = rep
+    # every preset's runs in one pool: no worker waits for a preset's last run to start the next
+    jobs = [plan.jobs() for plan in plans.values()]
+    ran = run_specs(
+        [j for js in jobs for j in js],
+        workers=a.workers,
+        label=lambda run_dir: f"{run_dir.parent.parent.name}/{run_dir.name}",  # <preset>/runs/<run>
+    )
+    reports: dict[str, dict[str, Any]] = {}
+    tables: dict[str, str] = {}
+    at = 0
+    for (name, plan), js in zip(plans.items(), jobs, strict=True):
+        rep = reports[name] = comparison_report(plan, ran[at : at + len(js)], plots=False)
+        at += len(js)
         tables[name] = (root / name / "results" / "compare.md").read_text()
-        print(f"{name}: {len(rep['results'])} runs in {time.monotonic() - t:.0f} s", flush=True)
+        worker_s = sum(r["wall_s"] for r in rep["results"])
+        print(f"{name}: {len(rep['results'])} runs, {worker_s:.0f} worker-seconds", flush=True)
         print(tables[name], flush=True)
     wall_s = time.monotonic() - t0
     full = (

@@ -143,13 +143,15 @@ def run_specs(
     *,
     workers: int | None = None,
     on_done: Callable[[int, dict[str, Any]], None] | None = None,
+    label: Callable[[Path], str] | None = None,
 ) -> list[dict[str, Any]]:
     """Simulate every ``(config, run_dir)`` (one process per core unless ``workers`` says
     otherwise); returns their summaries in job order. Shared by compare and plan (and the
     sweeps, through :func:`run_comparison`). The finished runs are shown as the first
     job's ``metrics`` section says (:class:`~staleflow_trainer.report.progress.JobProgress`: a bar
     with ``progress_bar`` on a terminal, else a line per run unless ``log_every`` is 0);
-    ``on_done(index, summary)`` hears each run as it finishes."""
+    ``on_done(index, summary)`` hears each run as it finishes; ``label(run_dir)`` names a
+    finished run (default: its directory's name)."""
     from staleflow_trainer.report.progress import JobProgress
 
     args = [(s, str(d)) for s, d in jobs]
@@ -165,7 +167,8 @@ def run_specs(
 
         def finished(i: int, summary: dict[str, Any]) -> None:
             out[i] = summary
-            bar.done(Path(args[i][1]).name)
+            run_dir = Path(args[i][1])
+            bar.done(label(run_dir) if label is not None else run_dir.name)
             if on_done is not None:
                 on_done(i, summary)
 
@@ -180,6 +183,42 @@ def run_specs(
     return [s for s in out if s is not None]
 
 
+@attrs.frozen
+class ComparisonPlan:
+    """The runs of one comparison: every (policy, η, seed) of ``base`` (``runs``), the ones a
+    decision twin makes (``twins``: run index → its twin's) and the simulations to run
+    (:meth:`jobs`, one per run that is no other's twin)."""
+
+    base: AppConfig
+    out_dir: Path
+    seeds: tuple[int, ...]
+    runs: list[AppConfig]
+    twins: dict[int, int]
+
+    @property
+    def own(self) -> list[int]:
+        return [i for i in range(len(self.runs)) if i not in self.twins]
+
+    def jobs(self) -> list[tuple[AppConfig, Path]]:
+        return [(self.runs[i], self.out_dir / "runs" / run_name(self.runs[i])) for i in self.own]
+
+
+def plan_comparison(
+    base: AppConfig,
+    out_dir: Path,
+    *,
+    policies: list[str] | None = None,
+    etas: tuple[int, ...] = ETAS,
+    seeds: tuple[int, ...] | None = None,
+) -> ComparisonPlan:
+    """The runs :func:`run_comparison` makes (``seeds``: None is :func:`default_seeds`)."""
+    seeds = default_seeds(base) if seeds is None else seeds
+    if not seeds:
+        raise ConfigError("compare needs at least one seed", key="--seeds", allowed="1 or more")
+    runs = [c for seed in seeds for c in plan_runs(base.evolve(f"run.seed={seed}"), policies, etas)]
+    return ComparisonPlan(base, out_dir, tuple(seeds), runs, decision_twins(runs))
+
+
 def run_comparison(
     base: AppConfig,
     out_dir: Path,
@@ -192,14 +231,17 @@ def run_comparison(
 ) -> dict[str, Any]:
     """Run every (policy, η, seed) of ``base`` and write compare.json, the table and the
     plots (``seeds``: None is :func:`default_seeds`)."""
-    seeds = default_seeds(base) if seeds is None else seeds
-    if not seeds:
-        raise ConfigError("compare needs at least one seed", key="--seeds", allowed="1 or more")
-    runs = [c for seed in seeds for c in plan_runs(base.evolve(f"run.seed={seed}"), policies, etas)]
-    twins = decision_twins(runs)
-    own = [i for i in range(len(runs)) if i not in twins]
-    ran = run_specs([(runs[i], out_dir / "runs" / run_name(runs[i])) for i in own], workers=workers)
-    by_index = dict(zip(own, ran, strict=True))
+    plan = plan_comparison(base, out_dir, policies=policies, etas=etas, seeds=seeds)
+    return comparison_report(plan, run_specs(plan.jobs(), workers=workers), plots=plots)
+
+
+def comparison_report(
+    plan: ComparisonPlan, ran: list[dict[str, Any]], *, plots: bool = True
+) -> dict[str, Any]:
+    """Write compare.json, the table and the plots of ``plan`` from the summaries of its
+    :meth:`~ComparisonPlan.jobs`, in their order (``ran``); returns the report."""
+    base, out_dir, seeds, runs, twins = plan.base, plan.out_dir, plan.seeds, plan.runs, plan.twins
+    by_index = dict(zip(plan.own, ran, strict=True))
     summaries = [by_index[twins.get(i, i)] for i in range(len(runs))]
     spec = spec_from_app_config(base)
     disagg = spec if not spec.colocated else attrs.evolve(spec, policy="staleflow")
