@@ -126,7 +126,7 @@ class SimCoreMachine(RuleBasedStateMachine):
     def snapshot_rows_match_each_trajectory(self) -> None:
         # the snapshot lists the running trajectories from columns kept beside the trajectory
         # records; peek reads each record: both must agree, in admission order
-        rows = self.core.snapshot_rows(self.now).running
+        rows = list(self.core.snapshot_rows(self.now).running)
         assert len(rows) == self.core.num_running
         for tid, prompt, generated, _ in rows:
             peeked = self.core.peek(tid, self.now)

@@ -290,6 +290,14 @@ class ProtocolMachine(RuleBasedStateMachine):
             self.promised.update(str(g) for g in ids)
 
     @invariant()
+    def reserved_buffer_is_a_reserved_groups_buffer(self) -> None:
+        if self.started:
+            for gid, e in self.model.groups.items():
+                want = self.p.group(gid).buffer if e["state"] == "reserved" else None
+                assert self.p.reserved_buffer(gid) == want
+            assert self.p.reserved_buffer("never-seen") is None
+
+    @invariant()
     def consumed_staleness_within_eta(self) -> None:
         if self.started:
             assert all(0 <= s <= self.config.eta for s in self.consumed_staleness)

@@ -150,8 +150,11 @@ class Coordinator:
         self._routed: dict[str, dict[str, tuple[int, float]]] = {}
         self._where: dict[str, str] = {}
         # under the ``abort`` preemption rule: which routed trajectories were meant to run there
+        # (kept only for a policy whose strategies read the rule: no other asks)
         self._meant = MeantToRun()
-        self._track_meant = self.config.preemption_rule == "abort"
+        self._track_meant = (
+            self.config.preemption_rule == "abort" and "preemption_rule" in self.policy.reads
+        )
         self._orphans: dict[str, int] = {}  # reserved, never handed out: tid -> V_traj
         self._aborted_since = self._dropped_since = 0  # by abort(), reported by the next step
         self._silent: set[str] = set()  # out of every cycle's view until they answer again

@@ -3,11 +3,10 @@ admission caches (see :mod:`rollout_coordinator._cycle`)."""
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING
 
 from rollout_coordinator._records import QueuedTrajectory
-from staleness_protocol import Admission, GroupState, ProtocolError
+from staleness_protocol import Admission, ProtocolError
 
 if TYPE_CHECKING:
     from rollout_coordinator._cycle import Coordinator
@@ -69,11 +68,12 @@ class _ProtocolPort:
     def due(self, item: QueuedTrajectory) -> bool:
         answer = self._due.get(item.group_id)
         if answer is None:
-            answer = False  # unknown to the protocol; a FIFO (GcFifo) reserves nothing ahead
-            with contextlib.suppress(ProtocolError):
-                rec = self._proto.group(item.group_id)
-                answer = rec.state is GroupState.RESERVED and rec.buffer == self._proto.next_buffer
-            self._due[item.group_id] = answer
+            # None when not reserved: unknown to the protocol, occupied, closed; a FIFO (GcFifo)
+            # reserves nothing ahead
+            proto = self._proto
+            answer = self._due[item.group_id] = (
+                proto.reserved_buffer(item.group_id) == proto.next_buffer
+            )
         return answer
 
     def can_resume(self, item: QueuedTrajectory, version: int) -> bool:

@@ -238,6 +238,13 @@ class LedgerBase:
         t = self._trajs.get(trajectory_id)
         return t.version if t is not None and t.state is _IN_FLIGHT else None
 
+    def reserved_buffer(self, group_id: Id) -> int | None:
+        """The buffer a group holds while it is RESERVED there; None for anything else
+        (occupied, closed, or unknown). O(1), no record built; never raises for a str or int
+        id."""
+        g = self._groups.get(group_id)
+        return g.buffer if g is not None and g.state is _RESERVED_G else None
+
     # ------------------------------------------------------------------ ledger entries
 
     def _unknown_traj(self, trajectory_id: Id) -> NoReturn:

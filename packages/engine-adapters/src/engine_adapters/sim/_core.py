@@ -55,8 +55,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
-from itertools import repeat
+from collections.abc import Iterator, Sequence
+from itertools import chain, repeat
 from numbers import Real
 from operator import add
 from typing import Any, NamedTuple
@@ -74,13 +74,15 @@ class SnapshotRows(NamedTuple):
     """An :class:`~engine_adapters.EngineSnapshot`'s fields, with ``running`` as plain
     ``(trajectory_id, prompt_tokens, generated_tokens, None)`` tuples: the last slot is left
     for a caller's own field (the coordinator's ``RunningEntry.v_traj``), so a caller can take
-    each row as its own record type without copying it field by field."""
+    each row as its own record type without copying it field by field. ``running`` is an
+    iterator over the engine's own state, in admission order (the prefill head last): read it
+    once, before the engine is driven again."""
 
     instance_id: str
     seq: int
     time_s: float
     version: int
-    running: list[tuple[str, int, int, None]]
+    running: Iterator[tuple[str, int, int, None]]
     waiting: int
     kv_used_tokens: int
     kv_capacity_tokens: int
@@ -366,17 +368,16 @@ class SimEngineCore(Scheduler):
         steps_now, _ = self._position(now)
         n = len(self._running)
         kv = self._k + n * steps_now if n else 0
-        running = list(
-            zip(
-                self._running,
-                self._run_prompt.values(),
-                map(add, self._run_base.values(), repeat(steps_now)),
-                repeat(None),
-            )
+        running: Iterator[tuple[str, int, int, None]] = zip(
+            self._running,
+            self._run_prompt.values(),
+            map(add, self._run_base.values(), repeat(steps_now)),
+            repeat(None),
         )
         head = self._head
         if head is not None:
-            running.append((head.request.trajectory_id, head.prompt_len, head.generated, None))
+            row = (head.request.trajectory_id, head.prompt_len, head.generated, None)
+            running = chain(running, (row,))
         self._snapshot_seq += 1
         decoding = self._stretch is not None and n > 0
         return SnapshotRows(
