@@ -124,6 +124,37 @@ class InstanceSnapshot:
         return self.kv_used_tokens / self.kv_capacity_tokens
 
     @classmethod
+    def unchecked(
+        cls,
+        instance_id: str,
+        seq: int,
+        time_s: float,
+        version: int,
+        running: tuple[RunningEntry, ...],
+        waiting: int,
+        kv_used_tokens: int,
+        kv_capacity_tokens: int,
+        throughput_tokens_per_s: float,
+    ) -> InstanceSnapshot:
+        """The snapshot these fields make, built without the checks of construction: only for
+        a producer whose values meet them by construction (the simulator's engine, whose
+        running ids are the keys of one dict and whose counts are never negative; it lists
+        every running trajectory at every cycle, which the checks would walk three times).
+        Every engine adapter and every peer builds the class itself and is checked."""
+        snap = object.__new__(cls)
+        put = object.__setattr__
+        put(snap, "instance_id", instance_id)
+        put(snap, "seq", seq)
+        put(snap, "time_s", time_s)
+        put(snap, "version", version)
+        put(snap, "running", running)
+        put(snap, "waiting", waiting)
+        put(snap, "kv_used_tokens", kv_used_tokens)
+        put(snap, "kv_capacity_tokens", kv_capacity_tokens)
+        put(snap, "throughput_tokens_per_s", throughput_tokens_per_s)
+        return snap
+
+    @classmethod
     def from_engine(cls, snap: Any) -> InstanceSnapshot:
         """Convert an ``engine_adapters.EngineSnapshot`` (or anything shaped like one)."""
         if isinstance(snap, InstanceSnapshot):

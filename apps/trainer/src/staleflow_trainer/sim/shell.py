@@ -477,18 +477,20 @@ _running_entry: Callable[[tuple[str, int, int, None]], RunningEntry] = partial(
 
 def _instance_snapshot(eng: SimEngineCore, now: float) -> InstanceSnapshot:
     """``InstanceSnapshot.from_engine(eng.snapshot(now))``, without the engine's own
-    per-trajectory records."""
+    per-trajectory records, and unchecked: the simulated engine's snapshots meet the checks
+    by construction (``tests/test_sim_snapshots_checked.py`` runs a simulation with every
+    snapshot checked)."""
     r = eng.snapshot_rows(now)
-    return InstanceSnapshot(
-        instance_id=r.instance_id,
-        seq=r.seq,
-        time_s=r.time_s,
-        version=r.version,
-        running=tuple(map(_running_entry, r.running)),
-        waiting=r.waiting,
-        kv_used_tokens=r.kv_used_tokens,
-        kv_capacity_tokens=r.kv_capacity_tokens,
-        throughput_tokens_per_s=r.throughput_tokens_per_s,
+    return InstanceSnapshot.unchecked(
+        r.instance_id,
+        r.seq,
+        r.time_s,
+        r.version,
+        tuple(map(_running_entry, r.running)),
+        r.waiting,
+        r.kv_used_tokens,
+        r.kv_capacity_tokens,
+        r.throughput_tokens_per_s,
     )
 
 
