@@ -311,9 +311,7 @@ def main() -> None:
     for preset in (p for p in a.presets.split(",") if p):
         name = Path(preset).stem
         cfg = load_config(preset, [*over, f"run.run_dir={root / name}"])
-        plans[name] = plan_comparison(
-            cfg, root / name, policies=policies, etas=etas, seeds=seeds
-        )  # fmt: skip
+        plans[name] = plan_comparison(cfg, root / name, policies=policies, etas=etas, seeds=seeds)
     # every preset's runs in one pool: no worker waits for a preset's last run to start the next
     jobs = [plan.jobs() for plan in plans.values()]
     ran = run_specs(

@@ -59,4 +59,5 @@ def test_every_snapshot_passes_the_checks_and_the_run_is_the_same(
     assert _run(tmp_path, "checked") == unchecked
     assert len(built) > 1000
     assert unchecked[0]["preemptions"] > 0
+    assert unchecked[0]["syncs"] > 0 and unchecked[0]["migrations"] > 0
     assert any(len(s.running) > 1 for s in built)

@@ -62,7 +62,7 @@ def route_evenly(view: CycleView, port: AdmissionPort, quota: int | None) -> Rou
             stopped_early = True
             break
         if fresh_refused and is_new and item.group_id not in admitted:
-            i = run_end(i - 1)  # the rest of its group's run (new work comes last)
+            # a fresh group's run at a time (new work comes last: the rest of a run is new)
             while i < n_items and items[i].v_traj is None and items[i].group_id not in admitted:
                 i = run_end(i)
             continue
