@@ -126,9 +126,9 @@ class SimCoreMachine(RuleBasedStateMachine):
     def snapshot_rows_match_each_trajectory(self) -> None:
         # the snapshot lists the running trajectories from columns kept beside the trajectory
         # records; peek reads each record: both must agree, in admission order
-        rows = list(self.core.snapshot_rows(self.now).running)
+        rows = list(self.core.snapshot_rows(self.now).rows())
         assert len(rows) == self.core.num_running
-        for tid, prompt, generated, _ in rows:
+        for tid, prompt, generated in rows:
             peeked = self.core.peek(tid, self.now)
             assert (prompt, generated) == (len(self.held[tid].prompt_token_ids), peeked.num_tokens)
 

@@ -83,6 +83,17 @@ def test_due_work_spreads_to_a_light_instance():
     assert (it.instance_id, it.trajectory_ids, it.requeue) == ("loaded", ("d",), True)
 
 
+def test_the_longest_due_trajectory_moves_wherever_it_runs():
+    """The one that moves is the longest due trajectory (equal lengths: the larger id), not the
+    first due one the instance lists, nor a longer one that is not due (``z``)."""
+    entries = [("d2", 500, 100, 0), ("z", 500, 30_000, 1), ("c", 500, 20_000, 0)]
+    entries += [("d", 500, 20_000, 0)] + [(f"x{k}", 500, 1_000, 0) for k in range(8)]
+    snaps = [_running("loaded", *entries, version=1), snap("light", version=1)]
+    coord, _ = _spread(due_spread_ratio=1.3)
+    (it,) = [i for i in interrupts(coord.step(snaps, [], now=0.0)) if i.reason == "migration"]
+    assert it.trajectory_ids == ("d",)
+
+
 def test_due_spreading_needs_a_light_instance_and_a_slow_enough_step():
     entries = [(f"x{k}", 500, 6_000, 0) for k in range(12)]
     # the light instance runs 3 (> due_spread_max_running 2): nobody to take the work

@@ -33,7 +33,7 @@ from rollout_coordinator._state import coordinator_to_dict
 from rollout_coordinator.cost_model import PRESETS
 from rollout_coordinator.policies import POLICIES, build_policy, routing_gain
 from rollout_coordinator.policies.routing_gain import gain_terms
-from rollout_coordinator.testing import Clock, new, partial
+from rollout_coordinator.testing import Clock, as_running_rows, new, partial
 from staleness_protocol import (
     Admission,
     GcFifo,
@@ -248,7 +248,9 @@ class Scenario:
         snaps = self._snapshots()
         view = QueueView.from_unordered(self.queue)
         ref_cmds = self.ref.step(snaps, _ItemByItem(view.items), now=self.clock.t)
-        fast_cmds = self.fast.step(snaps, view, now=self.clock.t)
+        # the fast one reads the running lists as rows (the simulator's), the reference tuples
+        rows = [as_running_rows(s) if isinstance(s, InstanceSnapshot) else s for s in snaps]
+        fast_cmds = self.fast.step(rows, view, now=self.clock.t)
         assert fast_cmds == ref_cmds
         a, b = self.fast.last_cycle, self.ref.last_cycle
         assert [(type(e), str(e)) for e in a.rejected] == [(type(e), str(e)) for e in b.rejected]

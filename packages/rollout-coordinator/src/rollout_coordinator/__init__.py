@@ -11,7 +11,13 @@ from rollout_coordinator._commands import (
 )
 from rollout_coordinator._config import MIGRATION_INDICATORS, PROFILES, CoordinatorConfig
 from rollout_coordinator._cycle import Coordinator, CycleReport
-from rollout_coordinator._records import InstanceSnapshot, QueuedTrajectory, QueueView, RunningEntry
+from rollout_coordinator._records import (
+    InstanceSnapshot,
+    QueuedTrajectory,
+    QueueView,
+    RunningEntry,
+    RunningRows,
+)
 from rollout_coordinator._speculative import InstanceState, SpeculativeState
 from rollout_coordinator._state import coordinator_from_dict, coordinator_to_dict
 from rollout_coordinator.cost_model import PRESETS, CostModel
@@ -58,6 +64,7 @@ __all__ = [
     "QueuedTrajectory",
     "Route",
     "RunningEntry",
+    "RunningRows",
     "SnapshotRejected",
     "SpeculativeState",
     "StaleSnapshot",

@@ -46,7 +46,12 @@ from rollout_coordinator._commands import Command, Drop, Interrupt, PendingRoute
 from rollout_coordinator._config import CoordinatorConfig
 from rollout_coordinator._meant import MeantToRun
 from rollout_coordinator._port import _ProtocolPort
-from rollout_coordinator._records import InstanceSnapshot, QueuedTrajectory, QueueView
+from rollout_coordinator._records import (
+    InstanceSnapshot,
+    QueuedTrajectory,
+    QueueView,
+    running_ids,
+)
 from rollout_coordinator._speculative import InstanceState, SpeculativeState
 from rollout_coordinator.errors import (
     ConfigError,
@@ -470,7 +475,7 @@ class Coordinator:
         routed = self._routed[snap.instance_id]
         if snap.waiting or len(routed) <= len(snap.running) + 16:
             return
-        running = {e.trajectory_id for e in snap.running}
+        running = set(running_ids(snap.running))
         meant = self._meant
         for tid, (_v, t) in list(routed.items()):
             if t < prev_time and tid not in running:

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rollout_coordinator._config import CoordinatorConfig
-from rollout_coordinator._records import _TRAJECTORY_ID, InstanceSnapshot
+from rollout_coordinator._records import InstanceSnapshot, running_ids
 from rollout_coordinator._speculative import InstanceState
 
 #: a trajectory a snapshot showed running (preempted if it waits later)
@@ -53,7 +53,7 @@ class MeantToRun:
 
     def note_running(self, snap: InstanceSnapshot, routed: Mapping[str, Any]) -> None:
         """Routed trajectories the snapshot shows running."""
-        seen = filter(routed.__contains__, map(_TRAJECTORY_ID, snap.running))
+        seen = filter(routed.__contains__, running_ids(snap.running))
         self._by[snap.instance_id].update(dict.fromkeys(seen, SEEN_RUNNING))
 
     def forget(self, instance_id: str, trajectory_id: str) -> None:

@@ -10,10 +10,11 @@ every 100 ms), and raises :class:`InvalidSnapshot` naming the field.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from itertools import groupby, repeat
-from operator import attrgetter
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
+from itertools import chain, groupby, repeat
+from operator import add, attrgetter
+from typing import Any, NamedTuple, overload
 
 import attrs
 
@@ -53,6 +54,94 @@ def _running_tuple(value: Iterable[RunningEntry]) -> tuple[RunningEntry, ...]:
     return value if isinstance(value, tuple) else tuple(value)
 
 
+#: A ``(trajectory_id, prompt_tokens, generated_tokens, v_traj)`` row as a ``RunningEntry``,
+#: built in C
+_as_entry: Callable[[tuple[str, int, int, None]], RunningEntry] = partial(
+    tuple.__new__, RunningEntry
+)
+
+
+class RunningRows(Sequence[RunningEntry]):
+    """An instance's running list kept as columns: trajectory ids, prompt tokens, and generated
+    tokens less a common ``offset`` (each trajectory's count is its column value + ``offset``),
+    then ``tail`` (entries listed after them). The :class:`RunningEntry` records are built on
+    first access to an element, once; ``len`` and :attr:`trajectory_ids` build none.
+
+    For a producer that lists every running trajectory at every snapshot while the coordinator
+    often reads only the count (the simulator: its even-routed and baseline policies look at
+    the entries only when an instance syncs). It compares and hashes as the tuple of its
+    entries. The columns are held, not copied: pass tuples, or anything that does not change
+    afterwards; they must be of equal length."""
+
+    __slots__ = ("_entries", "_generated", "_ids", "_offset", "_prompts", "_tail")
+
+    def __init__(
+        self,
+        trajectory_ids: Sequence[str],
+        prompt_tokens: Sequence[int],
+        generated_tokens: Sequence[int],
+        offset: int = 0,
+        tail: tuple[RunningEntry, ...] = (),
+    ) -> None:
+        self._ids = trajectory_ids
+        self._prompts = prompt_tokens
+        self._generated = generated_tokens
+        self._offset = offset
+        self._tail = tail
+        self._entries: tuple[RunningEntry, ...] | None = None
+
+    @property
+    def entries(self) -> tuple[RunningEntry, ...]:
+        """The entries as a tuple (built on first use)."""
+        got = self._entries
+        if got is None:
+            gen: Iterable[int] = self._generated
+            if self._offset:
+                gen = map(add, gen, repeat(self._offset))
+            rows = map(_as_entry, zip(self._ids, self._prompts, gen, repeat(None)))
+            got = self._entries = (*rows, *self._tail)
+        return got
+
+    @property
+    def trajectory_ids(self) -> Iterable[str]:
+        """The running trajectories' ids, in order, without building the entries."""
+        return chain(self._ids, map(_TRAJECTORY_ID, self._tail))
+
+    def __len__(self) -> int:
+        return len(self._ids) + len(self._tail)
+
+    @overload
+    def __getitem__(self, i: int) -> RunningEntry: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[RunningEntry, ...]: ...
+    def __getitem__(self, i: int | slice) -> RunningEntry | tuple[RunningEntry, ...]:
+        return self.entries[i]
+
+    def __iter__(self) -> Iterator[RunningEntry]:
+        return iter(self.entries)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RunningRows):
+            return self.entries == other.entries
+        if isinstance(other, tuple):
+            return self.entries == other
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.entries)
+
+    def __repr__(self) -> str:
+        return f"RunningRows({self.entries!r})"
+
+
+def running_ids(running: Sequence[RunningEntry]) -> Iterable[str]:
+    """The trajectory ids of a snapshot's running list (of :class:`RunningRows`, without
+    building its entries)."""
+    if isinstance(running, RunningRows):
+        return running.trajectory_ids
+    return map(_TRAJECTORY_ID, running)
+
+
 @attrs.frozen(kw_only=True, slots=True)
 class InstanceSnapshot:
     """The five facts an instance reports (version, running, waiting, KV, throughput) + seq + time."""
@@ -61,7 +150,8 @@ class InstanceSnapshot:
     seq: int
     time_s: float
     version: int
-    running: tuple[RunningEntry, ...] = attrs.field(default=(), converter=_running_tuple)
+    #: a tuple, except from :meth:`unchecked` (which may pass :class:`RunningRows`)
+    running: Sequence[RunningEntry] = attrs.field(default=(), converter=_running_tuple)
     waiting: int = 0
     kv_used_tokens: int = 0
     kv_capacity_tokens: int
@@ -130,7 +220,7 @@ class InstanceSnapshot:
         seq: int,
         time_s: float,
         version: int,
-        running: tuple[RunningEntry, ...],
+        running: Sequence[RunningEntry],
         waiting: int,
         kv_used_tokens: int,
         kv_capacity_tokens: int,
@@ -140,6 +230,7 @@ class InstanceSnapshot:
         a producer whose values meet them by construction (the simulator's engine, whose
         running ids are the keys of one dict and whose counts are never negative; it lists
         every running trajectory at every cycle, which the checks would walk three times).
+        ``running`` may be a tuple or :class:`RunningRows` (its entries built only when read).
         Every engine adapter and every peer builds the class itself and is checked."""
         snap = object.__new__(cls)
         put = object.__setattr__

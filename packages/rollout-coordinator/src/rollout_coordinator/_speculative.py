@@ -34,7 +34,7 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 
 from rollout_coordinator._commands import Route
-from rollout_coordinator._records import InstanceSnapshot, RunningEntry
+from rollout_coordinator._records import InstanceSnapshot, RunningEntry, running_ids
 from rollout_coordinator.errors import (
     ConfigError,
     FutureSnapshot,
@@ -72,7 +72,7 @@ class InstanceState:
         self.version = version  # served now
         self.target_version = version  # served after the sync in flight (== version if none)
         self.syncing = False
-        self._base_running: tuple[RunningEntry, ...] = ()
+        self._base_running: Sequence[RunningEntry] = ()
         # routed by the coordinator since the snapshot: id -> (prompt, generated, V_traj)
         self._added: dict[str, tuple[int, int, int | None]] = {}
         self._removed: set[str] = set()
@@ -105,7 +105,7 @@ class InstanceState:
             return True
         if trajectory_id in self._removed:
             return False
-        return any(e.trajectory_id == trajectory_id for e in self._base_running)
+        return trajectory_id in running_ids(self._base_running)
 
     def __repr__(self) -> str:
         return (

@@ -18,6 +18,7 @@ from rollout_coordinator import (
     QueuedTrajectory,
     Route,
     RunningEntry,
+    RunningRows,
     Sync,
 )
 from staleness_protocol import ProtocolConfig, StalenessProtocol
@@ -64,6 +65,31 @@ def snap(
         kv_used_tokens=kv,
         kv_capacity_tokens=cap,
         throughput_tokens_per_s=tput,
+    )
+
+
+def as_running_rows(s: InstanceSnapshot) -> InstanceSnapshot:
+    """``s`` with its running list as :class:`RunningRows` (the last entry as the tail, the
+    generated counts split into columns and an offset), built unchecked as a simulator does."""
+    head = s.running[:-1]
+    off = min((e.generated_tokens for e in head), default=0)
+    rows = RunningRows(
+        tuple(e.trajectory_id for e in head),
+        tuple(e.prompt_tokens for e in head),
+        tuple(e.generated_tokens - off for e in head),
+        off,
+        tuple(s.running[-1:]),
+    )
+    return InstanceSnapshot.unchecked(
+        s.instance_id,
+        s.seq,
+        s.time_s,
+        s.version,
+        rows,
+        s.waiting,
+        s.kv_used_tokens,
+        s.kv_capacity_tokens,
+        s.throughput_tokens_per_s,
     )
 
 

@@ -31,7 +31,6 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Collection
-from functools import partial
 from typing import Any
 
 import attrs
@@ -39,7 +38,7 @@ import structlog
 
 from engine_adapters import SamplingParams
 from engine_adapters.sim import SimEngineCore
-from rollout_coordinator import InstanceSnapshot, RunningEntry
+from rollout_coordinator import InstanceSnapshot, RunningEntry, RunningRows
 from staleflow_trainer.control import ControlCore, core_config
 from staleflow_trainer.control import effects as fx
 from staleflow_trainer.control.events import (
@@ -468,25 +467,28 @@ class _Streamed:
         self.work_s = 0.0
 
 
-#: A ``(trajectory_id, prompt_tokens, generated_tokens, None)`` row as a ``RunningEntry``, built
-#: in C (every snapshot lists every running trajectory of its instance)
-_running_entry: Callable[[tuple[str, int, int, None]], RunningEntry] = partial(
-    tuple.__new__, RunningEntry
-)
-
-
 def _instance_snapshot(eng: SimEngineCore, now: float) -> InstanceSnapshot:
     """``InstanceSnapshot.from_engine(eng.snapshot(now))``, without the engine's own
     per-trajectory records, and unchecked: the simulated engine's snapshots meet the checks
     by construction (``tests/test_sim_snapshots_checked.py`` runs a simulation with every
-    snapshot checked)."""
+    snapshot checked). The running list is :class:`RunningRows` over the engine's columns:
+    its entries are built only if the coordinator reads them (most cycles of most policies
+    read only the count)."""
     r = eng.snapshot_rows(now)
+    head = r.head
+    running = RunningRows(
+        r.running_ids,
+        r.running_prompts,
+        r.running_base,
+        r.decode_steps,
+        () if head is None else (RunningEntry(*head),),
+    )
     return InstanceSnapshot.unchecked(
         r.instance_id,
         r.seq,
         r.time_s,
         r.version,
-        tuple(map(_running_entry, r.running)),
+        running,
         r.waiting,
         r.kv_used_tokens,
         r.kv_capacity_tokens,

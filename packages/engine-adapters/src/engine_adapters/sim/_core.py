@@ -71,23 +71,36 @@ from engine_adapters.sim._traj import new_traj
 
 
 class SnapshotRows(NamedTuple):
-    """An :class:`~engine_adapters.EngineSnapshot`'s fields, with ``running`` as plain
-    ``(trajectory_id, prompt_tokens, generated_tokens, None)`` tuples: the last slot is left
-    for a caller's own field (the coordinator's ``RunningEntry.v_traj``), so a caller can take
-    each row as its own record type without copying it field by field. ``running`` is an
-    iterator over the engine's own state, in admission order (the prefill head last): read it
-    once, before the engine is driven again."""
+    """An :class:`~engine_adapters.EngineSnapshot`'s fields, with the running trajectories as
+    columns copied from the engine's own state, in admission order: ``running_ids``,
+    ``running_prompts`` and ``running_base`` (a decoding trajectory's generated tokens less
+    ``decode_steps``: its count is ``running_base[i] + decode_steps``), then the prefill
+    ``head`` (``(trajectory_id, prompt_tokens, generated_tokens)``) if one is being
+    prefilled, listed last. A caller can build its own records from the columns, or none
+    (:meth:`rows` builds plain tuples)."""
 
     instance_id: str
     seq: int
     time_s: float
     version: int
-    running: Iterator[tuple[str, int, int, None]]
+    running_ids: tuple[str, ...]
+    running_prompts: tuple[int, ...]
+    running_base: tuple[int, ...]
+    head: tuple[str, int, int] | None
     waiting: int
     kv_used_tokens: int
     kv_capacity_tokens: int
     throughput_tokens_per_s: float
     decode_steps: int
+
+    def rows(self) -> Iterator[tuple[str, int, int]]:
+        """Every running trajectory as ``(trajectory_id, prompt_tokens, generated_tokens)``,
+        in order."""
+        generated = map(add, self.running_base, repeat(self.decode_steps))
+        rows: Iterator[tuple[str, int, int]] = zip(
+            self.running_ids, self.running_prompts, generated, strict=True
+        )
+        return rows if self.head is None else chain(rows, (self.head,))
 
 
 class SimEngineCore(Scheduler):
@@ -351,7 +364,7 @@ class SimEngineCore(Scheduler):
             version=rows.version,
             running=tuple(
                 _Running(trajectory_id=tid, prompt_tokens=prompt, generated_tokens=generated)
-                for tid, prompt, generated, _ in rows.running
+                for tid, prompt, generated in rows.rows()
             ),
             waiting=rows.waiting,
             kv_used_tokens=rows.kv_used_tokens,
@@ -361,23 +374,14 @@ class SimEngineCore(Scheduler):
         )
 
     def snapshot_rows(self, now: float) -> SnapshotRows:
-        """:meth:`snapshot` with each running trajectory as a plain ``(trajectory_id,
-        prompt_tokens, generated_tokens, None)`` tuple (:class:`SnapshotRows`), for a caller
-        that builds its own records (it takes a snapshot: the sequence number moves on)."""
+        """:meth:`snapshot` with the running trajectories as columns (:class:`SnapshotRows`),
+        for a caller that builds its own records (it takes a snapshot: the sequence number
+        moves on)."""
         self._advance(now)
         steps_now, _ = self._position(now)
         n = len(self._running)
         kv = self._k + n * steps_now if n else 0
-        running: Iterator[tuple[str, int, int, None]] = zip(
-            self._running,
-            self._run_prompt.values(),
-            map(add, self._run_base.values(), repeat(steps_now)),
-            repeat(None),
-        )
         head = self._head
-        if head is not None:
-            row = (head.request.trajectory_id, head.prompt_len, head.generated, None)
-            running = chain(running, (row,))
         self._snapshot_seq += 1
         decoding = self._stretch is not None and n > 0
         return SnapshotRows(
@@ -385,7 +389,10 @@ class SimEngineCore(Scheduler):
             self._snapshot_seq,
             now,
             self._version,
-            running,
+            tuple(self._running),
+            tuple(self._run_prompt.values()),
+            tuple(self._run_base.values()),
+            None if head is None else (head.request.trajectory_id, head.prompt_len, head.generated),
             len(self._waiting_ids),
             kv + (head.context_at_admit if head is not None else 0),
             self._cap_tokens,
