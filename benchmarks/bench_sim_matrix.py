@@ -2,7 +2,7 @@
 two seeds, steady state (the presets' 30 measured steps after warm-up), and the bars
 StaleFlow's throughput claims are held to, each printed with its numbers and PASS or MISS::
 
-    .venv/bin/python benchmarks/bench_sim_matrix.py            # the full matrix (~27 min on 2 cores)
+    .venv/bin/python benchmarks/bench_sim_matrix.py            # the full matrix (~17 min on 2 cores)
     .venv/bin/python benchmarks/bench_sim_matrix.py --smoke    # seconds: tiny overrides
     .venv/bin/python benchmarks/bench_sim_matrix.py --presets examples/sim-paper-30b-a3b.yaml \\
         --policies staleflow,all-vanilla,verl-async --etas 3

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rollout_coordinator import InstanceSnapshot, RunningEntry, RunningRows
+from rollout_coordinator import InstanceSnapshot, RunningEntry, RunningRows, SpeculativeState
 from rollout_coordinator._records import running_ids
 
 IDS = ("a", "b", "c")
@@ -82,3 +82,26 @@ def test_a_snapshot_of_rows_equals_the_snapshot_of_their_tuple() -> None:
     # built checked, rows become the tuple (and are checked as one)
     again = InstanceSnapshot(**_fields(rows))
     assert type(again.running) is tuple and again == checked
+
+
+def test_an_instances_running_ids_are_those_of_its_entries() -> None:
+    """``InstanceState.running_ids``: the ids ``running_entries`` lists (the snapshot's, less
+    those interrupted since, then those routed since), in order, building no entry."""
+    state = SpeculativeState()
+    state.add_instance("i0", version=0, kv_capacity_tokens=1000)
+    unread = RunningRows(IDS, _Unread(PROMPTS), _Unread(BASE), 3, TAIL)
+    state.apply_snapshot(InstanceSnapshot.unchecked(**_fields(unread)), now=1.0, latest_version=0)
+    assert state.route("i0", RunningEntry("n", 5, 0), now=2.0)
+    st = state.get("i0")
+    assert list(st.running_ids()) == ["a", "b", "c", "h", "n"]
+    assert st.is_running("h") and st.is_running("n") and not st.is_running("z")
+    rows = RunningRows(IDS, PROMPTS, BASE, 3, TAIL)
+    state.apply_snapshot(
+        InstanceSnapshot.unchecked(**{**_fields(rows), "seq": 2, "time_s": 2.5}),
+        now=2.5,
+        latest_version=0,
+    )
+    assert state.route("i0", RunningEntry("n", 5, 0), now=3.0)
+    assert [e.trajectory_id for e in state.interrupt("i0", ["b", "n"], now=3.0)] == ["b", "n"]
+    assert list(st.running_ids()) == [e.trajectory_id for e in st.running_entries()]
+    assert list(st.running_ids()) == ["a", "c", "h"]

@@ -69,7 +69,7 @@ class MeantToRun:
         meant = self._by.get(inst.instance_id)
         if not meant or inst.syncing:
             return ()
-        running = {e.trajectory_id for e in inst.running_entries()}
+        running = set(inst.running_ids())
         room = config.route_kv_limit * inst.kv_capacity / 2 - inst.kv_used  # see the docstring
         out: list[str] = []
         for t in routed:

@@ -34,7 +34,8 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 
 from rollout_coordinator._commands import Route
-from rollout_coordinator._records import InstanceSnapshot, RunningEntry, running_ids
+from rollout_coordinator._records import InstanceSnapshot, RunningEntry
+from rollout_coordinator._records import running_ids as _ids_of
 from rollout_coordinator.errors import (
     ConfigError,
     FutureSnapshot,
@@ -100,12 +101,20 @@ class InstanceState:
                 trajectory_id=tid, prompt_tokens=prompt, generated_tokens=generated, v_traj=v_traj
             )
 
+    def running_ids(self) -> Iterator[str]:
+        """The ids of :meth:`running_entries`, in the same order, building no entry."""
+        removed = self._removed
+        for tid in _ids_of(self._base_running):
+            if tid not in removed:
+                yield tid
+        yield from self._added
+
     def is_running(self, trajectory_id: str) -> bool:
         if trajectory_id in self._added:
             return True
         if trajectory_id in self._removed:
             return False
-        return trajectory_id in running_ids(self._base_running)
+        return trajectory_id in _ids_of(self._base_running)
 
     def __repr__(self) -> str:
         return (
